@@ -1,0 +1,251 @@
+"""Token-in, token-out client for vLLM's OpenAI-compatible `/v1/completions`.
+
+The prompt goes out as token ids; the response's token ids and logprobs are taken from the server's answer as
+they are, never re-tokenized. Concurrency is a hard cap over the whole run; transient failures are retried with
+jittered exponential backoff (asyncio.sleep, never blocking the loop); 401/404 end the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from .errors import ServerError
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+FATAL_STATUS = frozenset({401, 403, 404})
+TOKEN_ID_PREFIX = "token_id:"
+
+
+def normalize_base_url(url: str) -> str:
+    """`http://h:8000`, `http://h:8000/` and `http://h:8000/v1` all name the same server."""
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    if not url.startswith(("http://", "https://")):
+        raise ServerError(f"base URL {url!r} must start with http:// or https://")
+    return url
+
+
+def error_message(body: bytes, status: int) -> str:
+    """The server's own message, from either vLLM error shape (`{"error": {...}}` or `{"object": "error", ...}`)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", "replace").strip()
+        return text[:500] or f"HTTP {status}"
+    if isinstance(data, dict):
+        inner = data.get("error")
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        if data.get("message"):
+            return str(data["message"])
+        if data.get("detail"):
+            return str(data["detail"])
+    return f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}"
+
+
+class CallFailed(Exception):
+    """One completion call failed for good (after retries, or at once for a non-retryable answer)."""
+
+    def __init__(self, message: str, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+@dataclass(slots=True)
+class Completion:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str | None
+    stop_reason: int | str | None
+    endpoint: str
+    latency_s: float
+    attempts: int
+
+
+def parse_choice(payload: dict[str, Any], sent_ids: list[int]) -> tuple[list[int], list[float], dict[str, Any]]:
+    """Response ids and logprobs from `choices[0]`, checked to line up index for index."""
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise CallFailed("response has no choices")
+    choice = choices[0]
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
+        raise CallFailed("response has no logprobs.token_logprobs (is `logprobs` supported by this server?)")
+    logprobs = lp["token_logprobs"]
+    ids = choice.get("token_ids")
+    if ids is None:
+        try:
+            ids = [int(t[len(TOKEN_ID_PREFIX) :]) for t in lp["tokens"] if t.startswith(TOKEN_ID_PREFIX)]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CallFailed(f"cannot read token ids from logprobs.tokens: {exc}") from None
+        if len(ids) != len(lp["tokens"]):
+            raise CallFailed("logprobs.tokens are not 'token_id:N' strings (return_tokens_as_token_ids ignored?)")
+    if len(ids) != len(logprobs):
+        raise CallFailed(f"{len(ids)} token ids but {len(logprobs)} logprobs")
+    if any(v is None for v in logprobs):
+        raise CallFailed("a response logprob is null")
+    echoed = choice.get("prompt_token_ids")
+    if echoed is not None and echoed != sent_ids:
+        raise CallFailed("the server's prompt_token_ids differ from the ids sent")
+    return ids, logprobs, choice
+
+
+class Endpoint:
+    """One server. Counts its requests in flight and rests after repeated failures."""
+
+    def __init__(self, url: str, failure_threshold: int = 3, cooldown_s: float = 10.0) -> None:
+        self.url = url
+        self.completions_url = f"{url}/v1/completions"
+        self.in_flight = 0
+        self.consecutive_failures = 0
+        self.resting_until = 0.0
+        self.failure_threshold = failure_threshold
+        self.cooldown_s = cooldown_s
+
+    @property
+    def healthy(self) -> bool:
+        return time.monotonic() >= self.resting_until
+
+    def record(self, ok: bool) -> None:
+        if ok:
+            self.consecutive_failures = 0
+            return
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= self.failure_threshold:
+            self.resting_until = time.monotonic() + self.cooldown_s
+            self.consecutive_failures = 0
+
+
+@dataclass(slots=True)
+class ClientCounters:
+    requests: int = 0
+    retries: int = 0
+    failures: int = 0
+    in_flight: int = 0
+    peak_in_flight: int = 0
+
+
+class CompletionClient:
+    def __init__(
+        self,
+        base_urls: list[str],
+        *,
+        api_key: str | None = None,
+        concurrency: int = 64,
+        timeout_s: float = 600.0,
+        max_retries: int = 5,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        if not base_urls:
+            raise ServerError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
+        self.endpoints = [Endpoint(normalize_base_url(u)) for u in base_urls]
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.counters = ClientCounters()
+        self._slots = asyncio.Semaphore(concurrency)
+        headers = {"content-type": "application/json"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self._http = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def pick(self, prefer: Endpoint | None = None) -> Endpoint:
+        """The preferred endpoint while it is healthy (prefix-cache reuse), else the least busy healthy one."""
+        if prefer is not None and prefer.healthy:
+            return prefer
+        healthy = [e for e in self.endpoints if e.healthy] or self.endpoints
+        return min(healthy, key=lambda e: e.in_flight)
+
+    async def get_json(self, path: str, endpoint: Endpoint | None = None) -> Any:
+        """A plain GET (model list, health) with the server's error message on failure."""
+        url = f"{(endpoint or self.endpoints[0]).url}{path}"
+        try:
+            response = await self._http.get(url, timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise ServerError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise ServerError(f"{url} answered {response.status_code}: {error_message(response.content, response.status_code)}")
+        return orjson.loads(response.content)
+
+    async def complete(self, body: dict[str, Any], prefer: Endpoint | None = None) -> Completion:
+        """POST one completion, retrying what is transient. Raises `CallFailed` or, for 401/404, `ServerError`."""
+        payload = orjson.dumps(body)
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            endpoint = self.pick(prefer)
+            try:
+                data = await self._post(endpoint, payload)
+                ids, logprobs, choice = parse_choice(data, body["prompt"])
+            except CallFailed as exc:
+                if not exc.retryable or attempt > self.max_retries:
+                    self.counters.failures += 1
+                    raise
+                self.counters.retries += 1
+                await asyncio.sleep(self._backoff(attempt))
+                continue
+            return Completion(
+                prompt_token_ids=body["prompt"],
+                token_ids=ids,
+                logprobs=logprobs,
+                text=choice.get("text") or "",
+                finish_reason=choice.get("finish_reason"),
+                stop_reason=choice.get("stop_reason"),
+                endpoint=endpoint.url,
+                latency_s=time.monotonic() - started,
+                attempts=attempt,
+            )
+
+    def _backoff(self, attempt: int) -> float:
+        cap = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+        return random.uniform(cap / 2, cap)
+
+    async def _post(self, endpoint: Endpoint, payload: bytes) -> dict[str, Any]:
+        counters = self.counters
+        async with self._slots:
+            counters.requests += 1
+            counters.in_flight += 1
+            endpoint.in_flight += 1
+            counters.peak_in_flight = max(counters.peak_in_flight, counters.in_flight)
+            try:
+                response = await self._http.post(endpoint.completions_url, content=payload)
+            except httpx.TransportError as exc:
+                # A timed-out or broken request's connection is closed by httpx, so vLLM aborts the request.
+                endpoint.record(ok=False)
+                raise CallFailed(f"{endpoint.url}: {type(exc).__name__}: {exc}", retryable=True) from None
+            finally:
+                counters.in_flight -= 1
+                endpoint.in_flight -= 1
+        status = response.status_code
+        if status == 200:
+            endpoint.record(ok=True)
+            try:
+                return orjson.loads(response.content)  # type: ignore[no-any-return]
+            except orjson.JSONDecodeError:
+                raise CallFailed(f"{endpoint.url}: response is not JSON", status, retryable=True) from None
+        message = error_message(response.content, status)
+        if status in FATAL_STATUS:
+            raise ServerError(f"{endpoint.url} answered {status}: {message}")
+        retryable = status in RETRYABLE_STATUS
+        endpoint.record(ok=not retryable)
+        raise CallFailed(f"HTTP {status}: {message}", status, retryable)

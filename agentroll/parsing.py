@@ -1,0 +1,50 @@
+"""Reading model text: the answer after the think block, the last \\boxed{...}, and `Judgment: K`."""
+
+from __future__ import annotations
+
+import re
+
+THINK_CLOSE = "</think>"
+_JUDGMENT = re.compile(r"Judgment\s*:\s*\**\s*(\d+)")
+
+
+def answer_content(text: str, think: bool = True) -> str | None:
+    """The answer a stage passes on, or None when it has none.
+
+    With thinking, the answer is what follows the first `</think>` (vLLM's reasoning parsers split there too),
+    stripped; a response that never closes its think block, or closes it and says nothing, has no answer.
+    Without thinking (`--no-think`) the whole stripped response is the answer.
+    """
+    if think:
+        head, sep, tail = text.partition(THINK_CLOSE)
+        if not sep:
+            return None
+        text = tail
+    content = text.strip()
+    return content or None
+
+
+def last_boxed(text: str) -> str | None:
+    """The inside of the last `\\boxed{...}` (braces balanced), or None."""
+    start = text.rfind("\\boxed")
+    while start != -1:
+        i = start + len("\\boxed")
+        while i < len(text) and text[i] == " ":
+            i += 1
+        if i < len(text) and text[i] == "{":
+            depth = 0
+            for j in range(i, len(text)):
+                if text[j] == "{":
+                    depth += 1
+                elif text[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        return text[i + 1 : j].strip()
+        start = text.rfind("\\boxed", 0, start)
+    return None
+
+
+def parse_judgment(text: str) -> int | None:
+    """The K of the first `Judgment: K` (as written, 1-based), or None."""
+    match = _JUDGMENT.search(text)
+    return int(match.group(1)) if match else None

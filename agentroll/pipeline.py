@@ -1,0 +1,213 @@
+"""One execution of the three-stage agent system: N solvers -> N rewriters -> one selector.
+
+Every call that the server answers becomes a `Sample`. The stages pass on answer *contents* (the text after
+`</think>`), and the selector's pick is matched to a rewrite by its index in the list it was shown, never by
+comparing text. Rewards are shaped at the end by whether that pick was correct.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .chat import ChatEncoder
+from .client import CallFailed, CompletionClient, Endpoint
+from .inputs import Problem
+from .parsing import answer_content, parse_judgment
+from .rewards import Reward, RewardRequest
+from .schema import Sample, status_for
+from .stats import RunStats
+from .templates import Templates
+
+log = logging.getLogger("agentroll")
+
+
+@dataclass(frozen=True, slots=True)
+class SystemConfig:
+    model: str
+    num_parallel: int = 4
+    samples_per_prompt: int = 1
+    max_tokens: int = 4096
+    max_context_len: int | None = None
+    temperature: float = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    correct_reward_weight: float = 1.0
+    incorrect_reward_weight: float = 1.0
+    think: bool = True
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def sampling(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"temperature": self.temperature}
+        if self.top_p is not None:
+            out["top_p"] = self.top_p
+        if self.top_k is not None:
+            out["top_k"] = self.top_k
+        return out
+
+
+def call_seed(seed: int, *parts: object) -> int:
+    """A distinct, reproducible seed per call: one seed for all N parallel solvers would make them identical."""
+    key = "/".join(map(str, parts)).encode()
+    return (seed * 1_000_003 + zlib.crc32(key)) % (2**31 - 1)
+
+
+@dataclass(slots=True)
+class _Execution:
+    problem: Problem
+    sample_index: int
+    rollout_id: str
+    endpoint: Endpoint | None = None
+
+
+class AgentSystem:
+    def __init__(
+        self,
+        client: CompletionClient,
+        encoder: ChatEncoder,
+        templates: Templates,
+        reward: Reward,
+        config: SystemConfig,
+        stats: RunStats,
+    ) -> None:
+        self.client, self.encoder, self.templates = client, encoder, templates
+        self.reward, self.config, self.stats = reward, config, stats
+        self._base_body = {
+            "model": config.model,
+            **config.sampling(),
+            **config.extra_body,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        self._solver_prompts: OrderedDict[str, tuple[str, list[int]]] = OrderedDict()
+
+    async def run(self, problem: Problem, sample_index: int) -> list[Sample]:
+        """All samples of one execution, rewards shaped, in stage order (solvers, rewriters, selector)."""
+        ex = _Execution(problem, sample_index, uuid.uuid4().hex)
+        n = self.config.num_parallel
+        solver_text, solver_ids = self._solver_prompt(problem)
+        solvers = await self._stage(ex, "solver", [(solver_text, solver_ids)] * n)
+        await self._score(ex, solvers)
+        contents = [s.content for s in solvers if s.content is not None]
+        if not contents:
+            return self._shape(solvers, won=False)
+
+        prompt = self.encoder.encode(self.templates.messages("rewriter", problem.statement, contents))
+        rewriters = await self._stage(ex, "rewriter", [prompt] * n)
+        await self._score(ex, rewriters)
+        listed = [r for r in rewriters if r.content is not None]
+        for position, rewrite in enumerate(listed, start=1):
+            rewrite.listed_as = position
+        if not listed:
+            return self._shape(solvers + rewriters, won=False)
+
+        messages = self.templates.messages("selector", problem.statement, [r.content or "" for r in listed])
+        selector = await self._call(ex, "selector", 0, self.encoder.encode(messages))
+        if selector is None:
+            return self._shape(solvers + rewriters, won=False)
+        k = parse_judgment(selector.content) if selector.content is not None else None
+        selector.judgment = k
+        if k is not None and 1 <= k <= len(listed):
+            selector.raw_reward = listed[k - 1].raw_reward
+            selector.reward_info = f"picked rewrite {k} of {len(listed)}"
+        else:
+            selector.raw_reward = 0.0
+            selector.reward_info = "no content" if selector.content is None else (
+                "no judgment" if k is None else f"judgment {k} out of range 1..{len(listed)}"
+            )
+        return self._shape([*solvers, *rewriters, selector], won=selector.raw_reward == 1)
+
+    def _solver_prompt(self, problem: Problem) -> tuple[str, list[int]]:
+        """Rendered once per problem and reused by its N solvers and K executions."""
+        cached = self._solver_prompts.get(problem.id)
+        if cached is None:
+            messages = (
+                problem.prompt
+                if isinstance(problem.prompt, list)
+                else self.templates.messages("solver", problem.statement)
+            )
+            cached = self._solver_prompts[problem.id] = self.encoder.encode(messages)
+            if len(self._solver_prompts) > 1024:
+                self._solver_prompts.popitem(last=False)
+        return cached
+
+    async def _stage(self, ex: _Execution, stage: str, prompts: list[tuple[str, list[int]]]) -> list[Sample]:
+        results = await asyncio.gather(*(self._call(ex, stage, w, p) for w, p in enumerate(prompts)))
+        return [s for s in results if s is not None]
+
+    async def _call(self, ex: _Execution, stage: str, worker: int, prompt: tuple[str, list[int]]) -> Sample | None:
+        """One LLM call, or None when it failed for good or there was no room left to generate."""
+        text, ids = prompt
+        cfg = self.config
+        max_tokens = cfg.max_tokens
+        if cfg.max_context_len is not None:
+            max_tokens = min(max_tokens, cfg.max_context_len - len(ids))
+        if max_tokens <= 0:
+            self.stats.stages[stage].skipped_calls += 1
+            log.debug("%s/%s %s %d: prompt of %d tokens leaves no room", ex.problem.id, ex.sample_index, stage,
+                      worker, len(ids))
+            return None
+        body = {**self._base_body, "prompt": ids, "max_tokens": max_tokens}
+        if cfg.seed is not None:
+            body["seed"] = call_seed(cfg.seed, ex.problem.id, ex.sample_index, stage, worker)
+        try:
+            done = await self.client.complete(body, prefer=ex.endpoint)
+        except CallFailed as exc:
+            self.stats.stages[stage].failed_calls += 1
+            log.warning("problem %s sample %d %s %d failed: %s", ex.problem.id, ex.sample_index, stage, worker, exc)
+            return None
+        if ex.endpoint is None:
+            ex.endpoint = next((e for e in self.client.endpoints if e.url == done.endpoint), None)
+        return Sample(
+            problem_id=ex.problem.id,
+            rollout_id=ex.rollout_id,
+            sample_index=ex.sample_index,
+            group_size=cfg.samples_per_prompt,
+            stage=stage,
+            worker=worker,
+            prompt=text,
+            prompt_token_ids=ids,
+            response=done.text,
+            response_token_ids=done.token_ids,
+            response_logprobs=done.logprobs,
+            loss_mask=[1] * len(done.token_ids),
+            status=status_for(done.finish_reason),
+            finish_reason=done.finish_reason,
+            stop_reason=done.stop_reason,
+            content=answer_content(done.text, think=cfg.think),
+            raw_reward=0.0,
+            reward=0.0,
+            label=ex.problem.label,
+            model=cfg.model,
+            endpoint=done.endpoint,
+            latency_s=round(done.latency_s, 4),
+            attempts=done.attempts,
+            metadata=ex.problem.metadata,
+        )
+
+    async def _score(self, ex: _Execution, samples: list[Sample]) -> None:
+        if not samples:
+            return
+        requests = [
+            RewardRequest(s.content, ex.problem.label, ex.problem.statement, s.stage, ex.problem.metadata)
+            for s in samples
+        ]
+        results = await self.reward.score(requests)
+        for sample, result in zip(samples, results, strict=True):
+            sample.raw_reward = float(result.value)
+            sample.reward_info = result.info
+
+    def _shape(self, samples: list[Sample], won: bool) -> list[Sample]:
+        weight = self.config.correct_reward_weight if won else self.config.incorrect_reward_weight
+        for sample in samples:
+            sample.reward = sample.raw_reward * weight
+            sample.rollout_size = len(samples)
+        self.stats.add_samples(samples)
+        return samples

@@ -1,0 +1,268 @@
+"""A whole `generate` run: set-up checks, a bounded stream of executions, the writer, signals, the summary.
+
+Input is read in small batches off the event loop and fed through a bounded queue to a fixed pool of execution
+workers, so memory stays flat however long the input is; the client's semaphore caps requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from .chat import ChatEncoder, load_tokenizer
+from .client import ClientCounters, CompletionClient
+from .errors import AgentrollError, InputError, ServerError, TooManyFailures, UsageError
+from .inputs import InputKeys, Problem, read_problems
+from .pipeline import AgentSystem, SystemConfig
+from .rewards import make_reward
+from .stats import RunStats
+from .templates import Templates
+from .writer import ShardWriter, StdoutWriter
+
+log = logging.getLogger("agentroll")
+
+
+@dataclass(slots=True)
+class RunConfig:
+    input: str
+    output: str
+    base_urls: list[str]
+    api_key: str | None = None
+    model: str | None = None
+    tokenizer: str | None = None
+    prompts_dir: Path | None = None
+    keys: InputKeys = field(default_factory=InputKeys)
+    num_parallel: int = 4
+    samples_per_prompt: int = 1
+    concurrency: int = 64
+    max_tokens: int = 4096
+    max_context_len: int | None = None
+    temperature: float = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    correct_reward_weight: float = 1.0
+    incorrect_reward_weight: float = 1.0
+    think: bool = True
+    reward: str = "math"
+    reward_timeout: float = 10.0
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    shard_size: int = 1000
+    overwrite: bool = False
+    skip_invalid: bool = False
+    limit: int | None = None
+    max_retries: int = 5
+    request_timeout: float = 600.0
+    max_failures: int | None = None
+
+    def validate(self) -> None:
+        for name in ("num_parallel", "samples_per_prompt", "concurrency", "max_tokens", "shard_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.max_context_len is not None and self.max_context_len < 1:
+            raise UsageError("--max-context-len must be at least 1")
+
+
+@dataclass(slots=True)
+class RunResult:
+    stats: RunStats
+    requests: ClientCounters
+    wall_s: float
+    model: str
+    output: str
+    exit_code: int = 0
+    complete: bool = False
+
+
+class Progress:
+    """What the runner tells its caller while it works (the CLI draws a bar or writes log lines)."""
+
+    def start(self, total: int | None) -> None: ...
+    def advance(self, stats: RunStats, requests: ClientCounters) -> None: ...
+    def stop(self) -> None: ...
+
+
+def _settings(cfg: RunConfig, model: str, tokenizer: str, templates: Templates, ctx: int | None) -> dict[str, Any]:
+    """What a resumed run must share with the folder's earlier runs, or its rollouts would not be one dataset."""
+    return {
+        "model": model, "tokenizer": tokenizer, "templates": templates.fingerprint,
+        "num_parallel": cfg.num_parallel, "samples_per_prompt": cfg.samples_per_prompt,
+        "max_tokens": cfg.max_tokens, "max_context_len": ctx, "temperature": cfg.temperature,
+        "top_p": cfg.top_p, "top_k": cfg.top_k, "seed": cfg.seed, "think": cfg.think,
+        "reward": cfg.reward, "correct_reward_weight": cfg.correct_reward_weight,
+        "incorrect_reward_weight": cfg.incorrect_reward_weight, "keys": asdict(cfg.keys),
+        "chat_template_kwargs": cfg.chat_template_kwargs,
+        "logprobs": "as the server returns them (vLLM --logprobs-mode, default raw_logprobs)",
+    }
+
+
+def _count_rows(path: str, limit: int | None) -> int | None:
+    if path == "-" or not os.path.isfile(path) or os.path.getsize(path) > 256 * 2**20:
+        return limit
+    with open(path, "rb") as f:
+        rows = sum(1 for line in f if line.strip())
+    return min(rows, limit) if limit is not None else rows
+
+
+class Runner:
+    def __init__(self, cfg: RunConfig, progress: Progress | None = None) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.progress = progress or Progress()
+        self.stats = RunStats()
+        self.signal: int | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    async def discover_model(self, client: CompletionClient) -> tuple[str, int | None, str | None]:
+        """Fail fast on a dead server; pick the served model and read its context length."""
+        listing = await client.get_json("/v1/models")
+        models = listing.get("data") or []
+        names = [m.get("id") for m in models]
+        name = self.cfg.model
+        if name is None:
+            if len(names) != 1:
+                raise UsageError(f"the server lists {len(names)} models ({', '.join(map(str, names))}): pass --model")
+            name = names[0]
+        entry = next((m for m in models if m.get("id") == name), None)
+        if entry is None:
+            raise ServerError(f"model {name!r} is not served (available: {', '.join(map(str, names))})")
+        return str(name), entry.get("max_model_len"), entry.get("root")
+
+    async def run(self) -> RunResult:
+        cfg = self.cfg
+        started = time.monotonic()
+        client = CompletionClient(cfg.base_urls, api_key=cfg.api_key, concurrency=cfg.concurrency,
+                                  timeout_s=cfg.request_timeout, max_retries=cfg.max_retries)
+        try:
+            model, model_len, root = await self.discover_model(client)
+            ctx = cfg.max_context_len or model_len
+            tokenizer_name = cfg.tokenizer or model
+            try:
+                tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_name)
+            except UsageError:
+                if cfg.tokenizer or not root or root == model:
+                    raise
+                tokenizer_name = root
+                tokenizer = await asyncio.to_thread(load_tokenizer, root)
+            templates = Templates(cfg.prompts_dir)
+            settings = _settings(cfg, model, tokenizer_name, templates, ctx)
+            writer = StdoutWriter() if cfg.output == "-" else ShardWriter(
+                Path(cfg.output), settings, cfg.shard_size, cfg.overwrite)
+            done = writer.open()
+            reward = make_reward(cfg.reward, cfg.reward_timeout)
+            system_cfg = SystemConfig(
+                model=model, num_parallel=cfg.num_parallel, samples_per_prompt=cfg.samples_per_prompt,
+                max_tokens=cfg.max_tokens, max_context_len=ctx, temperature=cfg.temperature, top_p=cfg.top_p,
+                top_k=cfg.top_k, seed=cfg.seed, correct_reward_weight=cfg.correct_reward_weight,
+                incorrect_reward_weight=cfg.incorrect_reward_weight, think=cfg.think)
+            system = AgentSystem(client, ChatEncoder(tokenizer, cfg.chat_template_kwargs), templates, reward,
+                                 system_cfg, self.stats)
+            error: BaseException | None = None
+            self.progress.start(_count_rows(cfg.input, cfg.limit))
+            try:
+                await self._drive(system, writer, done, client)
+            except (AgentrollError, asyncio.CancelledError) as exc:
+                error = exc
+            finally:
+                self.progress.stop()
+                reward.close()
+            empty = self.stats.executions_empty
+            complete = error is None and self.signal is None and empty == 0
+            result = RunResult(self.stats, client.counters, time.monotonic() - started, model, cfg.output,
+                               complete=complete)
+            writer.run_info = {"stats": self.stats.to_dict(), "requests": asdict(client.counters),
+                               "wall_s": round(result.wall_s, 3), "interrupted_by_signal": self.signal}
+            writer.close(complete=complete)
+            if isinstance(error, AgentrollError):
+                raise error
+            if self.signal is not None:
+                result.exit_code = 128 + self.signal
+            return result
+        finally:
+            await client.aclose()
+
+    async def _drive(self, system: AgentSystem, writer: Any, done: set[tuple[str, int]],
+                     client: CompletionClient) -> None:
+        cfg = self.cfg
+        workers = max(2, 2 * -(-cfg.concurrency // cfg.num_parallel))
+        queue: asyncio.Queue[tuple[Problem, int] | None] = asyncio.Queue(maxsize=workers)
+        failure: list[BaseException] = []
+
+        async def produce() -> None:
+            rows = self._problems()
+            while True:
+                batch = await asyncio.to_thread(lambda: list(islice(rows, 256)))
+                if not batch:
+                    break
+                for problem in batch:
+                    self.stats.problems += 1
+                    todo = [k for k in range(cfg.samples_per_prompt) if (problem.id, k) not in done]
+                    if not todo:
+                        self.stats.problems_skipped_done += 1
+                    for k in todo:
+                        await queue.put((problem, k))
+            for _ in range(workers):
+                await queue.put(None)
+
+        async def work() -> None:
+            while (job := await queue.get()) is not None:
+                samples = await system.run(*job)
+                self.stats.executions += 1
+                if samples:
+                    writer.write_execution(samples)
+                    self.stats.records_written += len(samples)
+                else:
+                    self.stats.executions_empty += 1
+                self.progress.advance(self.stats, client.counters)
+                if cfg.max_failures is not None and client.counters.failures > cfg.max_failures:
+                    raise TooManyFailures(f"{client.counters.failures} calls failed for good "
+                                          f"(--max-failures {cfg.max_failures})")
+
+        def finished(task: asyncio.Task[Any]) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                failure.append(task.exception())  # type: ignore[arg-type]
+                self._cancel_all()
+
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        try:
+            self._tasks = [asyncio.create_task(produce())] + [asyncio.create_task(work()) for _ in range(workers)]
+            for task in self._tasks:
+                task.add_done_callback(finished)
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+        if failure:
+            raise failure[0]
+
+    def _problems(self) -> Iterator[Problem]:
+        def skip(exc: InputError) -> None:
+            self.stats.invalid_rows += 1
+            log.warning("skipping invalid row: %s", exc)
+
+        rows = read_problems(self.cfg.input, self.cfg.keys, skip if self.cfg.skip_invalid else None)
+        return islice(rows, self.cfg.limit) if self.cfg.limit is not None else rows
+
+    def _on_signal(self, signum: int) -> None:
+        if self.signal is not None:
+            log.error("second interrupt: stopping at once")
+            os._exit(128 + signum)
+        self.signal = signum
+        log.warning("%s: finishing up; the output folder stays resumable (interrupt again to stop at once)",
+                    signal.Signals(signum).name)
+        self._cancel_all()
+
+    def _cancel_all(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+

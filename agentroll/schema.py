@@ -1,0 +1,59 @@
+"""The on-disk record: one JSON line per LLM call. `docs/schema.md` documents it (a test keeps the two in step)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+STAGES = ("solver", "rewriter", "selector")
+
+# vLLM's finish_reason -> our status. Anything else (an unknown or missing reason) is treated as aborted:
+# the sample is still written with its tokens, but a trainer should not mistake it for a clean stop.
+STATUS_BY_FINISH_REASON = {"stop": "completed", "length": "truncated", "abort": "aborted"}
+
+
+def status_for(finish_reason: str | None) -> str:
+    return STATUS_BY_FINISH_REASON.get(finish_reason or "", "aborted")
+
+
+@dataclass(slots=True)
+class Sample:
+    """One LLM call of one execution: everything a trainer needs, token-exact.
+
+    `response_token_ids` and `response_logprobs` are the server's own values, index for index; a stop token
+    the model emitted (EOS) is included, because the model is trained to emit it.
+    """
+
+    problem_id: str
+    rollout_id: str
+    sample_index: int
+    group_size: int
+    stage: str
+    worker: int
+    prompt: str
+    prompt_token_ids: list[int]
+    response: str
+    response_token_ids: list[int]
+    response_logprobs: list[float]
+    loss_mask: list[int]
+    status: str
+    finish_reason: str | None
+    stop_reason: int | str | None
+    content: str | None
+    raw_reward: float
+    reward: float
+    label: Any
+    model: str
+    endpoint: str
+    latency_s: float
+    attempts: int
+    rollout_size: int = 0  # records in this execution: a loader can check it holds the whole rollout
+    # selector: the parsed K of "Judgment: K" (1-based, as written) and whether it pointed at a listed rewrite;
+    # rewriter: its 1-based position in the selector's list, or None when it had no content.
+    judgment: int | None = None
+    listed_as: int | None = None
+    reward_info: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION

@@ -1,0 +1,144 @@
+"""What the simulated model says: scripted, seeded answers for each stage of the agent system.
+
+The script recognises the stage from the prompt (our default templates: a selector prompt asks for
+`Judgment:`, a rewriter prompt lists `### Solution k`), knows the right answers from an answer key, and mixes in
+the cases the pipeline must handle: no closing think tag, nothing after it, truncation, wrong answers, answers
+in an equal but different form, out-of-range or missing judgments.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+_SOLUTION = re.compile(r"^### Solution (\d+)\s*$", re.MULTILINE)
+_BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
+_INT = re.compile(r"-?\d+")
+
+
+@dataclass(slots=True)
+class Behavior:
+    """Probabilities of each kind of answer (independent draws per call)."""
+
+    correct: float = 0.6  # a solver or rewriter answers right
+    equivalent_form: float = 0.5  # a right answer is written in another, equal form (\frac{84}{2} for 42)
+    no_think_close: float = 0.1  # the think block never closes
+    empty_after_think: float = 0.05  # the think block closes and nothing follows
+    truncate: float = 0.08  # runs to max_tokens (finish_reason "length")
+    select_correct: float = 0.7  # the selector picks a right rewrite when there is one
+    bad_judgment: float = 0.1  # the selector names a solution number that was not listed
+    no_judgment: float = 0.05  # the selector writes no "Judgment:" line
+    reasoning_words: int = 12  # length of the think block, in words (raise it for realistic token counts)
+
+
+@dataclass(slots=True)
+class Scripted:
+    text: str
+    truncate: bool = False
+
+
+def equivalent(label: str) -> str:
+    """An equal value in another form: integers as a fraction, 0.5 as \\frac{1}{2}, else unchanged."""
+    if _INT.fullmatch(label.strip()):
+        return f"\\frac{{{2 * int(label)}}}{{2}}"
+    if label.strip() == "0.5":
+        return "\\frac{1}{2}"
+    return label
+
+
+def wrong(label: str) -> str:
+    if _INT.fullmatch(label.strip()):
+        return str(int(label) + 1)
+    return f"{label}+1"
+
+
+@dataclass
+class Script:
+    behavior: Behavior = field(default_factory=Behavior)
+    answers: dict[str, str] = field(default_factory=dict)  # problem statement -> label
+
+    @classmethod
+    def from_jsonl(cls, path: Path | None, behavior: Behavior | None = None) -> Script:
+        answers: dict[str, str] = {}
+        if path is not None:
+            for raw in Path(path).read_bytes().splitlines():
+                if not raw.strip():
+                    continue
+                row = orjson.loads(raw)
+                prompt = row.get("prompt")
+                if isinstance(prompt, list):
+                    prompt = next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "")
+                if isinstance(prompt, str) and "label" in row:
+                    answers[prompt] = str(row["label"])
+        return cls(behavior or Behavior(), answers)
+
+    def label_for(self, prompt: str) -> str | None:
+        for problem, label in self.answers.items():
+            if problem in prompt:
+                return label
+        return None
+
+    def answer(self, prompt: str, rng: random.Random) -> Scripted:
+        if "Judgment:" in prompt and _SOLUTION.search(prompt):
+            return self._select(prompt, rng)
+        stage = "rewriter" if _SOLUTION.search(prompt) else "solver"
+        return self._solve(prompt, stage, rng)
+
+    def _think(self, rng: random.Random, stage: str) -> str:
+        words = ["first", "compute", "check", "the", "value", "so", "then", "step", "sum", "product"]
+        filler = " ".join(rng.choice(words) for _ in range(self.behavior.reasoning_words))
+        opener = "Comparing the candidate solutions," if stage == "rewriter" else "Let me think step by step:"
+        return f"<think>{opener} {filler}."
+
+    def _solve(self, prompt: str, stage: str, rng: random.Random) -> Scripted:
+        b = self.behavior
+        think = self._think(rng, stage)
+        roll = rng.random()
+        if roll < b.truncate:
+            return Scripted(think + " and so on" * 4000, truncate=True)
+        roll -= b.truncate
+        if roll < b.no_think_close:
+            return Scripted(think + " I am not sure yet")
+        roll -= b.no_think_close
+        if roll < b.empty_after_think:
+            return Scripted(think + "</think>\n\n")
+        label = self.label_for(prompt)
+        if label is None:
+            value = str(rng.randint(0, 1000))
+        elif rng.random() < b.correct:
+            value = equivalent(label) if rng.random() < b.equivalent_form else label
+        else:
+            value = wrong(label)
+        return Scripted(f"{think}</think>\n\nThe final answer is \\boxed{{{value}}}.")
+
+    def _select(self, prompt: str, rng: random.Random) -> Scripted:
+        b = self.behavior
+        numbers = [int(n) for n in _SOLUTION.findall(prompt)]
+        count = max(numbers) if numbers else 0
+        think = self._think(rng, "selector") + "</think>\n\n"
+        roll = rng.random()
+        if roll < b.no_judgment:
+            return Scripted(think + "All of them look plausible to me.")
+        if roll < b.no_judgment + b.bad_judgment:
+            return Scripted(think + f"Judgment: {count + 1}")
+        pick = rng.randint(1, max(count, 1))
+        label = self.label_for(prompt)
+        if label is not None and rng.random() < b.select_correct:
+            right = [i for i, text in self._listed(prompt) if self._is_right(text, label)]
+            if right:
+                pick = rng.choice(right)
+        return Scripted(think + f"Solution {pick} is the most convincing.\nJudgment: {pick}")
+
+    @staticmethod
+    def _listed(prompt: str) -> list[tuple[int, str]]:
+        parts = _SOLUTION.split(prompt)
+        return [(int(parts[i]), parts[i + 1]) for i in range(1, len(parts) - 1, 2)]
+
+    @staticmethod
+    def _is_right(text: str, label: str) -> bool:
+        found = _BOXED.findall(text)
+        return bool(found) and found[-1].strip() in {label, equivalent(label)}
