@@ -12,6 +12,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -82,7 +83,8 @@ class Script:
                 return label
         return None
 
-    def answer(self, prompt: str, rng: random.Random) -> Scripted:
+    def answer(self, prompt: str, rng: random.Random, request: dict[str, Any] | None = None) -> Scripted:
+        """The text for one completion. `request` is the raw body, for scripts that key on its fields."""
         if "Judgment:" in prompt and _SOLUTION.search(prompt):
             return self._select(prompt, rng)
         stage = "rewriter" if _SOLUTION.search(prompt) else "solver"

@@ -73,6 +73,7 @@ class SimServer:
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._connections: set[asyncio.Task[None]] = set()
 
     # -- HTTP plumbing ----------------------------------------------------------------------------------------
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -102,15 +103,24 @@ class SimServer:
         if self._loop is None or self._thread is None:
             return
 
-        async def shutdown() -> None:
-            if self._server is not None:
-                self._server.close()
-            self._loop.stop()  # type: ignore[union-attr]
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop)
+        asyncio.run_coroutine_threadsafe(self.aclose(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
+    async def aclose(self) -> None:
+        """Stop listening and close every open connection (as a killed server would)."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
         conn = h11.Connection(h11.SERVER)
         request: h11.Request | None = None
         body = bytearray()
@@ -141,6 +151,7 @@ class SimServer:
         except (h11.RemoteProtocolError, ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
+            self._connections.discard(task)
             writer.close()
 
     async def _dispatch(self, method: str, target: str, body: bytes) -> tuple[int, bytes]:
@@ -229,6 +240,8 @@ class SimServer:
                 response = self.complete(request)
             except HTTPFailure as failure:
                 return failure.status, orjson.dumps(failure.body)
+            except Exception as exc:  # a broken script is the engine failing: vLLM answers 500
+                return 500, orjson.dumps(error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500))
             self.completions += 1
             if self.record:
                 self.log.append({"request": request, "response": response})
@@ -292,7 +305,7 @@ class SimServer:
 
     def _choice(self, index: int, request: dict[str, Any], prompt_ids: list[int], prompt_text: str,
                 max_tokens: int, rng: random.Random) -> dict[str, Any]:
-        scripted = self.script.answer(prompt_text, rng)
+        scripted = self.script.answer(prompt_text, rng, request)
         ids = list(self.tokenizer.encode(scripted.text, add_special_tokens=False).ids)
         if len(ids) + 1 > max_tokens or scripted.truncate:
             ids, finish = ids[:max_tokens], "length"

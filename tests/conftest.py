@@ -1,0 +1,55 @@
+"""Shared fixtures: a simulated vLLM server on a free loopback port, a prompt file, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentroll.resources import sim_tokenizer_dir
+from agentroll.sim.script import Script
+from agentroll.sim.server import SimServer
+
+TOKENIZER = str(sim_tokenizer_dir())
+
+
+def write_problems(path: Path, count: int) -> Path:
+    """`count` arithmetic problems with integer labels (so the simulated model can write equal fractions)."""
+    with path.open("w") as f:
+        for i in range(count):
+            a, b = 10 + i, 7 + 3 * i
+            f.write(json.dumps({"id": f"p{i:03d}", "prompt": f"What is {a} plus {b}?", "label": str(a + b),
+                                "topic": "addition"}) + "\n")
+    return path
+
+
+@pytest.fixture
+def problems(tmp_path: Path) -> Path:
+    return write_problems(tmp_path / "problems.jsonl", 8)
+
+
+@pytest.fixture
+def sim(problems: Path) -> Iterator[SimServer]:
+    server = SimServer(script=Script.from_jsonl(problems))
+    server.start()
+    yield server
+    server.stop()
+
+
+def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    """`agentroll ...` in a real subprocess, as a user runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    return subprocess.run([sys.executable, "-m", "agentroll", *args], input=stdin, capture_output=True,
+                          timeout=timeout, env=env)
+
+
+def read_records(folder: Path) -> list[dict]:
+    records = []
+    for shard in sorted(folder.glob("rollouts-*.jsonl")):
+        records += [json.loads(line) for line in shard.read_text().splitlines()]
+    return records
