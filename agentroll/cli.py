@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -17,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .client import ClientCounters
-from .errors import AgentrollError, UsageError
+from .errors import AgentrollError, PipeClosed, UsageError
 from .inputs import InputKeys
 from .resources import samples_dir, sim_tokenizer_dir
 from .runner import Progress as ProgressHook
@@ -111,6 +112,8 @@ def run_generate(cfg: RunConfig, quiet: bool, debug: bool) -> int:
         progress = RichBar(cfg.samples_per_prompt) if err.is_terminal else LogLines()
     try:
         result = asyncio.run(Runner(cfg, progress).run())
+    except PipeClosed:
+        return PipeClosed.exit_code
     except AgentrollError as exc:
         if debug:
             raise
@@ -238,10 +241,8 @@ def serve_sim(
         print(f"simulated vLLM server ({model}) listening on {url}", flush=True)
         await asyncio.Event().wait()
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
 
 
 def main() -> Any:

@@ -183,7 +183,8 @@ class CompletionClient:
         except httpx.HTTPError as exc:
             raise ServerError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise ServerError(f"{url} answered {response.status_code}: {error_message(response.content, response.status_code)}")
+            message = error_message(response.content, response.status_code)
+            raise ServerError(f"{url} answered {response.status_code}: {message}")
         return orjson.loads(response.content)
 
     async def complete(self, body: dict[str, Any], prefer: Endpoint | None = None) -> Completion:
@@ -240,7 +241,7 @@ class CompletionClient:
         if status == 200:
             endpoint.record(ok=True)
             try:
-                return orjson.loads(response.content)  # type: ignore[no-any-return]
+                return orjson.loads(response.content)
             except orjson.JSONDecodeError:
                 raise CallFailed(f"{endpoint.url}: response is not JSON", status, retryable=True) from None
         message = error_message(response.content, status)

@@ -6,7 +6,8 @@
     ├── ServerError           exit 4  the server is unreachable, rejects the key or the model
     ├── RewardError           exit 5  the reward function cannot be set up
     ├── OutputError           exit 6  the output folder cannot be written or does not match
-    └── TooManyFailures       exit 7  more failed calls than --max-failures allows
+    ├── TooManyFailures       exit 7  more failed calls than --max-failures allows
+    └── PipeClosed            exit 0  `-o -` and the reader closed the pipe: stop quietly
 
 A failure of a single request is not an exception of this tree: it is counted in the
 stats and the execution goes on, as the agent-system semantics say.
@@ -46,3 +47,7 @@ class OutputError(AgentrollError):
 
 class TooManyFailures(AgentrollError):
     exit_code = 7
+
+
+class PipeClosed(AgentrollError):
+    exit_code = 0

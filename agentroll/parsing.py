@@ -16,7 +16,7 @@ def answer_content(text: str, think: bool = True) -> str | None:
     Without thinking (`--no-think`) the whole stripped response is the answer.
     """
     if think:
-        head, sep, tail = text.partition(THINK_CLOSE)
+        _head, sep, tail = text.partition(THINK_CLOSE)
         if not sep:
             return None
         text = tail

@@ -55,7 +55,7 @@ class RunStats:
                       "records_written")
         }
         out["stages"] = {
-            name: {**{k: getattr(s, k) for k in s.__slots__}, "mean_raw_reward": s.mean_raw_reward}  # type: ignore[attr-defined]
+            name: {**{k: getattr(s, k) for k in s.__slots__}, "mean_raw_reward": s.mean_raw_reward}
             for name, s in self.stages.items()
         }
         selector = self.stages["selector"]

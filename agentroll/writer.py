@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from .errors import OutputError
+from .errors import OutputError, PipeClosed
 from .schema import SCHEMA_VERSION, Sample
 
 MANIFEST = "manifest.json"
@@ -144,7 +144,7 @@ class ShardWriter:
         if not path.exists():
             return None
         try:
-            return orjson.loads(path.read_bytes())  # type: ignore[no-any-return]
+            return orjson.loads(path.read_bytes())
         except orjson.JSONDecodeError:
             raise OutputError(f"{path} is not valid JSON; fix or remove it, or pass --overwrite") from None
 
@@ -228,7 +228,7 @@ class ShardWriter:
     def _start_shard(self) -> None:
         self._index = self._next_index()
         self._partial = self.directory / (_shard_name(self._index) + PARTIAL)
-        self._file = open(self._partial, "wb")
+        self._file = open(self._partial, "wb")  # noqa: SIM115 - kept open across calls, closed in finish_shard
         self._hash, self._records, self._keys, self._good_size = hashlib.sha256(), 0, [], 0
 
     def _rollback(self) -> None:
@@ -302,10 +302,16 @@ class StdoutWriter:
         return set()
 
     def write_execution(self, samples: list[Sample]) -> None:
-        if samples:
+        if not samples:
+            return
+        try:
             sys.stdout.buffer.write(encode_execution(samples))
             sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            # The consumer (head, a loader) is gone: point stdout at /dev/null so exit is quiet, and stop.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise PipeClosed("stdout was closed by its reader") from None
 
     def close(self, complete: bool) -> None:
-        with contextlib.suppress(BrokenPipeError):
+        with contextlib.suppress(BrokenPipeError, ValueError):
             sys.stdout.buffer.flush()

@@ -100,7 +100,8 @@ def test_forty_prompts_hold_exactly_the_records_the_semantics_require(big, tmp_p
                 assert r["raw_reward"] == correct(r["content"], label), r
             seen["truncated"] += r["status"] == "truncated"
             seen["no close"] += r["finish_reason"] == "stop" and "</think>" not in r["response"]
-            seen["equal form"] += r["raw_reward"] == 1.0 and "\\frac" in (r["content"] or "") and r["stage"] != "selector"
+            fraction = "\\frac" in (r["content"] or "")
+            seen["equal form"] += r["raw_reward"] == 1.0 and fraction and r["stage"] != "selector"
         solver_answers = [content_of(r["response"]) for r in solvers if content_of(r["response"])]
         if not solver_answers:
             assert stages == ["solver"] * 3

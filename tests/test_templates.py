@@ -25,9 +25,9 @@ def test_a_users_folder_with_a_system_template(tmp_path):
 
 
 def test_missing_or_misspelt_templates_are_usage_errors(tmp_path):
-    with pytest.raises(UsageError, match="solver.jinja"):
+    with pytest.raises(UsageError, match=r"solver\.jinja"):
         Templates(tmp_path)
     for stage in ("solver", "rewriter", "selector"):
         (tmp_path / f"{stage}.jinja").write_text("{{ problme }}")
-    with pytest.raises(UsageError, match="problme"):
+    with pytest.raises(UsageError, match=r"problme"):
         Templates(tmp_path).messages("solver", "P")

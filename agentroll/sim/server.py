@@ -62,7 +62,7 @@ class SimServer:
 
         self.tokenizer = Tokenizer.from_file(str(Path(self.tokenizer_dir) / "tokenizer.json"))
         self.vocab_size = self.tokenizer.get_vocab_size()
-        self.eos_id = self.tokenizer.token_to_id("<|im_end|>")
+        self.eos_id: int = self.tokenizer.token_to_id("<|im_end|>") or 0
         self.rng = random.Random(self.seed)
         self.log: list[dict[str, Any]] = []
         self.in_flight = 0
@@ -74,6 +74,7 @@ class SimServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._progress = threading.Condition()
 
     # -- HTTP plumbing ----------------------------------------------------------------------------------------
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -107,6 +108,11 @@ class SimServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
+    def wait_for_completions(self, count: int, timeout: float = 60.0) -> bool:
+        """Block (another thread) until `count` completions have been answered: tests synchronise on this."""
+        with self._progress:
+            return self._progress.wait_for(lambda: self.completions >= count, timeout)
+
     async def aclose(self) -> None:
         """Stop listening and close every open connection (as a killed server would)."""
         if self._server is not None:
@@ -134,7 +140,8 @@ class SimServer:
                 elif isinstance(event, h11.Data):
                     body += event.data
                 elif isinstance(event, h11.EndOfMessage) and request is not None:
-                    status, payload = await self._dispatch(request.method.decode(), request.target.decode(), bytes(body))
+                    method, target = request.method.decode(), request.target.decode()
+                    status, payload = await self._dispatch(method, target, bytes(body))
                     if status == 0:  # injected fault: drop the connection without an answer
                         return
                     headers = [("server", "uvicorn"), ("content-length", str(len(payload)))]
@@ -156,7 +163,7 @@ class SimServer:
 
     async def _dispatch(self, method: str, target: str, body: bytes) -> tuple[int, bytes]:
         path = target.split("?", 1)[0]
-        routes = {
+        routes: dict[tuple[str, str], Any] = {
             ("GET", "/health"): self._health,
             ("GET", "/version"): lambda _: {"version": VLLM_VERSION},
             ("GET", "/v1/models"): self._models,
@@ -213,7 +220,8 @@ class SimServer:
             text = self._render_chat(data["messages"], data.get("add_generation_prompt", True))
             ids = self.tokenizer.encode(text, add_special_tokens=data.get("add_special_tokens", False)).ids
         else:
-            ids = self.tokenizer.encode(str(data.get("prompt", "")), add_special_tokens=data.get("add_special_tokens", True)).ids
+            special = data.get("add_special_tokens", True)
+            ids = self.tokenizer.encode(str(data.get("prompt", "")), add_special_tokens=special).ids
         strs = [self.tokenizer.id_to_token(i) for i in ids] if data.get("return_token_strs") else None
         return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
 
@@ -242,9 +250,11 @@ class SimServer:
                 return failure.status, orjson.dumps(failure.body)
             except Exception as exc:  # a broken script is the engine failing: vLLM answers 500
                 return 500, orjson.dumps(error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500))
-            self.completions += 1
             if self.record:
                 self.log.append({"request": request, "response": response})
+            with self._progress:
+                self.completions += 1
+                self._progress.notify_all()
             return 200, orjson.dumps(response)
         finally:
             self.in_flight -= 1
@@ -330,7 +340,7 @@ class SimServer:
                 entry = {token: value}
                 for _ in range(int(k)):
                     other = rng.randrange(self.vocab_size)
-                    name = f"token_id:{other}" if as_ids else self.tokenizer.id_to_token(other)
+                    name = f"token_id:{other}" if as_ids else (self.tokenizer.id_to_token(other) or "")
                     entry.setdefault(name, round(value - rng.random(), 6))
                 top.append(entry)
             logprobs = {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": top}
