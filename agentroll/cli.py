@@ -165,6 +165,8 @@ def generate(
     max_retries: Annotated[int, typer.Option(help="Retries per call for transient failures.")] = 5,
     request_timeout: Annotated[float, typer.Option(help="Seconds per HTTP request.")] = 600.0,
     max_failures: Annotated[int | None, typer.Option(help="Exit non-zero past this many failed calls.")] = None,
+    down_timeout: Annotated[float, typer.Option(help="Seconds to wait when every endpoint is down.")] = 300.0,
+    probe_interval: Annotated[float, typer.Option(help="Seconds between /health probes of a down endpoint.")] = 5.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, no summary.")] = False,
     debug: Annotated[bool, typer.Option(help="Tracebacks and debug logs.")] = False,
 ) -> None:
@@ -185,7 +187,7 @@ def generate(
         incorrect_reward_weight=incorrect_reward_weight, think=not no_think, reward=reward,
         reward_timeout=reward_timeout, chat_template_kwargs=kwargs, shard_size=shard_size, overwrite=overwrite,
         skip_invalid=skip_invalid, limit=limit, max_retries=max_retries, request_timeout=request_timeout,
-        max_failures=max_failures)
+        max_failures=max_failures, down_timeout=down_timeout, probe_interval=probe_interval)
     raise typer.Exit(run_generate(cfg, quiet, debug))
 
 

@@ -8,6 +8,8 @@ jittered exponential backoff (asyncio.sleep, never blocking the loop); 401/404 e
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ from .errors import ServerError
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 FATAL_STATUS = frozenset({401, 403, 404})
 TOKEN_ID_PREFIX = "token_id:"
+
+log = logging.getLogger("agentroll")
 
 
 def normalize_base_url(url: str) -> str:
@@ -44,6 +48,8 @@ def error_message(body: bytes, status: int) -> str:
         inner = data.get("error")
         if isinstance(inner, dict) and inner.get("message"):
             return str(inner["message"])
+        if isinstance(inner, str):  # vLLM's --api-key middleware: {"error": "Unauthorized"}
+            return inner
         if data.get("message"):
             return str(data["message"])
         if data.get("detail"):
@@ -102,29 +108,25 @@ def parse_choice(payload: dict[str, Any], sent_ids: list[int]) -> tuple[list[int
 
 
 class Endpoint:
-    """One server. Counts its requests in flight and rests after repeated failures."""
+    """One server: its requests in flight, and whether it is out of rotation after repeated failures."""
 
-    def __init__(self, url: str, failure_threshold: int = 3, cooldown_s: float = 10.0) -> None:
+    def __init__(self, url: str, failure_threshold: int = 3) -> None:
         self.url = url
         self.completions_url = f"{url}/v1/completions"
         self.in_flight = 0
         self.consecutive_failures = 0
-        self.resting_until = 0.0
         self.failure_threshold = failure_threshold
-        self.cooldown_s = cooldown_s
+        self.down = False
+        self.last_error = ""
 
-    @property
-    def healthy(self) -> bool:
-        return time.monotonic() >= self.resting_until
-
-    def record(self, ok: bool) -> None:
+    def record(self, ok: bool, error: str = "") -> bool:
+        """Count a call's outcome; True when this failure takes the endpoint out of rotation."""
         if ok:
             self.consecutive_failures = 0
-            return
+            return False
+        self.last_error = error
         self.consecutive_failures += 1
-        if self.consecutive_failures >= self.failure_threshold:
-            self.resting_until = time.monotonic() + self.cooldown_s
-            self.consecutive_failures = 0
+        return not self.down and self.consecutive_failures >= self.failure_threshold
 
 
 @dataclass(slots=True)
@@ -147,14 +149,21 @@ class CompletionClient:
         max_retries: int = 5,
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        probe_interval_s: float = 5.0,
+        down_timeout_s: float = 300.0,
     ) -> None:
         if not base_urls:
             raise ServerError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
-        self.endpoints = [Endpoint(normalize_base_url(u)) for u in base_urls]
+        self.endpoints = [Endpoint(normalize_base_url(u)) for u in dict.fromkeys(base_urls)]
+        self.by_url = {e.url: e for e in self.endpoints}
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
+        self.probe_interval_s = probe_interval_s
+        self.down_timeout_s = down_timeout_s
         self.counters = ClientCounters()
+        self._endpoint_back = asyncio.Event()
+        self._probes: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(concurrency)
         headers = {"content-type": "application/json"}
         if api_key:
@@ -166,14 +175,57 @@ class CompletionClient:
         )
 
     async def aclose(self) -> None:
+        for probe in self._probes:
+            probe.cancel()
+        await asyncio.gather(*self._probes, return_exceptions=True)
         await self._http.aclose()
 
-    def pick(self, prefer: Endpoint | None = None) -> Endpoint:
-        """The preferred endpoint while it is healthy (prefix-cache reuse), else the least busy healthy one."""
-        if prefer is not None and prefer.healthy:
-            return prefer
-        healthy = [e for e in self.endpoints if e.healthy] or self.endpoints
-        return min(healthy, key=lambda e: e.in_flight)
+    async def pick(self, prefer: Endpoint | None = None, avoid: Endpoint | None = None) -> Endpoint:
+        """The preferred endpoint while it is up (vLLM's prefix cache then serves the execution's later
+        stages), else the least busy endpoint that is up, other than `avoid` (the one that just failed) if
+        possible. With every endpoint down, wait for a probe to bring one back, up to `down_timeout_s`."""
+        deadline: float | None = None
+        while True:
+            live = [e for e in self.endpoints if not e.down]
+            if live:
+                if prefer is not None and prefer in live and prefer is not avoid:
+                    return prefer
+                return min([e for e in live if e is not avoid] or live, key=lambda e: e.in_flight)
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.down_timeout_s
+                log.warning("every endpoint is down; pausing up to %.0fs for one to answer /health",
+                            self.down_timeout_s)
+            if now >= deadline:
+                detail = "; ".join(f"{e.url}: {e.last_error}" for e in self.endpoints)
+                raise ServerError(f"every endpoint has been down for {self.down_timeout_s:.0f}s ({detail})")
+            self._endpoint_back.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._endpoint_back.wait(), deadline - now)
+
+    def mark_down(self, endpoint: Endpoint, error: str) -> None:
+        """Out of rotation until `GET /health` answers 200 again."""
+        if endpoint.down:
+            return
+        endpoint.down, endpoint.last_error = True, error
+        log.warning("endpoint %s out of rotation (%s); probing /health every %.0fs", endpoint.url, error,
+                    self.probe_interval_s)
+        probe = asyncio.create_task(self._probe(endpoint))
+        self._probes.add(probe)
+        probe.add_done_callback(self._probes.discard)
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            try:
+                response = await self._http.get(f"{endpoint.url}/health", timeout=5.0)
+            except httpx.HTTPError:
+                continue
+            if response.status_code == 200:
+                endpoint.down, endpoint.consecutive_failures = False, 0
+                log.warning("endpoint %s is back", endpoint.url)
+                self._endpoint_back.set()
+                return
 
     async def get_json(self, path: str, endpoint: Endpoint | None = None) -> Any:
         """A plain GET (model list, health) with the server's error message on failure."""
@@ -184,7 +236,7 @@ class CompletionClient:
             raise ServerError(f"cannot reach {url}: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
             message = error_message(response.content, response.status_code)
-            raise ServerError(f"{url} answered {response.status_code}: {message}")
+            raise ServerError(f"{url} answered {response.status_code}: {message}", response.status_code)
         return orjson.loads(response.content)
 
     async def complete(self, body: dict[str, Any], prefer: Endpoint | None = None) -> Completion:
@@ -192,9 +244,10 @@ class CompletionClient:
         payload = orjson.dumps(body)
         started = time.monotonic()
         attempt = 0
+        avoid: Endpoint | None = None
         while True:
             attempt += 1
-            endpoint = self.pick(prefer)
+            endpoint = await self.pick(prefer, avoid)
             try:
                 data = await self._post(endpoint, payload)
                 ids, logprobs, choice = parse_choice(data, body["prompt"])
@@ -203,6 +256,7 @@ class CompletionClient:
                     self.counters.failures += 1
                     raise
                 self.counters.retries += 1
+                avoid = endpoint
                 await asyncio.sleep(self._backoff(attempt))
                 continue
             return Completion(
@@ -232,8 +286,10 @@ class CompletionClient:
                 response = await self._http.post(endpoint.completions_url, content=payload)
             except httpx.TransportError as exc:
                 # A timed-out or broken request's connection is closed by httpx, so vLLM aborts the request.
-                endpoint.record(ok=False)
-                raise CallFailed(f"{endpoint.url}: {type(exc).__name__}: {exc}", retryable=True) from None
+                error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                if endpoint.record(ok=False, error=error):
+                    self.mark_down(endpoint, error)
+                raise CallFailed(f"{endpoint.url}: {error}", retryable=True) from None
             finally:
                 counters.in_flight -= 1
                 endpoint.in_flight -= 1
@@ -246,7 +302,8 @@ class CompletionClient:
                 raise CallFailed(f"{endpoint.url}: response is not JSON", status, retryable=True) from None
         message = error_message(response.content, status)
         if status in FATAL_STATUS:
-            raise ServerError(f"{endpoint.url} answered {status}: {message}")
+            raise ServerError(f"{endpoint.url} answered {status}: {message}", status)
         retryable = status in RETRYABLE_STATUS
-        endpoint.record(ok=not retryable)
+        if endpoint.record(ok=not retryable, error=f"HTTP {status}: {message}"):
+            self.mark_down(endpoint, f"HTTP {status}")
         raise CallFailed(f"HTTP {status}: {message}", status, retryable)

@@ -36,6 +36,10 @@ class InputError(AgentrollError):
 class ServerError(AgentrollError):
     exit_code = 4
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status that caused it, when there was one
+
 
 class RewardError(AgentrollError):
     exit_code = 5

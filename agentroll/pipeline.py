@@ -163,8 +163,7 @@ class AgentSystem:
             self.stats.stages[stage].failed_calls += 1
             log.warning("problem %s sample %d %s %d failed: %s", ex.problem.id, ex.sample_index, stage, worker, exc)
             return None
-        if ex.endpoint is None:
-            ex.endpoint = next((e for e in self.client.endpoints if e.url == done.endpoint), None)
+        ex.endpoint = self.client.by_url[done.endpoint]  # later calls follow the endpoint that answered
         return Sample(
             problem_id=ex.problem.id,
             rollout_id=ex.rollout_id,

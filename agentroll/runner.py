@@ -62,6 +62,8 @@ class RunConfig:
     max_retries: int = 5
     request_timeout: float = 600.0
     max_failures: int | None = None
+    down_timeout: float = 300.0
+    probe_interval: float = 5.0
 
     def validate(self) -> None:
         for name in ("num_parallel", "samples_per_prompt", "concurrency", "max_tokens", "shard_size"):
@@ -122,8 +124,25 @@ class Runner:
         self._tasks: list[asyncio.Task[Any]] = []
 
     async def discover_model(self, client: CompletionClient) -> tuple[str, int | None, str | None]:
-        """Fail fast on a dead server; pick the served model and read its context length."""
-        listing = await client.get_json("/v1/models")
+        """Fail fast on a dead server; pick the served model and read its context length.
+
+        Every endpoint is asked; one that does not answer starts out of rotation (and is probed), unless none
+        answers, which ends the run at once."""
+        answers = await asyncio.gather(*(client.get_json("/v1/models", e) for e in client.endpoints),
+                                       return_exceptions=True)
+        listing: Any = None
+        for endpoint, answer in zip(client.endpoints, answers, strict=True):
+            if isinstance(answer, ServerError):
+                if answer.status in (401, 403):
+                    raise answer  # a wrong key is wrong everywhere: no point waiting for a probe
+                client.mark_down(endpoint, str(answer))
+            elif isinstance(answer, BaseException):
+                raise answer
+            elif listing is None:
+                listing = answer
+        if listing is None:
+            first = next(a for a in answers if isinstance(a, BaseException))
+            raise first
         models = listing.get("data") or []
         names = [m.get("id") for m in models]
         name = self.cfg.model
@@ -140,7 +159,8 @@ class Runner:
         cfg = self.cfg
         started = time.monotonic()
         client = CompletionClient(cfg.base_urls, api_key=cfg.api_key, concurrency=cfg.concurrency,
-                                  timeout_s=cfg.request_timeout, max_retries=cfg.max_retries)
+                                  timeout_s=cfg.request_timeout, max_retries=cfg.max_retries,
+                                  down_timeout_s=cfg.down_timeout, probe_interval_s=cfg.probe_interval)
         try:
             model, model_len, root = await self.discover_model(client)
             ctx = cfg.max_context_len or model_len

@@ -211,8 +211,9 @@ class ShardWriter:
         try:
             if self._file is None:
                 self._start_shard()
-            self._file.write(data)
-            self._file.flush()
+            view = memoryview(data)
+            while view:  # unbuffered: after a failure nothing half-written waits in a buffer
+                view = view[self._file.write(view):]
         except OSError as exc:
             self._rollback()
             raise OutputError(f"cannot write to {self.directory}: {exc.strerror or exc}") from None
@@ -228,7 +229,7 @@ class ShardWriter:
     def _start_shard(self) -> None:
         self._index = self._next_index()
         self._partial = self.directory / (_shard_name(self._index) + PARTIAL)
-        self._file = open(self._partial, "wb")  # noqa: SIM115 - kept open across calls, closed in finish_shard
+        self._file = open(self._partial, "wb", buffering=0)  # noqa: SIM115 - open across calls; see finish_shard
         self._hash, self._records, self._keys, self._good_size = hashlib.sha256(), 0, [], 0
 
     def _rollback(self) -> None:

@@ -113,3 +113,165 @@ def test_a_reader_closing_stdout_ends_the_run_quietly(tmp_path):
         assert first["problem_id"].startswith("p") and b"Traceback" not in stderr and b"Error" not in stderr
     finally:
         server.stop()
+
+
+def test_a_wrong_api_key_stops_the_run_with_one_line(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 3)
+    server = SimServer(script=Script.from_jsonl(problems), api_key="sesame")
+    server.start()
+    try:
+        args = generate_args(problems, tmp_path / "out", server.url)
+        wrong = run_cli(*args, "--api-key", "nope")
+        assert wrong.returncode == 4 and b"answered 401: Unauthorized" in wrong.stderr
+        assert b"Traceback" not in wrong.stderr and len(wrong.stderr.decode().strip().splitlines()) == 1
+        assert run_cli(*args, "--api-key", "sesame").returncode == 0
+    finally:
+        server.stop()
+
+
+def test_a_400_is_counted_with_vllms_message_and_max_failures_ends_the_run(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 4)
+    server = SimServer(script=Script.from_jsonl(problems), max_model_len=100)  # rewriter prompts do not fit
+    server.start()
+    try:
+        args = generate_args(problems, tmp_path / "out", server.url, "--num-parallel", "2", "--max-context-len",
+                             "4096", "--max-tokens", "50")
+        proc = run_cli(*args)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert b"This model's maximum context length is 100 tokens" in proc.stderr
+        manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+        stages = manifest["last_run"]["stats"]["stages"]
+        assert stages["rewriter"]["failed_calls"] > 0 and stages["solver"]["failed_calls"] == 0
+        assert manifest["last_run"]["requests"]["retries"] == 0  # a 400 is not retried
+        over = run_cli(*args, "--max-failures", "1", "--overwrite", "--concurrency", "1")
+        assert over.returncode == 7 and b"--max-failures 1" in over.stderr
+    finally:
+        server.stop()
+
+
+def test_a_timed_out_request_closes_its_connection_so_the_server_aborts_it(problems):
+    import asyncio
+
+    from agentroll.client import CallFailed, CompletionClient
+
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=30))
+    server.start()
+
+    async def go():
+        client = CompletionClient([server.url], timeout_s=0.2, max_retries=1, backoff_base_s=0.01)
+        try:
+            with pytest.raises(CallFailed, match="ReadTimeout"):
+                await client.complete({"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 0})
+            # still inside the run: the server saw both attempts go away without waiting for their answers
+            return await asyncio.to_thread(server.wait_until, lambda: server.aborted >= 2, 10)
+        finally:
+            await client.aclose()
+
+    try:
+        assert asyncio.run(go()) is True
+        assert server.completions == 0
+    finally:
+        server.stop()
+
+
+def test_two_endpoints_one_dies_mid_run_and_nothing_is_lost(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 60)
+    first = start_sim(problems, latency_s=0.01)
+    second = start_sim(problems, latency_s=0.01)
+    try:
+        out = tmp_path / "out"
+        proc = popen(*generate_args(problems, out, f"{first.url}/v1,{second.url}", "--num-parallel", "2",
+                                    "--concurrency", "8"))
+        assert first.wait_for_completions(30, timeout=60)
+        first.stop()
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr.decode()
+        records = assert_exactly_once(out, 60, 1)
+        assert {r["endpoint"] for r in records} == {first.url, second.url}
+        assert b"out of rotation" in stderr
+        assert json.loads((out / "manifest.json").read_text())["complete"] is True
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_when_every_endpoint_is_down_the_run_pauses_then_fails_clearly_and_stays_resumable(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 60)
+    server = start_sim(problems, latency_s=0.01)
+    out = tmp_path / "out"
+    args = generate_args(problems, out, server.url, "--num-parallel", "2", "--concurrency", "4",
+                         "--down-timeout", "1", "--probe-interval", "0.2", "--max-retries", "20")
+    proc = popen(*args)
+    assert server.wait_for_completions(20, timeout=60)
+    server.stop()
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 4, stderr.decode()
+    assert b"every endpoint has been down for 1s" in stderr and b"Traceback" not in stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["records"] == len(read_records(out)) and not list(out.glob("*.partial"))
+    revived = start_sim(problems)
+    try:
+        rerun = run_cli(*[revived.url if a == server.url else a for a in args])
+        assert rerun.returncode == 0, rerun.stderr.decode()
+        assert_exactly_once(out, 60, 1)
+    finally:
+        revived.stop()
+
+
+def test_disk_full_is_a_clear_error_with_no_torn_shard_and_a_rerun_completes(tmp_path, sim, problems):
+    import resource
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    out = tmp_path / "out"
+    args = generate_args(problems, out, sim.url, "--num-parallel", "2", "--shard-size", "1000")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    proc = subprocess.run([sys.executable, "-m", "agentroll", *args], capture_output=True, env=env,
+                          preexec_fn=small_files, timeout=120)
+    assert proc.returncode == 6 and b"File too large" in proc.stderr and b"Traceback" not in proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    kept = read_records(out)  # every line parses: nothing torn
+    assert manifest["records"] == len(kept) and len(kept) > 0
+    assert run_cli(*args).returncode == 0
+    assert_exactly_once(out, 8, 1)
+
+
+def test_an_output_path_that_cannot_be_a_folder_is_a_clear_error(tmp_path, sim, problems):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = run_cli(*generate_args(problems, blocker / "out", sim.url))
+    assert proc.returncode == 6 and b"output folder" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_skip_invalid_counts_bad_rows_and_goes_on(tmp_path, sim, problems):
+    lines = problems.read_text().splitlines()
+    lines[1] = '{"prompt": "no label"}'
+    lines.append(lines[0])  # a duplicate id
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    proc = run_cli(*generate_args(bad, tmp_path / "out", sim.url, "--skip-invalid", "--num-parallel", "1"))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"bad.jsonl:2: field 'label': missing" in proc.stderr and b"duplicate id 'p000'" in proc.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["last_run"]["stats"]["invalid_rows"] == 2 and manifest["executions"] == 7
+
+
+def test_a_second_ctrl_c_stops_at_once_and_the_folder_still_resumes(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 120)
+    server = start_sim(problems, latency_s=0.02)
+    try:
+        out = tmp_path / "out"
+        args = generate_args(problems, out, server.url, "--num-parallel", "2", "--concurrency", "4")
+        proc = popen(*args)
+        assert server.wait_for_completions(40, timeout=60)
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 130
+        rerun = run_cli(*args)
+        assert rerun.returncode == 0, rerun.stderr.decode()
+        assert_exactly_once(out, 120, 1)
+    finally:
+        server.stop()

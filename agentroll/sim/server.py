@@ -55,6 +55,7 @@ class SimServer:
     faults: Faults = field(default_factory=Faults)
     seed: int = 0
     record: bool = True  # keep every completion exchange in `log` (tests read it; benchmarks turn it off)
+    api_key: str | None = None  # like `vllm serve --api-key`: /v1/* then needs `Authorization: Bearer KEY`
     tokenizer_dir: Path = field(default_factory=sim_tokenizer_dir)
 
     def __post_init__(self) -> None:
@@ -68,6 +69,7 @@ class SimServer:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.completions = 0
+        self.aborted = 0  # requests whose client disconnected before the answer
         self.url: str | None = None
         self._chat_template: Any = None
         self._server: asyncio.base_events.Server | None = None
@@ -88,11 +90,11 @@ class SimServer:
         ready = threading.Event()
 
         def main() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self.serve())
+            loop = self._loop = asyncio.new_event_loop()
+            loop.run_until_complete(self.serve())
             ready.set()
-            self._loop.run_forever()
-            self._loop.close()
+            loop.run_forever()
+            loop.close()
 
         self._thread = threading.Thread(target=main, name="sim-vllm", daemon=True)
         self._thread.start()
@@ -104,22 +106,32 @@ class SimServer:
         if self._loop is None or self._thread is None:
             return
 
-        asyncio.run_coroutine_threadsafe(self.aclose(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        loop, self._loop = self._loop, None
+        asyncio.run_coroutine_threadsafe(self.aclose(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
         self._thread.join(timeout=10)
 
     def wait_for_completions(self, count: int, timeout: float = 60.0) -> bool:
         """Block (another thread) until `count` completions have been answered: tests synchronise on this."""
+        return self.wait_until(lambda: self.completions >= count, timeout)
+
+    def wait_until(self, condition: Any, timeout: float = 60.0) -> bool:
         with self._progress:
-            return self._progress.wait_for(lambda: self.completions >= count, timeout)
+            return self._progress.wait_for(condition, timeout)
+
+    def _notify(self) -> None:
+        with self._progress:
+            self._progress.notify_all()
 
     async def aclose(self) -> None:
         """Stop listening and close every open connection (as a killed server would)."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        for _ in range(5):  # connections accepted just before the close take a few loop turns to show up
+            await asyncio.sleep(0.01)
+            for task in list(self._connections):
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -140,10 +152,10 @@ class SimServer:
                 elif isinstance(event, h11.Data):
                     body += event.data
                 elif isinstance(event, h11.EndOfMessage) and request is not None:
-                    method, target = request.method.decode(), request.target.decode()
-                    status, payload = await self._dispatch(method, target, bytes(body))
-                    if status == 0:  # injected fault: drop the connection without an answer
+                    answer = await self._answer_unless_gone(request, bytes(body), reader)
+                    if answer is None:  # the client left (vLLM aborts the request), or an injected drop
                         return
+                    status, payload = answer
                     headers = [("server", "uvicorn"), ("content-length", str(len(payload)))]
                     if payload:
                         headers.append(("content-type", "application/json"))
@@ -155,14 +167,36 @@ class SimServer:
                     conn.start_next_cycle()
                 else:  # ConnectionClosed, or PAUSED on a closed peer
                     return
-        except (h11.RemoteProtocolError, ConnectionError, asyncio.IncompleteReadError):
+        except (h11.RemoteProtocolError, ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             return
         finally:
             self._connections.discard(task)
             writer.close()
 
-    async def _dispatch(self, method: str, target: str, body: bytes) -> tuple[int, bytes]:
+    async def _answer_unless_gone(self, request: h11.Request, body: bytes,
+                                  reader: asyncio.StreamReader) -> tuple[int, bytes] | None:
+        """Dispatch, but like vLLM stop working on a request whose client disconnected (counted in `aborted`)."""
+        headers = {k.decode().lower(): v.decode() for k, v in request.headers}
+        work = asyncio.ensure_future(self._dispatch(request.method.decode(), request.target.decode(), body, headers))
+        gone = asyncio.ensure_future(reader.read(1))  # clients here never pipeline: any read result means EOF
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for future in (work, gone):
+                future.cancel()
+            await asyncio.gather(work, gone, return_exceptions=True)
+        if work.cancelled():
+            self.aborted += 1
+            self._notify()
+            return None
+        status, payload = work.result()
+        return None if status == 0 else (status, payload)
+
+    async def _dispatch(self, method: str, target: str, body: bytes,
+                        headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         path = target.split("?", 1)[0]
+        if self.api_key and path.startswith("/v1") and (headers or {}).get("authorization") != f"Bearer {self.api_key}":
+            return 401, b'{"error":"Unauthorized"}'  # vLLM's --api-key middleware, verbatim
         routes: dict[tuple[str, str], Any] = {
             ("GET", "/health"): self._health,
             ("GET", "/version"): lambda _: {"version": VLLM_VERSION},
