@@ -27,7 +27,7 @@ from .stats import RunStats
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Rewarded, token-exact multi-agent rollouts from a vLLM server.")
-err = Console(stderr=True)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 log = logging.getLogger("agentroll")
 
 
@@ -91,10 +91,16 @@ def print_summary(result: RunResult) -> None:
                       f"{st.prompt_tokens}/{st.response_tokens}", str(st.failed_calls), str(st.skipped_calls))
     err.print(table)
     d = s.to_dict()
+    rep = d["report"]
     rate = r.requests / result.wall_s if result.wall_s else 0.0
     err.print(
         f"problems {s.problems} (already done {s.problems_skipped_done}), executions {s.executions} "
         f"(empty {s.executions_empty}), records {s.records_written}, invalid rows {s.invalid_rows}\n"
+        f"accuracy: solver {_fmt(rep['solver_accuracy'])}, majority vote {_fmt(rep['majority_vote_accuracy'])}, "
+        f"best of N {_fmt(rep['best_of_n_accuracy'])}, rewriter {_fmt(rep['rewriter_accuracy'])}, "
+        f"selector pick {_fmt(rep['selector_pick_accuracy'])}, system {_fmt(rep['system_accuracy'])}\n"
+        f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}; "
+        f"reward timeouts {s.reward_timeouts}, errors {s.reward_errors}\n"
         f"selector accuracy {_fmt(d['selector_accuracy'])}, truncation rate {_fmt(d['truncation_rate'])}, "
         f"requests {r.requests}, retries {r.retries}, failures {r.failures}, peak in flight {r.peak_in_flight}, "
         f"wall {result.wall_s:.1f}s, {rate:.1f} requests/s"
@@ -155,8 +161,13 @@ def generate(
     correct_reward_weight: float = 1.0,
     incorrect_reward_weight: float = 1.0,
     no_think: Annotated[bool, typer.Option("--no-think", help="The whole response is the answer.")] = False,
-    reward: Annotated[str, typer.Option(help="math | exact")] = "math",
+    reward: Annotated[str, typer.Option(help="math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION")] = "math",
     reward_timeout: Annotated[float, typer.Option(help="Seconds per reward check.")] = 10.0,
+    reward_url: Annotated[str | None, typer.Option(help="Reward model URL, for --reward remote.")] = None,
+    reward_concurrency: Annotated[int, typer.Option(help="Most reward-model requests in flight.")] = 32,
+    reward_key: Annotated[str, typer.Option(help="Input field naming a row's own reward.")] = "reward",
+    filter_uniform_groups: Annotated[bool, typer.Option(help="Leave out groups whose outcomes are all alike.")] = False,
+    resample_uniform: Annotated[int, typer.Option(help="Re-run a uniform group up to N more times.")] = 0,
     chat_template_kwargs: Annotated[str | None, typer.Option(help='JSON, e.g. {"enable_thinking": true}')] = None,
     shard_size: Annotated[int, typer.Option(help="Records per shard (whole executions).")] = 1000,
     overwrite: Annotated[bool, typer.Option(help="Delete earlier rollouts in the output folder.")] = False,
@@ -180,12 +191,14 @@ def generate(
         raise typer.Exit(UsageError.exit_code) from None
     cfg = RunConfig(
         input=input, output=output, base_urls=_split_urls(base_url), api_key=api_key, model=model,
-        tokenizer=tokenizer, prompts_dir=prompts, keys=InputKeys(prompt_key, label_key, id_key),
+        tokenizer=tokenizer, prompts_dir=prompts, keys=InputKeys(prompt_key, label_key, id_key, reward_key),
         num_parallel=num_parallel, samples_per_prompt=samples_per_prompt, concurrency=concurrency,
         max_tokens=max_tokens, max_context_len=max_context_len, temperature=temperature, top_p=top_p,
         top_k=top_k, seed=seed, correct_reward_weight=correct_reward_weight,
         incorrect_reward_weight=incorrect_reward_weight, think=not no_think, reward=reward,
-        reward_timeout=reward_timeout, chat_template_kwargs=kwargs, shard_size=shard_size, overwrite=overwrite,
+        reward_timeout=reward_timeout, reward_url=reward_url, reward_concurrency=reward_concurrency,
+        filter_uniform_groups=filter_uniform_groups, resample_uniform=resample_uniform,
+        chat_template_kwargs=kwargs, shard_size=shard_size, overwrite=overwrite,
         skip_invalid=skip_invalid, limit=limit, max_retries=max_retries, request_timeout=request_timeout,
         max_failures=max_failures, down_timeout=down_timeout, probe_interval=probe_interval)
     raise typer.Exit(run_generate(cfg, quiet, debug))

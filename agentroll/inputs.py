@@ -18,6 +18,7 @@ class InputKeys:
     prompt: str = "prompt"
     label: str = "label"
     id: str = "id"
+    reward: str = "reward"
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class Problem:
     label: Any
     metadata: dict[str, Any]
     line: int
+    reward: str | None = None  # the row's own reward kind (`reward` field), else the run's --reward
 
     @property
     def statement(self) -> str:
@@ -75,7 +77,10 @@ def parse_row(raw: bytes, line: int, source: str, keys: InputKeys) -> Problem:
         pid = line
     elif isinstance(pid, bool) or not isinstance(pid, str | int):
         raise InputError(source, line, keys.id, f"must be a string or an integer, got {type(pid).__name__}")
-    return Problem(id=str(pid), prompt=prompt, label=label, metadata=row, line=line)
+    reward = row.pop(keys.reward, None)
+    if reward is not None and (not isinstance(reward, str) or not reward):
+        raise InputError(source, line, keys.reward, "must name a reward (math, exact, remote, FILE.py:FUNCTION)")
+    return Problem(id=str(pid), prompt=prompt, label=label, metadata=row, line=line, reward=reward)
 
 
 def _open(path: str) -> tuple[BinaryIO, str]:

@@ -19,7 +19,7 @@ from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient, Endpoint
 from .inputs import Problem
 from .parsing import answer_content, parse_judgment
-from .rewards import Reward, RewardRequest
+from .rewards import RewardRequest, RewardSet
 from .schema import Sample, status_for
 from .stats import RunStats
 from .templates import Templates
@@ -63,7 +63,13 @@ class _Execution:
     problem: Problem
     sample_index: int
     rollout_id: str
+    attempt: int = 0
     endpoint: Endpoint | None = None
+
+
+def final_reward(samples: list[Sample]) -> float:
+    """An execution's outcome: the selector's raw_reward, or 0 when it stopped before a selection."""
+    return next((s.raw_reward for s in samples if s.stage == "selector"), 0.0)
 
 
 class AgentSystem:
@@ -72,12 +78,12 @@ class AgentSystem:
         client: CompletionClient,
         encoder: ChatEncoder,
         templates: Templates,
-        reward: Reward,
+        rewards: RewardSet,
         config: SystemConfig,
         stats: RunStats,
     ) -> None:
         self.client, self.encoder, self.templates = client, encoder, templates
-        self.reward, self.config, self.stats = reward, config, stats
+        self.rewards, self.config, self.stats = rewards, config, stats
         self._base_body = {
             "model": config.model,
             **config.sampling(),
@@ -88,9 +94,11 @@ class AgentSystem:
         }
         self._solver_prompts: OrderedDict[str, tuple[str, list[int]]] = OrderedDict()
 
-    async def run(self, problem: Problem, sample_index: int) -> list[Sample]:
-        """All samples of one execution, rewards shaped, in stage order (solvers, rewriters, selector)."""
-        ex = _Execution(problem, sample_index, uuid.uuid4().hex)
+    async def run(self, problem: Problem, sample_index: int, attempt: int = 0) -> list[Sample]:
+        """All samples of one execution, rewards shaped, in stage order (solvers, rewriters, selector).
+
+        `attempt` > 0 re-runs a problem (--resample-uniform); it changes the per-call seeds."""
+        ex = _Execution(problem, sample_index, uuid.uuid4().hex, attempt)
         n = self.config.num_parallel
         solver_text, solver_ids = self._solver_prompt(problem)
         solvers = await self._stage(ex, "solver", [(solver_text, solver_ids)] * n)
@@ -156,7 +164,8 @@ class AgentSystem:
             return None
         body = {**self._base_body, "prompt": ids, "max_tokens": max_tokens}
         if cfg.seed is not None:
-            body["seed"] = call_seed(cfg.seed, ex.problem.id, ex.sample_index, stage, worker)
+            parts: tuple[object, ...] = (ex.problem.id, ex.sample_index, stage, worker)
+            body["seed"] = call_seed(cfg.seed, *parts, *((ex.attempt,) if ex.attempt else ()))
         try:
             done = await self.client.complete(body, prefer=ex.endpoint)
         except CallFailed as exc:
@@ -194,19 +203,25 @@ class AgentSystem:
     async def _score(self, ex: _Execution, samples: list[Sample]) -> None:
         if not samples:
             return
+        p = ex.problem
         requests = [
-            RewardRequest(s.content, ex.problem.label, ex.problem.statement, s.stage, ex.problem.metadata)
+            RewardRequest(s.content, p.label, p.statement, s.stage, p.metadata, s.response, p.prompt, p.id)
             for s in samples
         ]
-        results = await self.reward.score(requests)
+        results = await self.rewards.get(p.reward).score(requests)
         for sample, result in zip(samples, results, strict=True):
             sample.raw_reward = float(result.value)
             sample.reward_info = result.info
+            if result.failed == "timeout":
+                self.stats.reward_timeouts += 1
+            elif result.failed == "error":
+                self.stats.reward_errors += 1
 
     def _shape(self, samples: list[Sample], won: bool) -> list[Sample]:
         weight = self.config.correct_reward_weight if won else self.config.incorrect_reward_weight
+        outcome = final_reward(samples)
         for sample in samples:
             sample.reward = sample.raw_reward * weight
             sample.rollout_size = len(samples)
-        self.stats.add_samples(samples)
+            sample.final_reward = outcome
         return samples

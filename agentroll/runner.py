@@ -22,7 +22,8 @@ from .client import ClientCounters, CompletionClient
 from .errors import AgentrollError, InputError, ServerError, TooManyFailures, UsageError
 from .inputs import InputKeys, Problem, read_problems
 from .pipeline import AgentSystem, SystemConfig
-from .rewards import make_reward
+from .rewards import RewardSet, RewardSettings
+from .schema import Sample
 from .stats import RunStats
 from .templates import Templates
 from .writer import ShardWriter, StdoutWriter
@@ -54,6 +55,10 @@ class RunConfig:
     think: bool = True
     reward: str = "math"
     reward_timeout: float = 10.0
+    reward_url: str | None = None
+    reward_concurrency: int = 32
+    filter_uniform_groups: bool = False
+    resample_uniform: int = 0
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     shard_size: int = 1000
     overwrite: bool = False
@@ -71,6 +76,10 @@ class RunConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
         if self.max_context_len is not None and self.max_context_len < 1:
             raise UsageError("--max-context-len must be at least 1")
+        if self.filter_uniform_groups and self.samples_per_prompt < 2:
+            raise UsageError("--filter-uniform-groups needs --samples-per-prompt of at least 2")
+        if self.resample_uniform and not self.filter_uniform_groups:
+            raise UsageError("--resample-uniform goes with --filter-uniform-groups")
 
 
 @dataclass(slots=True)
@@ -99,11 +108,22 @@ def _settings(cfg: RunConfig, model: str, tokenizer: str, templates: Templates, 
         "num_parallel": cfg.num_parallel, "samples_per_prompt": cfg.samples_per_prompt,
         "max_tokens": cfg.max_tokens, "max_context_len": ctx, "temperature": cfg.temperature,
         "top_p": cfg.top_p, "top_k": cfg.top_k, "seed": cfg.seed, "think": cfg.think,
-        "reward": cfg.reward, "correct_reward_weight": cfg.correct_reward_weight,
+        "reward": cfg.reward, "reward_url": cfg.reward_url, "correct_reward_weight": cfg.correct_reward_weight,
+        "filter_uniform_groups": cfg.filter_uniform_groups, "resample_uniform": cfg.resample_uniform,
         "incorrect_reward_weight": cfg.incorrect_reward_weight, "keys": asdict(cfg.keys),
         "chat_template_kwargs": cfg.chat_template_kwargs,
         "logprobs": "as the server returns them (vLLM --logprobs-mode, default raw_logprobs)",
     }
+
+
+def annotate_group(executions: list[list[Sample]], finals: list[float]) -> None:
+    """Per-group figures on every record: mean and std of the executions' final rewards, solver pass@k."""
+    mean = sum(finals) / len(finals)
+    std = (sum((f - mean) ** 2 for f in finals) / len(finals)) ** 0.5
+    passed = float(any(s.raw_reward == 1.0 for e in executions for s in e if s.stage == "solver"))
+    for samples in executions:
+        for sample in samples:
+            sample.group_reward_mean, sample.group_reward_std, sample.group_pass_at_k = mean, std, passed
 
 
 def _count_rows(path: str, limit: int | None) -> int | None:
@@ -176,14 +196,15 @@ class Runner:
             settings = _settings(cfg, model, tokenizer_name, templates, ctx)
             writer = StdoutWriter() if cfg.output == "-" else ShardWriter(
                 Path(cfg.output), settings, cfg.shard_size, cfg.overwrite)
+            rewards = RewardSet(RewardSettings(cfg.reward, cfg.reward_timeout, cfg.reward_url,
+                                               cfg.reward_concurrency, cfg.max_retries))
             done = writer.open()
-            reward = make_reward(cfg.reward, cfg.reward_timeout)
             system_cfg = SystemConfig(
                 model=model, num_parallel=cfg.num_parallel, samples_per_prompt=cfg.samples_per_prompt,
                 max_tokens=cfg.max_tokens, max_context_len=ctx, temperature=cfg.temperature, top_p=cfg.top_p,
                 top_k=cfg.top_k, seed=cfg.seed, correct_reward_weight=cfg.correct_reward_weight,
                 incorrect_reward_weight=cfg.incorrect_reward_weight, think=cfg.think)
-            system = AgentSystem(client, ChatEncoder(tokenizer, cfg.chat_template_kwargs), templates, reward,
+            system = AgentSystem(client, ChatEncoder(tokenizer, cfg.chat_template_kwargs), templates, rewards,
                                  system_cfg, self.stats)
             error: BaseException | None = None
             self.progress.start(_count_rows(cfg.input, cfg.limit))
@@ -193,7 +214,7 @@ class Runner:
                 error = exc
             finally:
                 self.progress.stop()
-                reward.close()
+                await rewards.aclose()
             empty = self.stats.executions_empty
             complete = error is None and self.signal is None and empty == 0
             result = RunResult(self.stats, client.counters, time.monotonic() - started, model, cfg.output,
@@ -212,8 +233,9 @@ class Runner:
     async def _drive(self, system: AgentSystem, writer: Any, done: set[tuple[str, int]],
                      client: CompletionClient) -> None:
         cfg = self.cfg
-        workers = max(2, 2 * -(-cfg.concurrency // cfg.num_parallel))
-        queue: asyncio.Queue[tuple[Problem, int] | None] = asyncio.Queue(maxsize=workers)
+        # a worker runs one problem's group: up to K x N requests at once; twice what fills --concurrency
+        workers = max(2, 2 * -(-cfg.concurrency // (cfg.num_parallel * cfg.samples_per_prompt)))
+        queue: asyncio.Queue[tuple[Problem, list[int]] | None] = asyncio.Queue(maxsize=workers)
         failure: list[BaseException] = []
 
         async def produce() -> None:
@@ -225,22 +247,16 @@ class Runner:
                 for problem in batch:
                     self.stats.problems += 1
                     todo = [k for k in range(cfg.samples_per_prompt) if (problem.id, k) not in done]
-                    if not todo:
+                    if todo:
+                        await queue.put((problem, todo))
+                    else:
                         self.stats.problems_skipped_done += 1
-                    for k in todo:
-                        await queue.put((problem, k))
             for _ in range(workers):
                 await queue.put(None)
 
         async def work() -> None:
             while (job := await queue.get()) is not None:
-                samples = await system.run(*job)
-                self.stats.executions += 1
-                if samples:
-                    writer.write_execution(samples)
-                    self.stats.records_written += len(samples)
-                else:
-                    self.stats.executions_empty += 1
+                await self._group(system, writer, *job)
                 self.progress.advance(self.stats, client.counters)
                 if cfg.max_failures is not None and client.counters.failures > cfg.max_failures:
                     raise TooManyFailures(f"{client.counters.failures} calls failed for good "
@@ -264,6 +280,32 @@ class Runner:
                 loop.remove_signal_handler(signum)
         if failure:
             raise failure[0]
+
+    async def _group(self, system: AgentSystem, writer: Any, problem: Problem, todo: list[int]) -> None:
+        """Run a problem's executions together, then write them as one group, or leave the group out when
+        --filter-uniform-groups finds every execution ended alike (after up to --resample-uniform re-runs)."""
+        cfg = self.cfg
+        attempts = 1 + (cfg.resample_uniform if cfg.filter_uniform_groups else 0)
+        for attempt in range(attempts):
+            if attempt:
+                self.stats.groups_resampled += 1
+            executions = await asyncio.gather(*(system.run(problem, k, attempt) for k in todo))
+            for samples in executions:
+                self.stats.add_execution(samples)
+            kept = [e for e in executions if e]
+            if not kept:
+                return  # nothing answered: not done, a rerun tries again
+            finals = [e[0].final_reward for e in kept]
+            if not cfg.filter_uniform_groups or len(set(finals)) > 1:
+                break
+        else:
+            writer.mark_filtered(problem.id, todo)
+            self.stats.groups_filtered += 1
+            return
+        annotate_group(kept, finals)
+        writer.write_group(kept)
+        self.stats.groups_written += 1
+        self.stats.records_written += sum(len(e) for e in kept)
 
     def _problems(self) -> Iterator[Problem]:
         def skip(exc: InputError) -> None:

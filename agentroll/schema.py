@@ -55,5 +55,11 @@ class Sample:
     judgment: int | None = None
     listed_as: int | None = None
     reward_info: str | None = None
+    # the execution's outcome (the selector's raw_reward; 0 when it stopped before selection) and figures over
+    # the problem's group of executions, written with the group
+    final_reward: float = 0.0
+    group_reward_mean: float | None = None
+    group_reward_std: float | None = None
+    group_pass_at_k: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION

@@ -5,10 +5,12 @@ Layout of an output folder::
     rollouts-00000.jsonl            finished shards: never rewritten once they carry this name
     rollouts-00001.jsonl.partial    the shard being written (a loader globbing *.jsonl never sees it)
     manifest.json                   shards with record counts and sha256, settings, last run's stats
-    .agentroll/rollouts-00000.keys  the executions (problem id, sample index) each finished shard holds
+    .agentroll/keys/*.keys          the executions (problem id, sample index) each finished shard holds
+    .agentroll/filtered.jsonl       groups left out by --filter-uniform-groups (so a rerun skips them too)
     .agentroll/lock                 one writer at a time
 
-An execution's records are written in one block and never split across shards. After a crash, the partial
+A group's records (all its executions, each execution's records together) are written in one block and never
+split across shards. After a crash, the partial
 shard's complete execution blocks are kept (a torn tail is cut off) and it is finished like any other shard;
 the manifest is rebuilt from what is on disk. Manifest and keys are replaced atomically (temp, fsync, rename).
 """
@@ -38,8 +40,11 @@ PARTIAL = ".partial"
 Key = tuple[str, int]
 
 
-def encode_execution(samples: list[Sample]) -> bytes:
-    return b"".join(orjson.dumps(s) + b"\n" for s in samples)
+FILTERED = "filtered.jsonl"
+
+
+def encode_group(executions: list[list[Sample]]) -> bytes:
+    return b"".join(orjson.dumps(s) + b"\n" for samples in executions for s in samples)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -103,6 +108,7 @@ class ShardWriter:
         self.overwrite = overwrite
         self.shards: list[dict[str, Any]] = []
         self.done: set[Key] = set()
+        self.filtered_groups = 0
         self.run_info: dict[str, Any] = {}
         self._file: Any = None
         self._hash = hashlib.sha256()
@@ -159,12 +165,23 @@ class ShardWriter:
             path.unlink()
         shutil.rmtree(self.directory / STATE_DIR / "keys", ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
+            (self.directory / STATE_DIR / FILTERED).unlink()
+        with contextlib.suppress(FileNotFoundError):
             (self.directory / MANIFEST).unlink()
 
     def _keys_path(self, shard: str) -> Path:
         return self.directory / STATE_DIR / "keys" / (shard.removesuffix(".jsonl") + ".keys")
 
     def _recover(self, manifest: dict[str, Any] | None) -> None:
+        filtered = self.directory / STATE_DIR / FILTERED
+        if filtered.exists():
+            for line in filtered.read_bytes().splitlines():
+                try:
+                    entry = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # a line torn by a crash: that group is simply generated again
+                self.filtered_groups += 1
+                self.done.update((entry["problem_id"], i) for i in entry["sample_indexes"])
         known = {s["file"]: s for s in (manifest or {}).get("shards", [])}
         (self.directory / STATE_DIR / "keys").mkdir(exist_ok=True)
         for path in sorted(self.directory.glob(f"{SHARD_PREFIX}*.jsonl")):
@@ -203,11 +220,12 @@ class ShardWriter:
         return max(used, default=-1) + 1
 
     # -- writing ----------------------------------------------------------------------------------------------
-    def write_execution(self, samples: list[Sample]) -> None:
-        """Append one execution's records as one block; rotate when the shard is full."""
-        if not samples:
+    def write_group(self, executions: list[list[Sample]]) -> None:
+        """Append a group's executions as one block; rotate when the shard is full."""
+        executions = [e for e in executions if e]
+        if not executions:
             return
-        data = encode_execution(samples)
+        data = encode_group(executions)
         try:
             if self._file is None:
                 self._start_shard()
@@ -219,12 +237,26 @@ class ShardWriter:
             raise OutputError(f"cannot write to {self.directory}: {exc.strerror or exc}") from None
         self._good_size += len(data)
         self._hash.update(data)
-        self._records += len(samples)
-        key = (samples[0].problem_id, samples[0].sample_index)
-        self._keys.append(key)
-        self.done.add(key)
+        for samples in executions:
+            self._records += len(samples)
+            key = (samples[0].problem_id, samples[0].sample_index)
+            self._keys.append(key)
+            self.done.add(key)
         if self._records >= self.shard_size:
             self.finish_shard()
+
+    def mark_filtered(self, problem_id: str, sample_indexes: list[int]) -> None:
+        """Remember a group left out as uniform, durably, so a rerun does not generate it again."""
+        line = orjson.dumps({"problem_id": problem_id, "sample_indexes": sample_indexes}) + b"\n"
+        try:
+            with open(self.directory / STATE_DIR / FILTERED, "ab") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise OutputError(f"cannot write to {self.directory}: {exc.strerror or exc}") from None
+        self.filtered_groups += 1
+        self.done.update((problem_id, i) for i in sample_indexes)
 
     def _start_shard(self) -> None:
         self._index = self._next_index()
@@ -274,6 +306,7 @@ class ShardWriter:
             "complete": complete,
             "records": sum(s["records"] for s in self.shards),
             "executions": sum(s["executions"] for s in self.shards),
+            "filtered_groups": self.filtered_groups,
             "shards": self.shards,
             "settings": self.settings,
             "last_run": self.run_info,
@@ -302,16 +335,20 @@ class StdoutWriter:
     def open(self) -> set[Key]:
         return set()
 
-    def write_execution(self, samples: list[Sample]) -> None:
-        if not samples:
+    def write_group(self, executions: list[list[Sample]]) -> None:
+        data = encode_group(executions)
+        if not data:
             return
         try:
-            sys.stdout.buffer.write(encode_execution(samples))
+            sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
         except BrokenPipeError:
             # The consumer (head, a loader) is gone: point stdout at /dev/null so exit is quiet, and stop.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise PipeClosed("stdout was closed by its reader") from None
+
+    def mark_filtered(self, problem_id: str, sample_indexes: list[int]) -> None:
+        pass
 
     def close(self, complete: bool) -> None:
         with contextlib.suppress(BrokenPipeError, ValueError):

@@ -126,8 +126,14 @@ def test_forty_prompts_hold_exactly_the_records_the_semantics_require(big, tmp_p
             assert r["reward"] == r["raw_reward"] * (1.5 if won else -0.5)
     assert min(seen.values()) >= 1 and len(seen) == 4, seen
 
-    # The manifest describes the shards exactly.
+    # The manifest describes the shards exactly, and its report adds up from the records.
     manifest = json.loads((out / "manifest.json").read_text())
+    report = manifest["last_run"]["stats"]["report"]
+    solvers = [r for r in records if r["stage"] == "solver"]
+    assert report["solver_accuracy"] == pytest.approx(sum(r["raw_reward"] for r in solvers) / len(solvers))
+    best = sum(any(r["raw_reward"] == 1 for r in rs if r["stage"] == "solver") for rs in executions.values())
+    assert report["best_of_n_accuracy"] == pytest.approx(best / 80)
+    assert report["system_accuracy"] == pytest.approx(sum(rs[0]["final_reward"] for rs in executions.values()) / 80)
     assert manifest["complete"] is True and manifest["records"] == len(records) and manifest["executions"] == 80
     for shard in manifest["shards"]:
         data = (out / shard["file"]).read_bytes()

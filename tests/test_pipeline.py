@@ -10,7 +10,7 @@ from agentroll.chat import ChatEncoder, load_tokenizer
 from agentroll.client import CompletionClient
 from agentroll.inputs import Problem
 from agentroll.pipeline import AgentSystem, SystemConfig, call_seed
-from agentroll.rewards import ExactReward
+from agentroll.rewards import RewardSet, RewardSettings
 from agentroll.sim.script import Scripted
 from agentroll.sim.server import HTTPFailure, SimServer, error_body
 from agentroll.stats import RunStats
@@ -49,8 +49,8 @@ def run(answers: dict[tuple[str, int], object], n: int = 3, max_context_len: int
         client = CompletionClient([server.url], concurrency=8, max_retries=0)
         config = SystemConfig(model=server.model, num_parallel=n, seed=SEED, correct_reward_weight=2.0,
                               incorrect_reward_weight=-1.0, max_tokens=256, max_context_len=max_context_len)
-        system = AgentSystem(client, ChatEncoder(load_tokenizer(TOKENIZER)), Templates(), ExactReward(), config,
-                             stats)
+        rewards = RewardSet(RewardSettings("exact"))
+        system = AgentSystem(client, ChatEncoder(load_tokenizer(TOKENIZER)), Templates(), rewards, config, stats)
         try:
             return await system.run(PROBLEM, 0)
         finally:
@@ -94,14 +94,14 @@ def test_rewriters_see_exactly_the_solver_answers_and_none_answering_stops_there
 def test_a_correct_pick_is_matched_by_position_among_listed_rewrites_and_pays_everyone():
     answers = {**solvers(RIGHT, RIGHT, RIGHT), **rewriters(WRONG, OPEN, RIGHT),
                ("selector", 0): "<think>hm</think>Judgment: 2"}
-    samples, stats, _ = run(answers)
+    samples, _, _ = run(answers)
     selector = samples[-1]
     assert (selector.judgment, selector.raw_reward, selector.reward) == (2, 1.0, 2.0)
     assert [s.listed_as for s in samples if s.stage == "rewriter"] == [1, None, 2]
     assert "### Solution 2\nThe answer is \\boxed{42}." in selector.prompt and "### Solution 3" not in selector.prompt
     assert [s.reward for s in samples] == [2.0, 2.0, 2.0, 0.0, 0.0, 2.0, 2.0]
-    assert stats.stages["selector"].samples == 1 and {s.rollout_id for s in samples} == {samples[0].rollout_id}
-    assert {s.rollout_size for s in samples} == {7}
+    assert {s.rollout_id for s in samples} == {samples[0].rollout_id}
+    assert {(s.rollout_size, s.final_reward) for s in samples} == {(7, 1.0)}
 
 
 def test_selection_is_by_index_not_by_substring():

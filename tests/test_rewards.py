@@ -11,7 +11,7 @@ def score(reward, *pairs):
     try:
         return [r.value for r in asyncio.run(reward.score(requests))]
     finally:
-        reward.close()
+        asyncio.run(reward.aclose())
 
 
 def test_math_counts_equal_values_in_other_forms():
@@ -27,7 +27,7 @@ def test_math_explains_a_zero():
         results = asyncio.run(reward.score([RewardRequest("no box", "1", "p", "solver"),
                                             RewardRequest(None, "1", "p", "solver")]))
     finally:
-        reward.close()
+        asyncio.run(reward.aclose())
     assert [r.info for r in results] == ["no \\boxed{} answer", "no answer content"]
 
 

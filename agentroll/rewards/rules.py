@@ -1,7 +1,7 @@
-"""Reward functions: `math` (math-verify on the last \\boxed{}) and `exact` (normalized string equality).
+"""Rule-based rewards: `math` (math-verify on the last \\boxed{}) and `exact` (normalized string equality).
 
-A reward scores a batch of answers and never raises for one bad answer: an error or a timeout scores 0 and the
-cause goes into `RewardResult.info`, which lands in the record's `reward_info`.
+Neither raises for one bad answer: an error or a timeout scores 0 and the cause goes into `RewardResult.info`,
+which lands in the record's `reward_info`.
 """
 
 from __future__ import annotations
@@ -11,37 +11,9 @@ import concurrent.futures
 import multiprocessing
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-from .errors import RewardError
-from .parsing import last_boxed
-
-
-@dataclass(slots=True)
-class RewardRequest:
-    content: str | None
-    label: Any
-    problem: str
-    stage: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class RewardResult:
-    value: float
-    info: str | None = None
-
-
-NO_CONTENT = RewardResult(0.0, "no answer content")
-
-
-class Reward(Protocol):
-    name: str
-
-    async def score(self, requests: list[RewardRequest]) -> list[RewardResult]: ...
-
-    def close(self) -> None: ...
+from ..parsing import last_boxed
+from .base import NO_CONTENT, RewardRequest, RewardResult
 
 
 def _normalize(text: str) -> str:
@@ -66,7 +38,7 @@ class ExactReward:
         answer = request.content if answer is None else answer
         return RewardResult(1.0 if _normalize(answer) == _normalize(str(request.label)) else 0.0)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         pass
 
 
@@ -124,9 +96,9 @@ class MathReward:
             equal = await asyncio.wait_for(future, self.timeout_s + 5)
         except asyncio.TimeoutError:
             self._reset_pool()
-            return RewardResult(0.0, "math-verify timed out")
+            return RewardResult(0.0, f"math-verify timed out after {self.timeout_s:g}s", failed="timeout")
         except Exception as exc:  # a crash of the check scores 0; the run goes on
-            return RewardResult(0.0, f"math-verify error: {type(exc).__name__}: {exc}"[:300])
+            return RewardResult(0.0, f"math-verify error: {type(exc).__name__}: {exc}"[:300], failed="error")
         self._cache[key] = equal
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -140,15 +112,7 @@ class MathReward:
                 process.kill()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-
-def make_reward(spec: str, timeout_s: float = 10.0) -> Reward:
-    if spec == "math":
-        return MathReward(timeout_s=timeout_s)
-    if spec == "exact":
-        return ExactReward()
-    raise RewardError(f"unknown reward {spec!r}: choose 'math' or 'exact'")
+            pool, self._pool = self._pool, None
+            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)

@@ -1,0 +1,38 @@
+"""What every reward takes and gives back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(slots=True)
+class RewardRequest:
+    """One answer to score. This is also what a user's reward function receives (see docs/rewards.md)."""
+
+    content: str | None  # the answer content (text after </think>), None when there is none
+    label: Any  # the row's reference answer
+    problem: str  # the problem statement
+    stage: str  # solver, rewriter or selector
+    metadata: dict[str, Any] = field(default_factory=dict)  # the row's other fields
+    response: str = ""  # the full response text, think block included
+    prompt: Any = None  # the row's prompt as given: a string or a list of chat messages
+    problem_id: str = ""
+
+
+@dataclass(slots=True)
+class RewardResult:
+    value: float
+    info: str | None = None
+    failed: str | None = None  # "timeout" or "error" when the value is a 0 standing in for a failed check
+
+
+NO_CONTENT = RewardResult(0.0, "no answer content")
+
+
+class Reward(Protocol):
+    name: str
+
+    async def score(self, requests: list[RewardRequest]) -> list[RewardResult]: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,104 @@
+"""A user's own reward function, named `path/to/file.py:function` or `package.module:function`.
+
+The function takes a `RewardRequest` and returns a number (or `{"reward": n, "info": "..."}`); it may be
+`async`. A function with the attribute `batched = True` takes a list of requests and returns a list. Sync
+functions run in a worker thread, so they never block the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import RewardError
+from .base import RewardRequest, RewardResult
+
+log = logging.getLogger("agentroll")
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise RewardError(f"reward {spec!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION")
+    try:
+        if target.endswith(".py"):
+            path = Path(target)
+            if not path.is_file():
+                raise RewardError(f"reward {spec!r}: no file {path}")
+            module_spec = importlib.util.spec_from_file_location(f"agentroll_user_reward_{path.stem}", path)
+            assert module_spec is not None and module_spec.loader is not None
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except RewardError:
+        raise
+    except Exception as exc:
+        raise RewardError(f"reward {spec!r}: cannot import {target}: {type(exc).__name__}: {exc}") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise RewardError(f"reward {spec!r}: {target} has no function {name!r}")
+    return function
+
+
+def as_result(value: Any, spec: str) -> RewardResult:
+    info = None
+    if isinstance(value, dict):
+        value, info = value.get("reward"), value.get("info")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RewardError(f"reward {spec!r} returned {value!r}: expected a number or {{\"reward\": number}}")
+    return RewardResult(float(value), None if info is None else str(info))
+
+
+class FunctionReward:
+    def __init__(self, spec: str, timeout_s: float = 10.0) -> None:
+        self.name = spec
+        self.function = load_function(spec)
+        self.timeout_s = timeout_s
+        self.batched = bool(getattr(self.function, "batched", False))
+        self.is_async = inspect.iscoroutinefunction(self.function)
+        self._warned = False
+
+    async def _call(self, argument: Any) -> Any:
+        if self.is_async:
+            return await asyncio.wait_for(self.function(argument), self.timeout_s)
+        # A sync function that overruns keeps its thread until it returns; its result is then ignored.
+        return await asyncio.wait_for(asyncio.to_thread(self.function, argument), self.timeout_s)
+
+    def _failed(self, exc: BaseException) -> RewardResult:
+        if isinstance(exc, asyncio.TimeoutError):
+            return RewardResult(0.0, f"reward function timed out after {self.timeout_s:g}s", failed="timeout")
+        if not self._warned:
+            self._warned = True
+            log.warning("reward function %s raised %s: %s (scored 0; further errors are counted, not logged)",
+                        self.name, type(exc).__name__, exc)
+        return RewardResult(0.0, f"reward function error: {type(exc).__name__}: {exc}"[:300], failed="error")
+
+    async def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
+        if self.batched:
+            try:
+                values = await self._call(list(requests))
+            except RewardError:
+                raise
+            except (Exception, asyncio.TimeoutError) as exc:
+                return [self._failed(exc)] * len(requests)
+            if not isinstance(values, list | tuple) or len(values) != len(requests):
+                raise RewardError(f"batched reward {self.name!r} must return one value per request")
+            return [as_result(v, self.name) for v in values]
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    async def _one(self, request: RewardRequest) -> RewardResult:
+        try:
+            value = await self._call(request)
+        except (Exception, asyncio.TimeoutError) as exc:
+            return self._failed(exc)
+        return as_result(value, self.name)
+
+    async def aclose(self) -> None:
+        pass

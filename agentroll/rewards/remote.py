@@ -1,0 +1,76 @@
+"""A reward model behind HTTP: `POST {"prompt", "response", "label", "metadata"}` -> a number or `{"reward": n}`."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import httpx
+import orjson
+
+from ..errors import RewardError
+from .base import RewardRequest, RewardResult
+
+RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def read_reward(body: bytes) -> float:
+    """The score in a reply, or ValueError saying what was wrong with it."""
+    try:
+        data: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise ValueError(f"reply is not JSON: {body[:120]!r}") from None
+    if isinstance(data, dict):
+        data = data.get("reward")
+    if isinstance(data, bool) or not isinstance(data, int | float):
+        raise ValueError(f"reply is not a number or {{\"reward\": number}}: {body[:120]!r}")
+    return float(data)
+
+
+class RemoteReward:
+    """One shared HTTP client with its own concurrency cap and retries. The full response text is sent and
+    the score is used as it is. A reward server that answers badly stops the run (exit 5): scoring every
+    sample 0 would silently poison the training data."""
+
+    name = "remote"
+
+    def __init__(self, url: str, concurrency: int = 32, timeout_s: float = 60.0, max_retries: int = 5,
+                 backoff_base_s: float = 0.5) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise RewardError(f"--reward-url {url!r} must be an http:// or https:// URL")
+        self.url = url
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self._slots = asyncio.Semaphore(concurrency)
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers={"content-type": "application/json"},
+                                       limits=httpx.Limits(max_connections=concurrency))
+
+    async def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    async def _one(self, request: RewardRequest) -> RewardResult:
+        body = orjson.dumps({"prompt": request.prompt if request.prompt is not None else request.problem,
+                             "response": request.response, "label": request.label, "metadata": request.metadata})
+        for attempt in range(self.max_retries + 1):
+            try:
+                async with self._slots:
+                    response = await self._http.post(self.url, content=body)
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code == 200:
+                    try:
+                        return RewardResult(read_reward(response.content))
+                    except ValueError as exc:
+                        raise RewardError(f"reward server {self.url}: {exc}") from None
+                problem = f"HTTP {response.status_code}: {response.text[:200]}"
+                if response.status_code not in RETRYABLE:
+                    raise RewardError(f"reward server {self.url} answered {problem}")
+            if attempt < self.max_retries:
+                cap = self.backoff_base_s * 2**attempt
+                await asyncio.sleep(random.uniform(cap / 2, cap))
+        raise RewardError(f"reward server {self.url} failed {self.max_retries + 1} times; last: {problem}")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

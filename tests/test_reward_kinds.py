@@ -1,0 +1,170 @@
+"""Remote reward models, user functions and per-row reward kinds, each driving the shaped rewards end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from agentroll.errors import RewardError
+from agentroll.rewards import FunctionReward, RewardRequest, RewardSet, RewardSettings
+
+from .conftest import TOKENIZER, read_records, run_cli
+
+
+def grade(response: str, label: str) -> float:
+    """The reward model's own rule, independent of agentroll: the label right after the last '\\boxed{'."""
+    tail = response.rsplit("\\boxed{", 1)
+    return 1.0 if len(tail) == 2 and tail[1].startswith(label + "}") else 0.0
+
+
+class RewardModel(BaseHTTPRequestHandler):
+    seen: list[dict] = []  # noqa: RUF012
+    bad = False
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        type(self).seen.append(body)
+        score = grade(body["response"], body["label"])
+        reply = b"<html>oops</html>" if self.bad else json.dumps(
+            score if len(self.seen) % 2 else {"reward": score}).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def reward_model():
+    RewardModel.seen, RewardModel.bad = [], False
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RewardModel)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/score"
+    server.shutdown()
+    server.server_close()
+
+
+def shaped_correctly(records, correct_weight=2.0, incorrect_weight=0.5):
+    by_rollout = {}
+    for r in records:
+        by_rollout.setdefault(r["rollout_id"], []).append(r)
+    for rs in by_rollout.values():
+        won = any(r["stage"] == "selector" and r["raw_reward"] == 1.0 for r in rs)
+        assert all(r["reward"] == r["raw_reward"] * (correct_weight if won else incorrect_weight) for r in rs)
+    return len(by_rollout)
+
+
+def generate(sim, problems, out, *extra):
+    return run_cli("generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
+                   "--num-parallel", "2", "--samples-per-prompt", "2", "--correct-reward-weight", "2",
+                   "--incorrect-reward-weight", "0.5", *extra)
+
+
+def test_a_remote_reward_model_scores_every_sample_and_drives_shaping(sim, problems, tmp_path, reward_model):
+    proc = generate(sim, problems, tmp_path / "out", "--reward", "remote", "--reward-url", reward_model)
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = read_records(tmp_path / "out")
+    assert shaped_correctly(records) == 16
+    scored = [r for r in records if r["stage"] != "selector"]
+    assert len(RewardModel.seen) == len(scored)  # every solver and rewriter sample, with content or not
+    assert {tuple(sorted(body)) for body in RewardModel.seen} == {("label", "metadata", "prompt", "response")}
+    assert RewardModel.seen[0]["metadata"] == {"topic": "addition"}
+    for r in scored:
+        assert r["raw_reward"] == grade(r["response"], r["label"])
+    assert any(r["raw_reward"] == 1.0 for r in scored) and any(r["raw_reward"] == 0.0 for r in scored)
+
+
+def test_a_reward_model_that_answers_nonsense_stops_the_run(sim, problems, tmp_path, reward_model):
+    RewardModel.bad = True
+    proc = generate(sim, problems, tmp_path / "out", "--reward", "remote", "--reward-url", reward_model)
+    assert proc.returncode == 5 and b"reply is not JSON" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_a_users_function_in_a_file_drives_shaping(sim, problems, tmp_path):
+    (tmp_path / "my_reward.py").write_text(
+        "def score(request):\n"
+        "    if request.stage == 'selector':\n"
+        "        raise AssertionError('the selector is never scored directly')\n"
+        "    return {'reward': 1.0 if request.content and request.label in request.content else 0.0, 'info': 'mine'}\n"
+    )
+    proc = generate(sim, problems, tmp_path / "out", "--reward", f"{tmp_path / 'my_reward.py'}:score")
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = read_records(tmp_path / "out")
+    shaped_correctly(records)
+    for r in records:
+        if r["stage"] != "selector":
+            assert r["raw_reward"] == (1.0 if r["content"] and r["label"] in r["content"] else 0.0)
+            assert r["reward_info"] == "mine"
+
+
+def test_rows_can_name_their_own_reward(tmp_path):
+    rows = [{"id": "m", "prompt": "x", "label": "42"}, {"id": "e", "prompt": "y", "label": "42", "reward": "exact"}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from agentroll.inputs import read_problems
+
+    math_row, exact_row = read_problems(str(path))
+    rewards = RewardSet(RewardSettings("math"))
+    request = [RewardRequest("\\boxed{\\frac{84}{2}}", "42", "p", "solver")]
+
+    async def go():
+        try:
+            return [(await rewards.get(p.reward).score(request))[0].value for p in (math_row, exact_row)]
+        finally:
+            await rewards.aclose()
+
+    assert (math_row.reward, exact_row.reward) == (None, "exact")
+    assert asyncio.run(go()) == [1.0, 0.0]
+
+
+def hangs(request):
+    time.sleep(5)
+    return 1.0
+
+
+async def hangs_async(request):
+    await asyncio.sleep(5)
+    return 1.0
+
+
+def many(requests):
+    return [float(len(r.content or "")) for r in requests]
+
+
+many.batched = True  # type: ignore[attr-defined]
+
+
+def wrong_type(request):
+    return "yes"
+
+
+def broken(request):
+    raise ZeroDivisionError("oops")
+
+
+@pytest.mark.parametrize("name", ["hangs", "hangs_async"])
+def test_a_slow_function_hits_the_timeout_and_scores_zero(name):
+    reward = FunctionReward(f"tests.test_reward_kinds:{name}", timeout_s=0.2)
+    (result,) = asyncio.run(reward.score([RewardRequest("a", "1", "p", "solver")]))
+    assert (result.value, result.failed) == (0.0, "timeout") and "timed out after 0.2s" in result.info
+
+
+def test_batched_functions_errors_and_bad_return_values():
+    requests = [RewardRequest("ab", "1", "p", "solver"), RewardRequest(None, "1", "p", "solver")]
+    assert [r.value for r in asyncio.run(FunctionReward("tests.test_reward_kinds:many").score(requests))] == [2.0, 0.0]
+    failed = asyncio.run(FunctionReward("tests.test_reward_kinds:broken").score(requests))
+    assert {(r.value, r.failed) for r in failed} == {(0.0, "error")} and "ZeroDivisionError" in failed[0].info
+    with pytest.raises(RewardError, match="returned 'yes'"):
+        asyncio.run(FunctionReward("tests.test_reward_kinds:wrong_type").score(requests))
+    with pytest.raises(RewardError, match="no function 'nope'"):
+        FunctionReward("tests.test_reward_kinds:nope")
+    with pytest.raises(RewardError, match="no file"):
+        FunctionReward("missing.py:f")
