@@ -19,7 +19,7 @@ from rich.table import Table
 
 from .client import ClientCounters
 from .errors import AgentrollError, PipeClosed, UsageError
-from .inputs import InputKeys
+from .inputs import InputKeys, parse_partition
 from .resources import samples_dir, sim_tokenizer_dir
 from .runner import Progress as ProgressHook
 from .runner import RunConfig, Runner, RunResult
@@ -173,6 +173,7 @@ def generate(
     overwrite: Annotated[bool, typer.Option(help="Delete earlier rollouts in the output folder.")] = False,
     skip_invalid: Annotated[bool, typer.Option(help="Log and count bad input rows instead of stopping.")] = False,
     limit: Annotated[int | None, typer.Option(help="Only the first N problems.")] = None,
+    partition: Annotated[str | None, typer.Option(help="I/N: only problems whose id hashes to slice I of N.")] = None,
     max_retries: Annotated[int, typer.Option(help="Retries per call for transient failures.")] = 5,
     request_timeout: Annotated[float, typer.Option(help="Seconds per HTTP request.")] = 600.0,
     max_failures: Annotated[int | None, typer.Option(help="Exit non-zero past this many failed calls.")] = None,
@@ -189,6 +190,11 @@ def generate(
     except ValueError as exc:
         err.print(f"error: --chat-template-kwargs must be a JSON object ({exc})")
         raise typer.Exit(UsageError.exit_code) from None
+    try:
+        slice_ = parse_partition(partition) if partition else None
+    except ValueError as exc:
+        err.print(f"error: {exc}")
+        raise typer.Exit(UsageError.exit_code) from None
     cfg = RunConfig(
         input=input, output=output, base_urls=_split_urls(base_url), api_key=api_key, model=model,
         tokenizer=tokenizer, prompts_dir=prompts, keys=InputKeys(prompt_key, label_key, id_key, reward_key),
@@ -200,8 +206,27 @@ def generate(
         filter_uniform_groups=filter_uniform_groups, resample_uniform=resample_uniform,
         chat_template_kwargs=kwargs, shard_size=shard_size, overwrite=overwrite,
         skip_invalid=skip_invalid, limit=limit, max_retries=max_retries, request_timeout=request_timeout,
-        max_failures=max_failures, down_timeout=down_timeout, probe_interval=probe_interval)
+        max_failures=max_failures, partition=slice_, down_timeout=down_timeout, probe_interval=probe_interval)
     raise typer.Exit(run_generate(cfg, quiet, debug))
+
+
+@app.command()
+def merge(
+    folders: Annotated[list[Path], typer.Argument(help="Output folders of a split job.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the merged manifest.")],
+    copy: Annotated[bool, typer.Option(help="Copy the shards in, instead of pointing at them.")] = False,
+    verify: Annotated[bool, typer.Option(help="Check every shard's sha256 first.")] = False,
+) -> None:
+    """Join the manifests of several output folders (e.g. --partition slices) into one dataset."""
+    from .merge import merge as merge_folders
+
+    try:
+        merged = merge_folders(folders, output, copy=copy, verify=verify)
+    except AgentrollError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    err.print(f"merged {len(folders)} folders: {len(merged['shards'])} shards, {merged['records']} records, "
+              f"{merged['executions']} executions -> {output / 'manifest.json'}", markup=False, highlight=False)
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -81,6 +82,23 @@ def parse_row(raw: bytes, line: int, source: str, keys: InputKeys) -> Problem:
     if reward is not None and (not isinstance(reward, str) or not reward):
         raise InputError(source, line, keys.reward, "must name a reward (math, exact, remote, FILE.py:FUNCTION)")
     return Problem(id=str(pid), prompt=prompt, label=label, metadata=row, line=line, reward=reward)
+
+
+def in_partition(problem_id: str, index: int, count: int) -> bool:
+    """Slice `index` of `count` by a stable hash of the id: the same on every host, Python and run."""
+    digest = hashlib.blake2b(problem_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count == index
+
+
+def parse_partition(text: str) -> tuple[int, int]:
+    """`I/N` with 0 <= I < N."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--partition {text!r}: expected I/N, e.g. 0/4") from None
+    if not 0 <= index < count:
+        raise ValueError(f"--partition {text!r}: need 0 <= I < N")
+    return index, count
 
 
 def _open(path: str) -> tuple[BinaryIO, str]:

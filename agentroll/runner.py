@@ -20,7 +20,7 @@ from typing import Any
 from .chat import ChatEncoder, load_tokenizer
 from .client import ClientCounters, CompletionClient
 from .errors import AgentrollError, InputError, ServerError, TooManyFailures, UsageError
-from .inputs import InputKeys, Problem, read_problems
+from .inputs import InputKeys, Problem, in_partition, read_problems
 from .pipeline import AgentSystem, SystemConfig
 from .rewards import RewardSet, RewardSettings
 from .schema import Sample
@@ -67,6 +67,7 @@ class RunConfig:
     max_retries: int = 5
     request_timeout: float = 600.0
     max_failures: int | None = None
+    partition: tuple[int, int] | None = None  # (I, N): only problems whose id hashes to slice I of N
     down_timeout: float = 300.0
     probe_interval: float = 5.0
 
@@ -112,6 +113,7 @@ def _settings(cfg: RunConfig, model: str, tokenizer: str, templates: Templates, 
         "filter_uniform_groups": cfg.filter_uniform_groups, "resample_uniform": cfg.resample_uniform,
         "incorrect_reward_weight": cfg.incorrect_reward_weight, "keys": asdict(cfg.keys),
         "chat_template_kwargs": cfg.chat_template_kwargs,
+        "partition": list(cfg.partition) if cfg.partition else None,
         "logprobs": "as the server returns them (vLLM --logprobs-mode, default raw_logprobs)",
     }
 
@@ -313,6 +315,9 @@ class Runner:
             log.warning("skipping invalid row: %s", exc)
 
         rows = read_problems(self.cfg.input, self.cfg.keys, skip if self.cfg.skip_invalid else None)
+        if self.cfg.partition is not None:
+            index, count = self.cfg.partition
+            rows = (p for p in rows if in_partition(p.id, index, count))
         return islice(rows, self.cfg.limit) if self.cfg.limit is not None else rows
 
     def _on_signal(self, signum: int) -> None:

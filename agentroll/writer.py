@@ -125,6 +125,8 @@ class ShardWriter:
             (self.directory / STATE_DIR).mkdir(exist_ok=True)
             self._lock()
             manifest = self._read_manifest()
+            if manifest is not None and manifest.get("merged_from"):
+                raise OutputError(f"{self.directory} is a merged view (agentroll merge); generate into another folder")
             if self.overwrite:
                 self._clear()
                 manifest = None

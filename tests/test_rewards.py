@@ -17,8 +17,9 @@ def score(reward, *pairs):
 def test_math_counts_equal_values_in_other_forms():
     got = score(MathReward(), ("so \\boxed{\\frac{84}{2}}", "42"), ("\\boxed{\\frac12}", "0.5"),
                 ("\\boxed{3\\sqrt{2}}", "\\sqrt{18}"), ("\\boxed{\\{2,1\\}}", "\\{1,2\\}"), ("\\boxed{41}", "42"),
-                ("first \\boxed{42} then \\boxed{7}", "42"), ("42 without a box", "42"), (None, "42"))
-    assert got == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+                ("first \\boxed{42} then \\boxed{7}", "42"), ("42 without a box", "42"), (None, "42"),
+                ("\\boxed{50\\%}", "0.5"), ("\\boxed{0.5}", "\\frac{1}{2}"))
+    assert got == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
 
 
 def test_math_explains_a_zero():

@@ -1,0 +1,96 @@
+"""`agentroll merge`: join the output folders of a split job (`--partition I/N`) into one dataset.
+
+By default the merged manifest points at the shards where they are (paths relative to the merged folder), so
+nothing is copied; `--copy` copies them in under fresh names. Either way the settings must match (all but the
+partition) and no problem may appear in two folders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .errors import OutputError
+from .writer import MANIFEST, STATE_DIR, _atomic_write, _shard_name
+
+
+def _load(folder: Path) -> dict[str, Any]:
+    path = folder / MANIFEST
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise OutputError(f"{path}: not a readable agentroll manifest ({exc})") from None
+
+
+def _problem_ids(folder: Path, manifest: dict[str, Any]) -> set[str]:
+    ids: set[str] = set()
+    for shard in manifest["shards"]:
+        keys = folder / STATE_DIR / "keys" / (Path(shard["file"]).name.removesuffix(".jsonl") + ".keys")
+        ids.update(pid for pid, _ in orjson.loads(keys.read_bytes()))
+    filtered = folder / STATE_DIR / "filtered.jsonl"
+    if filtered.exists():
+        ids.update(orjson.loads(line)["problem_id"] for line in filtered.read_bytes().splitlines() if line.strip())
+    return ids
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def merge(inputs: list[Path], output: Path, copy: bool = False, verify: bool = False) -> dict[str, Any]:
+    """Write `output/manifest.json` joining `inputs`; return it."""
+    if not inputs:
+        raise OutputError("merge needs at least one output folder")
+    manifests = [(Path(folder), _load(Path(folder))) for folder in inputs]
+    common = {k: v for k, v in manifests[0][1]["settings"].items() if k != "partition"}
+    owner: dict[str, Path] = {}
+    for folder, manifest in manifests:
+        settings = {k: v for k, v in manifest["settings"].items() if k != "partition"}
+        if settings != common:
+            changed = sorted(k for k in set(settings) | set(common) if settings.get(k) != common.get(k))
+            raise OutputError(f"{folder} was made with other settings than {manifests[0][0]} ({', '.join(changed)})")
+        for pid in _problem_ids(folder, manifest):
+            if pid in owner:
+                raise OutputError(f"problem {pid!r} is in both {owner[pid]} and {folder}")
+            owner[pid] = folder
+    output.mkdir(parents=True, exist_ok=True)
+    if (output / MANIFEST).exists() and output.resolve() not in {f.resolve() for f, _ in manifests}:
+        raise OutputError(f"{output} already holds a manifest; choose an empty folder")
+    shards: list[dict[str, Any]] = []
+    for folder, manifest in manifests:
+        for shard in manifest["shards"]:
+            source = folder / shard["file"]
+            if verify and _sha256(source) != shard["sha256"]:
+                raise OutputError(f"{source} does not match the sha256 in {folder / MANIFEST}")
+            entry = dict(shard)
+            if copy:
+                target = output / _shard_name(len(shards))
+                shutil.copyfile(source, target)
+                entry["file"] = target.name
+            else:
+                entry["file"] = os.path.relpath(source.resolve(), output.resolve())
+            entry["from"] = str(folder)
+            shards.append(entry)
+    merged = {
+        "format": "agentroll.rollouts",
+        "schema_version": manifests[0][1]["schema_version"],
+        "complete": all(m.get("complete") for _, m in manifests),
+        "records": sum(s["records"] for s in shards),
+        "executions": sum(s["executions"] for s in shards),
+        "filtered_groups": sum(m.get("filtered_groups", 0) for _, m in manifests),
+        "shards": shards,
+        "settings": {**common, "partition": None},
+        "merged_from": [{"folder": str(f), "partition": m["settings"].get("partition"),
+                         "complete": m.get("complete")} for f, m in manifests],
+    }
+    _atomic_write(output / MANIFEST, orjson.dumps(merged, option=orjson.OPT_INDENT_2))
+    return merged
