@@ -6,7 +6,7 @@ import asyncio
 import random
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from ..errors import RewardError
@@ -43,8 +43,15 @@ class RemoteReward:
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self._slots = asyncio.Semaphore(concurrency)
-        self._http = httpx.AsyncClient(timeout=timeout_s, headers={"content-type": "application/json"},
-                                       limits=httpx.Limits(max_connections=concurrency))
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._http: aiohttp.ClientSession | None = None  # made on first use, inside the event loop
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                timeout=self._timeout, headers={"content-type": "application/json"}, trust_env=True,
+                connector=aiohttp.TCPConnector(limit=0))
+        return self._http
 
     async def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
@@ -54,18 +61,18 @@ class RemoteReward:
                              "response": request.response, "label": request.label, "metadata": request.metadata})
         for attempt in range(self.max_retries + 1):
             try:
-                async with self._slots:
-                    response = await self._http.post(self.url, content=body)
-            except httpx.TransportError as exc:
+                async with self._slots, self._session().post(self.url, data=body) as response:
+                    status, reply = response.status, await response.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
-                if response.status_code == 200:
+                if status == 200:
                     try:
-                        return RewardResult(read_reward(response.content))
+                        return RewardResult(read_reward(reply))
                     except ValueError as exc:
                         raise RewardError(f"reward server {self.url}: {exc}") from None
-                problem = f"HTTP {response.status_code}: {response.text[:200]}"
-                if response.status_code not in RETRYABLE:
+                problem = f"HTTP {status}: {reply[:200].decode('utf-8', 'replace')}"
+                if status not in RETRYABLE:
                     raise RewardError(f"reward server {self.url} answered {problem}")
             if attempt < self.max_retries:
                 cap = self.backoff_base_s * 2**attempt
@@ -73,4 +80,5 @@ class RemoteReward:
         raise RewardError(f"reward server {self.url} failed {self.max_retries + 1} times; last: {problem}")
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.close()

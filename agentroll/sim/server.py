@@ -70,6 +70,7 @@ class SimServer:
         self.peak_in_flight = 0
         self.completions = 0
         self.aborted = 0  # requests whose client disconnected before the answer
+        self.first_request_at: float | None = None
         self.url: str | None = None
         self._chat_template: Any = None
         self._server: asyncio.base_events.Server | None = None
@@ -158,7 +159,8 @@ class SimServer:
                     status, payload = answer
                     headers = [("server", "uvicorn"), ("content-length", str(len(payload)))]
                     if payload:
-                        headers.append(("content-type", "application/json"))
+                        kind = "text/plain; version=0.0.4" if payload[:1] == b"#" else "application/json"
+                        headers.append(("content-type", kind))
                     writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
                     writer.write(conn.send(h11.Data(data=payload)) + conn.send(h11.EndOfMessage()))
                     await writer.drain()
@@ -207,6 +209,8 @@ class SimServer:
         try:
             if (method, path) == ("POST", "/v1/completions"):
                 return await self._completions_http(body)
+            if (method, path) == ("GET", "/metrics"):
+                return 200, self._metrics()
             handler = routes.get((method, path))
             if handler is None:
                 known = any(p == path for _, p in routes)
@@ -227,6 +231,18 @@ class SimServer:
         return data
 
     # -- endpoints --------------------------------------------------------------------------------------------
+    def _metrics(self) -> bytes:
+        """A few of vLLM's Prometheus series (same names), plus the simulator's own first-request time."""
+        label = f'model_name="{self.model}"'
+        return (
+            "# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running{{{label}}} {float(self.in_flight)}\n"
+            "# TYPE vllm:request_success_total counter\n"
+            f"vllm:request_success_total{{{label}}} {float(self.completions)}\n"
+            "# TYPE agentroll_sim_first_request_unix gauge\n"
+            f"agentroll_sim_first_request_unix {self.first_request_at or 0.0}\n"
+        ).encode()
+
     def _health(self, _: Any) -> None:
         return None
 
@@ -263,6 +279,8 @@ class SimServer:
         return {"prompt": self.tokenizer.decode(list(data.get("tokens", [])), skip_special_tokens=False)}
 
     async def _completions_http(self, body: bytes) -> tuple[int, bytes]:
+        if self.first_request_at is None:
+            self.first_request_at = time.time()
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:

@@ -1,0 +1,66 @@
+"""Server saturation and client CPU: delivered requests/s counted at the simulated server, over the ideal.
+
+    python bench/saturation.py --concurrency 64 --latency 0.1
+    python bench/saturation.py --concurrency 0 --latency 0      # client CPU per request at zero latency
+
+The server runs in its own process (`agentroll serve-sim`), agentroll generate in another. After a warm-up,
+the server's `vllm:request_success_total` is read twice `--window` seconds apart; the client's CPU time over
+the same window comes from /proc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import TOKENIZER, cpu_seconds, metrics, start_sim, wait_for, write_problems
+
+
+def measure(concurrency: int, latency: float, window: float, num_parallel: int, words: int) -> dict:
+    sim, url = start_sim(latency, words)
+    tmp = Path(tempfile.mkdtemp())
+    problems = write_problems(tmp / "p.jsonl", 200_000)
+    gen = subprocess.Popen(
+        [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(tmp / "out"), "--base-url", url,
+         "--tokenizer", str(TOKENIZER), "--num-parallel", str(num_parallel), "--concurrency", str(concurrency),
+         "--reward", "exact", "--max-tokens", "2048", "--quiet"])
+    try:
+        warm = max(2 * concurrency, 200)
+        assert wait_for(lambda: metrics(url)["vllm:request_success_total"] >= warm, 600), "no warm-up"
+        m0, c0, t0 = metrics(url), cpu_seconds(gen.pid), time.monotonic()
+        time.sleep(window)
+        m1, c1, t1 = metrics(url), cpu_seconds(gen.pid), time.monotonic()
+    finally:
+        gen.send_signal(signal.SIGTERM)
+        gen.wait()
+        sim.terminate()
+        sim.wait()
+    done = m1["vllm:request_success_total"] - m0["vllm:request_success_total"]
+    rate = done / (t1 - t0)
+    ideal = concurrency / latency if latency else None
+    return {"concurrency": concurrency, "latency_s": latency, "window_s": round(t1 - t0, 1),
+            "requests": int(done), "requests_per_s": round(rate, 1),
+            "ideal_per_s": ideal, "ratio": round(rate / ideal, 3) if ideal else None,
+            "client_cpu_ms_per_request": round(1000 * (c1 - c0) / done, 3) if done else None,
+            "client_cpu_share": round((c1 - c0) / (t1 - t0), 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--latency", type=float, default=0.1)
+    parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--num-parallel", type=int, default=4)
+    parser.add_argument("--reasoning-words", type=int, default=150, help="~2 tokens a word: a few hundred tokens")
+    args = parser.parse_args()
+    print(json.dumps(measure(args.concurrency, args.latency, args.window, args.num_parallel, args.reasoning_words)))
+
+
+if __name__ == "__main__":
+    main()
