@@ -174,6 +174,7 @@ def generate(
     skip_invalid: Annotated[bool, typer.Option(help="Log and count bad input rows instead of stopping.")] = False,
     limit: Annotated[int | None, typer.Option(help="Only the first N problems.")] = None,
     partition: Annotated[str | None, typer.Option(help="I/N: only problems whose id hashes to slice I of N.")] = None,
+    template_check: Annotated[bool, typer.Option(help="Compare the local chat template with /tokenize first.")] = True,
     max_retries: Annotated[int, typer.Option(help="Retries per call for transient failures.")] = 5,
     request_timeout: Annotated[float, typer.Option(help="Seconds per HTTP request.")] = 600.0,
     max_failures: Annotated[int | None, typer.Option(help="Exit non-zero past this many failed calls.")] = None,
@@ -206,8 +207,26 @@ def generate(
         filter_uniform_groups=filter_uniform_groups, resample_uniform=resample_uniform,
         chat_template_kwargs=kwargs, shard_size=shard_size, overwrite=overwrite,
         skip_invalid=skip_invalid, limit=limit, max_retries=max_retries, request_timeout=request_timeout,
-        max_failures=max_failures, partition=slice_, down_timeout=down_timeout, probe_interval=probe_interval)
+        max_failures=max_failures, partition=slice_, template_check=template_check, down_timeout=down_timeout, probe_interval=probe_interval)
     raise typer.Exit(run_generate(cfg, quiet, debug))
+
+
+@app.command()
+def doctor(
+    base_url: Annotated[str, typer.Option(envvar=["AGENTROLL_BASE_URL", "OPENAI_BASE_URL"])],
+    api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY")] = None,
+    model: str | None = None,
+    tokenizer: Annotated[str | None, typer.Option(help="[default: the model name]")] = None,
+    prompts: Path | None = None,
+) -> None:
+    """Check a server before a long job: reachable, token ids, chat-template parity, context length."""
+    from .doctor import diagnose
+
+    checks = asyncio.run(diagnose(_split_urls([base_url])[0], api_key, model, tokenizer, prompts))
+    colors = {"ok": "green", "warn": "yellow", "fail": "red"}
+    for check in checks:
+        err.print(f"[{colors[check.verdict]}]{check.verdict:4}[/] {check.name}: {check.detail}", highlight=False)
+    raise typer.Exit(1 if any(c.verdict == "fail" for c in checks) else 0)
 
 
 @app.command()

@@ -176,7 +176,7 @@ class CompletionClient:
         # aiohttp's ~0.25 ms (bench/transport.py, docs/performance.md).
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s))
         self._http = aiohttp.ClientSession(
-            headers=headers, timeout=self._timeout, trust_env=True,
+            headers=headers, timeout=self._timeout,  # trust_env off: it reads ~/.netrc on every request
             connector=aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, keepalive_timeout=30),
         )
 
@@ -256,6 +256,18 @@ class CompletionClient:
         if status != 200:
             raise ServerError(f"{url} answered {status}: {error_message(body, status)}", status)
         return orjson.loads(body)
+
+    async def post_json(self, path: str, body: dict[str, Any], endpoint: Endpoint | None = None) -> tuple[int, Any]:
+        """A plain POST outside the completion path (e.g. `/tokenize`): (status, parsed JSON or None)."""
+        url = f"{(endpoint or self.endpoints[0]).url}{path}"
+        try:
+            status, raw = await self._request("POST", url, orjson.dumps(body), timeout_s=30.0)
+        except TransportFailure as exc:
+            raise ServerError(f"cannot reach {url}: {exc}") from None
+        try:
+            return status, orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return status, None
 
     async def complete(self, body: dict[str, Any], prefer: Endpoint | None = None) -> Completion:
         """POST one completion, retrying what is transient. Raises `CallFailed` or, for 401/404, `ServerError`."""

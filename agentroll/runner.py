@@ -21,6 +21,7 @@ from .chat import ChatEncoder, load_tokenizer
 from .client import ClientCounters, CompletionClient
 from .errors import AgentrollError, InputError, ServerError, TooManyFailures, UsageError
 from .inputs import InputKeys, Problem, in_partition, read_problems
+from .parity import check_parity, probe_messages
 from .pipeline import AgentSystem, SystemConfig
 from .rewards import RewardSet, RewardSettings
 from .schema import Sample
@@ -67,6 +68,7 @@ class RunConfig:
     max_retries: int = 5
     request_timeout: float = 600.0
     max_failures: int | None = None
+    template_check: bool = True  # compare the local chat template with the server's /tokenize first
     partition: tuple[int, int] | None = None  # (I, N): only problems whose id hashes to slice I of N
     down_timeout: float = 300.0
     probe_interval: float = 5.0
@@ -195,6 +197,9 @@ class Runner:
                 tokenizer_name = root
                 tokenizer = await asyncio.to_thread(load_tokenizer, root)
             templates = Templates(cfg.prompts_dir)
+            encoder = ChatEncoder(tokenizer, cfg.chat_template_kwargs)
+            if cfg.template_check:
+                await self._check_template(client, encoder, model, templates)
             settings = _settings(cfg, model, tokenizer_name, templates, ctx)
             writer = StdoutWriter() if cfg.output == "-" else ShardWriter(
                 Path(cfg.output), settings, cfg.shard_size, cfg.overwrite)
@@ -206,8 +211,7 @@ class Runner:
                 max_tokens=cfg.max_tokens, max_context_len=ctx, temperature=cfg.temperature, top_p=cfg.top_p,
                 top_k=cfg.top_k, seed=cfg.seed, correct_reward_weight=cfg.correct_reward_weight,
                 incorrect_reward_weight=cfg.incorrect_reward_weight, think=cfg.think)
-            system = AgentSystem(client, ChatEncoder(tokenizer, cfg.chat_template_kwargs), templates, rewards,
-                                 system_cfg, self.stats)
+            system = AgentSystem(client, encoder, templates, rewards, system_cfg, self.stats)
             error: BaseException | None = None
             self.progress.start(_count_rows(cfg.input, cfg.limit))
             try:
@@ -232,11 +236,23 @@ class Runner:
         finally:
             await client.aclose()
 
+    @staticmethod
+    async def _check_template(client: CompletionClient, encoder: ChatEncoder, model: str,
+                              templates: Templates) -> None:
+        """Refuse to run when our rendering of the stage prompts differs from the server's (docs/vllm.md)."""
+        parity = await check_parity(client, encoder, model, probe_messages(templates))
+        if not parity.supported:
+            log.warning("the server has no /tokenize for chat messages: chat-template parity not checked")
+        elif parity.mismatch:
+            raise UsageError(f"the local chat template does not render prompts as the server does ({parity.mismatch});"
+                             " pass the server's tokenizer with --tokenizer, or --no-template-check to run anyway")
+
     async def _drive(self, system: AgentSystem, writer: Any, done: set[tuple[str, int]],
                      client: CompletionClient) -> None:
         cfg = self.cfg
-        # a worker runs one problem's group: up to K x N requests at once; twice what fills --concurrency
-        workers = max(2, 2 * -(-cfg.concurrency // (cfg.num_parallel * cfg.samples_per_prompt)))
+        # A worker runs one problem's group: up to K x N requests at once, but fewer between stages (one
+        # selector call, rewards). Four times what would fill --concurrency keeps the cap busy (measured).
+        workers = 2 + 4 * -(-cfg.concurrency // (cfg.num_parallel * cfg.samples_per_prompt))
         queue: asyncio.Queue[tuple[Problem, list[int]] | None] = asyncio.Queue(maxsize=workers)
         failure: list[BaseException] = []
 

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "agentroll" / "sim" / "tokenizer"
 
 
-def start_sim(latency: float, reasoning_words: int = 150, extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_sim(latency: float, reasoning_words: int = 150,
+              extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     """`agentroll serve-sim` on a free loopback port, in its own process; returns it and its URL."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentroll", "serve-sim", "--port", "0", "--latency", str(latency),

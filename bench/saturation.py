@@ -33,9 +33,12 @@ def measure(concurrency: int, latency: float, window: float, num_parallel: int, 
     try:
         warm = max(2 * concurrency, 200)
         assert wait_for(lambda: metrics(url)["vllm:request_success_total"] >= warm, 600), "no warm-up"
-        m0, c0, t0 = metrics(url), cpu_seconds(gen.pid), time.monotonic()
-        time.sleep(window)
-        m1, c1, t1 = metrics(url), cpu_seconds(gen.pid), time.monotonic()
+        m0, c0, s0, t0 = metrics(url), cpu_seconds(gen.pid), cpu_seconds(sim.pid), time.monotonic()
+        running = []
+        while time.monotonic() - t0 < window:  # sample the server's in-flight gauge
+            time.sleep(0.5)
+            running.append(metrics(url)["vllm:num_requests_running"])
+        m1, c1, s1, t1 = metrics(url), cpu_seconds(gen.pid), cpu_seconds(sim.pid), time.monotonic()
     finally:
         gen.send_signal(signal.SIGTERM)
         gen.wait()
@@ -48,7 +51,9 @@ def measure(concurrency: int, latency: float, window: float, num_parallel: int, 
             "requests": int(done), "requests_per_s": round(rate, 1),
             "ideal_per_s": ideal, "ratio": round(rate / ideal, 3) if ideal else None,
             "client_cpu_ms_per_request": round(1000 * (c1 - c0) / done, 3) if done else None,
-            "client_cpu_share": round((c1 - c0) / (t1 - t0), 3)}
+            "client_cpu_share": round((c1 - c0) / (t1 - t0), 3),
+            "server_cpu_share": round((s1 - s0) / (t1 - t0), 3),
+            "server_in_flight_mean": round(sum(running) / len(running), 1)}
 
 
 def main() -> None:

@@ -163,7 +163,7 @@ def test_a_timed_out_request_closes_its_connection_so_the_server_aborts_it(probl
     async def go():
         client = CompletionClient([server.url], timeout_s=0.2, max_retries=1, backoff_base_s=0.01)
         try:
-            with pytest.raises(CallFailed, match="timed out after 0.2s"):
+            with pytest.raises(CallFailed, match=r"timed out after 0\.2s"):
                 await client.complete({"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 0})
             # still inside the run: the server saw both attempts go away without waiting for their answers
             return await asyncio.to_thread(server.wait_until, lambda: server.aborted >= 2, 10)

@@ -49,7 +49,7 @@ class RemoteReward:
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
             self._http = aiohttp.ClientSession(
-                timeout=self._timeout, headers={"content-type": "application/json"}, trust_env=True,
+                timeout=self._timeout, headers={"content-type": "application/json"},
                 connector=aiohttp.TCPConnector(limit=0))
         return self._http
 

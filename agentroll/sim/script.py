@@ -61,6 +61,7 @@ def wrong(label: str) -> str:
 class Script:
     behavior: Behavior = field(default_factory=Behavior)
     answers: dict[str, str] = field(default_factory=dict)  # problem statement -> label
+    _thoughts: dict[tuple[str, int], str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_jsonl(cls, path: Path | None, behavior: Behavior | None = None) -> Script:
@@ -91,17 +92,23 @@ class Script:
         return self._solve(prompt, stage, rng)
 
     def _think(self, rng: random.Random, stage: str) -> str:
-        words = ["first", "compute", "check", "the", "value", "so", "then", "step", "sum", "product"]
-        filler = " ".join(rng.choice(words) for _ in range(self.behavior.reasoning_words))
-        opener = "Comparing the candidate solutions," if stage == "rewriter" else "Let me think step by step:"
-        return f"<think>{opener} {filler}."
+        """A think block drawn from a fixed set of 64 per stage: varied, yet cheap for the server to encode."""
+        variant = rng.randrange(64)
+        key = (stage, variant)
+        if key not in self._thoughts:
+            words = ["first", "compute", "check", "the", "value", "so", "then", "step", "sum", "product"]
+            local = random.Random(variant)
+            filler = " ".join(local.choice(words) for _ in range(self.behavior.reasoning_words))
+            opener = "Comparing the candidate solutions," if stage == "rewriter" else "Let me think step by step:"
+            self._thoughts[key] = f"<think>{opener} {filler}."
+        return self._thoughts[key]
 
     def _solve(self, prompt: str, stage: str, rng: random.Random) -> Scripted:
         b = self.behavior
         think = self._think(rng, stage)
         roll = rng.random()
         if roll < b.truncate:
-            return Scripted(think + " and so on" * 4000, truncate=True)
+            return Scripted(think + " and so on", truncate=True)  # the server pads it to max_tokens
         roll -= b.truncate
         if roll < b.no_think_close:
             return Scripted(think + " I am not sure yet")

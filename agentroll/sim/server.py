@@ -8,6 +8,7 @@ Field names, `finish_reason` values, error bodies and status codes follow what a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -64,6 +65,11 @@ class SimServer:
         self.tokenizer = Tokenizer.from_file(str(Path(self.tokenizer_dir) / "tokenizer.json"))
         self.vocab_size = self.tokenizer.get_vocab_size()
         self.eos_id: int = self.tokenizer.token_to_id("<|im_end|>") or 0
+        self._filler = list(self.tokenizer.encode(" and so on", add_special_tokens=False).ids)
+        self._id_strings = [f"token_id:{i}" for i in range(self.vocab_size)]
+        noise = random.Random(self.seed + 1)  # logprobs: seeded noise, sliced per answer
+        self._noise = [round(-noise.expovariate(1.5), 6) for _ in range(self.max_model_len + 8192)]
+        self._encoded: dict[str, list[int]] = {}
         self.rng = random.Random(self.seed)
         self.log: list[dict[str, Any]] = []
         self.in_flight = 0
@@ -283,33 +289,42 @@ class SimServer:
             self.first_request_at = time.time()
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
         try:
-            if self.faults.latency_s:
-                await asyncio.sleep(self.faults.latency_s)
-            roll = self.rng.random()
-            if roll < self.faults.drop_rate:
-                return 0, b""
-            if roll < self.faults.drop_rate + self.faults.error_rate:
-                self.completions += 1
-                legacy = self.rng.random() < 0.5
-                status = 500 if self.rng.random() < 0.5 else 503
-                kind = "InternalServerError" if status == 500 else "ServiceUnavailableError"
-                return status, orjson.dumps(error_body("simulated engine failure", kind, status, legacy=legacy))
-            try:
-                request = self._json(body)
-                response = self.complete(request)
-            except HTTPFailure as failure:
-                return failure.status, orjson.dumps(failure.body)
-            except Exception as exc:  # a broken script is the engine failing: vLLM answers 500
-                return 500, orjson.dumps(error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500))
-            if self.record:
-                self.log.append({"request": request, "response": response})
-            with self._progress:
-                self.completions += 1
-                self._progress.notify_all()
-            return 200, orjson.dumps(response)
+            status, payload, exchange = self._outcome(body)
+            # The answer leaves `latency_s` after the request arrived, whatever computing it cost.
+            remaining = self.faults.latency_s - (loop.time() - arrived)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+            if exchange is not None and self.record:
+                self.log.append(exchange)
+            if status == 200:
+                with self._progress:
+                    self.completions += 1
+                    self._progress.notify_all()
+            return status, payload
         finally:
             self.in_flight -= 1
+
+    def _outcome(self, body: bytes) -> tuple[int, bytes, dict[str, Any] | None]:
+        """Status, body and (for a 200) the exchange to log; status 0 means drop the connection."""
+        roll = self.rng.random()
+        if roll < self.faults.drop_rate:
+            return 0, b"", None
+        if roll < self.faults.drop_rate + self.faults.error_rate:
+            legacy = self.rng.random() < 0.5
+            status = 500 if self.rng.random() < 0.5 else 503
+            kind = "InternalServerError" if status == 500 else "ServiceUnavailableError"
+            return status, orjson.dumps(error_body("simulated engine failure", kind, status, legacy=legacy)), None
+        try:
+            request = self._json(body)
+            response = self.complete(request)
+        except HTTPFailure as failure:
+            return failure.status, orjson.dumps(failure.body), None
+        except Exception as exc:  # a broken script is the engine failing: vLLM answers 500
+            return 500, orjson.dumps(error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500)), None
+        return 200, orjson.dumps(response), {"request": request, "response": response}
 
     # -- the completion itself --------------------------------------------------------------------------------
     def _prompt_ids(self, request: dict[str, Any]) -> list[int]:
@@ -365,10 +380,27 @@ class SimServer:
             "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
         }
 
+    def _encode_answer(self, text: str) -> list[int]:
+        """Token ids for an answer: the think block's encoding is cached (the script reuses think blocks), the
+        rest encoded fresh. Two encodings joined are a valid token sequence that decodes to the joined text."""
+        head, sep, tail = text.partition("</think>")
+        if not sep:
+            head, tail = text, ""
+        ids = self._encoded.get(head)
+        if ids is None:
+            if len(self._encoded) > 4096:
+                self._encoded.clear()
+            ids = self._encoded[head] = list(self.tokenizer.encode(head, add_special_tokens=False).ids)
+        if sep or tail:
+            return ids + list(self.tokenizer.encode(sep + tail, add_special_tokens=False).ids)
+        return list(ids)
+
     def _choice(self, index: int, request: dict[str, Any], prompt_ids: list[int], prompt_text: str,
                 max_tokens: int, rng: random.Random) -> dict[str, Any]:
         scripted = self.script.answer(prompt_text, rng, request)
-        ids = list(self.tokenizer.encode(scripted.text, add_special_tokens=False).ids)
+        ids = self._encode_answer(scripted.text)
+        if scripted.truncate:  # a model that rambles on: pad with filler up to the budget
+            ids += self._filler * (max_tokens // len(self._filler) + 1)
         if len(ids) + 1 > max_tokens or scripted.truncate:
             ids, finish = ids[:max_tokens], "length"
         else:
@@ -380,21 +412,24 @@ class SimServer:
         k = request.get("logprobs")
         logprobs = None
         if k is not None:
-            values = [round(-rng.expovariate(1.5), 6) for _ in ids]
-            tokens = [f"token_id:{t}" if as_ids else self.tokenizer.decode([t], skip_special_tokens=False)
-                      for t in ids]
-            offsets, pos = [], 0
-            for token in tokens:
-                offsets.append(pos)
-                pos += len(token)
-            top = []
-            for token, value in zip(tokens, values, strict=True):
-                entry = {token: value}
-                for _ in range(int(k)):
-                    other = rng.randrange(self.vocab_size)
-                    name = f"token_id:{other}" if as_ids else (self.tokenizer.id_to_token(other) or "")
-                    entry.setdefault(name, round(value - rng.random(), 6))
-                top.append(entry)
+            start = rng.randrange(len(self._noise) - len(ids))
+            values = self._noise[start:start + len(ids)]
+            if as_ids:
+                tokens = [self._id_strings[t] for t in ids]
+            else:
+                tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+            offsets = [0, *itertools.accumulate(len(t) for t in tokens)][:-1]
+            if k:
+                top = []
+                for token, value in zip(tokens, values, strict=True):
+                    entry = {token: value}
+                    for _ in range(int(k)):
+                        other = rng.randrange(self.vocab_size)
+                        name = self._id_strings[other] if as_ids else (self.tokenizer.id_to_token(other) or "")
+                        entry.setdefault(name, round(value - rng.random(), 6))
+                    top.append(entry)
+            else:
+                top = [{token: value} for token, value in zip(tokens, values, strict=True)]
             logprobs = {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": top}
         return {
             "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None,

@@ -1,0 +1,81 @@
+"""`agentroll doctor`: check a server before a long job, one verdict per check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .chat import ChatEncoder, load_tokenizer
+from .client import CallFailed, CompletionClient, parse_choice
+from .errors import AgentrollError
+from .parity import check_parity, probe_messages
+from .templates import Templates
+
+
+@dataclass(slots=True)
+class Check:
+    name: str
+    verdict: str  # "ok", "warn" or "fail"
+    detail: str
+
+
+async def diagnose(base_url: str, api_key: str | None = None, model: str | None = None,
+                   tokenizer: str | None = None, prompts: Path | None = None) -> list[Check]:
+    client = CompletionClient([base_url], api_key=api_key, concurrency=4, timeout_s=120, max_retries=1)
+    checks: list[Check] = []
+    try:
+        try:
+            listing = await client.get_json("/v1/models")
+            names = [m.get("id") for m in listing.get("data", [])]
+            name = model or (names[0] if len(names) == 1 else None)
+            entry = next((m for m in listing.get("data", []) if m.get("id") == name), None)
+            if entry is None:
+                raise AgentrollError(f"serves {names}; pass --model to pick one")
+        except AgentrollError as exc:
+            return [Check("server", "fail", str(exc))]
+        try:
+            version = (await client.get_json("/version")).get("version", "?")
+        except AgentrollError:
+            version = "unknown"
+        checks.append(Check("server", "ok", f"{client.endpoints[0].url} serves {name!r} (vLLM {version})"))
+        limit = entry.get("max_model_len")
+        checks.append(Check("max_model_len", "ok" if limit else "warn",
+                            f"{limit} tokens of prompt + response" if limit else "not reported by /v1/models"))
+        try:
+            encoder = ChatEncoder(load_tokenizer(tokenizer or str(name)))
+        except AgentrollError as exc:
+            checks.append(Check("tokenizer", "fail", str(exc)))
+            return checks
+        checks.append(await _token_ids(client, encoder, str(name)))
+        parity = await check_parity(client, encoder, str(name), probe_messages(Templates(prompts)))
+        if not parity.supported:
+            checks.append(Check("chat template", "warn", "the server has no /tokenize for messages: not checked"))
+        elif parity.mismatch:
+            checks.append(Check("chat template", "fail", parity.mismatch))
+        else:
+            checks.append(Check("chat template", "ok", f"{parity.checked} stage prompts render to the same ids "
+                                                        "as the server's /tokenize"))
+    finally:
+        await client.aclose()
+    return checks
+
+
+async def _token_ids(client: CompletionClient, encoder: ChatEncoder, model: str) -> Check:
+    """One short greedy completion: does the server return token ids, and do both ways of reading them agree?"""
+    _, ids = encoder.encode([{"role": "user", "content": "Say hello."}])
+    body = {"model": model, "prompt": ids, "max_tokens": 8, "temperature": 0.0, "logprobs": 0,
+            "return_token_ids": True, "return_tokens_as_token_ids": True}
+    status, payload = await client.post_json("/v1/completions", body)
+    if status != 200 or not isinstance(payload, dict):
+        return Check("return_token_ids", "fail", f"completion answered HTTP {status}: {payload}")
+    choice = payload["choices"][0]
+    try:
+        from_strings, _, _ = parse_choice({"choices": [{**choice, "token_ids": None}]}, ids)
+    except CallFailed as exc:
+        return Check("return_token_ids", "fail", f"logprobs unreadable: {exc}")
+    if choice.get("token_ids") is None:
+        return Check("return_token_ids", "warn", "not supported (vLLM < 0.10?): ids are read from "
+                                                 "'token_id:N' logprob tokens instead")
+    if choice["token_ids"] != from_strings:
+        return Check("return_token_ids", "fail", "token_ids and the 'token_id:N' strings disagree")
+    return Check("return_token_ids", "ok", f"supported; {len(from_strings)} ids agree with the logprob tokens")

@@ -1,0 +1,50 @@
+"""Peak memory against input size, and start-up time to the first request.
+
+    python bench/memory_startup.py
+
+Peak RSS of `agentroll generate --limit 3000` on a 10,000-line and on a 1,000,000-line input (the server answers
+at once): memory must not grow with the input. Start-up: from launching the command to the first completion
+request the server sees (its `agentroll_sim_first_request_unix` gauge).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import TOKENIZER, metrics, start_sim, write_problems
+
+
+def run(problems: Path, url: str, out: Path, limit: int) -> tuple[float, float]:
+    """(peak RSS in MB, seconds from launch to the first request the server saw)."""
+    launched = time.time()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out), "--base-url", url,
+         "--tokenizer", str(TOKENIZER), "--limit", str(limit), "--reward", "exact", "--quiet", "--overwrite"])
+    _, _, usage = os.wait4(proc.pid, 0)
+    first = metrics(url)["agentroll_sim_first_request_unix"]
+    return usage.ru_maxrss / 1024, first - launched
+
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp())
+    results = {}
+    for lines in (10_000, 1_000_000):
+        problems = write_problems(tmp / f"p{lines}.jsonl", lines)
+        sim, url = start_sim(0.0, 150)
+        try:
+            rss, startup = run(problems, url, tmp / f"out{lines}", 3000)
+        finally:
+            sim.terminate()
+            sim.wait()
+        results[f"input_{lines}_lines"] = {"peak_rss_mb": round(rss, 1), "startup_s": round(startup, 2)}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Every benchmark of docs/performance.md, one JSON line each. Run by hand: bash bench/run_all.sh
+set -euo pipefail
+cd "$(dirname "$0")"
+python saturation.py --concurrency 64 --latency 0.1 --window 20
+python saturation.py --concurrency 512 --latency 1 --window 30
+python saturation.py --concurrency 2048 --latency 4 --window 40
+python saturation.py --concurrency 64 --latency 0 --window 15
+python transport.py --concurrency 64 --latency 0.1 --requests 3000
+python memory_startup.py
+python openai_baseline.py --concurrency 64 --latency 0.1

