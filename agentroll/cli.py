@@ -207,7 +207,8 @@ def generate(
         filter_uniform_groups=filter_uniform_groups, resample_uniform=resample_uniform,
         chat_template_kwargs=kwargs, shard_size=shard_size, overwrite=overwrite,
         skip_invalid=skip_invalid, limit=limit, max_retries=max_retries, request_timeout=request_timeout,
-        max_failures=max_failures, partition=slice_, template_check=template_check, down_timeout=down_timeout, probe_interval=probe_interval)
+        max_failures=max_failures, partition=slice_, template_check=template_check, down_timeout=down_timeout,
+        probe_interval=probe_interval)
     raise typer.Exit(run_generate(cfg, quiet, debug))
 
 
