@@ -45,8 +45,8 @@ class RecordingProxy:
                 headers={"content-type": "application/json"}) as answer:
             raw, status = await answer.read(), answer.status
         if request.path == "/v1/completions" and status == 200:
-            payload = json.loads(raw)
-            self.log.append({"request": json.loads(body), "response": payload})
+            self.log.append({"request": json.loads(body), "response": json.loads(raw)})
+            payload = json.loads(raw)  # a copy to alter: the log keeps what vLLM sent
             if self.strip:
                 for choice in payload["choices"]:
                     choice["token_ids"] = None
@@ -163,3 +163,40 @@ def test_context_limits_against_real_vllm(real_vllm, tmp_path):
     assert sent.returncode == 0 and b"This model's maximum context length is 2048 tokens" in sent.stderr
     failed = json.loads((tmp_path / "b" / "manifest.json").read_text())["last_run"]["stats"]["stages"]["solver"]
     assert failed["failed_calls"] == 1
+
+
+def served(url: str) -> float:
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_python, tiny_model, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import start_server, stop
+
+    second, url = start_server(vllm_python, tiny_model, tmp_path / "second.log")
+    try:
+        path = problems(tmp_path / "p.jsonl", 40)
+        out = tmp_path / "out"
+        args = ["generate", str(path), "-o", str(out), "--base-url", f"{real_vllm},{url}", "--tokenizer", TOKENIZER,
+                "--num-parallel", "2", "--no-think", "--max-tokens", "24", "--reward", "exact", "--concurrency", "8",
+                "--probe-interval", "1"]
+        proc = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 300
+        while served(url) < 20 and time.monotonic() < deadline:  # an external server's own counter
+            time.sleep(0.2)
+        stop(second)
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr.decode()
+        records = read_records(out)
+        executions = {(r["problem_id"], r["sample_index"]) for r in records}
+        assert len(executions) == 40 and len({r["rollout_id"] for r in records}) == 40
+        assert {r["endpoint"] for r in records} == {real_vllm, url} and b"out of rotation" in stderr
+        assert json.loads((out / "manifest.json").read_text())["complete"] is True
+    finally:
+        stop(second)
