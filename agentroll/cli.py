@@ -176,7 +176,7 @@ def generate(
     partition: Annotated[str | None, typer.Option(help="I/N: only problems whose id hashes to slice I of N.")] = None,
     template_check: Annotated[bool, typer.Option(help="Compare the local chat template with /tokenize first.")] = True,
     max_retries: Annotated[int, typer.Option(help="Retries per call for transient failures.")] = 5,
-    request_timeout: Annotated[float, typer.Option(help="Seconds per HTTP request.")] = 600.0,
+    request_timeout: Annotated[float, typer.Option(help="Seconds per HTTP request attempt.")] = 3600.0,
     max_failures: Annotated[int | None, typer.Option(help="Exit non-zero past this many failed calls.")] = None,
     down_timeout: Annotated[float, typer.Option(help="Seconds to wait when every endpoint is down.")] = 300.0,
     probe_interval: Annotated[float, typer.Option(help="Seconds between /health probes of a down endpoint.")] = 5.0,

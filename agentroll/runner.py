@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ class RunConfig:
     skip_invalid: bool = False
     limit: int | None = None
     max_retries: int = 5
-    request_timeout: float = 600.0
+    request_timeout: float = 3600.0
     max_failures: int | None = None
     template_check: bool = True  # compare the local chat template with the server's /tokenize first
     partition: tuple[int, int] | None = None  # (I, N): only problems whose id hashes to slice I of N
@@ -206,11 +206,8 @@ class Runner:
             rewards = RewardSet(RewardSettings(cfg.reward, cfg.reward_timeout, cfg.reward_url,
                                                cfg.reward_concurrency, cfg.max_retries))
             done = writer.open()
-            system_cfg = SystemConfig(
-                model=model, num_parallel=cfg.num_parallel, samples_per_prompt=cfg.samples_per_prompt,
-                max_tokens=cfg.max_tokens, max_context_len=ctx, temperature=cfg.temperature, top_p=cfg.top_p,
-                top_k=cfg.top_k, seed=cfg.seed, correct_reward_weight=cfg.correct_reward_weight,
-                incorrect_reward_weight=cfg.incorrect_reward_weight, think=cfg.think)
+            shared = {f.name: getattr(cfg, f.name) for f in fields(SystemConfig) if hasattr(cfg, f.name)}
+            system_cfg = SystemConfig(**{**shared, "model": model, "max_context_len": ctx})
             system = AgentSystem(client, encoder, templates, rewards, system_cfg, self.stats)
             error: BaseException | None = None
             self.progress.start(_count_rows(cfg.input, cfg.limit))

@@ -226,10 +226,10 @@ def test_disk_full_is_a_clear_error_with_no_torn_shard_and_a_rerun_completes(tmp
 
     def small_files():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so a write past the limit fails with EFBIG
-        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))  # a few groups fit, not all
 
     out = tmp_path / "out"
-    args = generate_args(problems, out, sim.url, "--num-parallel", "2", "--shard-size", "1000")
+    args = generate_args(problems, out, sim.url, "--num-parallel", "2", "--shard-size", "1000", "--max-tokens", "80")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
     proc = subprocess.run([sys.executable, "-m", "agentroll", *args], capture_output=True, env=env,
                           preexec_fn=small_files, timeout=120)
