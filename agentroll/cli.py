@@ -107,6 +107,15 @@ def print_summary(result: RunResult) -> None:
     )
 
 
+def run_async(coroutine: Any) -> Any:
+    """On uvloop when it is installed (`pip install agentroll[fast]`), else on asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
 def _split_urls(values: list[str]) -> list[str]:
     return [u for v in values for u in v.replace(",", " ").split() if u]
 
@@ -117,7 +126,7 @@ def run_generate(cfg: RunConfig, quiet: bool, debug: bool) -> int:
     if not quiet:
         progress = RichBar(cfg.samples_per_prompt) if err.is_terminal else LogLines()
     try:
-        result = asyncio.run(Runner(cfg, progress).run())
+        result = run_async(Runner(cfg, progress).run())
     except PipeClosed:
         return PipeClosed.exit_code
     except AgentrollError as exc:
@@ -302,7 +311,7 @@ def serve_sim(
         await asyncio.Event().wait()
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+        run_async(main())
 
 
 def main() -> Any:
