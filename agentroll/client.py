@@ -64,10 +64,12 @@ class TransportFailure(Exception):
 class CallFailed(Exception):
     """One completion call failed for good (after retries, or at once for a non-retryable answer)."""
 
-    def __init__(self, message: str, status: int | None = None, retryable: bool = False) -> None:
+    def __init__(self, message: str, status: int | None = None, retryable: bool = False,
+                 endpoint: Endpoint | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        self.endpoint = endpoint  # the one that failed: a retry goes elsewhere if it can
 
 
 @dataclass(slots=True)
@@ -248,7 +250,7 @@ class CompletionClient:
 
     async def get_json(self, path: str, endpoint: Endpoint | None = None) -> Any:
         """A plain GET (model list, health) with the server's error message on failure."""
-        url = f"{(endpoint or self.endpoints[0]).url}{path}"
+        url = f"{(endpoint or self._first_up()).url}{path}"
         try:
             status, body = await self._request("GET", url, timeout_s=10.0)
         except TransportFailure as exc:
@@ -257,9 +259,12 @@ class CompletionClient:
             raise ServerError(f"{url} answered {status}: {error_message(body, status)}", status)
         return orjson.loads(body)
 
+    def _first_up(self) -> Endpoint:
+        return next((e for e in self.endpoints if not e.down), self.endpoints[0])
+
     async def post_json(self, path: str, body: dict[str, Any], endpoint: Endpoint | None = None) -> tuple[int, Any]:
         """A plain POST outside the completion path (e.g. `/tokenize`): (status, parsed JSON or None)."""
-        url = f"{(endpoint or self.endpoints[0]).url}{path}"
+        url = f"{(endpoint or self._first_up()).url}{path}"
         try:
             status, raw = await self._request("POST", url, orjson.dumps(body), timeout_s=30.0)
         except TransportFailure as exc:
@@ -277,16 +282,15 @@ class CompletionClient:
         avoid: Endpoint | None = None
         while True:
             attempt += 1
-            endpoint = await self.pick(prefer, avoid)
             try:
-                data = await self._post(endpoint, payload)
+                endpoint, data = await self._post(payload, prefer, avoid)
                 ids, logprobs, choice = parse_choice(data, body["prompt"])
             except CallFailed as exc:
                 if not exc.retryable or attempt > self.max_retries:
                     self.counters.failures += 1
                     raise
                 self.counters.retries += 1
-                avoid = endpoint
+                avoid = exc.endpoint
                 await asyncio.sleep(self._backoff(attempt))
                 continue
             return Completion(
@@ -305,9 +309,13 @@ class CompletionClient:
         cap = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
         return random.uniform(cap / 2, cap)
 
-    async def _post(self, endpoint: Endpoint, payload: bytes) -> dict[str, Any]:
+    async def _post(self, payload: bytes, prefer: Endpoint | None,
+                    avoid: Endpoint | None) -> tuple[Endpoint, dict[str, Any]]:
+        """One attempt. The endpoint is chosen once a slot is free, so the in-flight counts it compares are
+        current, not those of when the call started waiting."""
         counters = self.counters
         async with self._slots:
+            endpoint = await self.pick(prefer, avoid)
             counters.requests += 1
             counters.in_flight += 1
             endpoint.in_flight += 1
@@ -317,20 +325,20 @@ class CompletionClient:
             except TransportFailure as exc:
                 if endpoint.record(ok=False, error=str(exc)):
                     self.mark_down(endpoint, str(exc))
-                raise CallFailed(f"{endpoint.url}: {exc}", retryable=True) from None
+                raise CallFailed(f"{endpoint.url}: {exc}", retryable=True, endpoint=endpoint) from None
             finally:
                 counters.in_flight -= 1
                 endpoint.in_flight -= 1
         if status == 200:
             endpoint.record(ok=True)
             try:
-                return orjson.loads(body)
+                return endpoint, orjson.loads(body)
             except orjson.JSONDecodeError:
-                raise CallFailed(f"{endpoint.url}: response is not JSON", status, retryable=True) from None
+                raise CallFailed(f"{endpoint.url}: response is not JSON", status, True, endpoint) from None
         message = error_message(body, status)
         if status in FATAL_STATUS:
             raise ServerError(f"{endpoint.url} answered {status}: {message}", status)
         retryable = status in RETRYABLE_STATUS
         if endpoint.record(ok=not retryable, error=f"HTTP {status}: {message}"):
             self.mark_down(endpoint, f"HTTP {status}")
-        raise CallFailed(f"HTTP {status}: {message}", status, retryable)
+        raise CallFailed(f"HTTP {status}: {message}", status, retryable, endpoint)

@@ -210,7 +210,7 @@ class Runner:
             system_cfg = SystemConfig(**{**shared, "model": model, "max_context_len": ctx})
             system = AgentSystem(client, encoder, templates, rewards, system_cfg, self.stats)
             error: BaseException | None = None
-            self.progress.start(_count_rows(cfg.input, cfg.limit))
+            self.progress.start(None if cfg.partition else _count_rows(cfg.input, cfg.limit))
             try:
                 await self._drive(system, writer, done, client)
             except (AgentrollError, asyncio.CancelledError) as exc:
@@ -236,7 +236,7 @@ class Runner:
     @staticmethod
     async def _check_template(client: CompletionClient, encoder: ChatEncoder, model: str,
                               templates: Templates) -> None:
-        """Refuse to run when our rendering of the stage prompts differs from the server's (docs/vllm.md)."""
+        """Refuse to run when our rendering of the stage prompts differs from the server's (README: doctor)."""
         parity = await check_parity(client, encoder, model, probe_messages(templates))
         if not parity.supported:
             log.warning("the server has no /tokenize for chat messages: chat-template parity not checked")
