@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .errors import UsageError
@@ -29,9 +30,19 @@ class ChatEncoder:
     """Messages -> (rendered text, token ids), exactly as vLLM renders a chat request: the template with
     `add_generation_prompt=True`, then tokenized without adding special tokens a second time."""
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None,
+                 server_render: Callable[[list[dict[str, Any]]], Awaitable[list[int]]] | None = None) -> None:
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
+        self.server_render = server_render  # set: prompts are rendered by the server's /tokenize instead
+
+    async def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
+        """The prompt of one call: rendered here, or by the server when its template differs from ours (the
+        text is then the local decoding of the server's ids)."""
+        if self.server_render is None:
+            return self.encode(messages)
+        ids = await self.server_render(messages)
+        return self.tokenizer.decode(ids, skip_special_tokens=False), ids
 
     def encode(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
         text = self.tokenizer.apply_chat_template(

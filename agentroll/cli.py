@@ -183,7 +183,7 @@ def generate(
     skip_invalid: Annotated[bool, typer.Option(help="Log and count bad input rows instead of stopping.")] = False,
     limit: Annotated[int | None, typer.Option(help="Only the first N problems.")] = None,
     partition: Annotated[str | None, typer.Option(help="I/N: only problems whose id hashes to slice I of N.")] = None,
-    template_check: Annotated[bool, typer.Option(help="Compare the local chat template with /tokenize first.")] = True,
+    chat_render: Annotated[str, typer.Option(help="auto | local | server: where prompts are rendered.")] = "auto",
     max_retries: Annotated[int, typer.Option(help="Retries per call for transient failures.")] = 5,
     request_timeout: Annotated[float, typer.Option(help="Seconds per HTTP request attempt.")] = 3600.0,
     max_failures: Annotated[int | None, typer.Option(help="Exit non-zero past this many failed calls.")] = None,
@@ -216,7 +216,7 @@ def generate(
         filter_uniform_groups=filter_uniform_groups, resample_uniform=resample_uniform,
         chat_template_kwargs=kwargs, shard_size=shard_size, overwrite=overwrite,
         skip_invalid=skip_invalid, limit=limit, max_retries=max_retries, request_timeout=request_timeout,
-        max_failures=max_failures, partition=slice_, template_check=template_check, down_timeout=down_timeout,
+        max_failures=max_failures, partition=slice_, chat_render=chat_render, down_timeout=down_timeout,
         probe_interval=probe_interval)
     raise typer.Exit(run_generate(cfg, quiet, debug))
 

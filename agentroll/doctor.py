@@ -51,7 +51,8 @@ async def diagnose(base_url: str, api_key: str | None = None, model: str | None 
         if not parity.supported:
             checks.append(Check("chat template", "warn", "the server has no /tokenize for messages: not checked"))
         elif parity.mismatch:
-            checks.append(Check("chat template", "fail", parity.mismatch))
+            checks.append(Check("chat template", "fail", f"{parity.mismatch}; generate would render prompts on the "
+                                                         "server (--chat-render auto) or use yours (local)"))
         else:
             checks.append(Check("chat template", "ok", f"{parity.checked} stage prompts render to the same ids "
                                                         "as the server's /tokenize"))

@@ -6,11 +6,12 @@ whose template differs from the server's silently trains on prompts the server w
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .chat import ChatEncoder
-from .client import CompletionClient
+from .client import CallFailed, CompletionClient
 from .templates import Templates
 
 PROBE_PROBLEM = "What is 17 + 25?"
@@ -45,3 +46,18 @@ async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: st
             return Parity(i + 1, f"prompt {i + 1}: {len(ours)} local vs {len(theirs)} server tokens, first "
                                  f"difference at token {at} ({ours[at:at + 3]} vs {theirs[at:at + 3]})")
     return Parity(len(conversations), None)
+
+
+def server_renderer(client: CompletionClient, model: str,
+                    kwargs: dict[str, Any]) -> Callable[[list[dict[str, Any]]], Awaitable[list[int]]]:
+    """Prompt ids from the server's own chat template (`POST /tokenize`); a failure fails that call."""
+
+    async def render(messages: list[dict[str, Any]]) -> list[int]:
+        body = {"model": model, "messages": messages, "add_generation_prompt": True,
+                **({"chat_template_kwargs": kwargs} if kwargs else {})}
+        status, answer = await client.post_json("/tokenize", body)
+        if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
+            raise CallFailed(f"/tokenize answered {status}: {str(answer)[:200]}", status)
+        return list(answer["tokens"])
+
+    return render

@@ -17,6 +17,7 @@ from typing import Any
 
 from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient, Endpoint
+from .errors import ServerError
 from .inputs import Problem
 from .parsing import answer_content, parse_judgment
 from .rewards import RewardRequest, RewardSet
@@ -100,15 +101,15 @@ class AgentSystem:
         `attempt` > 0 re-runs a problem (--resample-uniform); it changes the per-call seeds."""
         ex = _Execution(problem, sample_index, uuid.uuid4().hex, attempt)
         n = self.config.num_parallel
-        solver_text, solver_ids = self._solver_prompt(problem)
-        solvers = await self._stage(ex, "solver", [(solver_text, solver_ids)] * n)
+        solver_prompt = await self._solver_prompt(problem)
+        solvers = await self._stage(ex, "solver", [solver_prompt] * n if solver_prompt else [])
         await self._score(ex, solvers)
         contents = [s.content for s in solvers if s.content is not None]
         if not contents:
             return self._shape(solvers, won=False)
 
-        prompt = self.encoder.encode(self.templates.messages("rewriter", problem.statement, contents))
-        rewriters = await self._stage(ex, "rewriter", [prompt] * n)
+        prompt = await self._render("rewriter", self.templates.messages("rewriter", problem.statement, contents))
+        rewriters = await self._stage(ex, "rewriter", [prompt] * n if prompt else [])
         await self._score(ex, rewriters)
         listed = [r for r in rewriters if r.content is not None]
         for position, rewrite in enumerate(listed, start=1):
@@ -117,7 +118,8 @@ class AgentSystem:
             return self._shape(solvers + rewriters, won=False)
 
         messages = self.templates.messages("selector", problem.statement, [r.content or "" for r in listed])
-        selector = await self._call(ex, "selector", 0, self.encoder.encode(messages))
+        selector_prompt = await self._render("selector", messages)
+        selector = await self._call(ex, "selector", 0, selector_prompt) if selector_prompt else None
         if selector is None:
             return self._shape(solvers + rewriters, won=False)
         k = parse_judgment(selector.content) if selector.content is not None else None
@@ -132,7 +134,7 @@ class AgentSystem:
             )
         return self._shape([*solvers, *rewriters, selector], won=selector.raw_reward == 1)
 
-    def _solver_prompt(self, problem: Problem) -> tuple[str, list[int]]:
+    async def _solver_prompt(self, problem: Problem) -> tuple[str, list[int]] | None:
         """Rendered once per problem and reused by its N solvers and K executions."""
         cached = self._solver_prompts.get(problem.id)
         if cached is None:
@@ -141,10 +143,22 @@ class AgentSystem:
                 if isinstance(problem.prompt, list)
                 else self.templates.messages("solver", problem.statement)
             )
-            cached = self._solver_prompts[problem.id] = self.encoder.encode(messages)
+            rendered = await self._render("solver", messages)
+            if rendered is None:
+                return None
+            cached = self._solver_prompts[problem.id] = rendered
             if len(self._solver_prompts) > 1024:
                 self._solver_prompts.popitem(last=False)
         return cached
+
+    async def _render(self, stage: str, messages: list[dict[str, Any]]) -> tuple[str, list[int]] | None:
+        """The prompt, or None (counted as a failed call) when server-side rendering failed."""
+        try:
+            return await self.encoder.render(messages)
+        except (CallFailed, ServerError) as exc:
+            self.stats.stages[stage].failed_calls += 1
+            log.warning("rendering a %s prompt on the server failed: %s", stage, exc)
+            return None
 
     async def _stage(self, ex: _Execution, stage: str, prompts: list[tuple[str, list[int]]]) -> list[Sample]:
         results = await asyncio.gather(*(self._call(ex, stage, w, p) for w, p in enumerate(prompts)))

@@ -21,7 +21,7 @@ from .chat import ChatEncoder, load_tokenizer
 from .client import ClientCounters, CompletionClient
 from .errors import AgentrollError, InputError, ServerError, TooManyFailures, UsageError
 from .inputs import InputKeys, Problem, in_partition, read_problems
-from .parity import check_parity, probe_messages
+from .parity import check_parity, probe_messages, server_renderer
 from .pipeline import AgentSystem, SystemConfig
 from .rewards import RewardSet, RewardSettings
 from .schema import Sample
@@ -68,7 +68,7 @@ class RunConfig:
     max_retries: int = 5
     request_timeout: float = 3600.0
     max_failures: int | None = None
-    template_check: bool = True  # compare the local chat template with the server's /tokenize first
+    chat_render: str = "auto"  # auto: local if it matches the server's /tokenize, else server-side; local; server
     partition: tuple[int, int] | None = None  # (I, N): only problems whose id hashes to slice I of N
     down_timeout: float = 300.0
     probe_interval: float = 5.0
@@ -81,6 +81,8 @@ class RunConfig:
             raise UsageError("--max-context-len must be at least 1")
         if self.filter_uniform_groups and self.samples_per_prompt < 2:
             raise UsageError("--filter-uniform-groups needs --samples-per-prompt of at least 2")
+        if self.chat_render not in ("auto", "local", "server"):
+            raise UsageError("--chat-render must be auto, local or server")
         if self.resample_uniform and not self.filter_uniform_groups:
             raise UsageError("--resample-uniform goes with --filter-uniform-groups")
 
@@ -115,7 +117,7 @@ def _settings(cfg: RunConfig, model: str, tokenizer: str, templates: Templates, 
         "filter_uniform_groups": cfg.filter_uniform_groups, "resample_uniform": cfg.resample_uniform,
         "incorrect_reward_weight": cfg.incorrect_reward_weight, "keys": asdict(cfg.keys),
         "chat_template_kwargs": cfg.chat_template_kwargs,
-        "partition": list(cfg.partition) if cfg.partition else None,
+        "partition": list(cfg.partition) if cfg.partition else None, "chat_render": cfg.chat_render,
         "logprobs": "as the server returns them (vLLM --logprobs-mode, default raw_logprobs)",
     }
 
@@ -198,8 +200,9 @@ class Runner:
                 tokenizer = await asyncio.to_thread(load_tokenizer, root)
             templates = Templates(cfg.prompts_dir)
             encoder = ChatEncoder(tokenizer, cfg.chat_template_kwargs)
-            if cfg.template_check:
-                await self._check_template(client, encoder, model, templates)
+            if cfg.chat_render == "server" or (
+                    cfg.chat_render == "auto" and await self._differs(client, encoder, model, templates)):
+                encoder.server_render = server_renderer(client, model, cfg.chat_template_kwargs)
             settings = _settings(cfg, model, tokenizer_name, templates, ctx)
             writer = StdoutWriter() if cfg.output == "-" else ShardWriter(
                 Path(cfg.output), settings, cfg.shard_size, cfg.overwrite)
@@ -234,15 +237,16 @@ class Runner:
             await client.aclose()
 
     @staticmethod
-    async def _check_template(client: CompletionClient, encoder: ChatEncoder, model: str,
-                              templates: Templates) -> None:
-        """Refuse to run when our rendering of the stage prompts differs from the server's (README: doctor)."""
+    async def _differs(client: CompletionClient, encoder: ChatEncoder, model: str, templates: Templates) -> bool:
+        """Does our rendering of the stage prompts differ from the server's? (README: `agentroll doctor`)"""
         parity = await check_parity(client, encoder, model, probe_messages(templates))
         if not parity.supported:
-            log.warning("the server has no /tokenize for chat messages: chat-template parity not checked")
+            log.warning("the server has no /tokenize for chat messages: prompts are rendered locally, unchecked")
         elif parity.mismatch:
-            raise UsageError(f"the local chat template does not render prompts as the server does ({parity.mismatch});"
-                             " pass the server's tokenizer with --tokenizer, or --no-template-check to run anyway")
+            log.warning("the local chat template does not render prompts as the server does (%s): prompts are "
+                        "rendered by the server's /tokenize for this run; pass the server's tokenizer with "
+                        "--tokenizer to render locally", parity.mismatch)
+        return parity.mismatch is not None
 
     async def _drive(self, system: AgentSystem, writer: Any, done: set[tuple[str, int]],
                      client: CompletionClient) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.request
 
 from agentroll.resources import sim_tokenizer_dir
+from agentroll.templates import Templates
 
-from .conftest import TOKENIZER, run_cli
+from .conftest import TOKENIZER, read_records, run_cli
 
 
 def test_doctor_passes_every_check_against_a_matching_server(sim):
@@ -28,17 +30,30 @@ def other_template(tmp_path):
     return folder
 
 
-def test_a_different_chat_template_fails_the_doctor_and_stops_generate(sim, problems, tmp_path):
+def server_ids(sim, messages) -> list[int]:
+    request = urllib.request.Request(f"{sim.url}/tokenize", method="POST", headers={"content-type": "application/json"},
+                                     data=json.dumps({"messages": messages, "add_generation_prompt": True}).encode())
+    return json.loads(urllib.request.urlopen(request, timeout=10).read())["tokens"]
+
+
+def test_a_different_chat_template_fails_the_doctor_and_generate_renders_on_the_server(sim, problems, tmp_path):
     folder = other_template(tmp_path)
     doctor = run_cli("doctor", "--base-url", sim.url, "--tokenizer", str(folder))
     assert doctor.returncode == 1 and "fail chat template: prompt 1" in doctor.stderr.decode()
     args = ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
-            str(folder), "--reward", "exact"]
-    calls = len(sim.log)  # the doctor's own probe completion
-    refused = run_cli(*args)
-    assert refused.returncode == 2 and b"does not render prompts as the server does" in refused.stderr
-    assert not (tmp_path / "out").exists() and len(sim.log) == calls
-    assert run_cli(*args, "--no-template-check").returncode == 0
+            str(folder), "--reward", "exact", "--num-parallel", "2", "--limit", "2"]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"does not render prompts as the server does" in proc.stderr and b"/tokenize" in proc.stderr
+    first = json.loads(problems.read_text().splitlines()[0])
+    solver = next(r for r in read_records(tmp_path / "out") if r["stage"] == "solver" and r["problem_id"] == "p000")
+    messages = Templates().messages("solver", first["prompt"])
+    assert solver["prompt_token_ids"] == server_ids(sim, messages)  # the server's template, not ours
+    assert solver["prompt"].endswith("<|im_start|>assistant\n")
+    local = run_cli(*args[:3], str(tmp_path / "local"), *args[4:], "--chat-render", "local")
+    assert local.returncode == 0 and b"/tokenize" not in local.stderr
+    ours = next(r for r in read_records(tmp_path / "local") if r["stage"] == "solver" and r["problem_id"] == "p000")
+    assert ours["prompt"].endswith("<|im_start|>bot\n")
 
 
 def test_doctor_on_a_dead_server_fails(tmp_path):
