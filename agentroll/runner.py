@@ -156,19 +156,16 @@ class Runner:
         answers, which ends the run at once."""
         answers = await asyncio.gather(*(client.get_json("/v1/models", e) for e in client.endpoints),
                                        return_exceptions=True)
-        listing: Any = None
+        for answer in answers:
+            if isinstance(answer, BaseException) and (
+                    not isinstance(answer, ServerError) or answer.status in (401, 403)):
+                raise answer  # a wrong key is wrong everywhere: no point waiting for a probe
+        listing: Any = next((a for a in answers if not isinstance(a, BaseException)), None)
+        if listing is None:
+            raise next(a for a in answers if isinstance(a, BaseException))
         for endpoint, answer in zip(client.endpoints, answers, strict=True):
             if isinstance(answer, ServerError):
-                if answer.status in (401, 403):
-                    raise answer  # a wrong key is wrong everywhere: no point waiting for a probe
                 client.mark_down(endpoint, str(answer))
-            elif isinstance(answer, BaseException):
-                raise answer
-            elif listing is None:
-                listing = answer
-        if listing is None:
-            first = next(a for a in answers if isinstance(a, BaseException))
-            raise first
         models = listing.get("data") or []
         names = [m.get("id") for m in models]
         name = self.cfg.model
@@ -183,6 +180,8 @@ class Runner:
 
     async def run(self) -> RunResult:
         cfg = self.cfg
+        if cfg.input != "-" and not os.path.isfile(cfg.input):
+            raise InputError(cfg.input, 0, None, "no such file")
         started = time.monotonic()
         client = CompletionClient(cfg.base_urls, api_key=cfg.api_key, concurrency=cfg.concurrency,
                                   timeout_s=cfg.request_timeout, max_retries=cfg.max_retries,

@@ -182,7 +182,7 @@ def test_a_bad_line_stops_with_one_line_naming_it_and_keeps_what_was_written(sim
                    TOKENIZER, "--num-parallel", "1", "--reward", "exact")
     message = proc.stderr.decode()
     assert proc.returncode == 3
-    assert f"{bad}:4: malformed JSON" in message and "Traceback" not in message
+    assert f"{bad}:4: line 4: malformed JSON" in message and "Traceback" not in message
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["complete"] is False
     assert manifest["records"] == len(read_records(tmp_path / "o"))
@@ -199,3 +199,10 @@ def test_a_tokenizer_that_cannot_load_is_a_clear_error(sim, problems, tmp_path):
     proc = run_cli("generate", str(problems), "-o", str(tmp_path / "o"), "--base-url", sim.url, "--tokenizer",
                    str(tmp_path / "nowhere"))
     assert proc.returncode == 2 and b"cannot load tokenizer" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_a_missing_input_file_is_named_before_anything_is_created(sim, tmp_path):
+    proc = run_cli("generate", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "o"), "--base-url", sim.url,
+                   "--tokenizer", TOKENIZER)
+    assert proc.returncode == 3 and f"{tmp_path / 'nope.jsonl'}: no such file".encode() in proc.stderr
+    assert not (tmp_path / "o").exists() and sim.log == []

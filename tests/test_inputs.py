@@ -35,7 +35,8 @@ def test_a_bad_row_names_file_line_and_field(tmp_path, line, field, reason):
         list(read_problems(str(path)))
     err = info.value
     assert (err.source, err.line, err.field) == (str(path), 2, field)
-    assert reason in str(err) and str(err).startswith(f"{path}:2:")
+    assert reason in str(err) and str(err).startswith(f"{path}:2: line 2")
+    assert (f"field '{field}'" in str(err)) == (field is not None)
 
 
 def test_duplicate_ids_are_reported(tmp_path):
