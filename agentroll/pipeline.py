@@ -28,9 +28,10 @@ from .templates import Templates
 log = logging.getLogger("agentroll")
 
 
-@dataclass(frozen=True, slots=True)
-class SystemConfig:
-    model: str
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentSettings:
+    """How the agent system samples and shapes: shared by the run's config and the system's own."""
+
     num_parallel: int = 4
     samples_per_prompt: int = 1
     max_tokens: int = 4096
@@ -42,6 +43,11 @@ class SystemConfig:
     correct_reward_weight: float = 1.0
     incorrect_reward_weight: float = 1.0
     think: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SystemConfig(AgentSettings):
+    model: str
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def sampling(self) -> dict[str, Any]:

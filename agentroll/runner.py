@@ -22,7 +22,7 @@ from .client import ClientCounters, CompletionClient
 from .errors import AgentrollError, InputError, ServerError, TooManyFailures, UsageError
 from .inputs import InputKeys, Problem, in_partition, read_problems
 from .parity import check_parity, probe_messages, server_renderer
-from .pipeline import AgentSystem, SystemConfig
+from .pipeline import AgentSettings, AgentSystem, SystemConfig
 from .rewards import RewardSet, RewardSettings
 from .schema import Sample
 from .stats import RunStats
@@ -32,8 +32,10 @@ from .writer import ShardWriter, StdoutWriter
 log = logging.getLogger("agentroll")
 
 
-@dataclass(slots=True)
-class RunConfig:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig(AgentSettings):
+    """Everything `agentroll generate` takes; the sampling and shaping fields come from `AgentSettings`."""
+
     input: str
     output: str
     base_urls: list[str]
@@ -42,18 +44,7 @@ class RunConfig:
     tokenizer: str | None = None
     prompts_dir: Path | None = None
     keys: InputKeys = field(default_factory=InputKeys)
-    num_parallel: int = 4
-    samples_per_prompt: int = 1
     concurrency: int = 64
-    max_tokens: int = 4096
-    max_context_len: int | None = None
-    temperature: float = 1.0
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    correct_reward_weight: float = 1.0
-    incorrect_reward_weight: float = 1.0
-    think: bool = True
     reward: str = "math"
     reward_timeout: float = 10.0
     reward_url: str | None = None
@@ -208,7 +199,7 @@ class Runner:
             rewards = RewardSet(RewardSettings(cfg.reward, cfg.reward_timeout, cfg.reward_url,
                                                cfg.reward_concurrency, cfg.max_retries))
             done = writer.open()
-            shared = {f.name: getattr(cfg, f.name) for f in fields(SystemConfig) if hasattr(cfg, f.name)}
+            shared = {f.name: getattr(cfg, f.name) for f in fields(AgentSettings)}
             system_cfg = SystemConfig(**{**shared, "model": model, "max_context_len": ctx})
             system = AgentSystem(client, encoder, templates, rewards, system_cfg, self.stats)
             error: BaseException | None = None
