@@ -98,10 +98,10 @@ def print_summary(result: RunResult) -> None:
         f"(empty {s.executions_empty}), records {s.records_written}, invalid rows {s.invalid_rows}\n"
         f"accuracy: solver {_fmt(rep['solver_accuracy'])}, majority vote {_fmt(rep['majority_vote_accuracy'])}, "
         f"best of N {_fmt(rep['best_of_n_accuracy'])}, rewriter {_fmt(rep['rewriter_accuracy'])}, "
-        f"selector pick {_fmt(rep['selector_pick_accuracy'])}, system {_fmt(rep['system_accuracy'])}\n"
+        f"selector (its pick) {_fmt(rep['selector_pick_accuracy'])}, system {_fmt(rep['system_accuracy'])}\n"
         f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}; "
         f"reward timeouts {s.reward_timeouts}, errors {s.reward_errors}\n"
-        f"selector accuracy {_fmt(d['selector_accuracy'])}, truncation rate {_fmt(d['truncation_rate'])}, "
+        f"truncation rate {_fmt(d['truncation_rate'])}, "
         f"requests {r.requests}, retries {r.retries}, failures {r.failures}, peak in flight {r.peak_in_flight}, "
         f"wall {result.wall_s:.1f}s, {rate:.1f} requests/s"
     )

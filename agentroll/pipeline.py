@@ -12,7 +12,7 @@ import logging
 import uuid
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .chat import ChatEncoder
@@ -48,7 +48,6 @@ class AgentSettings:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SystemConfig(AgentSettings):
     model: str
-    extra_body: dict[str, Any] = field(default_factory=dict)
 
     def sampling(self) -> dict[str, Any]:
         out: dict[str, Any] = {"temperature": self.temperature}
@@ -94,7 +93,6 @@ class AgentSystem:
         self._base_body = {
             "model": config.model,
             **config.sampling(),
-            **config.extra_body,
             "logprobs": 0,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,

@@ -106,7 +106,7 @@ class RunStats:
         out: dict[str, Any] = {k: getattr(self, k) for k in self.__slots__ if k != "stages"}
         out["stages"] = {name: s.to_dict() for name, s in self.stages.items()}
         out["report"] = self.report()
-        out["selector_accuracy"] = self.stages["selector"].mean_raw_reward
+        out["selector_accuracy"] = out["report"]["selector_pick_accuracy"]  # kept for readers of older manifests
         total = sum(s.samples for s in self.stages.values())
         out["truncation_rate"] = _ratio(sum(s.truncated for s in self.stages.values()), total)
         return out
