@@ -1,10 +1,11 @@
 """agentroll: rewarded, token-exact multi-agent rollouts from a vLLM server, for offline RL.
 
-The CLI (`agentroll generate`) is the main surface; the names below are the library under it.
+`Generator` is the library a trainer embeds (docs/api.md); `agentroll generate` is built on it.
 """
 
 from .errors import (
     AgentrollError,
+    IncompleteRun,
     InputError,
     OutputError,
     RewardError,
@@ -12,19 +13,22 @@ from .errors import (
     TooManyFailures,
     UsageError,
 )
-from .runner import RunConfig, Runner, RunResult
+from .generator import Generator
+from .group import Group
+from .options import GenerateOptions
 from .schema import Sample
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AgentrollError",
+    "GenerateOptions",
+    "Generator",
+    "Group",
+    "IncompleteRun",
     "InputError",
     "OutputError",
     "RewardError",
-    "RunConfig",
-    "RunResult",
-    "Runner",
     "Sample",
     "ServerError",
     "TooManyFailures",

@@ -3,27 +3,56 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from .errors import UsageError
 
 
+def _hub_reachable(timeout_s: float = 1.5) -> str | None:
+    """None when the hub answers a TCP connect quickly, else why not. transformers alone spends ~50 s retrying
+    an unreachable hub before it gives up; a user offline deserves one line at once."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"cannot reach {host}:{port} ({exc.strerror or exc})"
+    return None
+
+
 def load_tokenizer(name_or_path: str) -> Any:
-    """`AutoTokenizer.from_pretrained`, with a one-line error instead of a hub traceback."""
+    """`AutoTokenizer.from_pretrained`: from disk (a path or the hub cache) first, from the hub only if it is
+    reachable; a one-line `UsageError` instead of a hub traceback."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # hides the "PyTorch was not found" advisory
     from transformers import AutoTokenizer
 
+    hint = "pass --tokenizer with a local path or a hub id"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, HF hub errors...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(
-            f"cannot load tokenizer {name_or_path!r}: {first} (pass --tokenizer with a local path or a hub id)"
-        ) from None
+        if os.path.exists(name_or_path) or name_or_path.startswith(("/", "./", "../", "~")):
+            raise UsageError(f"cannot load tokenizer {name_or_path!r}: {_first_line(exc)} ({hint})") from exc
+        offline = _hub_reachable()
+        if offline is not None:
+            raise UsageError(f"cannot load tokenizer {name_or_path!r}: not on disk, and the hub is out of reach: "
+                             f"{offline} ({hint})") from exc
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        except Exception as exc2:
+            raise UsageError(f"cannot load tokenizer {name_or_path!r}: {_first_line(exc2)} ({hint})") from exc2
     if not getattr(tokenizer, "chat_template", None):
         raise UsageError(f"tokenizer {name_or_path!r} has no chat template")
     return tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 class ChatEncoder:

@@ -4,25 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+import os
+import signal
 import sys
 import time
+from dataclasses import MISSING
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_type_hints
 
-import orjson
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .client import ClientCounters
-from .errors import AgentrollError, PipeClosed, UsageError
-from .inputs import InputKeys, parse_partition
+from .errors import AgentrollError, IncompleteRun, PipeClosed
+from .options import GenerateOptions
 from .resources import samples_dir, sim_tokenizer_dir
+from .runner import RUN_OPTION_NAMES, Runner, RunOptions, RunResult
 from .runner import Progress as ProgressHook
-from .runner import RunConfig, Runner, RunResult
 from .stats import RunStats
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -94,13 +99,14 @@ def print_summary(result: RunResult) -> None:
     rep = d["report"]
     rate = r.requests / result.wall_s if result.wall_s else 0.0
     err.print(
-        f"problems {s.problems} (already done {s.problems_skipped_done}), executions {s.executions} "
-        f"(empty {s.executions_empty}), records {s.records_written}, invalid rows {s.invalid_rows}\n"
+        f"problems {s.problems} (already done {s.problems_skipped_done}), executions {s.executions}, "
+        f"records {s.records_written}, invalid rows {s.invalid_rows}\n"
         f"accuracy: solver {_fmt(rep['solver_accuracy'])}, majority vote {_fmt(rep['majority_vote_accuracy'])}, "
         f"best of N {_fmt(rep['best_of_n_accuracy'])}, rewriter {_fmt(rep['rewriter_accuracy'])}, "
         f"selector (its pick) {_fmt(rep['selector_pick_accuracy'])}, system {_fmt(rep['system_accuracy'])}\n"
-        f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}; "
-        f"reward timeouts {s.reward_timeouts}, errors {s.reward_errors}\n"
+        f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}, "
+        f"missing {result.missing_groups}; reward timeouts {s.reward_timeouts}, errors {s.reward_errors}, "
+        f"refused values {s.reward_invalid}\n"
         f"truncation rate {_fmt(d['truncation_rate'])}, "
         f"requests {r.requests}, retries {r.retries}, failures {r.failures}, peak in flight {r.peak_in_flight}, "
         f"wall {result.wall_s:.1f}s, {rate:.1f} requests/s"
@@ -116,109 +122,117 @@ def run_async(coroutine: Any) -> Any:
     return uvloop.run(coroutine)
 
 
-def _split_urls(values: list[str]) -> list[str]:
-    return [u for v in values for u in v.replace(",", " ").split() if u]
+async def _supervised(runner: Runner) -> int | None:
+    """Run, turning the first SIGINT/SIGTERM into a cancellation (the runner closes the folder cleanly); a
+    second one exits at once (the next run repairs the partial shard). Returns the signal number, if any."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(runner.run())
+    received: list[int] = []
 
+    def on_signal(signum: int) -> None:
+        if received:
+            log.error("second interrupt: stopping at once")
+            os._exit(128 + signum)
+        received.append(signum)
+        log.warning("%s: finishing up; the output folder stays resumable (interrupt again to stop at once)",
+                    signal.Signals(signum).name)
+        task.cancel()
 
-def run_generate(cfg: RunConfig, quiet: bool, debug: bool) -> int:
-    _setup_logging(quiet, debug)
-    progress: ProgressHook | None = None
-    if not quiet:
-        progress = RichBar(cfg.samples_per_prompt) if err.is_terminal else LogLines()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
-        result = run_async(Runner(cfg, progress).run())
+        await task
+    except asyncio.CancelledError:
+        if not received:
+            raise
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    return received[0] if received else None
+
+
+def _error(message: str) -> None:
+    err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
+
+
+def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool) -> int:
+    """The exit code of a whole run (README: exit codes)."""
+    _setup_logging(quiet, debug)
+    try:
+        runner = Runner(RunOptions(**run), generate)
+    except AgentrollError as exc:
+        _error(str(exc))
+        return exc.exit_code
+    if not quiet:
+        runner.progress = RichBar(runner.generator.options.samples_per_prompt) if err.is_terminal else LogLines()
+    code: int
+    try:
+        signum = run_async(_supervised(runner))
+        code = 128 + signum if signum is not None else 0
     except PipeClosed:
         return PipeClosed.exit_code
     except AgentrollError as exc:
         if debug:
             raise
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
-        return exc.exit_code
+        _error(str(exc))
+        code = exc.exit_code
     except KeyboardInterrupt:
-        return 130
-    if not quiet:
+        code = 130
+    result = runner.result
+    if result is not None and not quiet:
         print_summary(result)
-    return result.exit_code
+    if code == 0 and result is not None and not result.complete:
+        missing = IncompleteRun(f"{result.missing_groups} of {result.stats.problems} groups could not be produced "
+                                "(calls failed for good; see the warnings above): run the same command again to "
+                                "redo them")
+        _error(str(missing))
+        code = missing.exit_code
+    return code
 
 
-OptStr = Annotated[str | None, typer.Option()]
+def _typer_parameter(name: str, spec: Any, annotation: Any, default: Any) -> inspect.Parameter:
+    meta = spec.metadata
+    decls = [f"--{name.replace('_', '-')}", *([meta["short"]] if "short" in meta else [])]
+    info = typer.Option(*decls, help=meta.get("help"), envvar=meta.get("envvar"),
+                        show_default=not isinstance(default, list | dict))
+    kind = meta.get("cli_type", annotation)
+    value = None if isinstance(default, list | dict) else default
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value,
+                             annotation=Annotated[kind | None if value is None else kind, info])
 
 
-@app.command()
-def generate(
-    input: Annotated[str, typer.Argument(help="Prompt JSONL file, or - for stdin.")],
-    output: Annotated[str, typer.Option("--output", "-o", help="Output folder, or - to stream JSONL to stdout.")],
-    base_url: Annotated[list[str], typer.Option(
-        "--base-url", envvar=["AGENTROLL_BASE_URL", "OPENAI_BASE_URL"],
-        help="vLLM server (with or without /v1). Repeat or comma-separate for several.")] = [],  # noqa: B006
-    api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="Sent as a Bearer token.")] = None,
-    model: Annotated[str | None, typer.Option(help="Served model name [default: the only one listed]")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Path or hub id for AutoTokenizer [default: model]")] = None,
-    prompts: Annotated[Path | None, typer.Option(help="Folder of stage templates [default: bundled]")] = None,
-    prompt_key: str = "prompt",
-    label_key: str = "label",
-    id_key: str = "id",
-    num_parallel: Annotated[int, typer.Option(help="Solvers, and rewriters, per execution.")] = 4,
-    samples_per_prompt: Annotated[int, typer.Option(help="Executions per prompt (one group).")] = 1,
-    concurrency: Annotated[int, typer.Option(help="Most HTTP requests in flight, over the run.")] = 64,
-    max_tokens: Annotated[int, typer.Option(help="Most tokens per response (capped to the context left).")] = 4096,
-    max_context_len: Annotated[int | None, typer.Option(help="[default: the server's max_model_len]")] = None,
-    temperature: float = 1.0,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    seed: Annotated[int | None, typer.Option(help="Base seed; each call gets its own derived seed.")] = None,
-    correct_reward_weight: float = 1.0,
-    incorrect_reward_weight: float = 1.0,
-    no_think: Annotated[bool, typer.Option("--no-think", help="The whole response is the answer.")] = False,
-    reward: Annotated[str, typer.Option(help="math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION")] = "math",
-    reward_timeout: Annotated[float, typer.Option(help="Seconds per reward check.")] = 10.0,
-    reward_url: Annotated[str | None, typer.Option(help="Reward model URL, for --reward remote.")] = None,
-    reward_concurrency: Annotated[int, typer.Option(help="Most reward-model requests in flight.")] = 32,
-    reward_key: Annotated[str, typer.Option(help="Input field naming a row's own reward.")] = "reward",
-    filter_uniform_groups: Annotated[bool, typer.Option(help="Leave out groups whose outcomes are all alike.")] = False,
-    resample_uniform: Annotated[int, typer.Option(help="Re-run a uniform group up to N more times.")] = 0,
-    chat_template_kwargs: Annotated[str | None, typer.Option(help='JSON, e.g. {"enable_thinking": true}')] = None,
-    shard_size: Annotated[int, typer.Option(help="Records per shard (whole executions).")] = 1000,
-    overwrite: Annotated[bool, typer.Option(help="Delete earlier rollouts in the output folder.")] = False,
-    skip_invalid: Annotated[bool, typer.Option(help="Log and count bad input rows instead of stopping.")] = False,
-    limit: Annotated[int | None, typer.Option(help="Only the first N problems.")] = None,
-    partition: Annotated[str | None, typer.Option(help="I/N: only problems whose id hashes to slice I of N.")] = None,
-    chat_render: Annotated[str, typer.Option(help="auto | local | server: where prompts are rendered.")] = "auto",
-    max_retries: Annotated[int, typer.Option(help="Retries per call for transient failures.")] = 5,
-    request_timeout: Annotated[float, typer.Option(help="Seconds per HTTP request attempt.")] = 3600.0,
-    max_failures: Annotated[int | None, typer.Option(help="Exit non-zero past this many failed calls.")] = None,
-    down_timeout: Annotated[float, typer.Option(help="Seconds to wait when every endpoint is down.")] = 300.0,
-    probe_interval: Annotated[float, typer.Option(help="Seconds between /health probes of a down endpoint.")] = 5.0,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, no summary.")] = False,
-    debug: Annotated[bool, typer.Option(help="Tracebacks and debug logs.")] = False,
-) -> None:
-    """Run the solver -> rewriter -> selector system on every prompt and write rewarded rollouts."""
-    try:
-        kwargs = orjson.loads(chat_template_kwargs) if chat_template_kwargs else {}
-        if not isinstance(kwargs, dict):
-            raise ValueError("not an object")
-    except ValueError as exc:
-        err.print(f"error: --chat-template-kwargs must be a JSON object ({exc})")
-        raise typer.Exit(UsageError.exit_code) from None
-    try:
-        slice_ = parse_partition(partition) if partition else None
-    except ValueError as exc:
-        err.print(f"error: {exc}")
-        raise typer.Exit(UsageError.exit_code) from None
-    cfg = RunConfig(
-        input=input, output=output, base_urls=_split_urls(base_url), api_key=api_key, model=model,
-        tokenizer=tokenizer, prompts_dir=prompts, keys=InputKeys(prompt_key, label_key, id_key, reward_key),
-        num_parallel=num_parallel, samples_per_prompt=samples_per_prompt, concurrency=concurrency,
-        max_tokens=max_tokens, max_context_len=max_context_len, temperature=temperature, top_p=top_p,
-        top_k=top_k, seed=seed, correct_reward_weight=correct_reward_weight,
-        incorrect_reward_weight=incorrect_reward_weight, think=not no_think, reward=reward,
-        reward_timeout=reward_timeout, reward_url=reward_url, reward_concurrency=reward_concurrency,
-        filter_uniform_groups=filter_uniform_groups, resample_uniform=resample_uniform,
-        chat_template_kwargs=kwargs, shard_size=shard_size, overwrite=overwrite,
-        skip_invalid=skip_invalid, limit=limit, max_retries=max_retries, request_timeout=request_timeout,
-        max_failures=max_failures, partition=slice_, chat_render=chat_render, down_timeout=down_timeout,
-        probe_interval=probe_interval)
-    raise typer.Exit(run_generate(cfg, quiet, debug))
+def _build_generate() -> Any:
+    """`agentroll generate`, its options made from `RunOptions` and `GenerateOptions`: one place for names,
+    defaults and help, shared with `agentroll.Generator`."""
+    params = [inspect.Parameter("input", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
+        str, typer.Argument(help="Prompt JSONL file, or - for stdin.")])]
+    for cls in (RunOptions, GenerateOptions):
+        hints = get_type_hints(cls)
+        for spec in dataclass_fields(cls):
+            if spec.name == "input":
+                continue
+            default = spec.default if spec.default is not MISSING else spec.default_factory()  # type: ignore[misc]
+            params.append(_typer_parameter(spec.name, spec, hints[spec.name], default))
+    params += [
+        inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
+            bool, typer.Option("--quiet", "-q", help="No progress, no summary.")]),
+        inspect.Parameter("debug", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
+            bool, typer.Option("--debug", help="Tracebacks and debug logs.")]),
+    ]
+
+    def generate(**kwargs: Any) -> None:
+        """Run the solver -> rewriter -> selector system on every prompt and write rewarded rollouts."""
+        quiet, debug = kwargs.pop("quiet"), kwargs.pop("debug")
+        run = {k: kwargs.pop(k) for k in RUN_OPTION_NAMES}
+        generate = {k: v for k, v in kwargs.items() if v is not None}
+        raise typer.Exit(run_generate(run, generate, quiet, debug))
+
+    generate.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    generate.__annotations__ = {p.name: p.annotation for p in params}
+    return generate
+
+
+app.command("generate")(_build_generate())
 
 
 @app.command()
@@ -232,7 +246,8 @@ def doctor(
     """Check a server before a long job: reachable, token ids, chat-template parity, context length."""
     from .doctor import diagnose
 
-    checks = asyncio.run(diagnose(_split_urls([base_url])[0], api_key, model, tokenizer, prompts))
+    url = base_url.replace(",", " ").split()[0] if base_url.strip() else base_url
+    checks = asyncio.run(diagnose(url, api_key, model, tokenizer, prompts))
     colors = {"ok": "green", "warn": "yellow", "fail": "red"}
     for check in checks:
         err.print(f"[{colors[check.verdict]}]{check.verdict:4}[/] {check.name}: {check.detail}", highlight=False)
@@ -274,11 +289,13 @@ def demo(
     url = server.start()
     if not quiet:
         err.print(f"simulated vLLM server (scripted answers, tiny tokenizer) at {url}")
-    cfg = RunConfig(input=str(samples), output=output, base_urls=[url], tokenizer=str(sim_tokenizer_dir()),
-                    num_parallel=num_parallel, samples_per_prompt=samples_per_prompt, max_tokens=512,
-                    overwrite=True, seed=0)
-    code = run_generate(cfg, quiet, debug=False)
-    server.stop()
+    try:
+        code = run_generate({"input": str(samples), "output": output, "overwrite": True},
+                            {"base_url": [url], "tokenizer": str(sim_tokenizer_dir()), "num_parallel": num_parallel,
+                             "samples_per_prompt": samples_per_prompt, "max_tokens": 512, "seed": 0},
+                            quiet, debug=False)
+    finally:
+        server.stop()
     if not quiet and code == 0:
         err.print(f"rollouts written to {output}/ (see {output}/manifest.json)")
     raise typer.Exit(code)

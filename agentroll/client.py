@@ -85,10 +85,13 @@ class Completion:
     attempts: int
 
 
-def parse_choice(payload: dict[str, Any], sent_ids: list[int]) -> tuple[list[int], list[float], dict[str, Any]]:
-    """Response ids and logprobs from `choices[0]`, checked to line up index for index."""
+def parse_choice(payload: Any, sent_ids: list[int]) -> tuple[list[int], list[float], dict[str, Any]]:
+    """Response ids and logprobs from `choices[0]`, checked to line up index for index. Anything malformed
+    (a proxy's page, `[]`, no choices) is a failed call, never a traceback."""
+    if not isinstance(payload, dict):
+        raise CallFailed(f"response is not a JSON object but {type(payload).__name__}")
     choices = payload.get("choices")
-    if not isinstance(choices, list) or not choices:
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise CallFailed("response has no choices")
     choice = choices[0]
     lp = choice.get("logprobs")
@@ -99,14 +102,18 @@ def parse_choice(payload: dict[str, Any], sent_ids: list[int]) -> tuple[list[int
     if ids is None:
         try:
             ids = [int(t[len(TOKEN_ID_PREFIX) :]) for t in lp["tokens"] if t.startswith(TOKEN_ID_PREFIX)]
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CallFailed(f"cannot read token ids from logprobs.tokens: {exc}") from None
         if len(ids) != len(lp["tokens"]):
             raise CallFailed("logprobs.tokens are not 'token_id:N' strings (return_tokens_as_token_ids ignored?)")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise CallFailed("token_ids is not a list of integers")
     if len(ids) != len(logprobs):
         raise CallFailed(f"{len(ids)} token ids but {len(logprobs)} logprobs")
-    if any(v is None for v in logprobs):
-        raise CallFailed("a response logprob is null")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in logprobs):
+        raise CallFailed("a response logprob is null or not a number")
+    if not isinstance(choice.get("text", ""), str | None):
+        raise CallFailed("choices[0].text is not a string")
     echoed = choice.get("prompt_token_ids")
     if echoed is not None and echoed != sent_ids:
         raise CallFailed("the server's prompt_token_ids differ from the ids sent")
@@ -151,7 +158,10 @@ class CompletionClient:
         *,
         api_key: str | None = None,
         concurrency: int = 64,
-        timeout_s: float = 600.0,
+        timeout_s: float = 3600.0,
+        connect_timeout_s: float = 10.0,
+        aux_concurrency: int = 8,
+        aux_timeout_s: float = 30.0,
         max_retries: int = 5,
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
@@ -171,15 +181,23 @@ class CompletionClient:
         self._endpoint_back = asyncio.Event()
         self._probes: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(concurrency)
+        # /tokenize, /health and /v1/models have their own small cap, apart from completions: a render never
+        # waits behind C long generations, and never takes a slot a completion needs.
+        self._aux_slots = asyncio.Semaphore(aux_concurrency)
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
         # aiohttp, not httpx: at 64+ connections httpcore's pool costs ~12 ms of CPU per request against
         # aiohttp's ~0.25 ms (bench/transport.py, docs/performance.md).
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(10.0, timeout_s))
+        # Timeouts by phase: opening a connection (sock_connect) apart from the request itself (total). There is
+        # no pool timeout: the pool holds a connection for every slot of both caps, so a request never waits for
+        # one, and a timeout never counts time spent queued behind other requests.
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=None, sock_connect=connect_timeout_s)
+        self._aux_timeout = aiohttp.ClientTimeout(total=aux_timeout_s, connect=None, sock_connect=connect_timeout_s)
         self._http = aiohttp.ClientSession(
             headers=headers, timeout=self._timeout,  # trust_env off: it reads ~/.netrc on every request
-            connector=aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, keepalive_timeout=30),
+            connector=aiohttp.TCPConnector(limit=concurrency + aux_concurrency, limit_per_host=0,
+                                           keepalive_timeout=4.0),  # below uvicorn's 5 s: never reuse a closing one
         )
 
     async def aclose(self) -> None:
@@ -189,17 +207,21 @@ class CompletionClient:
         await self._http.close()
 
     async def _request(self, method: str, url: str, payload: bytes | None = None,
-                       timeout_s: float | None = None) -> tuple[int, bytes]:
-        """One HTTP exchange. A timed-out or broken request's connection is closed (never reused), so
-        vLLM sees the client go and aborts the request instead of decoding for nobody."""
-        timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+                       timeout: aiohttp.ClientTimeout | None = None) -> tuple[int, bytes]:
+        """One HTTP exchange. A timed-out, cancelled or broken request's connection is closed (never reused),
+        so vLLM sees the client go and aborts the request instead of decoding for nobody."""
+        timeout = timeout or self._timeout
         try:
             async with self._http.request(method, url, data=payload, timeout=timeout) as response:
                 return response.status, await response.read()
-        except asyncio.TimeoutError:
-            raise TransportFailure(f"timed out after {timeout.total:g}s") from None
+        except asyncio.TimeoutError as exc:
+            raise TransportFailure(f"timed out after {timeout.total:g}s") from exc
         except aiohttp.ClientError as exc:
-            raise TransportFailure(f"{type(exc).__name__}: {exc}".rstrip(": ")) from None
+            raise TransportFailure(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
+
+    async def _aux(self, method: str, url: str, payload: bytes | None = None) -> tuple[int, bytes]:
+        async with self._aux_slots:
+            return await self._request(method, url, payload, self._aux_timeout)
 
     async def pick(self, prefer: Endpoint | None = None, avoid: Endpoint | None = None) -> Endpoint:
         """The preferred endpoint while it is up (vLLM's prefix cache then serves the execution's later
@@ -239,7 +261,7 @@ class CompletionClient:
         while True:
             await asyncio.sleep(self.probe_interval_s)
             try:
-                status, _ = await self._request("GET", f"{endpoint.url}/health", timeout_s=5.0)
+                status, _ = await self._aux("GET", f"{endpoint.url}/health")
             except TransportFailure:
                 continue
             if status == 200:
@@ -252,27 +274,62 @@ class CompletionClient:
         """A plain GET (model list, health) with the server's error message on failure."""
         url = f"{(endpoint or self._first_up()).url}{path}"
         try:
-            status, body = await self._request("GET", url, timeout_s=10.0)
+            status, body = await self._aux("GET", url)
         except TransportFailure as exc:
             raise ServerError(f"cannot reach {url}: {exc}") from None
         if status != 200:
             raise ServerError(f"{url} answered {status}: {error_message(body, status)}", status)
-        return orjson.loads(body)
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise ServerError(f"{url} answered 200 with a body that is not JSON: {body[:120]!r}") from None
 
     def _first_up(self) -> Endpoint:
         return next((e for e in self.endpoints if not e.down), self.endpoints[0])
 
     async def post_json(self, path: str, body: dict[str, Any], endpoint: Endpoint | None = None) -> tuple[int, Any]:
-        """A plain POST outside the completion path (e.g. `/tokenize`): (status, parsed JSON or None)."""
+        """One POST outside the completion path (the parity probe): (status, parsed JSON or None)."""
         url = f"{(endpoint or self._first_up()).url}{path}"
         try:
-            status, raw = await self._request("POST", url, orjson.dumps(body), timeout_s=30.0)
+            status, raw = await self._aux("POST", url, orjson.dumps(body))
         except TransportFailure as exc:
             raise ServerError(f"cannot reach {url}: {exc}") from None
         try:
             return status, orjson.loads(raw)
         except orjson.JSONDecodeError:
             return status, None
+
+    async def post_with_retries(self, path: str, body: dict[str, Any]) -> Any:
+        """A POST that the run depends on (server-side rendering): retried like a completion, on its own cap.
+        Returns the parsed JSON of a 200; raises `CallFailed` when it fails for good."""
+        payload = orjson.dumps(body)
+        attempt, avoid = 0, None
+        while True:
+            attempt += 1
+            endpoint = await self.pick(avoid=avoid)
+            try:
+                status, raw = await self._aux("POST", f"{endpoint.url}{path}", payload)
+            except TransportFailure as exc:
+                problem = CallFailed(f"{endpoint.url}{path}: {exc}", retryable=True, endpoint=endpoint)
+            else:
+                if status == 200:
+                    try:
+                        return orjson.loads(raw)
+                    except orjson.JSONDecodeError:
+                        problem = CallFailed(f"{endpoint.url}{path} answered 200 with a body that is not JSON",
+                                             status, True, endpoint)
+                else:
+                    if status in FATAL_STATUS:
+                        raise ServerError(f"{endpoint.url}{path} answered {status}: {error_message(raw, status)}",
+                                          status)
+                    problem = CallFailed(f"{endpoint.url}{path} answered {status}: {error_message(raw, status)}",
+                                         status, status in RETRYABLE_STATUS, endpoint)
+            if not problem.retryable or attempt > self.max_retries:
+                self.counters.failures += 1
+                raise problem
+            self.counters.retries += 1
+            avoid = problem.endpoint
+            await asyncio.sleep(self._backoff(attempt))
 
     async def complete(self, body: dict[str, Any], prefer: Endpoint | None = None) -> Completion:
         """POST one completion, retrying what is transient. Raises `CallFailed` or, for 401/404, `ServerError`."""
@@ -284,7 +341,10 @@ class CompletionClient:
             attempt += 1
             try:
                 endpoint, data = await self._post(payload, prefer, avoid)
-                ids, logprobs, choice = parse_choice(data, body["prompt"])
+                try:
+                    ids, logprobs, choice = parse_choice(data, body["prompt"])
+                except CallFailed as exc:  # a malformed answer (a proxy's error page?) may be passing: retried
+                    raise CallFailed(f"{endpoint.url}: {exc}", 200, True, endpoint) from None
             except CallFailed as exc:
                 if not exc.retryable or attempt > self.max_retries:
                     self.counters.failures += 1

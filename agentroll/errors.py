@@ -7,10 +7,14 @@
     ├── RewardError           exit 5  the reward function cannot be set up
     ├── OutputError           exit 6  the output folder cannot be written or does not match
     ├── TooManyFailures       exit 7  more failed calls than --max-failures allows
-    └── PipeClosed            exit 0  `-o -` and the reader closed the pipe: stop quietly
+    ├── IncompleteRun         exit 8  the input was read to its end, but some groups could not be produced
+    └── PipeClosed            exit 141  `-o -` and the reader closed the pipe (as SIGPIPE would)
 
-A failure of a single request is not an exception of this tree: it is counted in the
-stats and the execution goes on, as the agent-system semantics say.
+Signals: 130 (SIGINT), 143 (SIGTERM). Exit 0 means every problem read has its whole group on disk, or was
+filtered or skipped as asked.
+
+A failure of a single request is not an exception of this tree: its execution fails, its group is counted as
+failed and left for a rerun, and the run goes on (ending with IncompleteRun).
 """
 
 from __future__ import annotations
@@ -53,5 +57,9 @@ class TooManyFailures(AgentrollError):
     exit_code = 7
 
 
+class IncompleteRun(AgentrollError):
+    exit_code = 8
+
+
 class PipeClosed(AgentrollError):
-    exit_code = 0
+    exit_code = 141

@@ -22,9 +22,15 @@ from .writer import MANIFEST, STATE_DIR, _atomic_write, _shard_name
 def _load(folder: Path) -> dict[str, Any]:
     path = folder / MANIFEST
     try:
-        return orjson.loads(path.read_bytes())
+        manifest = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
-        raise OutputError(f"{path}: not a readable agentroll manifest ({exc})") from None
+        raise OutputError(f"{path}: not a readable agentroll manifest ({exc})") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        raise OutputError(f"{path}: not an agentroll manifest")
+    if manifest.get("merged_from"):
+        raise OutputError(f"{folder} is itself a merged folder: merge the folders it was made from "
+                          f"({', '.join(str(m.get('folder')) for m in manifest['merged_from'])})")
+    return manifest
 
 
 def _problem_ids(folder: Path, manifest: dict[str, Any]) -> set[str]:
@@ -50,6 +56,10 @@ def merge(inputs: list[Path], output: Path, copy: bool = False, verify: bool = F
     """Write `output/manifest.json` joining `inputs`; return it."""
     if not inputs:
         raise OutputError("merge needs at least one output folder")
+    target = output.resolve()
+    for folder in inputs:
+        if Path(folder).resolve() == target:
+            raise OutputError(f"-o {output} is one of the folders to merge; write the merged view to a new folder")
     manifests = [(Path(folder), _load(Path(folder))) for folder in inputs]
     common = {k: v for k, v in manifests[0][1]["settings"].items() if k != "partition"}
     owner: dict[str, Path] = {}
@@ -63,8 +73,8 @@ def merge(inputs: list[Path], output: Path, copy: bool = False, verify: bool = F
                 raise OutputError(f"problem {pid!r} is in both {owner[pid]} and {folder}")
             owner[pid] = folder
     output.mkdir(parents=True, exist_ok=True)
-    if (output / MANIFEST).exists() and output.resolve() not in {f.resolve() for f, _ in manifests}:
-        raise OutputError(f"{output} already holds a manifest; choose an empty folder")
+    if (output / MANIFEST).exists() or any(output.glob("rollouts-*")):
+        raise OutputError(f"{output} already holds rollouts or a manifest; choose an empty folder")
     shards: list[dict[str, Any]] = []
     for folder, manifest in manifests:
         for shard in manifest["shards"]:
@@ -86,6 +96,7 @@ def merge(inputs: list[Path], output: Path, copy: bool = False, verify: bool = F
         "complete": all(m.get("complete") for _, m in manifests),
         "records": sum(s["records"] for s in shards),
         "executions": sum(s["executions"] for s in shards),
+        "groups": sum(s.get("groups", 0) for s in shards),
         "filtered_groups": sum(m.get("filtered_groups", 0) for _, m in manifests),
         "shards": shards,
         "settings": {**common, "partition": None},

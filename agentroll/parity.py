@@ -50,14 +50,16 @@ async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: st
 
 def server_renderer(client: CompletionClient, model: str,
                     kwargs: dict[str, Any]) -> Callable[[list[dict[str, Any]]], Awaitable[list[int]]]:
-    """Prompt ids from the server's own chat template (`POST /tokenize`); a failure fails that call."""
+    """Prompt ids from the server's own chat template (`POST /tokenize`), retried like a completion on the
+    client's auxiliary cap; a render that fails for good raises `CallFailed`, which fails its execution."""
 
     async def render(messages: list[dict[str, Any]]) -> list[int]:
         body = {"model": model, "messages": messages, "add_generation_prompt": True,
                 **({"chat_template_kwargs": kwargs} if kwargs else {})}
-        status, answer = await client.post_json("/tokenize", body)
-        if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
-            raise CallFailed(f"/tokenize answered {status}: {str(answer)[:200]}", status)
-        return list(answer["tokens"])
+        answer = await client.post_with_retries("/tokenize", body)
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
+            raise CallFailed(f"/tokenize answered 200 without token ids: {str(answer)[:200]}", 200)
+        return list(tokens)
 
     return render

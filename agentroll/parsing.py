@@ -11,15 +11,16 @@ _JUDGMENT = re.compile(r"Judgment\s*:\s*\**\s*(\d+)")
 def answer_content(text: str, think: bool = True) -> str | None:
     """The answer a stage passes on, or None when it has none.
 
-    With thinking, the answer is what follows the first `</think>` (vLLM's reasoning parsers split there too),
-    stripped; a response that never closes its think block, or closes it and says nothing, has no answer.
-    Without thinking (`--no-think`) the whole stripped response is the answer.
+    With thinking, a well-formed response closes its think block exactly once: the answer is the stripped text
+    after that `</think>`. No closing tag, nothing after it, or more than one `</think>` (a format violation, as
+    the reference semantics say) means no answer. Without thinking (`--no-think`) the whole stripped response
+    is the answer.
     """
     if think:
-        _head, sep, tail = text.partition(THINK_CLOSE)
-        if not sep:
+        parts = text.split(THINK_CLOSE)
+        if len(parts) != 2:
             return None
-        text = tail
+        text = parts[1]
     content = text.strip()
     return content or None
 

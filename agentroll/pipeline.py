@@ -3,6 +3,9 @@
 Every call that the server answers becomes a `Sample`. The stages pass on answer *contents* (the text after
 `</think>`), and the selector's pick is matched to a rewrite by its index in the list it was shown, never by
 comparing text. Rewards are shaped at the end by whether that pick was correct.
+
+A call or a server-side render that fails for good fails the whole execution (`ExecutionFailed`): an
+infrastructure failure must never be recorded as a model outcome, such as "no rewriter had content".
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any
 
 from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient, Endpoint
-from .errors import ServerError
+from .errors import InputError, UsageError
 from .inputs import Problem
+from .options import GenerateOptions
 from .parsing import answer_content, parse_judgment
 from .rewards import RewardRequest, RewardSet
 from .schema import Sample, status_for
@@ -28,26 +32,37 @@ from .templates import Templates
 log = logging.getLogger("agentroll")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AgentSettings:
-    """How the agent system samples and shapes: shared by the run's config and the system's own."""
+class ExecutionFailed(Exception):
+    """A call or a render of this execution failed for good: the execution (and its group) is not written."""
 
-    num_parallel: int = 4
-    samples_per_prompt: int = 1
-    max_tokens: int = 4096
+
+_DEFAULT = GenerateOptions.__dataclass_fields__
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SystemConfig:
+    """How the agent system samples and shapes (the defaults are `GenerateOptions`')."""
+
+    model: str
+    num_parallel: int = _DEFAULT["num_parallel"].default
+    samples_per_prompt: int = _DEFAULT["samples_per_prompt"].default
+    max_tokens: int = _DEFAULT["max_tokens"].default
     max_context_len: int | None = None
-    temperature: float = 1.0
+    temperature: float = _DEFAULT["temperature"].default
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
-    correct_reward_weight: float = 1.0
-    incorrect_reward_weight: float = 1.0
+    correct_reward_weight: float = _DEFAULT["correct_reward_weight"].default
+    incorrect_reward_weight: float = _DEFAULT["incorrect_reward_weight"].default
     think: bool = True
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SystemConfig(AgentSettings):
-    model: str
+    @classmethod
+    def from_options(cls, options: GenerateOptions, model: str, max_context_len: int | None) -> SystemConfig:
+        return cls(model=model, num_parallel=options.num_parallel, samples_per_prompt=options.samples_per_prompt,
+                   max_tokens=options.max_tokens, max_context_len=max_context_len, temperature=options.temperature,
+                   top_p=options.top_p, top_k=options.top_k, seed=options.seed,
+                   correct_reward_weight=options.correct_reward_weight,
+                   incorrect_reward_weight=options.incorrect_reward_weight, think=not options.no_think)
 
     def sampling(self) -> dict[str, Any]:
         out: dict[str, Any] = {"temperature": self.temperature}
@@ -73,6 +88,19 @@ class _Execution:
     endpoint: Endpoint | None = None
 
 
+async def gather_or_cancel(*aws: Any) -> list[Any]:
+    """`gather`, but the first failure cancels the rest: a failed execution's other calls are not worth paying
+    for, and vLLM frees their KV cache when their connections close."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 def final_reward(samples: list[Sample]) -> float:
     """An execution's outcome: the selector's raw_reward, or 0 when it stopped before a selection."""
     return next((s.raw_reward for s in samples if s.stage == "selector"), 0.0)
@@ -87,7 +115,9 @@ class AgentSystem:
         rewards: RewardSet,
         config: SystemConfig,
         stats: RunStats,
+        prompt_key: str = "prompt",
     ) -> None:
+        self.prompt_key = prompt_key
         self.client, self.encoder, self.templates = client, encoder, templates
         self.rewards, self.config, self.stats = rewards, config, stats
         self._base_body = {
@@ -105,15 +135,15 @@ class AgentSystem:
         `attempt` > 0 re-runs a problem (--resample-uniform); it changes the per-call seeds."""
         ex = _Execution(problem, sample_index, uuid.uuid4().hex, attempt)
         n = self.config.num_parallel
-        solver_prompt = await self._solver_prompt(problem)
-        solvers = await self._stage(ex, "solver", [solver_prompt] * n if solver_prompt else [])
+        solver_prompt = await self.solver_prompt(problem, self.prompt_key)
+        solvers = await self._stage(ex, "solver", [solver_prompt] * n)
         await self._score(ex, solvers)
         contents = [s.content for s in solvers if s.content is not None]
         if not contents:
             return self._shape(solvers, won=False)
 
         prompt = await self._render("rewriter", self.templates.messages("rewriter", problem.statement, contents))
-        rewriters = await self._stage(ex, "rewriter", [prompt] * n if prompt else [])
+        rewriters = await self._stage(ex, "rewriter", [prompt] * n)
         await self._score(ex, rewriters)
         listed = [r for r in rewriters if r.content is not None]
         for position, rewrite in enumerate(listed, start=1):
@@ -123,8 +153,8 @@ class AgentSystem:
 
         messages = self.templates.messages("selector", problem.statement, [r.content or "" for r in listed])
         selector_prompt = await self._render("selector", messages)
-        selector = await self._call(ex, "selector", 0, selector_prompt) if selector_prompt else None
-        if selector is None:
+        selector = await self._call(ex, "selector", 0, selector_prompt)
+        if selector is None:  # no room left for the selector in the context window
             return self._shape(solvers + rewriters, won=False)
         k = parse_judgment(selector.content) if selector.content is not None else None
         selector.judgment = k
@@ -138,38 +168,48 @@ class AgentSystem:
             )
         return self._shape([*solvers, *rewriters, selector], won=selector.raw_reward == 1)
 
-    async def _solver_prompt(self, problem: Problem) -> tuple[str, list[int]] | None:
-        """Rendered once per problem and reused by its N solvers and K executions."""
-        cached = self._solver_prompts.get(problem.id)
+    async def solver_prompt(self, problem: Problem, key: str = "prompt") -> tuple[str, list[int]]:
+        """Rendered once per problem and reused by its N solvers and K executions. A prompt that the chat
+        template rejects, or that leaves no room to generate, is a bad input row (`InputError`, field `key`)."""
+        cached = self._solver_prompts.get(problem.content_hash)
         if cached is None:
             messages = (
                 problem.prompt
                 if isinstance(problem.prompt, list)
                 else self.templates.messages("solver", problem.statement)
             )
-            rendered = await self._render("solver", messages)
-            if rendered is None:
-                return None
-            cached = self._solver_prompts[problem.id] = rendered
+            try:
+                cached = await self._render("solver", messages)
+            except UsageError as exc:
+                raise InputError(problem.source, problem.line, key, str(exc)) from exc
+            limit = self.config.max_context_len
+            if limit is not None and len(cached[1]) >= limit:
+                raise InputError(problem.source, problem.line, key, f"the rendered prompt has {len(cached[1])} "
+                                 f"tokens: no room to generate within a context of {limit}")
+            self._solver_prompts[problem.content_hash] = cached
             if len(self._solver_prompts) > 1024:
                 self._solver_prompts.popitem(last=False)
         return cached
 
-    async def _render(self, stage: str, messages: list[dict[str, Any]]) -> tuple[str, list[int]] | None:
-        """The prompt, or None (counted as a failed call) when server-side rendering failed."""
+    async def _render(self, stage: str, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
+        """The prompt's text and ids. A server-side render that fails for good fails the execution; a local
+        chat template that rejects the messages is a `UsageError` (the row's fault for a solver prompt)."""
         try:
             return await self.encoder.render(messages)
-        except (CallFailed, ServerError) as exc:
+        except CallFailed as exc:
             self.stats.stages[stage].failed_calls += 1
-            log.warning("rendering a %s prompt on the server failed: %s", stage, exc)
-            return None
+            raise ExecutionFailed(f"rendering a {stage} prompt on the server failed: {exc}") from exc
+        except Exception as exc:  # jinja2 or the tokenizer: "roles must alternate", a raise_exception(...)
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"the chat template rejects the {stage} messages: {detail}") from exc
 
     async def _stage(self, ex: _Execution, stage: str, prompts: list[tuple[str, list[int]]]) -> list[Sample]:
-        results = await asyncio.gather(*(self._call(ex, stage, w, p) for w, p in enumerate(prompts)))
+        results = await gather_or_cancel(*(self._call(ex, stage, w, p) for w, p in enumerate(prompts)))
         return [s for s in results if s is not None]
 
     async def _call(self, ex: _Execution, stage: str, worker: int, prompt: tuple[str, list[int]]) -> Sample | None:
-        """One LLM call, or None when it failed for good or there was no room left to generate."""
+        """One LLM call, or None when there was no room left to generate (a deterministic outcome of the
+        earlier stages' lengths). A call that fails for good raises `ExecutionFailed`."""
         text, ids = prompt
         cfg = self.config
         max_tokens = cfg.max_tokens
@@ -189,10 +229,11 @@ class AgentSystem:
         except CallFailed as exc:
             self.stats.stages[stage].failed_calls += 1
             log.warning("problem %s sample %d %s %d failed: %s", ex.problem.id, ex.sample_index, stage, worker, exc)
-            return None
+            raise ExecutionFailed(f"{stage} call failed: {exc}") from exc
         ex.endpoint = self.client.by_url[done.endpoint]  # later calls follow the endpoint that answered
         return Sample(
             problem_id=ex.problem.id,
+            problem_hash=ex.problem.content_hash,
             rollout_id=ex.rollout_id,
             sample_index=ex.sample_index,
             group_size=cfg.samples_per_prompt,
@@ -234,6 +275,8 @@ class AgentSystem:
                 self.stats.reward_timeouts += 1
             elif result.failed == "error":
                 self.stats.reward_errors += 1
+            elif result.failed == "invalid":
+                self.stats.reward_invalid += 1
 
     def _shape(self, samples: list[Sample], won: bool) -> list[Sample]:
         weight = self.config.correct_reward_weight if won else self.config.incorrect_reward_weight

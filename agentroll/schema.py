@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: groups are whole; problem_hash; more than one </think> is no content
 
 STAGES = ("solver", "rewriter", "selector")
 
@@ -27,6 +27,7 @@ class Sample:
     """
 
     problem_id: str
+    problem_hash: str  # hash of the row's prompt and label: its identity (the default id), checked on resume
     rollout_id: str
     sample_index: int
     group_size: int

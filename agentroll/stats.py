@@ -58,17 +58,19 @@ def majority_correct(solvers: list[Sample]) -> bool:
 
 @dataclass(slots=True)
 class RunStats:
-    problems: int = 0
-    problems_skipped_done: int = 0
-    executions: int = 0
-    executions_empty: int = 0  # every call failed or was skipped: nothing to write, retried on a rerun
-    invalid_rows: int = 0
+    problems: int = 0  # rows read (after --partition and --limit), valid or not
+    problems_skipped_done: int = 0  # already in the folder (committed or filtered by an earlier run)
+    executions: int = 0  # executions of complete or filtered groups
+    invalid_rows: int = 0  # bad rows skipped under --skip-invalid
     records_written: int = 0
     groups_written: int = 0
     groups_filtered: int = 0  # uniform groups left out by --filter-uniform-groups
     groups_resampled: int = 0  # extra group runs made by --resample-uniform
+    groups_failed: int = 0  # a call or render failed for good: not written, redone by a rerun
+    groups_invalid: int = 0  # the row could not run (e.g. its chat template rejects it)
     reward_timeouts: int = 0
     reward_errors: int = 0
+    reward_invalid: int = 0  # NaN or infinite rewards refused
     # the system's own report, over every execution generated (written or filtered)
     majority_correct: int = 0
     best_of_n_correct: int = 0
@@ -78,9 +80,6 @@ class RunStats:
 
     def add_execution(self, samples: list[Sample]) -> None:
         self.executions += 1
-        if not samples:
-            self.executions_empty += 1
-            return
         for sample in samples:
             self.stages[sample.stage].add(sample)
         solvers = [s for s in samples if s.stage == "solver"]

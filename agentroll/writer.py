@@ -1,18 +1,18 @@
-"""Rollout output: JSONL shards with a manifest, safe to kill at any moment and resumed by rerunning.
+"""Rollout output: JSONL shards with a manifest, a group at a time, safe to kill at any moment, resumed by rerunning.
 
 Layout of an output folder::
 
     rollouts-00000.jsonl            finished shards: never rewritten once they carry this name
     rollouts-00001.jsonl.partial    the shard being written (a loader globbing *.jsonl never sees it)
-    manifest.json                   shards with record counts and sha256, settings, last run's stats
-    .agentroll/keys/*.keys          the executions (problem id, sample index) each finished shard holds
+    manifest.json                   shards with record, execution and group counts, sha256, settings, last run
+    .agentroll/keys/*.keys          the groups (problem id, content hash) each finished shard holds
     .agentroll/filtered.jsonl       groups left out by --filter-uniform-groups (so a rerun skips them too)
     .agentroll/lock                 one writer at a time
 
-A group's records (all its executions, each execution's records together) are written in one block and never
-split across shards. After a crash, the partial
-shard's complete execution blocks are kept (a torn tail is cut off) and it is finished like any other shard;
-the manifest is rebuilt from what is on disk. Manifest and keys are replaced atomically (temp, fsync, rename).
+`commit(group)` appends a group's records (its K executions, each execution's records together) in one write;
+a group is never split across shards. A group is on disk whole or not at all: recovery keeps the partial
+shard's whole groups, drops a torn or short one at its tail (it is redone), and finishes the shard. Manifest and
+keys are replaced atomically (temp, fsync, rename); the manifest is rebuilt from what is on disk.
 """
 
 from __future__ import annotations
@@ -30,21 +30,16 @@ from typing import Any
 import orjson
 
 from .errors import OutputError, PipeClosed
-from .schema import SCHEMA_VERSION, Sample
+from .group import Group
+from .schema import SCHEMA_VERSION
 
 MANIFEST = "manifest.json"
 STATE_DIR = ".agentroll"
 SHARD_PREFIX = "rollouts-"
 PARTIAL = ".partial"
-
-Key = tuple[str, int]
-
-
 FILTERED = "filtered.jsonl"
 
-
-def encode_group(executions: list[list[Sample]]) -> bytes:
-    return b"".join(orjson.dumps(s) + b"\n" for samples in executions for s in samples)
+GroupKey = tuple[str, str]  # (problem id, content hash)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -69,36 +64,40 @@ def _shard_name(index: int) -> str:
     return f"{SHARD_PREFIX}{index:05d}.jsonl"
 
 
-def scan_blocks(data: bytes) -> tuple[int, int, list[Key]]:
-    """Complete execution blocks at the start of a shard's bytes: (bytes kept, records, keys).
+def scan_groups(data: bytes) -> tuple[int, int, int, list[GroupKey]]:
+    """Whole groups at the start of a shard's bytes: (bytes kept, records, executions, group keys).
 
-    A block is complete when it holds `rollout_size` parseable records of one rollout; anything after the
-    first incomplete or torn block is dropped (it was being written when the process died).
+    A group is `group_size` executions of one problem, each `rollout_size` parseable records of one rollout;
+    everything from the first torn or short group on is dropped (it was being written when the process died).
     """
-    kept = records = 0
-    keys: list[Key] = []
-    pos = 0
     lines = data.split(b"\n")
-    i = 0
-    while i < len(lines) - 1:  # the last element is after the final newline: empty, or a torn line
+    complete = len(lines) - 1  # the last element follows the final newline: empty, or a torn line
+    i = pos = records = executions = 0
+    keys: list[GroupKey] = []
+    while i < complete:
         try:
             first = orjson.loads(lines[i])
-            size = int(first["rollout_size"])
-            if size < 1 or i + size > len(lines) - 1:
-                break
-            block = [first] + [orjson.loads(x) for x in lines[i + 1 : i + size]]
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            group_size, pid = int(first["group_size"]), str(first["problem_id"])
+            j, blocks = i, 0
+            while blocks < group_size:
+                head = orjson.loads(lines[j])
+                size = int(head["rollout_size"])
+                if size < 1 or j + size > complete:
+                    raise ValueError("short execution")
+                block = [head] + [orjson.loads(x) for x in lines[j + 1: j + size]]
+                if any(r.get("rollout_id") != head["rollout_id"] or str(r.get("problem_id")) != pid for r in block):
+                    raise ValueError("mixed execution")
+                j, blocks = j + size, blocks + 1
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
             break
-        if any(r.get("rollout_id") != first["rollout_id"] for r in block):
-            break
-        pos += sum(len(x) + 1 for x in lines[i : i + size])
-        kept, records, i = pos, records + size, i + size
-        keys.append((str(first["problem_id"]), int(first["sample_index"])))
-    return kept, records, keys
+        pos += sum(len(x) + 1 for x in lines[i:j])
+        records, executions, i = records + (j - i), executions + group_size, j
+        keys.append((pid, str(first.get("problem_hash", ""))))
+    return pos, records, executions, keys
 
 
 class ShardWriter:
-    """Writes execution blocks into rotating shards and keeps the manifest and the done set current."""
+    """Appends whole groups to rotating shards and keeps the manifest and the done set current."""
 
     def __init__(self, directory: Path, settings: dict[str, Any], shard_size: int = 1000,
                  overwrite: bool = False) -> None:
@@ -107,19 +106,18 @@ class ShardWriter:
         self.shard_size = shard_size
         self.overwrite = overwrite
         self.shards: list[dict[str, Any]] = []
-        self.done: set[Key] = set()
+        self.done: dict[str, str] = {}  # problem id -> content hash, committed or filtered
         self.filtered_groups = 0
         self.run_info: dict[str, Any] = {}
         self._file: Any = None
         self._hash = hashlib.sha256()
-        self._records = 0
-        self._keys: list[Key] = []
-        self._good_size = 0
+        self._records = self._executions = self._good_size = 0
+        self._keys: list[GroupKey] = []
         self._lock_fd: int | None = None
 
     # -- opening and recovery -------------------------------------------------------------------------------
-    def open(self) -> set[Key]:
-        """Prepare the folder (recovering a crashed run) and return the executions already written."""
+    def open(self) -> dict[str, str]:
+        """Prepare the folder (recovering a crashed run); return the problems already done: id -> content hash."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             (self.directory / STATE_DIR).mkdir(exist_ok=True)
@@ -130,13 +128,16 @@ class ShardWriter:
             if self.overwrite:
                 self._clear()
                 manifest = None
+            elif manifest is not None and manifest.get("schema_version") != SCHEMA_VERSION:
+                raise OutputError(f"{self.directory} holds rollouts of schema {manifest.get('schema_version')} "
+                                  f"(this agentroll writes {SCHEMA_VERSION}); use another --output, or --overwrite")
             elif manifest is not None and manifest.get("settings") != self.settings:
                 raise OutputError(self._settings_diff(manifest.get("settings") or {}))
             self._recover(manifest)
             self._write_manifest(complete=False)
         except OSError as exc:
-            raise OutputError(f"output folder {self.directory}: {exc.strerror or exc}") from None
-        return set(self.done)
+            raise OutputError(f"output folder {self.directory}: {exc.strerror or exc}") from exc
+        return dict(self.done)
 
     def _lock(self) -> None:
         fd = os.open(self.directory / STATE_DIR / "lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -152,9 +153,12 @@ class ShardWriter:
         if not path.exists():
             return None
         try:
-            return orjson.loads(path.read_bytes())
+            manifest = orjson.loads(path.read_bytes())
         except orjson.JSONDecodeError:
-            raise OutputError(f"{path} is not valid JSON; fix or remove it, or pass --overwrite") from None
+            manifest = None
+        if not isinstance(manifest, dict):
+            raise OutputError(f"{path} is not a valid manifest; fix or remove it, or pass --overwrite")
+        return manifest
 
     def _settings_diff(self, old: dict[str, Any]) -> str:
         changed = sorted(k for k in set(old) | set(self.settings) if old.get(k) != self.settings.get(k))
@@ -166,10 +170,9 @@ class ShardWriter:
         for path in self.directory.glob(f"{SHARD_PREFIX}*"):
             path.unlink()
         shutil.rmtree(self.directory / STATE_DIR / "keys", ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            (self.directory / STATE_DIR / FILTERED).unlink()
-        with contextlib.suppress(FileNotFoundError):
-            (self.directory / MANIFEST).unlink()
+        for name in (STATE_DIR + "/" + FILTERED, MANIFEST):
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / name).unlink()
 
     def _keys_path(self, shard: str) -> Path:
         return self.directory / STATE_DIR / "keys" / (shard.removesuffix(".jsonl") + ".keys")
@@ -180,23 +183,31 @@ class ShardWriter:
             for line in filtered.read_bytes().splitlines():
                 try:
                     entry = orjson.loads(line)
-                except orjson.JSONDecodeError:
+                    self.done[str(entry["problem_id"])] = str(entry["problem_hash"])
+                except (orjson.JSONDecodeError, KeyError, TypeError):
                     continue  # a line torn by a crash: that group is simply generated again
                 self.filtered_groups += 1
-                self.done.update((entry["problem_id"], i) for i in entry["sample_indexes"])
-        known = {s["file"]: s for s in (manifest or {}).get("shards", [])}
-        (self.directory / STATE_DIR / "keys").mkdir(exist_ok=True)
-        for path in sorted(self.directory.glob(f"{SHARD_PREFIX}*.jsonl")):
+        known = {s.get("file"): s for s in (manifest or {}).get("shards", []) if isinstance(s, dict)}
+        keys_dir = self.directory / STATE_DIR / "keys"
+        keys_dir.mkdir(exist_ok=True)
+        shards = sorted(self.directory.glob(f"{SHARD_PREFIX}*.jsonl"))
+        for stale in set(keys_dir.glob("*.keys")) - {self._keys_path(p.name) for p in shards}:
+            stale.unlink()  # its shard was moved away: those groups are redone
+        for path in shards:
             entry = known.get(path.name)
             keys_path = self._keys_path(path.name)
             if entry is None or not keys_path.exists():
                 entry = self._adopt(path)  # finished but not yet in the manifest when the run died
             else:
-                self.done.update((k, i) for k, i in orjson.loads(keys_path.read_bytes()))
+                size = path.stat().st_size
+                if size != entry.get("bytes"):
+                    raise OutputError(f"{path} is damaged: {size} bytes where the manifest says {entry.get('bytes')}; "
+                                      "move it away and rerun (its groups are generated again)")
+                self.done.update((str(k), str(h)) for k, h in orjson.loads(keys_path.read_bytes()))
             self.shards.append(entry)
         for partial in sorted(self.directory.glob(f"{SHARD_PREFIX}*.jsonl{PARTIAL}")):
             data = partial.read_bytes()
-            kept, records, keys = scan_blocks(data)
+            kept, records, executions, keys = scan_groups(data)
             if records == 0:
                 partial.unlink()
                 continue
@@ -205,16 +216,17 @@ class ShardWriter:
                 f.flush()
                 os.fsync(f.fileno())
             final = self.directory / _shard_name(self._next_index())
-            self._finish_file(partial, final, records, keys, hashlib.sha256(data[:kept]).hexdigest())
+            self._finish_file(partial, final, records, executions, keys, hashlib.sha256(data[:kept]).hexdigest())
 
     def _adopt(self, path: Path) -> dict[str, Any]:
         data = path.read_bytes()
-        kept, records, keys = scan_blocks(data)
+        kept, records, executions, keys = scan_groups(data)
         if kept != len(data):
-            raise OutputError(f"{path} is damaged after byte {kept}; move it away and rerun")
+            raise OutputError(f"{path} is damaged after byte {kept} (not whole groups); move it away and rerun "
+                              "(its groups are generated again)")
         self._write_keys(path.name, keys)
         self.done.update(keys)
-        return {"file": path.name, "records": records, "executions": len(keys),
+        return {"file": path.name, "records": records, "executions": executions, "groups": len(keys),
                 "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
     def _next_index(self) -> int:
@@ -222,12 +234,17 @@ class ShardWriter:
         return max(used, default=-1) + 1
 
     # -- writing ----------------------------------------------------------------------------------------------
-    def write_group(self, executions: list[list[Sample]]) -> None:
-        """Append a group's executions as one block; rotate when the shard is full."""
-        executions = [e for e in executions if e]
-        if not executions:
-            return
-        data = encode_group(executions)
+    def commit(self, group: Group) -> None:
+        """Put a finished group on disk: a complete one is appended whole, a filtered one is remembered."""
+        if group.status == "filtered":
+            self.mark_filtered(group)
+        elif group.status == "complete":
+            self._append(group)
+        else:
+            raise ValueError(f"a {group.status} group is not committed")
+
+    def _append(self, group: Group) -> None:
+        data = group.encode()
         try:
             if self._file is None:
                 self._start_shard()
@@ -236,38 +253,39 @@ class ShardWriter:
                 view = view[self._file.write(view):]
         except OSError as exc:
             self._rollback()
-            raise OutputError(f"cannot write to {self.directory}: {exc.strerror or exc}") from None
+            raise OutputError(f"cannot write to {self.directory}: {exc.strerror or exc}") from exc
         self._good_size += len(data)
         self._hash.update(data)
-        for samples in executions:
-            self._records += len(samples)
-            key = (samples[0].problem_id, samples[0].sample_index)
-            self._keys.append(key)
-            self.done.add(key)
+        self._records += group.num_records
+        self._executions += len(group.executions)
+        key = (group.problem.id, group.problem.content_hash)
+        self._keys.append(key)
+        self.done[key[0]] = key[1]
         if self._records >= self.shard_size:
             self.finish_shard()
 
-    def mark_filtered(self, problem_id: str, sample_indexes: list[int]) -> None:
+    def mark_filtered(self, group: Group) -> None:
         """Remember a group left out as uniform, durably, so a rerun does not generate it again."""
-        line = orjson.dumps({"problem_id": problem_id, "sample_indexes": sample_indexes}) + b"\n"
+        entry = {"problem_id": group.problem.id, "problem_hash": group.problem.content_hash}
         try:
             with open(self.directory / STATE_DIR / FILTERED, "ab") as f:
-                f.write(line)
+                f.write(orjson.dumps(entry) + b"\n")
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as exc:
-            raise OutputError(f"cannot write to {self.directory}: {exc.strerror or exc}") from None
+            raise OutputError(f"cannot write to {self.directory}: {exc.strerror or exc}") from exc
         self.filtered_groups += 1
-        self.done.update((problem_id, i) for i in sample_indexes)
+        self.done[group.problem.id] = group.problem.content_hash
 
     def _start_shard(self) -> None:
         self._index = self._next_index()
         self._partial = self.directory / (_shard_name(self._index) + PARTIAL)
         self._file = open(self._partial, "wb", buffering=0)  # noqa: SIM115 - open across calls; see finish_shard
-        self._hash, self._records, self._keys, self._good_size = hashlib.sha256(), 0, [], 0
+        self._hash, self._keys = hashlib.sha256(), []
+        self._records = self._executions = self._good_size = 0
 
     def _rollback(self) -> None:
-        """After a failed write (disk full), cut the partial shard back to its last whole execution."""
+        """After a failed write (disk full), cut the partial shard back to its last whole group."""
         if self._file is not None:
             with contextlib.suppress(OSError):
                 self._file.truncate(self._good_size)
@@ -285,20 +303,22 @@ class ShardWriter:
                 self._partial.unlink()
                 return
             final = self.directory / _shard_name(self._index)
-            self._finish_file(self._partial, final, self._records, self._keys, self._hash.hexdigest())
+            self._finish_file(self._partial, final, self._records, self._executions, self._keys,
+                              self._hash.hexdigest())
             self._write_manifest(complete=False)
         except OSError as exc:
-            raise OutputError(f"cannot finish shard in {self.directory}: {exc.strerror or exc}") from None
+            raise OutputError(f"cannot finish shard in {self.directory}: {exc.strerror or exc}") from exc
 
-    def _finish_file(self, partial: Path, final: Path, records: int, keys: list[Key], sha256: str) -> None:
+    def _finish_file(self, partial: Path, final: Path, records: int, executions: int, keys: list[GroupKey],
+                     sha256: str) -> None:
         self._write_keys(final.name, keys)  # keys first: a shard on disk always has its keys after a crash
         os.replace(partial, final)
         _fsync_dir(self.directory)
-        self.shards.append({"file": final.name, "records": records, "executions": len(keys),
+        self.shards.append({"file": final.name, "records": records, "executions": executions, "groups": len(keys),
                             "bytes": final.stat().st_size, "sha256": sha256})
         self.done.update(keys)
 
-    def _write_keys(self, shard: str, keys: Iterable[Key]) -> None:
+    def _write_keys(self, shard: str, keys: Iterable[GroupKey]) -> None:
         _atomic_write(self._keys_path(shard), orjson.dumps([list(k) for k in keys]))
 
     def _write_manifest(self, complete: bool) -> None:
@@ -308,6 +328,7 @@ class ShardWriter:
             "complete": complete,
             "records": sum(s["records"] for s in self.shards),
             "executions": sum(s["executions"] for s in self.shards),
+            "groups": sum(s["groups"] for s in self.shards),
             "filtered_groups": self.filtered_groups,
             "shards": self.shards,
             "settings": self.settings,
@@ -316,41 +337,41 @@ class ShardWriter:
         _atomic_write(self.directory / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
 
     def close(self, complete: bool) -> None:
-        """Finish the open shard and write the final manifest. `complete`: the whole input was processed."""
+        """Finish the open shard and write the final manifest. `complete`: every problem read is done."""
         try:
             self.finish_shard()
             self._write_manifest(complete=complete)
         except OSError as exc:
-            raise OutputError(f"cannot write manifest in {self.directory}: {exc.strerror or exc}") from None
+            raise OutputError(f"cannot write manifest in {self.directory}: {exc.strerror or exc}") from exc
         finally:
+            if self._file is not None:  # finishing failed: leave the partial shard for the next run to repair
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._file = None
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
 
 
 class StdoutWriter:
-    """`-o -`: each execution's records go out contiguously; a closed pipe ends the run quietly."""
+    """`-o -`: each group's records go out contiguously; a closed pipe ends the run (exit 141, like SIGPIPE)."""
 
     def __init__(self) -> None:
         self.run_info: dict[str, Any] = {}
 
-    def open(self) -> set[Key]:
-        return set()
+    def open(self) -> dict[str, str]:
+        return {}
 
-    def write_group(self, executions: list[list[Sample]]) -> None:
-        data = encode_group(executions)
-        if not data:
+    def commit(self, group: Group) -> None:
+        if group.status != "complete":
             return
         try:
-            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.write(group.encode())
             sys.stdout.buffer.flush()
         except BrokenPipeError:
             # The consumer (head, a loader) is gone: point stdout at /dev/null so exit is quiet, and stop.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise PipeClosed("stdout was closed by its reader") from None
-
-    def mark_filtered(self, problem_id: str, sample_indexes: list[int]) -> None:
-        pass
 
     def close(self, complete: bool) -> None:
         with contextlib.suppress(BrokenPipeError, ValueError):

@@ -44,6 +44,7 @@ def sim(problems: Path) -> Iterator[SimServer]:
 def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
     """`agentroll ...` in a real subprocess, as a user runs it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    env["HF_HUB_OFFLINE"] = "1"  # a test never reaches for the hub
     return subprocess.run([sys.executable, "-m", "agentroll", *args], input=stdin, capture_output=True,
                           timeout=timeout, env=env)
 

@@ -1,9 +1,12 @@
+import asyncio
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
 
 from agentroll.errors import InputError
-from agentroll.inputs import InputKeys, read_problems
+from agentroll.inputs import InputKeys, aread_problems, content_hash, read_problems
 
 
 def rows(path: Path, *lines: str) -> Path:
@@ -11,12 +14,46 @@ def rows(path: Path, *lines: str) -> Path:
     return path
 
 
-def test_rows_become_problems_with_metadata_and_line_number_ids(tmp_path):
+def test_rows_become_problems_with_metadata_and_content_hash_ids(tmp_path):
     path = rows(tmp_path / "in.jsonl", '{"prompt": "2+2?", "label": 4, "src": "x"}', "",
                 '{"id": "b", "prompt": [{"role": "user", "content": "hi"}], "label": "1"}')
     first, second = read_problems(str(path))
-    assert (first.id, first.label, first.metadata, first.statement) == ("1", 4, {"src": "x"}, "2+2?")
+    assert (first.id, first.label, first.metadata, first.statement) == (content_hash("2+2?", 4), 4, {"src": "x"},
+                                                                        "2+2?")
     assert (second.id, second.statement, second.line) == ("b", "hi", 3)
+    assert second.content_hash == content_hash([{"role": "user", "content": "hi"}], "1")
+
+
+def test_the_default_id_depends_on_prompt_and_label_only_and_is_stable(tmp_path):
+    a = rows(tmp_path / "a.jsonl", '{"prompt": "2+2?", "label": 4, "src": "x"}')
+    b = rows(tmp_path / "b.jsonl", '{"label": 4, "other": 1, "prompt": "2+2?"}', '{"prompt": "2+2?", "label": 5}',
+             '{"prompt": "2+2?", "label": "4"}', '{"prompt": "2+3?", "label": 4}')
+    (one,) = read_problems(str(a))
+    same, *others = read_problems(str(b))
+    assert one.id == same.id and len({one.id, *(o.id for o in others)}) == 4
+    # the documented rule: blake2b (8 bytes, hex) of the compact JSON [prompt, label], keys sorted
+    assert one.id == hashlib.blake2b(json.dumps(["2+2?", 4], separators=(",", ":")).encode(), digest_size=8).hexdigest()
+
+
+def test_a_byte_order_mark_at_the_start_of_a_file_is_accepted(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "a", "label": 1}\n{"prompt": "b", "label": 2}\n')
+    assert [p.statement for p in read_problems(str(path))] == ["a", "b"]
+    assert [p.statement for p in asyncio.run(collect(str(path)))] == ["a", "b"]
+
+
+async def collect(path: str, **kw) -> list:
+    return [p async for p in aread_problems(path, **kw)]
+
+
+def test_the_async_reader_gives_the_same_rows_and_errors_as_the_sync_one(tmp_path):
+    lines = [json.dumps({"prompt": "p" * (i * 5000 + 1), "label": i}) for i in range(40)]  # lines across chunks
+    path = rows(tmp_path / "in.jsonl", *lines, '{"prompt": "x"}')
+    skipped: list = []
+    got = asyncio.run(collect(str(path), on_invalid=skipped.append))
+    assert [p.label for p in got] == list(range(40)) and [e.line for e in skipped] == [41]
+    with pytest.raises(InputError, match="line 41, field 'label'"):
+        asyncio.run(collect(str(path)))
 
 
 @pytest.mark.parametrize(("line", "field", "reason"), [
@@ -41,7 +78,7 @@ def test_a_bad_row_names_file_line_and_field(tmp_path, line, field, reason):
 
 def test_duplicate_ids_are_reported(tmp_path):
     path = rows(tmp_path / "in.jsonl", '{"id": 1, "prompt": "a", "label": 1}', '{"id": "1", "prompt": "b", "label": 1}')
-    with pytest.raises(InputError, match="duplicate id '1'"):
+    with pytest.raises(InputError, match="duplicate id '1' \\(first on line 1\\)"):
         list(read_problems(str(path)))
 
 

@@ -11,8 +11,10 @@ def test_no_closing_tag_or_nothing_after_it_means_no_answer():
     assert answer_content("no think block at all") is None
 
 
-def test_split_is_at_the_first_closing_tag():
-    assert answer_content("<think>a</think>b</think>c") == "b</think>c"
+def test_more_than_one_closing_tag_is_a_format_violation_with_no_answer():
+    assert answer_content("<think>a</think>b</think>c") is None
+    assert answer_content("<think>a</think></think>") is None
+    assert answer_content("</think>answer") == "answer"  # exactly one close, even without an opening tag
 
 
 def test_without_thinking_the_whole_response_is_the_answer():

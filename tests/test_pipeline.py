@@ -9,7 +9,8 @@ import pytest
 from agentroll.chat import ChatEncoder, load_tokenizer
 from agentroll.client import CompletionClient
 from agentroll.inputs import Problem
-from agentroll.pipeline import AgentSystem, SystemConfig, call_seed
+from agentroll.errors import InputError
+from agentroll.pipeline import AgentSystem, ExecutionFailed, SystemConfig, call_seed
 from agentroll.rewards import RewardSet, RewardSettings
 from agentroll.sim.script import Scripted
 from agentroll.sim.server import HTTPFailure, SimServer, error_body
@@ -40,10 +41,11 @@ class PerCall:
         return value if isinstance(value, Scripted) else Scripted(str(value))
 
 
-def run(answers: dict[tuple[str, int], object], n: int = 3, max_context_len: int | None = None):
+def run(answers: dict[tuple[str, int], object], n: int = 3, max_context_len: int | None = None,
+        stats: RunStats | None = None):
     server = SimServer(script=PerCall(answers))  # type: ignore[arg-type]
     server.start()
-    stats = RunStats()
+    stats = stats if stats is not None else RunStats()
 
     async def go():
         client = CompletionClient([server.url], concurrency=8, max_retries=0)
@@ -126,18 +128,21 @@ def test_a_pick_that_names_nothing_scores_zero_and_shapes_with_the_incorrect_wei
     assert [s.reward for s in samples] == [-1.0] * 5 + [-0.0, -0.0]
 
 
-def test_a_failed_call_leaves_its_sample_out_and_a_failed_selector_pays_the_incorrect_weight():
-    answers = {**solvers(RIGHT, FAIL, RIGHT), **rewriters(RIGHT, RIGHT, RIGHT), ("selector", 0): FAIL}
-    samples, stats, _ = run(answers)
-    expected = [("solver", 0), ("solver", 2), ("rewriter", 0), ("rewriter", 1), ("rewriter", 2)]
-    assert [(s.stage, s.worker) for s in samples] == expected
-    assert [s.reward for s in samples] == [-1.0] * 5
-    assert (stats.stages["solver"].failed_calls, stats.stages["selector"].failed_calls) == (1, 1)
+@pytest.mark.parametrize("failing", [("solver", 1), ("rewriter", 2), ("selector", 0)])
+def test_a_call_that_fails_for_good_fails_the_execution_instead_of_shaping_it(failing):
+    answers = {**solvers(RIGHT, RIGHT, RIGHT), **rewriters(RIGHT, RIGHT, RIGHT), ("selector", 0): "Judgment: 1"}
+    answers[failing] = FAIL
+    stats = RunStats()
+    with pytest.raises(ExecutionFailed, match=f"{failing[0]} call failed: HTTP 400: simulated bad request"):
+        run(answers, stats=stats)
+    assert stats.stages[failing[0]].failed_calls == 1
 
 
-def test_a_prompt_that_leaves_no_room_is_not_sent():
-    samples, stats, log = run(solvers(RIGHT, RIGHT, RIGHT), max_context_len=10)
-    assert samples == [] and log == [] and stats.stages["solver"].skipped_calls == 3
+def test_a_solver_prompt_that_leaves_no_room_is_a_bad_row_and_is_not_sent():
+    stats = RunStats()
+    with pytest.raises(InputError, match="line 1, field 'prompt': the rendered prompt has \\d+ tokens: no room"):
+        run(solvers(RIGHT, RIGHT, RIGHT), max_context_len=10, stats=stats)
+    assert stats.stages["solver"].skipped_calls == 0
 
 
 def test_records_are_token_exact_and_keep_the_eos_token():

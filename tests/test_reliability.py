@@ -103,7 +103,7 @@ def test_stopped_mid_run_then_rerun_gives_every_execution_exactly_once(tmp_path,
         server.stop()
 
 
-def test_a_reader_closing_stdout_ends_the_run_quietly(tmp_path):
+def test_a_reader_closing_stdout_ends_the_run_quietly_with_sigpipes_code(tmp_path):
     problems = write_problems(tmp_path / "p.jsonl", 120)
     server = start_sim(problems)
     try:
@@ -112,7 +112,7 @@ def test_a_reader_closing_stdout_ends_the_run_quietly(tmp_path):
         first = json.loads(proc.stdout.readline())
         proc.stdout.close()
         _, stderr = proc.communicate(timeout=60)
-        assert proc.returncode == 0
+        assert proc.returncode == 141  # not 0: the rest of the input was never generated
         assert first["problem_id"].startswith("p") and b"Traceback" not in stderr and b"Error" not in stderr
     finally:
         server.stop()
@@ -132,7 +132,7 @@ def test_a_wrong_api_key_stops_the_run_with_one_line(tmp_path):
         server.stop()
 
 
-def test_a_400_is_counted_with_vllms_message_and_max_failures_ends_the_run(tmp_path):
+def test_a_400_fails_its_group_which_is_not_written_and_the_run_exits_8(tmp_path):
     problems = write_problems(tmp_path / "p.jsonl", 4)
     server = SimServer(script=Script.from_jsonl(problems), max_model_len=100)  # rewriter prompts do not fit
     server.start()
@@ -140,12 +140,17 @@ def test_a_400_is_counted_with_vllms_message_and_max_failures_ends_the_run(tmp_p
         args = generate_args(problems, tmp_path / "out", server.url, "--num-parallel", "2", "--max-context-len",
                              "4096", "--max-tokens", "50")
         proc = run_cli(*args)
-        assert proc.returncode == 0, proc.stderr.decode()
+        assert proc.returncode == 8, proc.stderr.decode()
         assert b"This model's maximum context length is 100 tokens" in proc.stderr
         manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-        stages = manifest["last_run"]["stats"]["stages"]
-        assert stages["rewriter"]["failed_calls"] > 0 and stages["solver"]["failed_calls"] == 0
+        stats = manifest["last_run"]["stats"]
+        assert stats["stages"]["rewriter"]["failed_calls"] > 0 and stats["stages"]["solver"]["failed_calls"] == 0
         assert manifest["last_run"]["requests"]["retries"] == 0  # a 400 is not retried
+        assert not manifest["complete"] and stats["groups_failed"] + stats["groups_written"] == 4
+        missing = stats["groups_failed"]
+        assert missing > 0 and f"error: {missing} of 4 groups could not be produced".encode() in proc.stderr
+        written = {r["problem_id"] for r in read_records(tmp_path / "out")}
+        assert len(written) == stats["groups_written"] and manifest["groups"] == len(written)
         over = run_cli(*args, "--max-failures", "1", "--overwrite", "--concurrency", "1")
         assert over.returncode == 7 and b"--max-failures 1" in over.stderr
     finally:

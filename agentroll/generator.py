@@ -1,0 +1,291 @@
+"""`agentroll.Generator`: the library a trainer embeds, and the engine under `agentroll generate`.
+
+It runs in the caller's event loop, installs no signal handler and never exits the process. A cancelled call
+(`asyncio.wait_for(gen.run_group(row), 1)`) cancels every request of that group: their connections close, and
+vLLM aborts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from dataclasses import asdict
+from typing import Any
+
+from .chat import ChatEncoder, load_tokenizer
+from .client import ClientCounters, CompletionClient
+from .errors import InputError, ServerError, UsageError
+from .group import Group, annotate
+from .inputs import InputKeys, Problem, problem_from_row
+from .options import GenerateOptions
+from .parity import check_parity, probe_messages, server_renderer
+from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
+from .rewards import RewardSet, RewardSettings
+from .stats import RunStats
+from .templates import Templates
+
+log = logging.getLogger("agentroll")
+
+BUILTIN_REWARDS = ("math", "exact", "remote")
+
+
+class Generator:
+    """Rewarded, token-exact groups of executions from a vLLM server.
+
+    Keyword arguments are `agentroll generate`'s options in snake_case, with the same defaults
+    (`agentroll.options.GenerateOptions`). Use it as an async context manager::
+
+        async with agentroll.Generator(base_url="http://127.0.0.1:8000", samples_per_prompt=8) as gen:
+            group = await gen.run_group({"id": "q1", "prompt": "What is 6 x 7?", "label": "42"})
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self.options = GenerateOptions(**options)
+        o = self.options
+        self.keys = InputKeys(o.prompt_key, o.label_key, o.id_key, o.reward_key)
+        self.stats = RunStats()
+        self.model: str = ""
+        self.max_context_len: int | None = None
+        self.tokenizer_name: str = ""
+        self._client: CompletionClient | None = None
+        self._rewards: RewardSet | None = None
+        self._system: AgentSystem | None = None
+        self._settings: dict[str, Any] = {}
+
+    # -- life cycle ---------------------------------------------------------------------------------------------
+    async def __aenter__(self) -> Generator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Reach the servers, pick the model, load the tokenizer, check chat-template parity, set up rewards."""
+        o = self.options
+        self._client = client = CompletionClient(
+            o.base_url, api_key=o.api_key, concurrency=o.concurrency, timeout_s=o.request_timeout,
+            connect_timeout_s=o.connect_timeout, max_retries=o.max_retries, down_timeout_s=o.down_timeout,
+            probe_interval_s=o.probe_interval)
+        try:
+            model, model_len, root = await self._discover(client)
+            self.model = model
+            self.max_context_len = o.max_context_len or model_len
+            tokenizer = await self._tokenizer(model, root)
+            templates = Templates(o.prompts)
+            encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
+            if o.chat_render == "server" or (
+                    o.chat_render == "auto" and await self._differs(client, encoder, model, templates)):
+                encoder.server_render = server_renderer(client, model, o.chat_template_kwargs)
+            self._rewards = RewardSet(RewardSettings(o.reward, o.reward_timeout, o.reward_url,
+                                                     o.reward_concurrency, o.max_retries))
+            config = SystemConfig.from_options(o, model, self.max_context_len)
+            self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
+                                       prompt_key=self.keys.prompt)
+            self._settings = self._fingerprint(templates)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        rewards, client = self._rewards, self._client
+        self._rewards = self._client = self._system = None
+        try:
+            if rewards is not None:
+                await rewards.aclose()
+        finally:
+            if client is not None:
+                await client.aclose()
+
+    @property
+    def counters(self) -> ClientCounters:
+        return self._client.counters if self._client is not None else ClientCounters()
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What every group of one dataset must share: an output folder refuses groups made otherwise."""
+        return dict(self._settings)
+
+    # -- work ---------------------------------------------------------------------------------------------------
+    def problem(self, row: dict[str, Any] | Problem, line: int = 0, source: str = "<row>") -> Problem:
+        """A row as a `Problem`, validated (`InputError` names source, line and field). A row may name its own
+        reward only among the built-ins and those allowed with `allow_reward`: a dataset cannot import code."""
+        problem = row if isinstance(row, Problem) else problem_from_row(row, line, source, self.keys)
+        spec = problem.reward
+        if spec is not None and spec not in (*BUILTIN_REWARDS, self.options.reward, *self.options.allow_reward):
+            raise InputError(problem.source, problem.line, self.keys.reward,
+                             f"reward {spec!r} is not allowed for rows: pass --allow-reward {spec} to allow it")
+        return problem
+
+    async def run_group(self, row: dict[str, Any] | Problem) -> Group:
+        """Run one problem's K executions (re-running a uniform group under --resample-uniform) as one group.
+
+        A failed call or render gives a `failed` group, never a smaller one; a row that cannot run gives an
+        `invalid` one. Errors that end a run (server gone, bad key or model, reward set-up) raise."""
+        system = self._require()
+        problem = self.problem(row)
+        o = self.options
+        attempts = 1 + (o.resample_uniform if o.filter_uniform_groups else 0)
+        executions: list[list[Any]] = []
+        for attempt in range(attempts):
+            if attempt:
+                self.stats.groups_resampled += 1
+            try:
+                await system.solver_prompt(problem, self.keys.prompt)
+                executions = await gather_or_cancel(
+                    *(system.run(problem, k, attempt) for k in range(o.samples_per_prompt)))
+            except ExecutionFailed as exc:
+                self.stats.groups_failed += 1
+                return Group(problem, [], "failed", str(exc), attempt + 1)
+            except InputError as exc:
+                self.stats.groups_invalid += 1
+                return Group(problem, [], "invalid", str(exc), attempt + 1, cause=exc)
+            for samples in executions:
+                self.stats.add_execution(samples)
+            finals = [final_reward(e) for e in executions]
+            if not o.filter_uniform_groups or len(set(finals)) > 1:
+                annotate(executions, finals)
+                return Group(problem, executions, "complete", None, attempt + 1)
+        self.stats.groups_filtered += 1
+        return Group(problem, executions, "filtered", None, attempts)
+
+    async def stream(self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int = 8) -> AsyncIterator[Group]:
+        """Groups of `rows` as they finish. At most `max_ahead` groups are in flight or waiting to be taken, so
+        a slow consumer slows the producer. A row that fails validation raises after the groups already
+        started are yielded; leaving the loop early cancels the groups still running."""
+        if max_ahead < 1:
+            raise UsageError("max_ahead must be at least 1")
+        self._require()
+        pending: set[asyncio.Task[Group]] = set()
+        source = _rows(rows)
+        fetch: asyncio.Future[Any] | None = None  # the next row, awaited alongside the groups in flight
+        row_error: BaseException | None = None
+        exhausted = False
+        ready: list[asyncio.Task[Group]] = []  # finished, not yet handed over
+        try:
+            while True:
+                if fetch is None and not exhausted and row_error is None and len(pending) < max_ahead:
+                    fetch = asyncio.ensure_future(anext(source))
+                waiting = pending | ({fetch} if fetch is not None else set())
+                if not waiting:
+                    break
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if fetch is not None and fetch in done:
+                    done.discard(fetch)
+                    try:
+                        problem = self.problem(fetch.result())
+                    except StopAsyncIteration:
+                        exhausted = True
+                    except Exception as exc:  # a bad row: finish what was started, then raise it
+                        row_error = exc
+                    else:
+                        pending.add(asyncio.create_task(self.run_group(problem)))
+                    fetch = None
+                pending -= done
+                ready.extend(done)
+                while ready:  # while the consumer holds a group, nothing new starts
+                    yield ready.pop(0).result()
+            if row_error is not None:
+                raise row_error
+        finally:
+            for task in ready:  # an error that ends the run is raised once; the others are not worth a warning
+                if not task.cancelled():
+                    task.exception()
+            leftovers = [*pending, *([fetch] if fetch is not None else [])]
+            for task in leftovers:
+                task.cancel()
+            await asyncio.gather(*leftovers, return_exceptions=True)
+            await source.aclose()
+
+    # -- set-up helpers -----------------------------------------------------------------------------------------
+    def _require(self) -> AgentSystem:
+        if self._system is None:
+            raise UsageError("the Generator is not started: use `async with Generator(...) as gen`")
+        return self._system
+
+    async def _discover(self, client: CompletionClient) -> tuple[str, int | None, str | None]:
+        """Fail fast on a dead server; pick the served model and read its context length. Every endpoint is
+        asked; one that does not answer starts out of rotation (and is probed), unless none answers."""
+        answers = await asyncio.gather(*(client.get_json("/v1/models", e) for e in client.endpoints),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException) and (
+                    not isinstance(answer, ServerError) or answer.status in (401, 403)):
+                raise answer  # a wrong key is wrong everywhere: no point waiting for a probe
+        listing: Any = next((a for a in answers if not isinstance(a, BaseException)), None)
+        if listing is None:
+            raise next(a for a in answers if isinstance(a, BaseException))
+        for endpoint, answer in zip(client.endpoints, answers, strict=True):
+            if isinstance(answer, ServerError):
+                client.mark_down(endpoint, str(answer))
+        models = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
+            raise ServerError(f"{client.endpoints[0].url}/v1/models did not answer a model list: {str(listing)[:200]}")
+        names = [m.get("id") for m in models]
+        name = self.options.model
+        if name is None:
+            if len(names) != 1:
+                raise UsageError(f"the server lists {len(names)} models ({', '.join(map(str, names))}): pass --model")
+            name = names[0]
+        entry = next((m for m in models if m.get("id") == name), None)
+        if entry is None:
+            raise ServerError(f"model {name!r} is not served (available: {', '.join(map(str, names))})")
+        length = entry.get("max_model_len")
+        return str(name), length if isinstance(length, int) and length > 1 else None, entry.get("root")
+
+    async def _tokenizer(self, model: str, root: str | None) -> Any:
+        """--tokenizer; else the server's model root when it is a folder here (vLLM names the model path
+        there), else the model name, else the root as a hub id."""
+        if self.options.tokenizer:
+            candidates = [self.options.tokenizer]
+        else:
+            local_root = [root] if root and os.path.isdir(root) else []
+            candidates = list(dict.fromkeys([*local_root, model, *([root] if root else [])]))
+        error: UsageError | None = None
+        for name in candidates:
+            try:
+                tokenizer = await asyncio.to_thread(load_tokenizer, name)
+            except UsageError as exc:
+                error = error or exc
+                continue
+            self.tokenizer_name = name
+            return tokenizer
+        assert error is not None
+        raise error
+
+    @staticmethod
+    async def _differs(client: CompletionClient, encoder: ChatEncoder, model: str, templates: Templates) -> bool:
+        """Does our rendering of the stage prompts differ from the server's? (README: `agentroll doctor`)"""
+        parity = await check_parity(client, encoder, model, probe_messages(templates))
+        if not parity.supported:
+            log.warning("the server has no /tokenize for chat messages: prompts are rendered locally, unchecked")
+        elif parity.mismatch:
+            log.warning("the local chat template does not render prompts as the server does (%s): prompts are "
+                        "rendered by the server's /tokenize for this run; pass the server's tokenizer with "
+                        "--tokenizer to render locally", parity.mismatch)
+        return parity.mismatch is not None
+
+    def _fingerprint(self, templates: Templates) -> dict[str, Any]:
+        o = self.options
+        return {
+            "model": self.model, "tokenizer": self.tokenizer_name, "templates": templates.fingerprint,
+            "num_parallel": o.num_parallel, "samples_per_prompt": o.samples_per_prompt,
+            "max_tokens": o.max_tokens, "max_context_len": self.max_context_len, "temperature": o.temperature,
+            "top_p": o.top_p, "top_k": o.top_k, "seed": o.seed, "think": not o.no_think,
+            "reward": o.reward, "reward_url": o.reward_url, "correct_reward_weight": o.correct_reward_weight,
+            "incorrect_reward_weight": o.incorrect_reward_weight, "filter_uniform_groups": o.filter_uniform_groups,
+            "resample_uniform": o.resample_uniform, "keys": asdict(self.keys),
+            "chat_template_kwargs": o.chat_template_kwargs, "chat_render": o.chat_render,
+            "logprobs": "as the server returns them (vLLM --logprobs-mode, default raw_logprobs)",
+        }
+
+
+async def _rows(rows: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
+    if isinstance(rows, AsyncIterable):
+        async for row in rows:
+            yield row
+    else:
+        for row in rows:
+            yield row

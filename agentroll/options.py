@@ -1,0 +1,141 @@
+"""The generation options, declared once: `agentroll.Generator(**kwargs)` takes them and the CLI is built from them.
+
+Each field is a CLI option of `agentroll generate` (`num_parallel` is `--num-parallel`) with the same default and
+help text, so the API and the command cannot drift apart (tests/test_api.py checks it). `__post_init__` validates
+every value and normalizes the shapes the CLI hands over (a JSON string, comma-separated URLs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import orjson
+
+from .errors import UsageError
+
+CHAT_RENDER = ("auto", "local", "server")
+
+
+def option(default: Any, help: str, **cli: Any) -> Any:
+    """A dataclass field carrying its CLI help (and `envvar`, `short` or `cli_type` where the CLI needs them)."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **cli})
+    return field(default=default, metadata={"help": help, **cli})
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateOptions:
+    """Everything that decides how a group is generated. Run-level options (input, output, shards, resume,
+    limits) belong to the CLI's runner, not here."""
+
+    base_url: list[str] = option([], "vLLM server (with or without /v1). Repeat or comma-separate for several.",
+                                 envvar=["AGENTROLL_BASE_URL", "OPENAI_BASE_URL"])
+    api_key: str | None = option(None, "Sent as a Bearer token.", envvar="OPENAI_API_KEY")
+    model: str | None = option(None, "Served model name (default: the only one listed).")
+    tokenizer: str | None = option(None, "Path or hub id for AutoTokenizer (default: the server's model root).")
+    prompts: str | None = option(None, "Folder of stage templates (default: bundled).")
+    prompt_key: str = option("prompt", "Input field holding the problem or chat messages.")
+    label_key: str = option("label", "Input field holding the reference answer.")
+    id_key: str = option("id", "Input field holding the problem id [default id: a hash of prompt and label].")
+    reward_key: str = option("reward", "Input field in which a row names its own reward.")
+    num_parallel: int = option(4, "Solvers, and rewriters, per execution.")
+    samples_per_prompt: int = option(1, "Executions per prompt (one group).")
+    concurrency: int = option(64, "Most completion requests in flight, over the run.")
+    max_tokens: int = option(4096, "Most tokens per response (capped to the context left).")
+    max_context_len: int | None = option(None, "Prompt + response budget (default: the server's max_model_len).")
+    temperature: float = option(1.0, "Sampling temperature.")
+    top_p: float | None = option(None, "Top-p (default: the server's).")
+    top_k: int | None = option(None, "Top-k (default: the server's).")
+    seed: int | None = option(None, "Base seed; each call gets its own derived seed.")
+    correct_reward_weight: float = option(1.0, "Reward multiplier when the selector's pick is correct.")
+    incorrect_reward_weight: float = option(1.0, "Reward multiplier otherwise.")
+    no_think: bool = option(False, "The whole response is the answer (models that do not reason).")
+    reward: str = option("math", "math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION")
+    reward_timeout: float = option(10.0, "Seconds per reward check (or reward-model request).")
+    reward_url: str | None = option(None, "Reward model URL, for --reward remote.")
+    reward_concurrency: int = option(32, "Most reward calls in flight: reward-model requests or function threads.")
+    allow_reward: list[str] = option([], "A reward a row's own reward field may name besides math and exact "
+                                         "(repeatable). Rows cannot import code otherwise.")
+    filter_uniform_groups: bool = option(False, "Leave out groups whose outcomes are all alike.")
+    resample_uniform: int = option(0, "Re-run a uniform group up to N more times.")
+    chat_template_kwargs: dict[str, Any] = option({}, 'JSON object for the chat template, e.g. {"enable_thinking": '
+                                                      'true}.', cli_type=str)
+    chat_render: str = option("auto", "auto | local | server: where prompts become token ids.")
+    max_retries: int = option(5, "Retries per call for transient failures.")
+    request_timeout: float = option(3600.0, "Seconds per completion attempt, once connected.")
+    connect_timeout: float = option(10.0, "Seconds to open a connection to a server.")
+    down_timeout: float = option(300.0, "Seconds to wait when every endpoint is down.")
+    probe_interval: float = option(5.0, "Seconds between /health probes of a down endpoint.")
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        urls = [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
+        set_(self, "base_url", [u for v in urls for u in str(v).replace(",", " ").split() if u])
+        set_(self, "allow_reward", [self.allow_reward] if isinstance(self.allow_reward, str)
+             else list(self.allow_reward or []))
+        kwargs = self.chat_template_kwargs
+        if isinstance(kwargs, str):
+            try:
+                kwargs = orjson.loads(kwargs) if kwargs.strip() else {}
+            except orjson.JSONDecodeError as exc:
+                raise UsageError(f"--chat-template-kwargs is not JSON ({exc})") from None
+        if kwargs is None:
+            kwargs = {}
+        if not isinstance(kwargs, dict):
+            raise UsageError("--chat-template-kwargs must be a JSON object")
+        set_(self, "chat_template_kwargs", kwargs)
+        if self.prompts is not None:
+            set_(self, "prompts", str(self.prompts))
+        self._validate()
+
+    def _validate(self) -> None:
+        at_least(self, 1, "num_parallel", "samples_per_prompt", "concurrency", "max_tokens", "reward_concurrency")
+        at_least(self, 0, "max_retries", "resample_uniform")
+        positive(self, "reward_timeout", "request_timeout", "connect_timeout", "probe_interval")
+        if not (math.isfinite(self.down_timeout) and self.down_timeout >= 0):
+            raise UsageError("--down-timeout must be a number of seconds, 0 or more")
+        if self.max_context_len is not None and self.max_context_len < 2:
+            raise UsageError("--max-context-len must be at least 2")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise UsageError("--temperature must be 0 or more")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise UsageError("--top-p must be in (0, 1]")
+        if self.top_k is not None and self.top_k < 1 and self.top_k != -1:
+            raise UsageError("--top-k must be at least 1 (or -1 for all)")
+        if self.seed is not None and self.seed < 0:
+            raise UsageError("--seed must be 0 or more")
+        for name in ("correct_reward_weight", "incorrect_reward_weight"):
+            if not math.isfinite(getattr(self, name)):
+                raise UsageError(f"--{flag(name)} must be a finite number")
+        if self.filter_uniform_groups and self.samples_per_prompt < 2:
+            raise UsageError("--filter-uniform-groups needs --samples-per-prompt of at least 2")
+        if self.resample_uniform and not self.filter_uniform_groups:
+            raise UsageError("--resample-uniform goes with --filter-uniform-groups")
+        if self.chat_render not in CHAT_RENDER:
+            raise UsageError("--chat-render must be auto, local or server")
+        if not self.base_url:
+            raise UsageError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def at_least(options: Any, low: int, *names: str) -> None:
+    for name in names:
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise UsageError(f"--{flag(name)} must be a whole number of at least {low}, got {value!r}")
+
+
+def positive(options: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
+            raise UsageError(f"--{flag(name)} must be a number of seconds above 0, got {value!r}")
