@@ -34,7 +34,10 @@ class InputError(AgentrollError):
     def __init__(self, source: str, line: int, field: str | None, reason: str) -> None:
         self.source, self.line, self.field, self.reason = source, line, field, reason
         what = f", field '{field}'" if field else ""
-        super().__init__(f"{source}:{line}: line {line}{what}: {reason}" if line > 0 else f"{source}: {reason}")
+        if line > 0:
+            super().__init__(f"{source}:{line}: line {line}{what}: {reason}")
+        else:
+            super().__init__(f"{source}{what}: {reason}")
 
 
 class ServerError(AgentrollError):

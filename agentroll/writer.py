@@ -135,9 +135,17 @@ class ShardWriter:
                 raise OutputError(self._settings_diff(manifest.get("settings") or {}))
             self._recover(manifest)
             self._write_manifest(complete=False)
-        except OSError as exc:
-            raise OutputError(f"output folder {self.directory}: {exc.strerror or exc}") from exc
+        except BaseException as exc:
+            self._unlock()
+            if isinstance(exc, OSError):
+                raise OutputError(f"output folder {self.directory}: {exc.strerror or exc}") from exc
+            raise
         return dict(self.done)
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _lock(self) -> None:
         fd = os.open(self.directory / STATE_DIR / "lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -348,9 +356,7 @@ class ShardWriter:
                 with contextlib.suppress(OSError):
                     self._file.close()
                 self._file = None
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            self._unlock()
 
 
 class StdoutWriter:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from agentroll.inputs import in_partition
@@ -14,7 +18,15 @@ def test_partition_is_a_stable_exact_split():
     ids = [f"q{i}" for i in range(1000)]
     slices = [[i for i in ids if in_partition(i, k, 3)] for k in range(3)]
     assert sorted(i for s in slices for i in s) == sorted(ids) and all(250 < len(s) < 420 for s in slices)
-    assert in_partition("q7", 1, 3) == in_partition("q7", 1, 3)
+    # the documented rule, recomputed here: blake2b (8 bytes, big-endian) of the id, modulo N; the same in
+    # another interpreter with another hash seed (Python's own hash() would not be)
+    expected = [int.from_bytes(hashlib.blake2b(i.encode(), digest_size=8).digest(), "big") % 3 for i in ids[:50]]
+    assert [next(k for k in range(3) if in_partition(i, k, 3)) for i in ids[:50]] == expected
+    script = "from agentroll.inputs import in_partition; print([[in_partition(f'q{i}', k, 3) for k in range(3)]" \
+             ".index(True) for i in range(50)])"
+    other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert json.loads(other.stdout) == expected
 
 
 def shard_records(manifest_dir: Path) -> list[dict]:
@@ -60,3 +72,22 @@ def test_merge_refuses_folders_made_with_other_settings(sim, problems, tmp_path)
     assert run_cli(*base, "-o", str(tmp_path / "b"), "--partition", "1/2", "--temperature", "0.3").returncode == 0
     proc = run_cli("merge", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "m"))
     assert proc.returncode == 6 and b"other settings" in proc.stderr and b"temperature" in proc.stderr
+
+
+def test_merge_refuses_to_write_into_one_of_its_inputs_or_to_merge_a_merged_folder(sim, problems, tmp_path):
+    base = ["generate", str(problems), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "1",
+            "--reward", "exact"]
+    for k in range(2):
+        assert run_cli(*base, "-o", str(tmp_path / f"part{k}"), "--partition", f"{k}/2").returncode == 0
+    part0 = tmp_path / "part0"
+    before = {p.name: p.read_bytes() for p in part0.iterdir() if p.is_file()}
+    for extra in ([], ["--copy"]):
+        proc = run_cli("merge", str(part0), str(tmp_path / "part1"), "-o", str(part0), *extra)
+        assert proc.returncode == 6 and b"is one of the folders to merge" in proc.stderr
+        assert len(proc.stderr.decode().strip().splitlines()) == 1 and b"Traceback" not in proc.stderr
+    assert {p.name: p.read_bytes() for p in part0.iterdir() if p.is_file()} == before  # the input is intact
+
+    assert run_cli("merge", str(part0), str(tmp_path / "part1"), "-o", str(tmp_path / "all")).returncode == 0
+    nested = run_cli("merge", str(tmp_path / "all"), "-o", str(tmp_path / "again"))
+    assert nested.returncode == 6 and b"is itself a merged folder: merge the folders it was made from" in nested.stderr
+    assert len(nested.stderr.decode().strip().splitlines()) == 1

@@ -1,0 +1,237 @@
+"""Each way a run used to exit 0 with data missing or wrong, run as a user would (a subprocess, real HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from agentroll.client import CompletionClient
+from agentroll.sim.script import Script
+from agentroll.sim.server import Faults, SimServer
+
+from .conftest import TOKENIZER, read_records, run_cli, write_problems
+
+
+def start(problems: Path, **faults) -> SimServer:
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(**faults), seed=11)
+    server.start()
+    return server
+
+
+def args(problems, out, url, *extra: str) -> list[str]:
+    return ["generate", str(problems), "-o", str(out), "--base-url", url, "--tokenizer", TOKENIZER,
+            "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", *extra]
+
+
+def whole_groups(out: Path, k: int = 2) -> Counter:
+    """problem id -> executions on disk; fails if a group is partial or an execution appears twice."""
+    executions = Counter()
+    seen = set()
+    for r in read_records(out):
+        key = (r["problem_id"], r["sample_index"], r["rollout_id"])
+        if key not in seen:
+            seen.add(key)
+            executions[r["problem_id"]] += 1
+    assert all(n == k for n in executions.values()), executions
+    return executions
+
+
+def test_a_run_whose_every_call_fails_exits_8_and_says_how_many_groups_are_missing(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 5)
+    server = start(problems, error_rate=1.0)
+    try:
+        proc = run_cli(*args(problems, tmp_path / "out", server.url, "--max-retries", "0"))
+    finally:
+        server.stop()
+    assert proc.returncode == 8, proc.stderr.decode()
+    assert b"error: 5 of 5 groups could not be produced" in proc.stderr and b"Traceback" not in proc.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert not manifest["complete"] and manifest["records"] == 0 and read_records(tmp_path / "out") == []
+
+
+def test_a_failed_server_side_render_fails_its_group_and_a_rerun_completes_it(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 12)
+    out = tmp_path / "out"
+    server = start(problems, tokenize_error_rate=0.2)
+    try:
+        flaky = run_cli(*args(problems, out, server.url, "--chat-render", "server", "--max-retries", "0"))
+        assert flaky.returncode == 8, flaky.stderr.decode()
+        assert b"prompt on the server failed" in flaky.stderr
+        stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
+        assert stats["groups_failed"] > 0 and stats["groups_failed"] + stats["groups_written"] == 12
+        assert_no_stage_went_missing(out)
+        written_first = set(whole_groups(out))
+        server.faults.tokenize_error_rate = 0.0
+        rerun = run_cli(*args(problems, out, server.url, "--chat-render", "server", "--max-retries", "0"))
+        assert rerun.returncode == 0, rerun.stderr.decode()
+    finally:
+        server.stop()
+    assert set(whole_groups(out)) == {f"p{i:03d}" for i in range(12)} and written_first < set(whole_groups(out))
+
+
+def assert_no_stage_went_missing(out: Path, n: int = 2) -> None:
+    """Every written execution whose solvers had an answer has its N rewriters, and one whose rewriters had an
+    answer has its selector: a failed render was never recorded as a stage that had nothing to say."""
+    by_rollout: dict[str, list[dict]] = {}
+    for r in read_records(out):
+        by_rollout.setdefault(r["rollout_id"], []).append(r)
+    assert by_rollout
+    for records in by_rollout.values():
+        stages = Counter(r["stage"] for r in records)
+        if any(r["content"] for r in records if r["stage"] == "solver"):
+            assert stages["rewriter"] == n, stages
+        if any(r["content"] for r in records if r["stage"] == "rewriter"):
+            assert stages["selector"] == 1, stages
+
+
+def test_renders_and_probes_do_not_wait_behind_the_completions_in_flight(problems):
+    """/tokenize has its own cap and timeout: with every completion slot held, a render still goes through."""
+    server = start(problems, latency_s=30)
+
+    async def go():
+        client = CompletionClient([server.url], concurrency=2, max_retries=0)
+        try:
+            body = {"model": server.model, "prompt": [5, 6, 7], "max_tokens": 4, "logprobs": 0}
+            held = [asyncio.create_task(client.complete(body)) for _ in range(2)]
+            await asyncio.to_thread(server.wait_until, lambda: server.in_flight == 2, 20)
+            tokens = await client.post_with_retries("/tokenize", {"model": server.model, "prompt": "hello"})
+            still_held = server.in_flight == 2 and server.completions == 0
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            return tokens, still_held
+        finally:
+            await client.aclose()
+
+    try:
+        tokens, still_held = asyncio.run(go())
+    finally:
+        server.stop()
+    assert tokens["count"] == len(tokens["tokens"]) > 0 and still_held
+
+
+def test_malformed_answers_are_failed_calls_never_tracebacks(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 4)
+    server = start(problems, malformed_rate=1.0)
+    try:
+        bad = run_cli(*args(problems, tmp_path / "bad", server.url, "--max-retries", "2"))
+        assert bad.returncode == 8 and b"Traceback" not in bad.stderr
+        assert b"no choices" in bad.stderr or b"not a JSON object" in bad.stderr or b"not JSON" in bad.stderr
+        server.faults.malformed_rate = 0.15
+        mostly = run_cli(*args(problems, tmp_path / "ok", server.url, "--max-retries", "8"))
+        assert mostly.returncode == 0, mostly.stderr.decode()
+        retries = json.loads((tmp_path / "ok" / "manifest.json").read_text())["last_run"]["requests"]["retries"]
+        assert retries > 0 and len(whole_groups(tmp_path / "ok")) == 4
+    finally:
+        server.stop()
+
+
+def test_a_chat_row_that_the_template_rejects_is_a_bad_row(sim, tmp_path):
+    strict = tmp_path / "strict-tokenizer"
+    shutil.copytree(TOKENIZER, strict)
+    config = json.loads((strict / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool "
+                               "turns here') }}{% endif %}" + config["chat_template"].split("{% for message", 1)[0]
+                               + "{% endfor %}" + config["chat_template"])
+    (strict / "tokenizer_config.json").write_text(json.dumps(config))
+    rows = [{"prompt": "What is 1 plus 1?", "label": "2"},
+            {"prompt": [{"role": "tool", "content": "x"}, {"role": "user", "content": "What is 2 plus 2?"}],
+             "label": "4"}]
+    source = tmp_path / "chat.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["generate", str(source), "--base-url", sim.url, "--tokenizer", str(strict), "--num-parallel", "1",
+            "--reward", "exact", "--chat-render", "local"]
+    refused = run_cli(*base, "-o", str(tmp_path / "a"))
+    assert refused.returncode == 3, refused.stderr.decode()
+    assert f"{source}:2: line 2, field 'prompt': the chat template rejects".encode() in refused.stderr
+    assert b"no tool turns here" in refused.stderr and b"Traceback" not in refused.stderr
+    skipped = run_cli(*base, "-o", str(tmp_path / "b"), "--skip-invalid")
+    assert skipped.returncode == 0, skipped.stderr.decode()
+    assert {r["label"] for r in read_records(tmp_path / "b")} == {"2"}
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["last_run"]["stats"]["invalid_rows"] == 1
+
+
+def test_stdin_rows_are_run_as_they_arrive_and_sigterm_does_not_wait_for_stdin(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 3)
+    server = start(problems)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    proc = subprocess.Popen([sys.executable, "-m", "agentroll", *args("-", out, server.url)],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(problems.read_bytes().splitlines(True)[0])
+        proc.stdin.flush()  # one row, and stdin stays open: a slow producer
+        assert server.wait_for_completions(4, timeout=60), "the first row was not sent before stdin closed"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)  # returns although stdin was never closed
+        assert proc.returncode == 143, stderr.decode()
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["records"] == len(read_records(out)) and not manifest["complete"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+    server = start(problems)
+    try:
+        rerun = run_cli(*args("-", out, server.url), stdin=b"\xef\xbb\xbf" + problems.read_bytes())  # BOM too
+    finally:
+        server.stop()
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    assert set(whole_groups(out)) == {"p000", "p001", "p002"}
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--reward-concurrency", "0", b"--reward-concurrency must be a whole number of at least 1"),
+    ("--probe-interval", "0", b"--probe-interval must be a number of seconds above 0"),
+    ("--shard-size", "0", b"--shard-size must be a whole number of at least 1"),
+    ("--partition", "3/2", b"--partition '3/2': need 0 <= I < N"),
+])
+def test_bad_numeric_options_are_one_line_usage_errors(problems, tmp_path, flag, value, message):
+    proc = run_cli(*args(problems, tmp_path / "out", "http://127.0.0.1:9", flag, value))
+    assert proc.returncode == 2 and message in proc.stderr
+    assert len(proc.stderr.decode().strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_serve_sim_names_its_tokenizer_so_generate_needs_no_tokenizer_flag(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_", "HF_"))}
+    serve = subprocess.Popen([sys.executable, "-m", "agentroll", "serve-sim", "--port", "0",
+                              "--answers", str(problems)], stdout=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        assert serve.stdout is not None
+        url = serve.stdout.readline().decode().split()[-1]
+        assert url.startswith("http://127.0.0.1:")
+        proc = subprocess.run([sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(tmp_path / "o"),
+                               "--base-url", url, "--num-parallel", "1", "--reward", "exact"],
+                              capture_output=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert b"hub" not in proc.stderr and len(whole_groups(tmp_path / "o", 1)) == 2
+    finally:
+        os.killpg(serve.pid, signal.SIGKILL)
+        serve.wait()
+        if serve.stdout is not None:
+            serve.stdout.close()
+
+
+def test_a_tokenizer_neither_on_disk_nor_reachable_fails_at_once_in_one_line(sim, problems, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_", "HF_"))}
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # a closed port on loopback: the hub "offline"
+    env["HF_HOME"] = str(tmp_path / "hf")  # an empty cache
+    proc = subprocess.run([sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(tmp_path / "o"),
+                           "--base-url", sim.url, "--tokenizer", "some-org/some-model"],
+                          capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 2
+    line = proc.stderr.decode().strip()
+    assert len(line.splitlines()) == 1
+    assert "cannot load tokenizer 'some-org/some-model': not on disk, and the hub is out of reach" in line
+    assert "127.0.0.1:9" in line

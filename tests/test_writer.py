@@ -1,0 +1,142 @@
+"""Group-atomic writing and recovery, tested deterministically: the crash states are built byte by byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agentroll.errors import OutputError
+from agentroll.group import Group, annotate
+from agentroll.inputs import Problem
+from agentroll.schema import Sample
+from agentroll.writer import MANIFEST, ShardWriter, scan_groups
+
+SETTINGS = {"model": "m", "samples_per_prompt": 2}
+
+
+def sample(problem: Problem, k: int, rollout: str, stage: str, worker: int, size: int) -> Sample:
+    return Sample(problem_id=problem.id, problem_hash=problem.content_hash, rollout_id=rollout, sample_index=k,
+                  group_size=2, stage=stage, worker=worker, prompt="p", prompt_token_ids=[1, 2],
+                  response="r", response_token_ids=[3, 4], response_logprobs=[-0.1, -0.2], loss_mask=[1, 1],
+                  status="completed", finish_reason="stop", stop_reason=None, content="c", raw_reward=1.0,
+                  reward=1.0, label="1", model="m", endpoint="e", latency_s=0.1, attempts=1, rollout_size=size)
+
+
+def group(pid: str, sizes: tuple[int, int] = (3, 2)) -> Group:
+    problem = Problem(id=pid, prompt=f"problem {pid}", label="1", metadata={}, line=1)
+    executions = [[sample(problem, k, f"{pid}-{k}", "solver", w, size) for w in range(size)]
+                  for k, size in enumerate(sizes)]
+    annotate(executions, [1.0, 0.0])
+    return Group(problem, executions)
+
+
+def crash(writer: ShardWriter) -> None:
+    """What a SIGKILL leaves: no close, no final manifest, the lock released by the kernel."""
+    if writer._file is not None:
+        writer._file.close()
+    assert writer._lock_fd is not None
+    os.close(writer._lock_fd)
+
+
+def open_writer(folder: Path, shard_size: int = 1000) -> tuple[ShardWriter, dict[str, str]]:
+    writer = ShardWriter(folder, SETTINGS, shard_size)
+    return writer, writer.open()
+
+
+def lines_of(folder: Path) -> list[dict]:
+    return [json.loads(line) for shard in sorted(folder.glob("rollouts-*.jsonl"))
+            for line in shard.read_text().splitlines()]
+
+
+def test_a_group_is_one_block_and_scan_finds_whole_groups_only():
+    data = group("a").encode() + group("b").encode()
+    kept, records, executions, keys = scan_groups(data)
+    assert (kept, records, executions) == (len(data), 10, 4)
+    assert [k for k, _ in keys] == ["a", "b"]
+    torn = group("a").encode() + group("b").encode()[:-7]
+    assert scan_groups(torn)[0] == len(group("a").encode())
+    one_execution_of_b = group("b").encode().split(b"\n")[:3]  # b's first execution, whole, and no more
+    short = group("a").encode() + b"\n".join(one_execution_of_b) + b"\n"
+    assert scan_groups(short)[3] == [("a", group("a").problem.content_hash)]
+
+
+@pytest.mark.parametrize("cut", ["torn line", "one whole execution of two"])
+def test_a_crash_inside_a_group_write_drops_that_whole_group_and_it_is_redone(tmp_path, cut):
+    writer, _ = open_writer(tmp_path)
+    writer.commit(group("a"))
+    writer.commit(group("b"))
+    crash(writer)
+    partial = next(tmp_path.glob("*.partial"))
+    block = group("c").encode()
+    tail = block[: len(block) // 2] if cut == "torn line" else b"".join(block.splitlines(True)[:3])
+    with open(partial, "ab") as f:
+        f.write(tail)
+
+    writer, done = open_writer(tmp_path)
+    assert set(done) == {"a", "b"}  # c is not done: a rerun generates it
+    writer.commit(group("c"))
+    writer.close(complete=True)
+    records = lines_of(tmp_path)
+    per_problem = {pid: sum(r["problem_id"] == pid for r in records) for pid in "abc"}
+    assert per_problem == {"a": 5, "b": 5, "c": 5} and not list(tmp_path.glob("*.partial"))
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert (manifest["records"], manifest["executions"], manifest["groups"]) == (15, 6, 3)
+
+
+def test_a_finished_shard_missing_from_the_manifest_is_adopted(tmp_path):
+    writer, _ = open_writer(tmp_path, shard_size=4)
+    writer.commit(group("a"))  # 5 records >= 4: the shard is finished and the manifest written
+    manifest_before = (tmp_path / MANIFEST).read_bytes()
+    writer.commit(group("b"))
+    crash(writer)
+    # the run died after renaming shard 1 but before its keys and manifest: rebuild that state by hand
+    shutil.rmtree(tmp_path / ".agentroll" / "keys")
+    (tmp_path / MANIFEST).write_bytes(manifest_before)
+    assert {p.name for p in tmp_path.glob("rollouts-*.jsonl")} == {"rollouts-00000.jsonl", "rollouts-00001.jsonl"}
+
+    writer, done = open_writer(tmp_path)
+    writer.close(complete=True)
+    assert set(done) == {"a", "b"}
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert [s["file"] for s in manifest["shards"]] == ["rollouts-00000.jsonl", "rollouts-00001.jsonl"]
+    assert [s["groups"] for s in manifest["shards"]] == [1, 1] and manifest["records"] == 10
+
+
+def test_a_damaged_finished_shard_is_refused_by_name_and_redone_once_moved_away(tmp_path):
+    writer, _ = open_writer(tmp_path, shard_size=4)
+    for pid in "abc":
+        writer.commit(group(pid))
+    writer.close(complete=True)
+    damaged = tmp_path / "rollouts-00001.jsonl"
+    damaged.write_bytes(damaged.read_bytes()[:-20])
+    with pytest.raises(OutputError, match="rollouts-00001.jsonl is damaged"):
+        open_writer(tmp_path)
+    damaged.rename(tmp_path / "moved-away.bin")
+    writer, done = open_writer(tmp_path)
+    assert set(done) == {"a", "c"}  # b's shard is gone, so b is generated again
+    writer.commit(group("b"))
+    writer.close(complete=True)
+    assert sorted({r["problem_id"] for r in lines_of(tmp_path)}) == ["a", "b", "c"]
+
+
+def test_an_unknown_shard_that_is_not_whole_groups_is_refused(tmp_path):
+    (tmp_path / "rollouts-00000.jsonl").write_bytes(group("a").encode()[:-30])
+    with pytest.raises(OutputError, match="rollouts-00000.jsonl is damaged after byte 0"):
+        open_writer(tmp_path)
+
+
+def test_a_failed_group_is_never_committed_and_a_filtered_one_is_remembered(tmp_path):
+    writer, _ = open_writer(tmp_path)
+    failed = Group(group("a").problem, [], "failed", "selector call failed: HTTP 500")
+    with pytest.raises(ValueError, match="a failed group is not committed"):
+        writer.commit(failed)
+    uniform = group("u")
+    uniform.status = "filtered"
+    writer.commit(uniform)
+    writer.close(complete=True)
+    _, done = open_writer(tmp_path)
+    assert done == {"u": uniform.problem.content_hash} and lines_of(tmp_path) == []
