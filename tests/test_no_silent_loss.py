@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -235,3 +236,31 @@ def test_a_tokenizer_neither_on_disk_nor_reachable_fails_at_once_in_one_line(sim
     assert len(line.splitlines()) == 1
     assert "cannot load tokenizer 'some-org/some-model': not on disk, and the hub is out of reach" in line
     assert "127.0.0.1:9" in line
+
+
+def test_the_uniform_filter_judges_whole_groups_only_and_never_records_a_failure_as_filtered(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 16)
+    out = tmp_path / "out"
+    server = start(problems, error_rate=0.08)
+    extra = ("--filter-uniform-groups", "--max-retries", "0")
+    try:
+        first = run_cli(*args(problems, out, server.url, *extra))
+        assert first.returncode == 8, first.stderr.decode()
+        failed = set(re.findall(r"problem (p\d+) \(.*\): group not written", first.stderr.decode()))
+        filtered = {json.loads(line)["problem_id"]
+                    for line in (out / ".agentroll" / "filtered.jsonl").read_text().splitlines()}
+        stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
+        assert len(failed) == stats["groups_failed"] > 0
+        assert not failed & filtered and not failed & set(whole_groups(out))
+        server.faults.error_rate = 0.0
+        second = run_cli(*args(problems, out, server.url, *extra))
+        assert second.returncode == 0, second.stderr.decode()
+    finally:
+        server.stop()
+    filtered = {json.loads(line)["problem_id"]
+                for line in (out / ".agentroll" / "filtered.jsonl").read_text().splitlines()}
+    written = set(whole_groups(out))
+    assert written | filtered == {f"p{i:03d}" for i in range(16)} and not written & filtered
+    for pid in written:  # every written group is mixed: its final rewards differ
+        finals = {r["final_reward"] for r in read_records(out) if r["problem_id"] == pid}
+        assert len(finals) > 1

@@ -113,7 +113,7 @@ def test_a_damaged_finished_shard_is_refused_by_name_and_redone_once_moved_away(
     writer.close(complete=True)
     damaged = tmp_path / "rollouts-00001.jsonl"
     damaged.write_bytes(damaged.read_bytes()[:-20])
-    with pytest.raises(OutputError, match="rollouts-00001.jsonl is damaged"):
+    with pytest.raises(OutputError, match=r"rollouts-00001\.jsonl is damaged"):
         open_writer(tmp_path)
     damaged.rename(tmp_path / "moved-away.bin")
     writer, done = open_writer(tmp_path)
@@ -125,7 +125,7 @@ def test_a_damaged_finished_shard_is_refused_by_name_and_redone_once_moved_away(
 
 def test_an_unknown_shard_that_is_not_whole_groups_is_refused(tmp_path):
     (tmp_path / "rollouts-00000.jsonl").write_bytes(group("a").encode()[:-30])
-    with pytest.raises(OutputError, match="rollouts-00000.jsonl is damaged after byte 0"):
+    with pytest.raises(OutputError, match=r"rollouts-00000\.jsonl is damaged after byte 0"):
         open_writer(tmp_path)
 
 
