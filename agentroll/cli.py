@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import time
-from dataclasses import MISSING
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Annotated, Any, get_type_hints
@@ -24,7 +23,7 @@ from rich.table import Table
 
 from .client import ClientCounters
 from .errors import AgentrollError, IncompleteRun, PipeClosed
-from .options import GenerateOptions
+from .options import GenerateOptions, default_of
 from .resources import samples_dir, sim_tokenizer_dir
 from .runner import RUN_OPTION_NAMES, Runner, RunOptions, RunResult
 from .runner import Progress as ProgressHook
@@ -211,7 +210,7 @@ def _build_generate() -> Any:
         for spec in dataclass_fields(cls):
             if spec.name == "input":
                 continue
-            default = spec.default if spec.default is not MISSING else spec.default_factory()  # type: ignore[misc]
+            default = default_of(spec)
             params.append(_typer_parameter(spec.name, spec, hints[spec.name], default))
     params += [
         inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[

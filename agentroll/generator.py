@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from .chat import ChatEncoder, load_tokenizer
@@ -74,7 +75,7 @@ class Generator:
             self.model = model
             self.max_context_len = o.max_context_len or model_len
             tokenizer = await self._tokenizer(model, root)
-            templates = Templates(o.prompts)
+            templates = Templates(Path(o.prompts) if o.prompts else None)
             encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
             if o.chat_render == "server" or (
                     o.chat_render == "auto" and await self._differs(client, encoder, model, templates)):
@@ -151,19 +152,20 @@ class Generator:
         self.stats.groups_filtered += 1
         return Group(problem, executions, "filtered", None, attempts)
 
-    async def stream(self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int = 8) -> AsyncIterator[Group]:
+    async def stream(self, rows: Iterable[Any] | AsyncIterable[Any],
+                     max_ahead: int = 8) -> AsyncGenerator[Group, None]:
         """Groups of `rows` as they finish. At most `max_ahead` groups are in flight or waiting to be taken, so
         a slow consumer slows the producer. A row that fails validation raises after the groups already
         started are yielded; leaving the loop early cancels the groups still running."""
         if max_ahead < 1:
             raise UsageError("max_ahead must be at least 1")
         self._require()
-        pending: set[asyncio.Task[Group]] = set()
+        pending: set[asyncio.Future[Any]] = set()
         source = _rows(rows)
         fetch: asyncio.Future[Any] | None = None  # the next row, awaited alongside the groups in flight
         row_error: BaseException | None = None
         exhausted = False
-        ready: list[asyncio.Task[Group]] = []  # finished, not yet handed over
+        ready: list[asyncio.Future[Any]] = []  # finished, not yet handed over
         try:
             while True:
                 if fetch is None and not exhausted and row_error is None and len(pending) < max_ahead:
@@ -282,7 +284,7 @@ class Generator:
         }
 
 
-async def _rows(rows: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
+async def _rows(rows: Iterable[Any] | AsyncIterable[Any]) -> AsyncGenerator[Any, None]:
     if isinstance(rows, AsyncIterable):
         async for row in rows:
             yield row

@@ -8,7 +8,7 @@ every value and normalizes the shapes the CLI hands over (a JSON string, comma-s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import orjson
@@ -121,6 +121,11 @@ class GenerateOptions:
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def default_of(spec: Any) -> Any:
+    """A dataclass field's default, made fresh when it comes from a factory."""
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
 
 
 def flag(name: str) -> str:

@@ -22,7 +22,7 @@ from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient, Endpoint
 from .errors import InputError, UsageError
 from .inputs import Problem
-from .options import GenerateOptions
+from .options import GenerateOptions, default_of
 from .parsing import answer_content, parse_judgment
 from .rewards import RewardRequest, RewardSet
 from .schema import Sample, status_for
@@ -36,7 +36,8 @@ class ExecutionFailed(Exception):
     """A call or a render of this execution failed for good: the execution (and its group) is not written."""
 
 
-_DEFAULT = GenerateOptions.__dataclass_fields__
+def _default(name: str) -> Any:
+    return default_of(GenerateOptions.__dataclass_fields__[name])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,16 +45,16 @@ class SystemConfig:
     """How the agent system samples and shapes (the defaults are `GenerateOptions`')."""
 
     model: str
-    num_parallel: int = _DEFAULT["num_parallel"].default
-    samples_per_prompt: int = _DEFAULT["samples_per_prompt"].default
-    max_tokens: int = _DEFAULT["max_tokens"].default
+    num_parallel: int = _default("num_parallel")
+    samples_per_prompt: int = _default("samples_per_prompt")
+    max_tokens: int = _default("max_tokens")
     max_context_len: int | None = None
-    temperature: float = _DEFAULT["temperature"].default
+    temperature: float = _default("temperature")
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
-    correct_reward_weight: float = _DEFAULT["correct_reward_weight"].default
-    incorrect_reward_weight: float = _DEFAULT["incorrect_reward_weight"].default
+    correct_reward_weight: float = _default("correct_reward_weight")
+    incorrect_reward_weight: float = _default("incorrect_reward_weight")
     think: bool = True
 
     @classmethod
