@@ -48,19 +48,21 @@ def _setup_logging(quiet: bool, debug: bool) -> None:
 
 
 class RichBar(ProgressHook):
-    def __init__(self, samples_per_prompt: int) -> None:
-        self.k = samples_per_prompt
-        self.bar = Progress(TextColumn("[bold]generating"), BarColumn(), MofNCompleteColumn(),
+    """Problems settled (written, filtered, failed, invalid or already done) out of the rows to read."""
+
+    def __init__(self) -> None:
+        self.bar = Progress(TextColumn("[bold]groups"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err, transient=True)
         self.task = self.bar.add_task("gen", total=None, info="")
 
     def start(self, total: int | None) -> None:
-        self.bar.update(self.task, total=total * self.k if total is not None else None)
+        self.bar.update(self.task, total=total)
         self.bar.start()
 
     def advance(self, stats: RunStats, requests: ClientCounters) -> None:
-        info = f"req {requests.requests} retry {requests.retries} fail {requests.failures}"
-        self.bar.update(self.task, completed=stats.executions, info=info)
+        info = (f"failed {stats.groups_failed} req {requests.requests} retry {requests.retries} "
+                f"fail {requests.failures}")
+        self.bar.update(self.task, completed=stats.groups_settled, info=info)
 
     def stop(self) -> None:
         self.bar.stop()
@@ -76,8 +78,9 @@ class LogLines(ProgressHook):
         now = time.monotonic()
         if now - self.last >= self.every_s:
             self.last = now
-            log.info("executions %d, records %d, requests %d, retries %d, failures %d", stats.executions,
-                     stats.records_written, requests.requests, requests.retries, requests.failures)
+            log.info("groups written %d, failed %d; records %d, requests %d, retries %d, failures %d",
+                     stats.groups_written, stats.groups_failed, stats.records_written, requests.requests,
+                     requests.retries, requests.failures)
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -163,7 +166,7 @@ def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, deb
         _error(str(exc))
         return exc.exit_code
     if not quiet:
-        runner.progress = RichBar(runner.generator.options.samples_per_prompt) if err.is_terminal else LogLines()
+        runner.progress = RichBar() if err.is_terminal else LogLines()
     code: int
     try:
         signum = run_async(_supervised(runner))

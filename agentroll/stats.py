@@ -78,6 +78,11 @@ class RunStats:
     system_correct: int = 0
     stages: dict[str, StageStats] = field(default_factory=lambda: {s: StageStats() for s in STAGES})
 
+    @property
+    def groups_settled(self) -> int:
+        return (self.groups_written + self.groups_filtered + self.groups_failed + self.groups_invalid
+                + self.problems_skipped_done)
+
     def add_execution(self, samples: list[Sample]) -> None:
         self.executions += 1
         for sample in samples:
