@@ -313,6 +313,10 @@ def serve_sim(
     latency: Annotated[float, typer.Option(help="Seconds added to every completion.")] = 0.0,
     error_rate: Annotated[float, typer.Option(help="Share of completions answered 500/503.")] = 0.0,
     drop_rate: Annotated[float, typer.Option(help="Share of completions whose connection is dropped.")] = 0.0,
+    malformed_rate: Annotated[float, typer.Option(help="Share answered 200 with a body that is no completion.")] = 0.0,
+    abort_rate: Annotated[float, typer.Option(help="Share of completions ending finish_reason abort.")] = 0.0,
+    tokenize_error_rate: Annotated[float, typer.Option(help="Share of /tokenize answered 500/503.")] = 0.0,
+    max_running: Annotated[int, typer.Option(help="Requests decoding at once; the rest wait.")] = 256,
     reasoning_words: Annotated[int, typer.Option(help="Length of each think block, in words.")] = 12,
     seed: int = 0,
 ) -> None:
@@ -321,8 +325,14 @@ def serve_sim(
     from .sim.server import Faults, SimServer
 
     script = Script.from_jsonl(answers, Behavior(reasoning_words=reasoning_words))
+    try:
+        faults = Faults(error_rate=error_rate, drop_rate=drop_rate, latency_s=latency, malformed_rate=malformed_rate,
+                        abort_rate=abort_rate, tokenize_error_rate=tokenize_error_rate)
+    except ValueError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
     server = SimServer(script=script, model=model, max_model_len=max_model_len, seed=seed, record=False,
-                       faults=Faults(error_rate=error_rate, drop_rate=drop_rate, latency_s=latency))
+                       faults=faults, max_running=max_running)
 
     async def main() -> None:
         url = await server.serve(host, port)

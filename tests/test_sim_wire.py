@@ -4,6 +4,7 @@ real vLLM 0.32 (tests/fixtures/vllm032_*.json, raw bodies as the server sent the
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -69,3 +70,65 @@ def test_near_the_context_limit_max_tokens_is_cut_silently_as_vllm_does(sim):
                                                        "return_token_ids": True})
     assert status == 200 and ours["choices"][0]["finish_reason"] == "length"
     assert len(ours["choices"][0]["token_ids"]) == 6 and ours["usage"]["total_tokens"] == 4096
+
+
+def test_models_root_is_the_tokenizer_folder_a_client_can_load(sim):
+    """vLLM names the model's path in `root`; clients load the tokenizer from there."""
+    from agentroll.chat import load_tokenizer
+    from agentroll.resources import sim_tokenizer_dir
+
+    (model,) = json.loads(urllib.request.urlopen(f"{sim.url}/v1/models", timeout=10).read())["data"]
+    assert model["id"] == sim.model and Path(model["root"]).is_absolute()
+    assert Path(model["root"]) == sim_tokenizer_dir().resolve()
+    tokenizer = load_tokenizer(model["root"])
+    assert tokenizer.encode("hello world", add_special_tokens=False) == sim.tokenizer.encode("hello world").ids
+
+
+# vLLM 0.32's /metrics lines for these series (vllm-wire/metrics.txt), values aside: HELP, TYPE, label sets.
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="M"}
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="M"}
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="M",reason="capacity"}
+vllm:num_requests_waiting_by_reason{engine="0",model_name="M",reason="deferred"}
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="M"}
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="M"}
+vllm:request_success_total{engine="0",finished_reason="length",model_name="M"}
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="M"}
+vllm:request_success_total{engine="0",finished_reason="error",model_name="M"}
+vllm:request_success_total{engine="0",finished_reason="repetition",model_name="M"}
+# TYPE vllm:request_success_created gauge
+# TYPE agentroll_sim_first_request_unix gauge
+"""
+
+
+def test_metrics_are_vllms_series_in_prometheus_text_format(sim):
+    with urllib.request.urlopen(f"{sim.url}/metrics", timeout=10) as answer:
+        assert answer.headers["content-type"] == "text/plain; version=1.0.0; charset=utf-8"
+        text = answer.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = value
+    for expected in VLLM_METRICS.replace('model_name="M"', f'model_name="{sim.model}"').splitlines():
+        if expected.startswith("#"):
+            assert expected in text.splitlines(), expected
+        else:
+            assert samples[expected] == "0.0", expected  # floats as prometheus_client writes them
+    assert float(samples["agentroll_sim_first_request_unix"]) == 0.0
+    status, _ = post(f"{sim.url}/v1/completions", {"prompt": [1, 320, 285], "max_tokens": 16})
+    assert status == 200
+    after = urllib.request.urlopen(f"{sim.url}/metrics", timeout=10).read().decode()
+    first = float(next(line for line in after.splitlines() if line.startswith("agentroll_sim_first_request_unix"))
+                  .split()[1])
+    assert abs(first - sim.first_request_at) < 1e-3 and re.search(r"e\+09$", after.split("first_request_unix ")[-1]
+                                                                    .strip())

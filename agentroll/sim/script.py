@@ -1,9 +1,17 @@
 """What the simulated model says: scripted, seeded answers for each stage of the agent system.
 
-The script recognises the stage from the prompt (our default templates: a selector prompt asks for
-`Judgment:`, a rewriter prompt lists `### Solution k`), knows the right answers from an answer key, and mixes in
-the cases the pipeline must handle: no closing think tag, nothing after it, truncation, wrong answers, answers
-in an equal but different form, out-of-range or missing judgments.
+The stage is recognised from the script's own earlier answers, never from the templates' wording (users bring
+their own `--prompts`). Every answer content the script writes ends in a fixed sentence that says which stage
+wrote it: a solver's "Working it out directly, the answer is \\boxed{V}.", a rewriter's "Weighing the candidate
+solutions together, the answer is \\boxed{V}.". The pipeline lists solver contents in rewriter prompts and
+rewriter contents in selector prompts, so a prompt quoting a rewriter sentence is a selector prompt, one
+quoting a solver sentence a rewriter prompt, and any other a solver prompt; the order in which the rewriter
+sentences appear is the 1-based numbering the selector's `Judgment: K` refers to. Being stateless, this keeps
+working across a server restart mid-run (a resumed run's prompts quote answers an earlier server wrote).
+
+The answer key (problem statement -> label) decides right and wrong, and `Behavior` mixes in what the pipeline
+must handle: no closing think tag, nothing after it, truncation, wrong answers, answers in an equal but
+different form, out-of-range or missing judgments.
 """
 
 from __future__ import annotations
@@ -16,8 +24,8 @@ from typing import Any
 
 import orjson
 
-_SOLUTION = re.compile(r"^### Solution (\d+)\s*$", re.MULTILINE)
-_BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
+SOLVER_SAYS = "Working it out directly, the answer is \\boxed{"
+REWRITER_SAYS = "Weighing the candidate solutions together, the answer is \\boxed{"
 _INT = re.compile(r"-?\d+")
 
 
@@ -57,6 +65,22 @@ def wrong(label: str) -> str:
     return f"{label}+1"
 
 
+def quoted_values(prompt: str, says: str) -> list[str]:
+    """The boxed values of every quoted `says` sentence, in order of appearance (braces balanced)."""
+    values = []
+    start = prompt.find(says)
+    while start != -1:
+        i = start + len(says)
+        depth, j = 1, i
+        while j < len(prompt) and depth:
+            depth += {"{": 1, "}": -1}.get(prompt[j], 0)
+            j += 1
+        if depth == 0:
+            values.append(prompt[i:j - 1])
+        start = prompt.find(says, j)
+    return values
+
+
 @dataclass
 class Script:
     behavior: Behavior = field(default_factory=Behavior)
@@ -79,16 +103,26 @@ class Script:
         return cls(behavior or Behavior(), answers)
 
     def label_for(self, prompt: str) -> str | None:
+        """The label of the longest problem statement the prompt contains (a short statement can sit inside a
+        longer one)."""
+        best: tuple[int, str] | None = None
         for problem, label in self.answers.items():
-            if problem in prompt:
-                return label
-        return None
+            if (best is None or len(problem) > best[0]) and problem in prompt:
+                best = (len(problem), label)
+        return best[1] if best else None
+
+    @staticmethod
+    def stage(prompt: str) -> str:
+        """Which stage a prompt is for, from the answers it quotes (see the module docstring)."""
+        if REWRITER_SAYS in prompt:
+            return "selector"
+        return "rewriter" if SOLVER_SAYS in prompt else "solver"
 
     def answer(self, prompt: str, rng: random.Random, request: dict[str, Any] | None = None) -> Scripted:
         """The text for one completion. `request` is the raw body, for scripts that key on its fields."""
-        if "Judgment:" in prompt and _SOLUTION.search(prompt):
+        stage = self.stage(prompt)
+        if stage == "selector":
             return self._select(prompt, rng)
-        stage = "rewriter" if _SOLUTION.search(prompt) else "solver"
         return self._solve(prompt, stage, rng)
 
     def _think(self, rng: random.Random, stage: str) -> str:
@@ -122,12 +156,13 @@ class Script:
             value = equivalent(label) if rng.random() < b.equivalent_form else label
         else:
             value = wrong(label)
-        return Scripted(f"{think}</think>\n\nThe final answer is \\boxed{{{value}}}.")
+        says = REWRITER_SAYS if stage == "rewriter" else SOLVER_SAYS
+        return Scripted(f"{think}</think>\n\n{says}{value}}}.")
 
     def _select(self, prompt: str, rng: random.Random) -> Scripted:
         b = self.behavior
-        numbers = [int(n) for n in _SOLUTION.findall(prompt)]
-        count = max(numbers) if numbers else 0
+        listed = quoted_values(prompt, REWRITER_SAYS)
+        count = len(listed)
         think = self._think(rng, "selector") + "</think>\n\n"
         roll = rng.random()
         if roll < b.no_judgment:
@@ -137,17 +172,7 @@ class Script:
         pick = rng.randint(1, max(count, 1))
         label = self.label_for(prompt)
         if label is not None and rng.random() < b.select_correct:
-            right = [i for i, text in self._listed(prompt) if self._is_right(text, label)]
+            right = [i for i, value in enumerate(listed, 1) if value.strip() in {label, equivalent(label)}]
             if right:
                 pick = rng.choice(right)
         return Scripted(think + f"Solution {pick} is the most convincing.\nJudgment: {pick}")
-
-    @staticmethod
-    def _listed(prompt: str) -> list[tuple[int, str]]:
-        parts = _SOLUTION.split(prompt)
-        return [(int(parts[i]), parts[i + 1]) for i in range(1, len(parts) - 1, 2)]
-
-    @staticmethod
-    def _is_right(text: str, label: str) -> bool:
-        found = _BOXED.findall(text)
-        return bool(found) and found[-1].strip() in {label, equivalent(label)}

@@ -1,0 +1,289 @@
+"""The simulated model behind the HTTP layer: scripted text, real token ids, vLLM's stopping rules and bodies.
+
+A `Script` writes the text, the bundled tiny tokenizer turns it into token ids, and the engine then applies what
+vLLM's engine would to that token stream: EOS and `stop_token_ids` end it (the stop token stays in `token_ids`,
+not in `text`), `stop` strings cut the text, `max_tokens` and the context limit cut it to `length`, an abort
+cuts it short. Logprobs are seeded noise shaped like vLLM's (the sampled token first, then the top k).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .faults import Faults
+from .validation import COMPLETION, DETOKENIZE, TOKENIZE_CHAT, TOKENIZE_PROMPT, completion_prompt, validate
+from .wire import VLLM_VERSION, HTTPFailure, bad_request, error_body, sanitize, validation_failure
+
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+STOP_TOKEN = "<|endoftext|>"  # the extra end-of-text id that `stop_token_rate` emits (Qwen-style chat models)
+
+
+@dataclass
+class Choice:
+    """One finished sequence, before it is rendered into a choice."""
+
+    ids: list[int]
+    finish: str
+    stop_reason: int | str | None
+    text: str
+    logprobs_of: list[int] | None = None  # an aborted prefix draws the logprobs of its whole sequence
+
+
+class Engine:
+    def __init__(self, script: Any, model: str, max_model_len: int, tokenizer_dir: Path, faults: Faults,
+                 seed: int) -> None:
+        from tokenizers import Tokenizer
+
+        self.script, self.model, self.max_model_len, self.faults = script, model, max_model_len, faults
+        self.tokenizer_dir = Path(tokenizer_dir).resolve()
+        self.tokenizer = Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json"))
+        self.vocab_size = self.tokenizer.get_vocab_size()
+        config = orjson.loads((self.tokenizer_dir / "tokenizer_config.json").read_bytes())
+        self.eos_id: int = self.tokenizer.token_to_id(config.get("eos_token") or "<|im_end|>") or 0
+        self.stop_token_id: int = self.tokenizer.token_to_id(STOP_TOKEN) or 0
+        self._chat_source: str = config["chat_template"]
+        self._chat_template: Any = None
+        self._filler = list(self.tokenizer.encode(" and so on", add_special_tokens=False).ids)
+        self._id_strings = [f"token_id:{i}" for i in range(self.vocab_size)]
+        noise = random.Random(seed + 1)  # logprobs: seeded noise, sliced per answer
+        self._noise = [round(-noise.expovariate(1.5), 6) for _ in range(max_model_len + 8192)]
+        self._encoded: dict[str, list[int]] = {}
+        self.rng = random.Random(seed)
+        self._fault_rng = random.Random(seed + 3)  # stop tokens and abort points: faults leave the answers as they were
+
+    # -- /v1/models, /tokenize, /detokenize ------------------------------------------------------------------
+    def models(self) -> dict[str, Any]:
+        """`root` is the model's path on disk, as vLLM names it: here the bundled tokenizer's folder, so a
+        client that loads its tokenizer from `root` finds one."""
+        created = int(time.time())
+        return {"object": "list", "data": [{
+            "id": self.model, "object": "model", "created": created, "owned_by": "vllm",
+            "root": str(self.tokenizer_dir), "parent": None, "max_model_len": self.max_model_len,
+            "permission": [{"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
+                            "created": created, "allow_create_engine": False, "allow_sampling": True,
+                            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                            "allow_fine_tuning": False, "organization": "*", "group": None,
+                            "is_blocking": False}]}]}
+
+    def check_model(self, model: Any) -> None:
+        if model and model != self.model:
+            raise HTTPFailure(404, error_body(sanitize(f"The model `{model}` does not exist. Valid aliases: "
+                                                       f"{self.model}."), "NotFoundError", 404, "model"))
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None = None,
+                    kwargs: dict[str, Any] | None = None) -> str:
+        import jinja2
+
+        if template is not None:
+            compiled = jinja2.Environment().from_string(template)
+        else:
+            if self._chat_template is None:
+                self._chat_template = jinja2.Environment().from_string(self._chat_source)
+            compiled = self._chat_template
+        return str(compiled.render(**(kwargs or {}), messages=messages, add_generation_prompt=add_generation_prompt))
+
+    def tokenize(self, data: Any) -> dict[str, Any]:
+        kind, body = validate(data, TOKENIZE_PROMPT, TOKENIZE_CHAT)
+        self.check_model(body.get("model"))
+        if kind == 1:
+            try:
+                text = self.render_chat(body["messages"], body.get("add_generation_prompt", True),
+                                        body.get("chat_template"), body.get("chat_template_kwargs"))
+            except Exception as exc:  # jinja2.TemplateError and friends: vLLM answers 400
+                raise bad_request(str(exc)) from None
+            ids = self.tokenizer.encode(text, add_special_tokens=body.get("add_special_tokens", False)).ids
+        else:
+            ids = self.tokenizer.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens", True)).ids
+        strs = [self.tokenizer.id_to_token(i) for i in ids] if body.get("return_token_strs") else None
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
+
+    def detokenize(self, data: Any) -> dict[str, Any]:
+        _, body = validate(data, DETOKENIZE)
+        self.check_model(body.get("model"))
+        ids = [t for t in body["tokens"] if t < self.vocab_size]  # vLLM decodes unknown ids to nothing
+        return {"prompt": self.tokenizer.decode(ids, skip_special_tokens=False)}
+
+    # -- /v1/completions ---------------------------------------------------------------------------------------
+    def prompts(self, data: Any) -> tuple[dict[str, Any], list[list[int]]]:
+        """Validate a completion body as vLLM does before scheduling it: its fields, then each prompt's ids."""
+        _, request = validate(data, COMPLETION)
+        stop = request.get("stop")
+        if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list)
+                                                               and all(isinstance(s, str) for s in stop))):
+            errors = [{"type": "string_type", "loc": ("body", "stop"), "msg": "Input should be a valid string",
+                       "input": stop}]
+            if not isinstance(stop, list):
+                errors.append({"type": "list_type", "loc": ("body", "stop"), "msg": "Input should be a valid list",
+                               "input": stop})
+            raise validation_failure(errors)
+        prompt = request.get("prompt")
+        if prompt is None or prompt == "":
+            raise bad_request("Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
+                              "prompt")
+        batch = completion_prompt(prompt)
+        if not batch:
+            raise bad_request("You must pass at least one prompt")
+        self.check_model(request.get("model"))
+        if request.get("stream"):
+            raise bad_request("the simulated server does not stream", "stream")
+        ids_batch = [list(self.tokenizer.encode(p).ids) if isinstance(p, str) else p for p in batch]
+        for ids in ids_batch:
+            for t in ids:
+                if not 0 <= t < self.vocab_size:
+                    raise bad_request(f"Token id {t} is out of vocabulary")
+        n = 1 if request.get("n") is None else request["n"]
+        if n < 1:
+            raise bad_request(f"n must be at least 1, got {n}.")
+        k = request.get("logprobs")
+        if k is not None and k > MAX_LOGPROBS:
+            raise bad_request(f"Requested sample logprobs of {k}, which is greater than max allowed: {MAX_LOGPROBS} "
+                              f"(parameter=logprobs, value={k})", "logprobs")
+        limit = self.max_model_len
+        max_tokens = request.get("max_tokens")
+        if max_tokens is not None and max_tokens < 1:
+            raise bad_request(f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, "
+                              f"value={max_tokens})", "max_tokens")
+        for ids in ids_batch:
+            if len(ids) >= limit:
+                raise bad_request(
+                    f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                    f"{len(ids)} input tokens, which exceeds this limit even without any output tokens. Please "
+                    f"reduce the length of the input prompt. (parameter=input_tokens, value={len(ids)})",
+                    "input_tokens")
+        if max_tokens is not None and max_tokens > limit:
+            raise bad_request(f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request "
+                              f"fewer output tokens. (parameter=max_tokens, value={max_tokens})", "max_tokens")
+        return request, ids_batch
+
+    def complete(self, request: dict[str, Any], ids_batch: list[list[int]], abort: bool = False) -> dict[str, Any]:
+        """The 200 body for a validated request; `abort` cuts every sequence short, as an engine-side abort does."""
+        seed = request.get("seed")
+        rng = random.Random(seed) if seed is not None else random.Random(self.rng.getrandbits(64))
+        n = request.get("n") or 1
+        choices: list[dict[str, Any]] = []
+        prompt_tokens = completion_tokens = 0
+        for prompt_ids in ids_batch:
+            prompt_tokens += len(prompt_ids)
+            budget = min(request.get("max_tokens") or 16, self.max_model_len - len(prompt_ids))  # cut silently
+            prompt_text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+            for _ in range(n):
+                seq = self._sequence(self.script.answer(prompt_text, rng, request), request, budget)
+                if abort:  # aborted mid-generation: the tokens so far, with the text and logprobs they had
+                    seq = self._abort(seq, request)
+                completion_tokens += len(seq.ids)
+                choices.append(self._render(len(choices), seq, request, prompt_ids, rng))
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
+            "model": self.model, "choices": choices, "service_tier": None,
+            "system_fingerprint": f"vllm-{VLLM_VERSION}-simulated",
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+                      "completion_tokens": completion_tokens, "prompt_tokens_details": None,
+                      "completion_tokens_details": None},
+            "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
+        }
+
+    def _encode_answer(self, text: str) -> list[int]:
+        """Token ids for an answer: the think block's encoding is cached (the script reuses think blocks), the
+        rest encoded fresh. Two encodings joined are a valid token sequence that decodes to the joined text."""
+        head, sep, tail = text.partition("</think>")
+        ids = self._encoded.get(head)
+        if ids is None:
+            if len(self._encoded) > 4096:
+                self._encoded.clear()
+            ids = self._encoded[head] = list(self.tokenizer.encode(head, add_special_tokens=False).ids)
+        if sep or tail:
+            return ids + list(self.tokenizer.encode(sep + tail, add_special_tokens=False).ids)
+        return list(ids)
+
+    def _sequence(self, scripted: Any, request: dict[str, Any], budget: int) -> Choice:
+        """Run the scripted token stream through vLLM's stopping rules."""
+        stream = self._encode_answer(scripted.text)
+        if scripted.truncate:  # a model that rambles on: filler past any budget, no EOS
+            stream += self._filler * (budget // len(self._filler) + 1)
+        else:
+            if self.faults.stop_token_rate and self._fault_rng.random() < self.faults.stop_token_rate:
+                stream.append(self.stop_token_id)  # an extra end-of-text token where the answer ends
+            stream.append(self.eos_id)
+            if request.get("ignore_eos"):
+                stream += self._filler * (budget // len(self._filler) + 1)
+        stop_ids = set(request.get("stop_token_ids") or ())
+        ids, finish = stream[:budget], "length"
+        reason: int | str | None = None
+        for i, t in enumerate(ids):
+            if t == self.eos_id and not request.get("ignore_eos"):
+                ids, finish = ids[:i + 1], "stop"  # EOS: stop_reason stays null
+                break
+            if t in stop_ids:
+                ids, finish, reason = ids[:i + 1], "stop", t  # a stop token id: stop_reason is that id
+                break
+        skip = request.get("skip_special_tokens", True)
+        text_ids = ids[:-1] if finish == "stop" else ids  # the stop token is in token_ids, not in the text
+        text = self.tokenizer.decode(text_ids, skip_special_tokens=skip)
+        stop = request.get("stop")
+        strings = [stop] if isinstance(stop, str) else [s for s in stop or () if s]
+        hits = [(text.find(s), s) for s in strings if s and s in text]
+        if hits:  # a stop string: the text ends before it, token_ids at the token that completed it
+            at, string = min(hits)
+            lo, hi = 1, len(text_ids)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if string in self.tokenizer.decode(text_ids[:mid], skip_special_tokens=skip):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            ids, finish, reason, text = text_ids[:lo], "stop", string, text[:at]
+        return Choice(ids, finish, reason, text)
+
+    def _abort(self, seq: Choice, request: dict[str, Any]) -> Choice:
+        """vLLM's pause or abort: `finish_reason: "abort"`, `stop_reason: null`, a prefix of the sequence."""
+        keep = self._fault_rng.randrange(len(seq.ids))
+        text = self.tokenizer.decode(seq.ids[:keep], skip_special_tokens=request.get("skip_special_tokens", True))
+        return Choice(seq.ids[:keep], "abort", None, text, logprobs_of=seq.ids)
+
+    def _render(self, index: int, seq: Choice, request: dict[str, Any], prompt_ids: list[int],
+                rng: random.Random) -> dict[str, Any]:
+        want_ids = bool(request.get("return_token_ids"))
+        k = request.get("logprobs")
+        return {
+            "index": index, "text": seq.text,
+            "logprobs": None if k is None else self._logprobs(seq.ids, seq.logprobs_of or seq.ids, k, request, rng),
+            "finish_reason": seq.finish, "stop_reason": seq.stop_reason,
+            "token_ids": seq.ids if want_ids else None, "prompt_logprobs": None,
+            "prompt_token_ids": prompt_ids if want_ids else None, "routed_experts": None,
+        }
+
+    def _logprobs(self, ids: list[int], drawn: list[int], k: int, request: dict[str, Any],
+                  rng: random.Random) -> dict[str, Any]:
+        """vLLM's legacy completion logprobs: per token its string, its logprob, its text offset, and the sampled
+        token followed by the k most likely ones (rank order, so those ranked above it are likelier). They are
+        drawn for the whole sequence `drawn` and cut to `ids`, its prefix: an abort changes no other draw."""
+        as_ids = bool(request.get("return_tokens_as_token_ids"))
+        start = rng.randrange(len(self._noise) - len(drawn))
+        values = self._noise[start:start + len(drawn)]
+        top: list[list[tuple[int, float]]] = []
+        for value in values if k else ():
+            rank = 1 if rng.random() < 0.6 else rng.randint(2, k + 4)  # the sampled token's rank
+            above = sorted((value * (1 - 0.5 * rng.random()) for _ in range(min(rank - 1, k))), reverse=True)
+            below = sorted((value - rng.random() for _ in range(k - len(above) - (rank <= k))), reverse=True)
+            top.append([(rng.randrange(self.vocab_size), round(v, 6)) for v in above + below])
+        if as_ids:
+            tokens = [self._id_strings[t] for t in ids]
+        else:
+            tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+        entries = []
+        for token, value, others in zip(tokens, values, top or [[]] * len(tokens), strict=False):
+            entry = {token: value}
+            for other, other_value in others:
+                name = self._id_strings[other] if as_ids else self.tokenizer.decode([other], skip_special_tokens=False)
+                entry.setdefault(name, other_value)
+            entries.append(entry)
+        offsets = [0, *itertools.accumulate(len(t) for t in tokens)][:-1]
+        return {"text_offset": offsets, "token_logprobs": values[:len(ids)], "tokens": tokens, "top_logprobs": entries}
