@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import ctypes
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -13,12 +17,51 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "agentroll" / "sim" / "tokenizer"
+PR_SET_PDEATHSIG = 1
+STARTED: list[subprocess.Popen] = []
+
+
+def spawn(args: list[str], **kwargs) -> subprocess.Popen:
+    """A child that cannot outlive the benchmark: in a session of its own (so it is stopped group and all), and
+    killed by the kernel when the benchmark dies, however it dies (PR_SET_PDEATHSIG). agentroll's own workers
+    die with it in turn."""
+    parent = os.getpid()
+
+    def die_with_parent() -> None:  # in the child, between fork and exec
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the benchmark died before the prctl took effect
+            os._exit(1)
+
+    proc = subprocess.Popen(args, start_new_session=True, preexec_fn=die_with_parent, **kwargs)
+    STARTED.append(proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM to the child's process group, SIGKILL past `grace_s`; then whatever of the group is left."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for proc in STARTED:
+        stop(proc, grace_s=5.0)
 
 
 def start_sim(latency: float, reasoning_words: int = 150,
               extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     """`agentroll serve-sim` on a free loopback port, in its own process; returns it and its URL."""
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-m", "agentroll", "serve-sim", "--port", "0", "--latency", str(latency),
          "--reasoning-words", str(reasoning_words), "--max-model-len", "8192", *(extra or [])],
         stdout=subprocess.PIPE, text=True)
@@ -28,12 +71,14 @@ def start_sim(latency: float, reasoning_words: int = 150,
 
 
 def metrics(url: str) -> dict[str, float]:
+    """Each series summed over its labels (`vllm:request_success_total` has one per finish reason)."""
     text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
-    out = {}
+    out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
-            out[name.split("{")[0]] = float(value)
+            name = name.split("{")[0]
+            out[name] = out.get(name, 0.0) + float(value)
     return out
 
 

@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import TOKENIZER, metrics, start_sim, write_problems
+from common import TOKENIZER, metrics, spawn, start_sim, stop, write_problems
 
 
 def run(problems: Path, url: str, out: Path, limit: int) -> tuple[float, float]:
     """(peak RSS in MB, seconds from launch to the first request the server saw)."""
     launched = time.time()
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out), "--base-url", url,
          "--tokenizer", str(TOKENIZER), "--limit", str(limit), "--reward", "exact", "--quiet", "--overwrite"])
-    _, _, usage = os.wait4(proc.pid, 0)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: `stop` must not signal that pid again
     first = metrics(url)["agentroll_sim_first_request_unix"]
     return usage.ru_maxrss / 1024, first - launched
 
@@ -40,8 +40,7 @@ def main() -> None:
         try:
             rss, startup = run(problems, url, tmp / f"out{lines}", 3000)
         finally:
-            sim.terminate()
-            sim.wait()
+            stop(sim)
         results[f"input_{lines}_lines"] = {"peak_rss_mb": round(rss, 1), "startup_s": round(startup, 2)}
     print(json.dumps(results))
 

@@ -16,7 +16,7 @@ import json
 import threading
 import time
 
-from common import metrics, start_sim
+from common import metrics, start_sim, stop
 from saturation import measure
 
 
@@ -70,8 +70,7 @@ def main() -> None:
     try:
         theirs = baseline(url, args.concurrency, args.window)
     finally:
-        sim.terminate()
-        sim.wait()
+        stop(sim)
     print(json.dumps({"concurrency": args.concurrency, "latency_s": args.latency,
                       "agentroll_requests_per_s": ours["requests_per_s"],
                       "openai_loop_requests_per_s": theirs["requests_per_s"],

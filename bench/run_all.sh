@@ -9,3 +9,4 @@ python saturation.py --concurrency 64 --latency 0 --window 15
 python transport.py --concurrency 64 --latency 0.1 --requests 3000
 python memory_startup.py
 python openai_baseline.py --concurrency 64 --latency 0.1
+python math_checks.py --checks 20000

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import TOKENIZER, cpu_seconds, metrics, start_sim, wait_for, write_problems
+from common import TOKENIZER, cpu_seconds, metrics, spawn, start_sim, stop, wait_for, write_problems
 
 
 def measure(concurrency: int, latency: float, window: float, num_parallel: int, words: int) -> dict:
     sim, url = start_sim(latency, words)
     tmp = Path(tempfile.mkdtemp())
     problems = write_problems(tmp / "p.jsonl", 200_000)
-    gen = subprocess.Popen(
+    gen = spawn(
         [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(tmp / "out"), "--base-url", url,
          "--tokenizer", str(TOKENIZER), "--num-parallel", str(num_parallel), "--concurrency", str(concurrency),
          "--reward", "exact", "--max-tokens", "2048", "--quiet"])
@@ -40,10 +38,8 @@ def measure(concurrency: int, latency: float, window: float, num_parallel: int, 
             running.append(metrics(url)["vllm:num_requests_running"])
         m1, c1, s1, t1 = metrics(url), cpu_seconds(gen.pid), cpu_seconds(sim.pid), time.monotonic()
     finally:
-        gen.send_signal(signal.SIGTERM)
-        gen.wait()
-        sim.terminate()
-        sim.wait()
+        stop(gen)
+        stop(sim)
     done = m1["vllm:request_success_total"] - m0["vllm:request_success_total"]
     rate = done / (t1 - t0)
     ideal = concurrency / latency if latency else None

@@ -12,7 +12,7 @@ import resource
 import time
 
 import orjson
-from common import start_sim
+from common import start_sim, stop
 
 BODY = orjson.dumps({"model": "agentroll-sim", "prompt": list(range(5, 300)), "max_tokens": 600, "logprobs": 0,
                      "return_token_ids": True, "return_tokens_as_token_ids": True})
@@ -67,8 +67,7 @@ def main() -> None:
                               "ideal_per_s": args.concurrency / args.latency,
                               "cpu_ms_per_request": round(1000 * cpu / args.requests, 3)}))
     finally:
-        sim.terminate()
-        sim.wait()
+        stop(sim)
 
 
 if __name__ == "__main__":

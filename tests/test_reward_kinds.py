@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from aiohttp import web
 
 from agentroll.errors import RewardError
-from agentroll.rewards import FunctionReward, RewardRequest, RewardSet, RewardSettings
+from agentroll.rewards import FunctionReward, RewardRequest, RewardSet, RewardSettings, make_reward
 
 from .conftest import TOKENIZER, read_records, run_cli
 
@@ -168,3 +170,173 @@ def test_batched_functions_errors_and_bad_return_values():
         FunctionReward("tests.test_reward_kinds:nope")
     with pytest.raises(RewardError, match="no file"):
         FunctionReward("missing.py:f")
+
+
+# --- user functions' own threads -------------------------------------------------------------------------------
+
+RELEASE = threading.Event()
+ENTERED: list[int] = []
+ALL_IN = threading.Event()
+HUNG_THREADS = 4
+
+
+def blocks(request):
+    ENTERED.append(1)
+    if len(ENTERED) == HUNG_THREADS:
+        ALL_IN.set()
+    RELEASE.wait()
+    return 1.0
+
+
+def test_hung_sync_calls_hold_their_own_threads_not_the_loops():
+    reward = FunctionReward("tests.test_reward_kinds:blocks", timeout_s=0.3, concurrency=HUNG_THREADS)
+
+    async def go():
+        request = [RewardRequest("a", "1", "p", "solver")]
+        calls = [asyncio.ensure_future(reward.score(request)) for _ in range(40)]  # more than the default executor
+        try:
+            # The default executor (input reading, tokenizer loading) still runs work while those calls hang.
+            assert await asyncio.wait_for(asyncio.to_thread(ALL_IN.wait, 30), 10)
+            assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 10) == "free"
+            threads = [t for t in threading.enumerate() if t.name.startswith(f"agentroll-reward {reward.name}")]
+            # The hung calls time out; the others wait for a thread, their wait in the queue not counted.
+            done, pending = await asyncio.wait(calls, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            while len(done) < HUNG_THREADS:
+                more, pending = await asyncio.wait(pending, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+                done |= more
+            timed_out = [(await call)[0] for call in done]
+            assert len(ENTERED) == HUNG_THREADS
+        finally:
+            RELEASE.set()
+        return threads, timed_out, [(await call)[0] for call in pending]
+
+    ENTERED.clear()
+    try:
+        threads, timed_out, later = asyncio.run(go())
+    finally:
+        RELEASE.set()
+        asyncio.run(reward.aclose())
+    assert len(threads) == HUNG_THREADS  # bounded by --reward-concurrency
+    assert [(r.value, r.failed) for r in timed_out] == [(0.0, "timeout")] * HUNG_THREADS
+    assert [(r.value, r.failed) for r in later] == [(1.0, None)] * (40 - HUNG_THREADS)
+
+
+# --- NaN and infinite rewards are refused and counted ----------------------------------------------------------
+
+
+def gives_nan(request):
+    return float("nan")
+
+
+def gives_inf_with_info(request):
+    return {"reward": float("inf"), "info": "overflowed"}
+
+
+async def gives_minus_inf(request):
+    return -math.inf
+
+
+def gives_huge_int(request):
+    return 10**400
+
+
+def gives_some_nan(requests):
+    return [1.0, float("nan")]
+
+
+gives_some_nan.batched = True  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("name", "info"), [("gives_nan", "reward function returned nan"),
+                                            ("gives_inf_with_info", "reward function returned inf"),
+                                            ("gives_minus_inf", "reward function returned -inf"),
+                                            ("gives_huge_int", "reward function returned inf")])
+def test_a_function_returning_nan_or_infinity_is_refused(name, info):
+    reward = FunctionReward(f"tests.test_reward_kinds:{name}")
+    (result,) = asyncio.run(reward.score([RewardRequest("a", "1", "p", "solver")]))
+    assert (result.value, result.info, result.failed) == (0.0, info, "invalid")
+
+
+def test_a_batched_function_returning_a_nan_is_refused_for_that_value_alone():
+    reward = FunctionReward("tests.test_reward_kinds:gives_some_nan")
+    results = asyncio.run(reward.score([RewardRequest("a", "1", "p", "solver")] * 2))
+    assert [(r.value, r.failed) for r in results] == [(1.0, None), (0.0, "invalid")]
+
+
+def test_a_rows_own_reward_returning_nan_is_refused():
+    rewards = RewardSet(RewardSettings("exact"))
+
+    async def go():
+        try:
+            reward = rewards.get("tests.test_reward_kinds:gives_nan")  # as a row's `reward` field names it
+            return await reward.score([RewardRequest("a", "1", "p", "solver")])
+        finally:
+            await rewards.aclose()
+
+    assert [(r.value, r.failed) for r in asyncio.run(go())] == [(0.0, "invalid")]
+
+
+async def serve(handler):
+    app = web.Application()
+    app.router.add_post("/score", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/score"
+
+
+def test_a_reward_model_returning_nan_or_infinity_is_refused():
+    replies = [b"NaN", b'{"reward": Infinity}', b"-1e999", b"1" + b"0" * 400, b"0.5"]
+
+    async def go():
+        async def handler(request):
+            return web.Response(body=replies[int((await request.json())["label"])])
+
+        runner, url = await serve(handler)
+        reward = make_reward("remote", RewardSettings(url=url))
+        try:
+            return await reward.score([RewardRequest("a", str(i), "p", "solver") for i in range(len(replies))])
+        finally:
+            await reward.aclose()
+            await runner.cleanup()
+
+    results = asyncio.run(go())
+    assert [(r.value, r.failed) for r in results] == [(0.0, "invalid")] * 4 + [(0.5, None)]
+    assert [r.info for r in results[:4]] == ["the reward model returned nan", "the reward model returned inf",
+                                             "the reward model returned -inf", "the reward model returned inf"]
+
+
+# --- the reward model has --reward-timeout per attempt ---------------------------------------------------------
+
+
+def test_a_reward_model_that_stalls_hits_the_reward_timeout_on_each_attempt():
+    async def go():
+        stall = asyncio.Event()
+        seen: list[tuple[str, float]] = []
+
+        async def handler(request):
+            label = (await request.json())["label"]
+            seen.append((label, time.monotonic()))
+            if label == "never" or sum(1 for s in seen if s[0] == label) == 1:
+                await stall.wait()  # stalls: every attempt for "never", the first one for the others
+            return web.json_response({"reward": 1.0})
+
+        runner, url = await serve(handler)
+        reward = make_reward("remote", RewardSettings(timeout_s=0.3, url=url, max_retries=1))
+        try:
+            started = time.monotonic()
+            retried = await reward.score([RewardRequest("a", "once", "p", "solver")])
+            with pytest.raises(RewardError, match=r"failed 2 times; last: no reply within 0.3s"):
+                await reward.score([RewardRequest("a", "never", "p", "solver")])
+            return retried, seen, time.monotonic() - started
+        finally:
+            stall.set()
+            await reward.aclose()
+            await runner.cleanup()
+
+    retried, seen, elapsed = asyncio.run(go())
+    assert [(r.value, r.failed) for r in retried] == [(1.0, None)]
+    assert [label for label, _ in seen] == ["once", "once", "never", "never"]
+    assert seen[1][1] - seen[0][1] >= 0.3 and seen[3][1] - seen[2][1] >= 0.3  # each attempt had its 0.3s
+    assert elapsed < 10  # far from the 60s the reward model used to get

@@ -20,11 +20,11 @@ __all__ = ["NO_CONTENT", "ExactReward", "FunctionReward", "MathReward", "RemoteR
 
 @dataclass(frozen=True, slots=True)
 class RewardSettings:
-    default: str = "math"
-    timeout_s: float = 10.0
-    url: str | None = None
-    concurrency: int = 32
-    max_retries: int = 5
+    default: str = "math"  # --reward: the kind for rows without their own
+    timeout_s: float = 10.0  # --reward-timeout: per math check, function call or reward-model request attempt
+    url: str | None = None  # --reward-url, for remote
+    concurrency: int = 32  # --reward-concurrency: reward-model requests in flight, or user-function threads
+    max_retries: int = 5  # --max-retries, for remote
 
 
 def make_reward(spec: str, settings: RewardSettings | None = None) -> Reward:
@@ -36,9 +36,9 @@ def make_reward(spec: str, settings: RewardSettings | None = None) -> Reward:
     if spec == "remote":
         if not settings.url:
             raise RewardError("--reward remote needs --reward-url")
-        return RemoteReward(settings.url, settings.concurrency, max_retries=settings.max_retries)
+        return RemoteReward(settings.url, settings.concurrency, settings.timeout_s, max_retries=settings.max_retries)
     if ":" in spec:
-        return FunctionReward(spec, settings.timeout_s)
+        return FunctionReward(spec, settings.timeout_s, settings.concurrency)
     raise RewardError(f"unknown reward {spec!r}: use math, exact, remote, FILE.py:FUNCTION or MODULE:FUNCTION")
 
 

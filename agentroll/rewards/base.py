@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,10 +25,19 @@ class RewardRequest:
 class RewardResult:
     value: float
     info: str | None = None
-    failed: str | None = None  # "timeout" or "error" when the value is a 0 standing in for a failed check
+    # When the value is a 0 standing in for a failed check: "timeout", "error", or "invalid" (a NaN or an
+    # infinity came back: kept, it would poison the group's mean and every advantage computed from it).
+    failed: str | None = None
 
 
 NO_CONTENT = RewardResult(0.0, "no answer content")
+
+
+def finite(value: float, info: str | None, source: str) -> RewardResult:
+    """The result for a score, unless it is NaN or infinite: then a counted 0, saying which `source` gave it."""
+    if math.isfinite(value):
+        return RewardResult(value, info)
+    return RewardResult(0.0, f"{source} returned {value}", failed="invalid")
 
 
 class Reward(Protocol):

@@ -2,7 +2,8 @@
 
 The function takes a `RewardRequest` and returns a number (or `{"reward": n, "info": "..."}`); it may be
 `async`. A function with the attribute `batched = True` takes a list of requests and returns a list. Sync
-functions run in a worker thread, so they never block the event loop.
+functions run in threads of their own (at most `concurrency`, see `_threads.py`), so they never block the event
+loop nor the threads the rest of agentroll uses.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import math
+import numbers
+import operator
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import RewardError
-from .base import RewardRequest, RewardResult
+from ._threads import CallThreads
+from .base import RewardRequest, RewardResult, finite
 
 log = logging.getLogger("agentroll")
 
@@ -48,28 +53,37 @@ def load_function(spec: str) -> Callable[..., Any]:
 
 
 def as_result(value: Any, spec: str) -> RewardResult:
+    """A number (numpy's too) is the reward; NaN or infinity is refused and counted (`failed="invalid"`); anything
+    else is a bug in the function that would score every sample alike, so it stops the run."""
     info = None
     if isinstance(value, dict):
         value, info = value.get("reward"), value.get("info")
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise RewardError(f"reward {spec!r} returned {value!r}: expected a number or {{\"reward\": number}}")
-    return RewardResult(float(value), None if info is None else str(info))
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        number = -math.inf if operator.lt(value, 0) else math.inf
+    return finite(number, None if info is None else str(info), "reward function")
 
 
 class FunctionReward:
-    def __init__(self, spec: str, timeout_s: float = 10.0) -> None:
+    """A user's function; `concurrency` caps the threads its sync calls run in (`--reward-concurrency`)."""
+
+    def __init__(self, spec: str, timeout_s: float = 10.0, concurrency: int = 32) -> None:
         self.name = spec
         self.function = load_function(spec)
         self.timeout_s = timeout_s
         self.batched = bool(getattr(self.function, "batched", False))
         self.is_async = inspect.iscoroutinefunction(self.function)
+        self._threads = CallThreads(concurrency, f"agentroll-reward {spec}")
         self._warned = False
 
     async def _call(self, argument: Any) -> Any:
         if self.is_async:
             return await asyncio.wait_for(self.function(argument), self.timeout_s)
         # A sync function that overruns keeps its thread until it returns; its result is then ignored.
-        return await asyncio.wait_for(asyncio.to_thread(self.function, argument), self.timeout_s)
+        return await self._threads.run(self.function, argument, self.timeout_s)
 
     def _failed(self, exc: BaseException) -> RewardResult:
         if isinstance(exc, asyncio.TimeoutError):
@@ -101,4 +115,4 @@ class FunctionReward:
         return as_result(value, self.name)
 
     async def aclose(self) -> None:
-        pass
+        self._threads.close()

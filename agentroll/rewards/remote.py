@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import random
 from typing import Any
 
@@ -10,36 +12,45 @@ import aiohttp
 import orjson
 
 from ..errors import RewardError
-from .base import RewardRequest, RewardResult
+from .base import RewardRequest, RewardResult, finite
 
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 
 
 def read_reward(body: bytes) -> float:
-    """The score in a reply, or ValueError saying what was wrong with it."""
+    """The score in a reply, or ValueError saying what was wrong with it. It may be NaN or infinite: Python's
+    `json.dumps` writes those as `NaN` and `Infinity`, which orjson refuses."""
     try:
         data: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise ValueError(f"reply is not JSON: {body[:120]!r}") from None
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise ValueError(f"reply is not JSON: {body[:120]!r}") from None
     if isinstance(data, dict):
         data = data.get("reward")
     if isinstance(data, bool) or not isinstance(data, int | float):
         raise ValueError(f"reply is not a number or {{\"reward\": number}}: {body[:120]!r}")
-    return float(data)
+    try:
+        return float(data)
+    except OverflowError:  # an integer past float's range
+        return math.inf if data > 0 else -math.inf
 
 
 class RemoteReward:
-    """One shared HTTP client with its own concurrency cap and retries. The full response text is sent and
-    the score is used as it is. A reward server that answers badly stops the run (exit 5): scoring every
-    sample 0 would silently poison the training data."""
+    """One shared HTTP client with its own concurrency cap and retries; each attempt has `timeout_s` from when
+    it gets a slot (`--reward-timeout`). The full response text is sent and the score is used as it is, unless
+    it is NaN or infinite (a counted 0). A reward server that answers badly, or not at all after the retries,
+    stops the run (exit 5): scoring every sample 0 would silently poison the training data."""
 
     name = "remote"
 
-    def __init__(self, url: str, concurrency: int = 32, timeout_s: float = 60.0, max_retries: int = 5,
+    def __init__(self, url: str, concurrency: int = 32, timeout_s: float = 10.0, max_retries: int = 5,
                  backoff_base_s: float = 0.5) -> None:
         if not url.startswith(("http://", "https://")):
             raise RewardError(f"--reward-url {url!r} must be an http:// or https:// URL")
         self.url = url
+        self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self._slots = asyncio.Semaphore(concurrency)
@@ -63,12 +74,14 @@ class RemoteReward:
             try:
                 async with self._slots, self._session().post(self.url, data=body) as response:
                     status, reply = response.status, await response.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except asyncio.TimeoutError:
+                problem = f"no reply within {self.timeout_s:g}s"
+            except aiohttp.ClientError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if status == 200:
                     try:
-                        return RewardResult(read_reward(reply))
+                        return finite(read_reward(reply), None, "the reward model")
                     except ValueError as exc:
                         raise RewardError(f"reward server {self.url}: {exc}") from None
                 problem = f"HTTP {status}: {reply[:200].decode('utf-8', 'replace')}"

