@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,11 +20,19 @@ def _hub_reachable(timeout_s: float = 1.5) -> str | None:
     endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     host = endpoint.hostname or "huggingface.co"
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as exc:
-        return f"cannot reach {host}:{port} ({exc.strerror or exc})"
-    return None
+    outcome: list[str | None] = []
+
+    def connect() -> None:  # in a thread: a hanging DNS resolver is not bounded by the socket timeout
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(f"cannot reach {host}:{port} ({exc.strerror or exc})")
+
+    probe = threading.Thread(target=connect, name="agentroll-hub-probe", daemon=True)
+    probe.start()
+    probe.join(timeout_s + 0.5)
+    return outcome[0] if outcome else f"no answer from {host}:{port} within {timeout_s:g}s"
 
 
 def load_tokenizer(name_or_path: str) -> Any:
@@ -49,6 +58,27 @@ def load_tokenizer(name_or_path: str) -> Any:
     if not getattr(tokenizer, "chat_template", None):
         raise UsageError(f"tokenizer {name_or_path!r} has no chat template")
     return tokenizer
+
+
+def tokenizer_candidates(explicit: str | None, model: str, root: str | None) -> list[str]:
+    """--tokenizer; else the server's model root when it is a folder here (vLLM names the model path there),
+    else the model name, else the root as a hub id."""
+    if explicit:
+        return [explicit]
+    local_root = [root] if root and os.path.isdir(root) else []
+    return list(dict.fromkeys([*local_root, model, *([root] if root else [])]))
+
+
+def load_first(candidates: list[str]) -> tuple[str, Any]:
+    """The first candidate that loads, with its name; the first candidate's error when none does."""
+    error: UsageError | None = None
+    for name in candidates:
+        try:
+            return name, load_tokenizer(name)
+        except UsageError as exc:
+            error = error or exc
+    assert error is not None
+    raise error
 
 
 def _first_line(exc: BaseException) -> str:

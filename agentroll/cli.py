@@ -14,6 +14,7 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Annotated, Any, get_type_hints
 
+import orjson
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
@@ -22,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .client import ClientCounters
-from .errors import AgentrollError, IncompleteRun, PipeClosed
+from .errors import AgentrollError, IncompleteRun, OutputError, PipeClosed
 from .options import GenerateOptions, default_of
 from .resources import samples_dir, sim_tokenizer_dir
 from .runner import RUN_OPTION_NAMES, Runner, RunOptions, RunResult
@@ -282,10 +283,22 @@ def demo(
     samples_per_prompt: int = 2,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
-    """Run the whole pipeline on the bundled samples against the built-in SIMULATED vLLM server (no GPU)."""
-    from .sim.script import Script
-    from .sim.server import SimServer
+    """Run the whole pipeline on the bundled samples against the built-in SIMULATED vLLM server (no GPU).
 
+    It starts over in its folder each time, so it refuses a folder that holds anything but an earlier demo."""
+    from .sim.script import Script
+    from .sim.server import DEFAULT_MODEL, SimServer
+
+    folder = Path(output)
+    if output != "-" and folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        try:
+            earlier = orjson.loads((folder / "manifest.json").read_bytes())["settings"]["model"]
+        except (OSError, ValueError, KeyError, TypeError):
+            earlier = None
+        if earlier != DEFAULT_MODEL:
+            _error(f"{output} holds something other than an earlier demo's output; demo writes only into a new or "
+                   "empty folder (-o DIR)")
+            raise typer.Exit(OutputError.exit_code)
     samples = samples_dir() / "math.jsonl"
     server = SimServer(script=Script.from_jsonl(samples), record=False)
     url = server.start()

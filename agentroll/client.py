@@ -23,6 +23,7 @@ from .errors import ServerError
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 FATAL_STATUS = frozenset({401, 403, 404})
 TOKEN_ID_PREFIX = "token_id:"
+FINISHED = frozenset({"stop", "length"})  # what a finished generation ends with; "abort" and the rest are retried
 
 log = logging.getLogger("agentroll")
 
@@ -299,9 +300,11 @@ class CompletionClient:
         except orjson.JSONDecodeError:
             return status, None
 
-    async def post_with_retries(self, path: str, body: dict[str, Any]) -> Any:
-        """A POST that the run depends on (server-side rendering): retried like a completion, on its own cap.
-        Returns the parsed JSON of a 200; raises `CallFailed` when it fails for good."""
+    async def post_with_retries(self, path: str, body: dict[str, Any],
+                                absent: frozenset[int] = frozenset()) -> Any:
+        """A POST that the run depends on (server-side rendering, the parity probe): retried like a completion,
+        on its own cap. Returns the parsed JSON of a 200, or None for a status in `absent` (the server does not
+        offer this); raises `CallFailed` when it fails for good."""
         payload = orjson.dumps(body)
         attempt, avoid = 0, None
         while True:
@@ -319,6 +322,8 @@ class CompletionClient:
                         problem = CallFailed(f"{endpoint.url}{path} answered 200 with a body that is not JSON",
                                              status, True, endpoint)
                 else:
+                    if status in absent:
+                        return None
                     if status in FATAL_STATUS:
                         raise ServerError(f"{endpoint.url}{path} answered {status}: {error_message(raw, status)}",
                                           status)
@@ -345,6 +350,12 @@ class CompletionClient:
                     ids, logprobs, choice = parse_choice(data, body["prompt"])
                 except CallFailed as exc:  # a malformed answer (a proxy's error page?) may be passing: retried
                     raise CallFailed(f"{endpoint.url}: {exc}", 200, True, endpoint) from None
+                reason = choice.get("finish_reason")
+                if reason not in FINISHED:
+                    # vLLM aborted it (a pause for a weight sync, a shutdown): what it holds is not what the
+                    # model would have said. Asked again; never recorded as an outcome.
+                    raise CallFailed(f"{endpoint.url}: the server ended the request with finish_reason "
+                                     f"{reason!r}", 200, True, endpoint)
             except CallFailed as exc:
                 if not exc.retryable or attempt > self.max_retries:
                     self.counters.failures += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .chat import ChatEncoder, load_tokenizer
+from .chat import ChatEncoder, load_first, tokenizer_candidates
 from .client import CallFailed, CompletionClient, parse_choice
 from .errors import AgentrollError
 from .parity import check_parity, probe_messages
@@ -42,12 +42,17 @@ async def diagnose(base_url: str, api_key: str | None = None, model: str | None 
         checks.append(Check("max_model_len", "ok" if limit else "warn",
                             f"{limit} tokens of prompt + response" if limit else "not reported by /v1/models"))
         try:
-            encoder = ChatEncoder(load_tokenizer(tokenizer or str(name)))
+            _, loaded = load_first(tokenizer_candidates(tokenizer, str(name), entry.get("root")))
+            encoder = ChatEncoder(loaded)
         except AgentrollError as exc:
             checks.append(Check("tokenizer", "fail", str(exc)))
             return checks
         checks.append(await _token_ids(client, encoder, str(name)))
-        parity = await check_parity(client, encoder, str(name), probe_messages(Templates(prompts)))
+        try:
+            parity = await check_parity(client, encoder, str(name), probe_messages(Templates(prompts)))
+        except AgentrollError as exc:
+            checks.append(Check("chat template", "fail", str(exc)))
+            return checks
         if not parity.supported:
             checks.append(Check("chat template", "warn", "the server has no /tokenize for messages: not checked"))
         elif parity.mismatch:

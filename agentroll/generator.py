@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .chat import ChatEncoder, load_tokenizer
+from .chat import ChatEncoder, load_first, tokenizer_candidates
 from .client import ClientCounters, CompletionClient
 from .errors import InputError, ServerError, UsageError
 from .group import Group, annotate
@@ -85,7 +84,7 @@ class Generator:
             config = SystemConfig.from_options(o, model, self.max_context_len)
             self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
                                        prompt_key=self.keys.prompt)
-            self._settings = self._fingerprint(templates)
+            self._settings = self._fingerprint(templates, "server" if encoder.server_render else "local")
         except BaseException:
             await self.aclose()
             raise
@@ -143,14 +142,19 @@ class Generator:
             except InputError as exc:
                 self.stats.groups_invalid += 1
                 return Group(problem, [], "invalid", str(exc), attempt + 1, cause=exc)
-            for samples in executions:
-                self.stats.add_execution(samples)
             finals = [final_reward(e) for e in executions]
             if not o.filter_uniform_groups or len(set(finals)) > 1:
                 annotate(executions, finals)
+                self._count(executions)
                 return Group(problem, executions, "complete", None, attempt + 1)
+        self._count(executions)
         self.stats.groups_filtered += 1
         return Group(problem, executions, "filtered", None, attempts)
+
+    def _count(self, executions: list[list[Any]]) -> None:
+        """The report covers the executions of settled groups: a resampled group's earlier runs are left out."""
+        for samples in executions:
+            self.stats.add_execution(samples)
 
     async def stream(self, rows: Iterable[Any] | AsyncIterable[Any],
                      max_ahead: int = 8) -> AsyncGenerator[Group, None]:
@@ -238,24 +242,9 @@ class Generator:
         return str(name), length if isinstance(length, int) and length > 1 else None, entry.get("root")
 
     async def _tokenizer(self, model: str, root: str | None) -> Any:
-        """--tokenizer; else the server's model root when it is a folder here (vLLM names the model path
-        there), else the model name, else the root as a hub id."""
-        if self.options.tokenizer:
-            candidates = [self.options.tokenizer]
-        else:
-            local_root = [root] if root and os.path.isdir(root) else []
-            candidates = list(dict.fromkeys([*local_root, model, *([root] if root else [])]))
-        error: UsageError | None = None
-        for name in candidates:
-            try:
-                tokenizer = await asyncio.to_thread(load_tokenizer, name)
-            except UsageError as exc:
-                error = error or exc
-                continue
-            self.tokenizer_name = name
-            return tokenizer
-        assert error is not None
-        raise error
+        candidates = tokenizer_candidates(self.options.tokenizer, model, root)
+        self.tokenizer_name, tokenizer = await asyncio.to_thread(load_first, candidates)
+        return tokenizer
 
     @staticmethod
     async def _differs(client: CompletionClient, encoder: ChatEncoder, model: str, templates: Templates) -> bool:
@@ -269,7 +258,7 @@ class Generator:
                         "--tokenizer to render locally", parity.mismatch)
         return parity.mismatch is not None
 
-    def _fingerprint(self, templates: Templates) -> dict[str, Any]:
+    def _fingerprint(self, templates: Templates, rendering: str) -> dict[str, Any]:
         o = self.options
         return {
             "model": self.model, "tokenizer": self.tokenizer_name, "templates": templates.fingerprint,
@@ -280,6 +269,7 @@ class Generator:
             "incorrect_reward_weight": o.incorrect_reward_weight, "filter_uniform_groups": o.filter_uniform_groups,
             "resample_uniform": o.resample_uniform, "keys": asdict(self.keys),
             "chat_template_kwargs": o.chat_template_kwargs, "chat_render": o.chat_render,
+            "prompt_rendering": rendering,  # where prompts actually became ids: --chat-render auto may switch
             "logprobs": "as the server returns them (vLLM --logprobs-mode, default raw_logprobs)",
         }
 

@@ -164,7 +164,7 @@ class Rows:
 def read_problems(path: str, keys: InputKeys = InputKeys(),
                   on_invalid: Callable[[InputError], None] | None = None) -> Iterator[Problem]:
     """Problems of a file (or `-`), lazily. Bad rows raise, unless `on_invalid` takes them (``--skip-invalid``)."""
-    if path != "-" and not Path(path).is_file():
+    if path != "-" and (not Path(path).exists() or Path(path).is_dir()):
         raise InputError(path, 0, None, "no such file")
     rows = Rows(source_name(path), keys, on_invalid)
     stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
@@ -182,7 +182,7 @@ async def aread_problems(path: str, keys: InputKeys = InputKeys(),
                          on_invalid: Callable[[InputError], None] | None = None) -> AsyncIterator[Problem]:
     """`read_problems` for the event loop: a row is handed on as soon as its line arrives (a slow producer on
     stdin is served row by row), and nothing ever waits for stdin to close."""
-    if path != "-" and not Path(path).is_file():
+    if path != "-" and (not Path(path).exists() or Path(path).is_dir()):
         raise InputError(path, 0, None, "no such file")
     rows = Rows(source_name(path), keys, on_invalid)
     line_no = 0
@@ -200,7 +200,10 @@ async def read_lines(path: str) -> AsyncIterator[bytes]:
     chunks: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
     credits = threading.Semaphore(8)
     stop = threading.Event()
-    fd = 0 if path == "-" else os.open(path, os.O_RDONLY)
+    try:
+        fd = 0 if path == "-" else os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise InputError(path, 0, None, f"cannot read: {exc.strerror or exc}") from exc
 
     def pump() -> None:
         try:

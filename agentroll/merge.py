@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from .errors import OutputError
-from .writer import MANIFEST, STATE_DIR, _atomic_write, _shard_name
+from .writer import MANIFEST, STATE_DIR, _atomic_write, _shard_name, scan_groups
 
 
 def _load(folder: Path) -> dict[str, Any]:
@@ -34,13 +34,29 @@ def _load(folder: Path) -> dict[str, Any]:
 
 
 def _problem_ids(folder: Path, manifest: dict[str, Any]) -> set[str]:
+    """The problems a folder holds: from its keys files, or from the shards themselves when the keys were not
+    copied along (`cp`, `gsutil` and rsync often skip dot-folders)."""
     ids: set[str] = set()
     for shard in manifest["shards"]:
         keys = folder / STATE_DIR / "keys" / (Path(shard["file"]).name.removesuffix(".jsonl") + ".keys")
-        ids.update(pid for pid, _ in orjson.loads(keys.read_bytes()))
+        try:
+            ids.update(str(pid) for pid, _ in orjson.loads(keys.read_bytes()))
+        except (OSError, orjson.JSONDecodeError, TypeError, ValueError):
+            try:
+                data = (folder / shard["file"]).read_bytes()
+            except OSError as exc:
+                raise OutputError(f"{folder / shard['file']}: {exc.strerror or exc}") from exc
+            kept, _, _, found = scan_groups(data)
+            if kept != len(data):
+                raise OutputError(f"{folder / shard['file']} is damaged after byte {kept} (not whole groups)") from None
+            ids.update(pid for pid, _ in found)
     filtered = folder / STATE_DIR / "filtered.jsonl"
     if filtered.exists():
-        ids.update(orjson.loads(line)["problem_id"] for line in filtered.read_bytes().splitlines() if line.strip())
+        for line in filtered.read_bytes().splitlines():
+            try:
+                ids.add(str(orjson.loads(line)["problem_id"]))
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # a line torn by a crash: the writer ignores it too
     return ids
 
 
@@ -53,7 +69,14 @@ def _sha256(path: Path) -> str:
 
 
 def merge(inputs: list[Path], output: Path, copy: bool = False, verify: bool = False) -> dict[str, Any]:
-    """Write `output/manifest.json` joining `inputs`; return it."""
+    """Write `output/manifest.json` joining `inputs`; return it. Any OS error is one `OutputError` line."""
+    try:
+        return _merge(inputs, output, copy, verify)
+    except OSError as exc:
+        raise OutputError(f"merge: {exc.filename or ''}: {exc.strerror or exc}".replace(": : ", ": ")) from exc
+
+
+def _merge(inputs: list[Path], output: Path, copy: bool, verify: bool) -> dict[str, Any]:
     if not inputs:
         raise OutputError("merge needs at least one output folder")
     target = output.resolve()

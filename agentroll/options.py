@@ -8,6 +8,7 @@ every value and normalizes the shapes the CLI hands over (a JSON string, comma-s
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -71,6 +72,13 @@ class GenerateOptions:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        for name in ("base_url", "api_key"):  # as the CLI does: the environment fills what is not given
+            if not getattr(self, name):
+                envvar = GenerateOptions.__dataclass_fields__[name].metadata["envvar"]
+                found = next((os.environ[v] for v in ([envvar] if isinstance(envvar, str) else envvar)
+                              if os.environ.get(v)), None)
+                if found:
+                    set_(self, name, found)
         urls = [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
         set_(self, "base_url", [u for v in urls for u in str(v).replace(",", " ").split() if u])
         set_(self, "allow_reward", [self.allow_reward] if isinstance(self.allow_reward, str)
@@ -91,6 +99,7 @@ class GenerateOptions:
         self._validate()
 
     def _validate(self) -> None:
+        check_types(self)
         at_least(self, 1, "num_parallel", "samples_per_prompt", "concurrency", "max_tokens", "reward_concurrency")
         at_least(self, 0, "max_retries", "resample_uniform")
         positive(self, "reward_timeout", "request_timeout", "connect_timeout", "probe_interval")
@@ -126,6 +135,25 @@ class GenerateOptions:
 def default_of(spec: Any) -> Any:
     """A dataclass field's default, made fresh when it comes from a factory."""
     return spec.default_factory() if spec.default_factory is not MISSING else spec.default
+
+
+SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+KIND_NAMES = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def check_types(options: Any) -> None:
+    """Each scalar option has its declared type (`True` is no number, 2.5 is no count): a float max_tokens
+    would only surface as a 400 on every call."""
+    for spec in fields(options):
+        annotation = str(spec.type).replace(" ", "")
+        optional = annotation.endswith("|None")
+        kinds = SCALARS.get(annotation.removesuffix("|None"))
+        value = getattr(options, spec.name)
+        if kinds is None or (optional and value is None):
+            continue
+        if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
+            kind = KIND_NAMES[annotation.removesuffix("|None")]
+            raise UsageError(f"--{flag(spec.name)} must be {kind}, got {value!r}")
 
 
 def flag(name: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient
+from .errors import ServerError, UsageError
 from .templates import Templates
 
 PROBE_PROBLEM = "What is 17 + 25?"
@@ -30,15 +31,31 @@ def probe_messages(templates: Templates, problem: str = PROBE_PROBLEM) -> list[l
             templates.messages("selector", problem, PROBE_ANSWERS)]
 
 
+# A server that answers these to a chat /tokenize has none (or predates `messages` there): nothing to compare.
+NO_CHAT_TOKENIZE = frozenset({400, 404, 405, 422, 501})
+
+
 async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: str,
                        conversations: list[list[dict[str, Any]]]) -> Parity:
+    """Compare our ids with the server's, prompt by prompt. A /tokenize that fails for a while (5xx, timeouts)
+    is retried and then ends the run (`ServerError`): taking it for "no /tokenize" would switch the check off."""
     for i, messages in enumerate(conversations):
-        _, ours = encoder.encode(messages)
+        try:
+            _, ours = encoder.encode(messages)
+        except Exception as exc:  # jinja2 or the tokenizer: the bundled stage prompts cannot be rendered at all
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"the chat template rejects the stage prompts: {detail} (see --prompts, --tokenizer, "
+                             "--chat-template-kwargs)") from exc
         body = {"model": model, "messages": messages, "add_generation_prompt": True, **(
             {"chat_template_kwargs": encoder.kwargs} if encoder.kwargs else {})}
-        status, answer = await client.post_json("/tokenize", body)
-        if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
+        try:
+            answer = await client.post_with_retries("/tokenize", body, absent=NO_CHAT_TOKENIZE)
+        except CallFailed as exc:
+            raise ServerError(f"the chat-template check could not ask the server: {exc}", exc.status) from exc
+        if answer is None:
             return Parity(i, None, supported=False)
+        if not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
+            raise ServerError(f"/tokenize answered 200 without token ids: {str(answer)[:200]}")
         theirs = answer["tokens"]
         if theirs != ours:
             at = next((j for j, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),

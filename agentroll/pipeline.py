@@ -182,7 +182,9 @@ class AgentSystem:
             try:
                 cached = await self._render("solver", messages)
             except UsageError as exc:
-                raise InputError(problem.source, problem.line, key, str(exc)) from exc
+                if isinstance(problem.prompt, list):  # the row's own messages: the row is bad
+                    raise InputError(problem.source, problem.line, key, str(exc)) from exc
+                raise  # our solver template, rendered: the set-up is bad, not the row
             limit = self.config.max_context_len
             if limit is not None and len(cached[1]) >= limit:
                 raise InputError(problem.source, problem.line, key, f"the rendered prompt has {len(cached[1])} "

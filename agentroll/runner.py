@@ -21,7 +21,7 @@ from .client import ClientCounters
 from .errors import InputError, TooManyFailures, UsageError
 from .generator import Generator
 from .group import Group
-from .inputs import Problem, aread_problems, in_partition, parse_partition
+from .inputs import Problem, aread_problems, in_partition, parse_partition, source_name
 from .options import at_least, option
 from .stats import RunStats
 from .writer import ShardWriter, StdoutWriter
@@ -71,8 +71,10 @@ class RunResult:
 
     @property
     def missing_groups(self) -> int:
-        """Problems read whose group is not on disk and that were not skipped as asked."""
-        return self.stats.groups_failed
+        """Rows read whose group is neither on disk nor filtered, and that were not skipped as asked (already
+        done, or invalid under --skip-invalid): failed groups, and those a signal or an error cut short."""
+        s = self.stats
+        return max(0, s.problems - s.groups_written - s.groups_filtered - s.problems_skipped_done - s.invalid_rows)
 
 
 class Progress:
@@ -84,10 +86,14 @@ class Progress:
 
 
 def _count_rows(path: str, limit: int | None) -> int | None:
-    if path == "-" or not os.path.isfile(path) or os.path.getsize(path) > 256 * 2**20:
-        return limit
-    with open(path, "rb") as f:
-        rows = sum(1 for line in f if line.strip())
+    """Rows in a regular file of reasonable size, for the progress bar; None (unknown) otherwise."""
+    try:
+        if path == "-" or not os.path.isfile(path) or os.path.getsize(path) > 256 * 2**20:
+            return limit
+        with open(path, "rb") as f:
+            rows = sum(1 for line in f if line.strip())
+    except OSError as exc:
+        raise InputError(path, 0, None, f"cannot read: {exc.strerror or exc}") from exc
     return min(rows, limit) if limit is not None else rows
 
 
@@ -106,8 +112,8 @@ class Runner:
         """Generate every row's group. Returns when the input is done (check `complete`); raises the error that
         ended the run otherwise (`self.result` then holds the figures so far)."""
         opts = self.run_options
-        if opts.input != "-" and not os.path.isfile(opts.input):
-            raise InputError(opts.input, 0, None, "no such file")
+        if opts.input != "-" and (not os.path.exists(opts.input) or os.path.isdir(opts.input)):
+            raise InputError(opts.input, 0, None, "no such file")  # a FIFO or <(process substitution) is fine
         started = time.monotonic()
         gen = self.generator
         async with gen:
@@ -116,14 +122,17 @@ class Runner:
                 Path(opts.output), settings, opts.shard_size, opts.overwrite)
             done = writer.open()
             self.result = result = RunResult(self.stats, gen.counters, 0.0, gen.model, opts.output)
-            self.progress.start(None if opts.partition else _count_rows(opts.input, opts.limit))
             try:
+                self.progress.start(None if opts.partition else _count_rows(opts.input, opts.limit))
                 # A few groups beyond what fills --concurrency keep the cap busy between stages (measured).
                 per_group = gen.options.num_parallel * gen.options.samples_per_prompt
                 ahead = 2 + 4 * -(-gen.options.concurrency // per_group)
                 async with contextlib.aclosing(gen.stream(self._todo(done), max_ahead=ahead)) as groups:
                     async for group in groups:
                         self._commit(writer, group)
+                if opts.skip_invalid and self.stats.problems and self.stats.invalid_rows == self.stats.problems:
+                    raise InputError(source_name(opts.input), 0, None, f"every row read ({self.stats.problems}) "
+                                     "was invalid: check --prompt-key, --label-key and the warnings above")
                 result.complete = result.missing_groups == 0
             finally:
                 self.progress.stop()
@@ -160,7 +169,7 @@ class Runner:
         opts, stats, gen = self.run_options, self.stats, self.generator
         on_invalid = self._skip if opts.skip_invalid else None
         taken = 0
-        async for problem in aread_problems(opts.input, gen.keys, on_invalid):
+        async for problem in aread_problems(opts.input, gen.keys, self._skip_unread if on_invalid else None):
             if opts.slice is not None and not in_partition(problem.id, *opts.slice):
                 continue
             if opts.limit is not None and taken >= opts.limit:
@@ -187,6 +196,11 @@ class Runner:
     def _skip(self, exc: InputError) -> None:
         self.stats.invalid_rows += 1
         log.warning("skipping invalid row: %s", exc)
+
+    def _skip_unread(self, exc: InputError) -> None:
+        """A row that could not even be parsed: it counts as read, and as skipped."""
+        self.stats.problems += 1
+        self._skip(exc)
 
 
 RUN_OPTION_NAMES = [f.name for f in fields(RunOptions)]

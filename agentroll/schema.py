@@ -9,8 +9,8 @@ SCHEMA_VERSION = 2  # 2: groups are whole; problem_hash; more than one </think> 
 
 STAGES = ("solver", "rewriter", "selector")
 
-# vLLM's finish_reason -> our status. Anything else (an unknown or missing reason) is treated as aborted:
-# the sample is still written with its tokens, but a trainer should not mistake it for a clean stop.
+# vLLM's finish_reason -> our status. The client retries any other reason ("abort": vLLM stopped the request),
+# and a call that never finishes fails its group, so "aborted" is only a safety net and is never written.
 STATUS_BY_FINISH_REASON = {"stop": "completed", "length": "truncated", "abort": "aborted"}
 
 

@@ -378,7 +378,10 @@ class StdoutWriter:
             # The consumer (head, a loader) is gone: point stdout at /dev/null so exit is quiet, and stop.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise PipeClosed("stdout was closed by its reader") from None
+        except OSError as exc:  # disk full behind a redirect, a closed terminal...
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing half-flushed at exit
+            raise OutputError(f"cannot write to stdout: {exc.strerror or exc}") from exc
 
     def close(self, complete: bool) -> None:
-        with contextlib.suppress(BrokenPipeError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
             sys.stdout.buffer.flush()

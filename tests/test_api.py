@@ -61,11 +61,22 @@ def test_the_generator_takes_the_cli_options_with_the_same_defaults():
     ({"concurrency": 2.5}, "--concurrency must be a whole number"),
     ({"chat_template_kwargs": "[1]"}, "--chat-template-kwargs must be a JSON object"),
     ({"base_url": []}, "no server given"),
+    ({"max_context_len": 3000.5}, "--max-context-len must be a whole number, got 3000.5"),
+    ({"temperature": True}, "--temperature must be a number, got True"),
+    ({"seed": 1.5}, "--seed must be a whole number"),
 ])
 def test_every_numeric_option_is_validated(kwargs, message):
     with pytest.raises(agentroll.UsageError) as info:
         agentroll.Generator(**{"base_url": "http://127.0.0.1:1", **kwargs})
     assert message in str(info.value)
+
+
+def test_the_api_reads_the_environment_as_the_cli_does(monkeypatch):
+    monkeypatch.setenv("AGENTROLL_BASE_URL", "http://127.0.0.1:5,http://127.0.0.1:6")
+    monkeypatch.setenv("OPENAI_API_KEY", "sesame")
+    options = agentroll.Generator().options
+    assert (options.base_url, options.api_key) == (["http://127.0.0.1:5", "http://127.0.0.1:6"], "sesame")
+    assert agentroll.Generator(base_url="http://127.0.0.1:7", api_key="k").options.api_key == "k"
 
 
 def generator(url: str, **kw) -> agentroll.Generator:

@@ -59,3 +59,35 @@ def test_a_different_chat_template_fails_the_doctor_and_generate_renders_on_the_
 def test_doctor_on_a_dead_server_fails(tmp_path):
     proc = run_cli("doctor", "--base-url", "http://127.0.0.1:9", "--tokenizer", TOKENIZER)
     assert proc.returncode == 1 and "fail server: cannot reach" in proc.stderr.decode()
+
+
+def test_the_doctor_finds_the_tokenizer_where_generate_does_in_the_servers_model_root(sim):
+    proc = run_cli("doctor", "--base-url", sim.url)
+    out = proc.stderr.decode()
+    assert proc.returncode == 0, out
+    assert "ok   chat template: 3 stage prompts render to the same ids" in out
+
+
+def test_a_tokenize_that_keeps_failing_ends_the_run_instead_of_switching_the_check_off(sim, problems, tmp_path):
+    folder = other_template(tmp_path)  # a mismatch the check must not miss
+    sim.faults.tokenize_error_rate = 1.0
+    proc = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
+                   str(folder), "--num-parallel", "1", "--reward", "exact", "--max-retries", "1")
+    assert proc.returncode == 4, proc.stderr.decode()
+    assert b"error: the chat-template check could not ask the server" in proc.stderr
+    assert sim.completions == 0 and b"Traceback" not in proc.stderr
+
+
+def test_a_chat_template_that_rejects_the_stage_prompts_is_one_usage_line(sim, problems, tmp_path):
+    folder = tmp_path / "tok"
+    shutil.copytree(sim_tokenizer_dir(), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ raise_exception('this template needs a system message') }}"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    base = ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
+            str(folder), "--num-parallel", "1", "--reward", "exact"]
+    for extra in ([], ["--chat-render", "local", "--skip-invalid"]):
+        proc = run_cli(*base, *extra)
+        assert proc.returncode == 2, proc.stderr.decode()
+        assert b"the chat template rejects the" in proc.stderr and b"needs a system message" in proc.stderr
+        assert b"Traceback" not in proc.stderr and sim.completions == 0

@@ -62,6 +62,7 @@ def test_uniform_groups_are_left_out_after_the_resample_cap_and_remembered(tmp_p
         stats = manifest["last_run"]["stats"]
         assert manifest["filtered_groups"] == stats["groups_filtered"] == 3
         assert stats["groups_resampled"] == 3 * 2 and stats["groups_written"] == 2
+        assert stats["executions"] == (2 + 3) * 2  # the settled runs only: resampled attempts are not counted
         # each uniform problem ran 1 + 2 times, two executions each time; a mixed one once
         assert script.selections["right-1"] == script.selections["wrong-1"] == 6 and script.selections["mixed-1"] == 2
         calls = server.completions

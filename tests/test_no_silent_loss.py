@@ -264,3 +264,55 @@ def test_the_uniform_filter_judges_whole_groups_only_and_never_records_a_failure
     for pid in written:  # every written group is mixed: its final rewards differ
         finals = {r["final_reward"] for r in read_records(out) if r["problem_id"] == pid}
         assert len(finals) > 1
+
+
+def test_a_response_vllm_aborted_is_retried_and_never_written_as_what_the_model_said(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 6)
+    server = start(problems, abort_rate=0.3)
+    try:
+        ok = run_cli(*args(problems, tmp_path / "ok", server.url, "--max-retries", "10"))
+        assert ok.returncode == 0, ok.stderr.decode()
+        requests = json.loads((tmp_path / "ok" / "manifest.json").read_text())["last_run"]["requests"]
+        assert requests["retries"] > 0
+        records = read_records(tmp_path / "ok")
+        assert records and {r["status"] for r in records} <= {"completed", "truncated"}
+        assert {r["finish_reason"] for r in records} <= {"stop", "length"} and len(whole_groups(tmp_path / "ok")) == 6
+        server.faults.abort_rate = 1.0
+        never = run_cli(*args(problems, tmp_path / "never", server.url, "--max-retries", "1"))
+        assert never.returncode == 8 and b"finish_reason 'abort'" in never.stderr
+        assert read_records(tmp_path / "never") == []
+    finally:
+        server.stop()
+
+
+def test_a_context_too_small_for_any_prompt_is_not_a_quiet_success_under_skip_invalid(sim, problems, tmp_path):
+    proc = run_cli(*args(problems, tmp_path / "out", sim.url, "--max-context-len", "10", "--skip-invalid"))
+    assert proc.returncode == 3, proc.stderr.decode()
+    assert b"every row read (8) was invalid" in proc.stderr and b"no room to generate" in proc.stderr
+
+
+def test_input_from_a_named_pipe_and_output_to_a_full_disk(sim, problems, tmp_path):
+    fifo = tmp_path / "rows.fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "agentroll", *args(fifo, tmp_path / "out", sim.url)],
+                            stderr=subprocess.PIPE)
+    with open(fifo, "wb") as f:  # blocks until agentroll opens it for reading
+        f.write(problems.read_bytes())
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr.decode()
+    assert len(whole_groups(tmp_path / "out")) == 8
+
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([sys.executable, "-m", "agentroll", *args(problems, "-", sim.url)], stdout=full,
+                              stderr=subprocess.PIPE, timeout=120)
+    assert proc.returncode == 6 and b"cannot write to stdout: No space left on device" in proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
+def test_demo_refuses_a_folder_that_holds_real_rollouts(tmp_path):
+    folder = tmp_path / "precious"
+    folder.mkdir()
+    (folder / "rollouts-00000.jsonl").write_text('{"problem_id": "keep me"}\n')
+    proc = run_cli("demo", "-o", str(folder), "-q")
+    assert proc.returncode == 6 and b"holds something other than an earlier demo" in proc.stderr
+    assert (folder / "rollouts-00000.jsonl").read_text() == '{"problem_id": "keep me"}\n'

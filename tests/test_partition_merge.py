@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,18 @@ def test_merge_refuses_to_write_into_one_of_its_inputs_or_to_merge_a_merged_fold
     nested = run_cli("merge", str(tmp_path / "all"), "-o", str(tmp_path / "again"))
     assert nested.returncode == 6 and b"is itself a merged folder: merge the folders it was made from" in nested.stderr
     assert len(nested.stderr.decode().strip().splitlines()) == 1
+
+
+def test_merge_reads_folders_copied_without_their_keys_and_with_a_torn_filtered_line(sim, problems, tmp_path):
+    base = ["generate", str(problems), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "1",
+            "--reward", "exact", "--shard-size", "5"]
+    for k in range(2):
+        assert run_cli(*base, "-o", str(tmp_path / f"part{k}"), "--partition", f"{k}/2").returncode == 0
+    shutil.rmtree(tmp_path / "part0" / ".agentroll")  # copied by a tool that skips dot-folders
+    with open(tmp_path / "part1" / ".agentroll" / "filtered.jsonl", "ab") as f:
+        f.write(b'{"problem_id": "p9')  # a crash mid-line
+    proc = run_cli("merge", str(tmp_path / "part0"), str(tmp_path / "part1"), "-o", str(tmp_path / "all"))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert {r["problem_id"] for r in shard_records(tmp_path / "all")} == {f"p{i:03d}" for i in range(8)}
+    twice = run_cli("merge", str(tmp_path / "part0"), str(tmp_path / "part0"), "-o", str(tmp_path / "bad"))
+    assert twice.returncode == 6 and b"is in both" in twice.stderr  # found from the shards themselves
