@@ -23,6 +23,7 @@ from .errors import ServerError
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 FATAL_STATUS = frozenset({401, 403, 404})
 TOKEN_ID_PREFIX = "token_id:"
+INT, NUMBER = frozenset({int}), frozenset({int, float})  # exact types: JSON true/false (bool) is neither
 FINISHED = frozenset({"stop", "length"})  # what a finished generation ends with; "abort" and the rest are retried
 
 log = logging.getLogger("agentroll")
@@ -107,11 +108,12 @@ def parse_choice(payload: Any, sent_ids: list[int]) -> tuple[list[int], list[flo
             raise CallFailed(f"cannot read token ids from logprobs.tokens: {exc}") from None
         if len(ids) != len(lp["tokens"]):
             raise CallFailed("logprobs.tokens are not 'token_id:N' strings (return_tokens_as_token_ids ignored?)")
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+    # Type checks in C (`map(type, ...)`): a per-token Python loop here cost a third of the client's CPU.
+    if not isinstance(ids, list) or not set(map(type, ids)) <= INT:
         raise CallFailed("token_ids is not a list of integers")
     if len(ids) != len(logprobs):
         raise CallFailed(f"{len(ids)} token ids but {len(logprobs)} logprobs")
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in logprobs):
+    if not set(map(type, logprobs)) <= NUMBER:
         raise CallFailed("a response logprob is null or not a number")
     if not isinstance(choice.get("text", ""), str | None):
         raise CallFailed("choices[0].text is not a string")

@@ -165,44 +165,46 @@ class Generator:
             raise UsageError("max_ahead must be at least 1")
         self._require()
         pending: set[asyncio.Future[Any]] = set()
+        finished: asyncio.Queue[asyncio.Future[Any]] = asyncio.Queue()  # O(1) per group, unlike asyncio.wait
         source = _rows(rows)
         fetch: asyncio.Future[Any] | None = None  # the next row, awaited alongside the groups in flight
         row_error: BaseException | None = None
         exhausted = False
-        ready: list[asyncio.Future[Any]] = []  # finished, not yet handed over
         try:
             while True:
                 if fetch is None and not exhausted and row_error is None and len(pending) < max_ahead:
                     fetch = asyncio.ensure_future(anext(source))
-                waiting = pending | ({fetch} if fetch is not None else set())
-                if not waiting:
+                    fetch.add_done_callback(finished.put_nowait)
+                if not pending and fetch is None:
                     break
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if fetch is not None and fetch in done:
-                    done.discard(fetch)
+                task = await finished.get()
+                if task is fetch:
+                    fetch = None
                     try:
-                        problem = self.problem(fetch.result())
+                        problem = self.problem(task.result())
                     except StopAsyncIteration:
                         exhausted = True
                     except Exception as exc:  # a bad row: finish what was started, then raise it
                         row_error = exc
                     else:
-                        pending.add(asyncio.create_task(self.run_group(problem)))
-                    fetch = None
-                pending -= done
-                ready.extend(done)
-                while ready:  # while the consumer holds a group, nothing new starts
-                    yield ready.pop(0).result()
+                        group = asyncio.create_task(self.run_group(problem))
+                        group.add_done_callback(finished.put_nowait)
+                        pending.add(group)
+                else:  # while the consumer holds a group, nothing new starts
+                    pending.discard(task)
+                    yield task.result()
             if row_error is not None:
                 raise row_error
         finally:
-            for task in ready:  # an error that ends the run is raised once; the others are not worth a warning
-                if not task.cancelled():
-                    task.exception()
             leftovers = [*pending, *([fetch] if fetch is not None else [])]
             for task in leftovers:
+                task.remove_done_callback(finished.put_nowait)
                 task.cancel()
             await asyncio.gather(*leftovers, return_exceptions=True)
+            while not finished.empty():  # finished, never handed over: an error that ends the run is raised
+                task = finished.get_nowait()  # once; the others are not worth a warning
+                if not task.cancelled():
+                    task.exception()
             await source.aclose()
 
     # -- set-up helpers -----------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 python saturation.py --concurrency 64 --latency 0.1 --window 20
+python saturation.py --concurrency 64 --latency 0.1 --window 20 --reward exact
 python saturation.py --concurrency 512 --latency 1 --window 30
 python saturation.py --concurrency 2048 --latency 4 --window 40
 python saturation.py --concurrency 64 --latency 0 --window 15
