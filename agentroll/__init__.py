@@ -16,6 +16,7 @@ from .errors import (
 from .generator import Generator
 from .group import Group
 from .options import GenerateOptions
+from .readers import read_groups, read_records
 from .schema import Sample
 
 __version__ = "0.1.0"
@@ -34,4 +35,6 @@ __all__ = [
     "TooManyFailures",
     "UsageError",
     "__version__",
+    "read_groups",
+    "read_records",
 ]

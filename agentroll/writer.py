@@ -23,7 +23,7 @@ import hashlib
 import os
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,36 +64,52 @@ def _shard_name(index: int) -> str:
     return f"{SHARD_PREFIX}{index:05d}.jsonl"
 
 
-def scan_groups(data: bytes) -> tuple[int, int, int, list[GroupKey]]:
-    """Whole groups at the start of a shard's bytes: (bytes kept, records, executions, group keys).
+def group_blocks(data: bytes) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """The whole groups at the start of a shard's bytes, in order: (byte offset just past the group, its records).
 
     A group is `group_size` executions of one problem, each `rollout_size` parseable records of one rollout;
-    everything from the first torn or short group on is dropped (it was being written when the process died).
+    it stops at the first torn or short group (the one being written when the process died, or being written
+    now, for a reader that follows a live run).
     """
     lines = data.split(b"\n")
     complete = len(lines) - 1  # the last element follows the final newline: empty, or a torn line
-    i = pos = records = executions = 0
-    keys: list[GroupKey] = []
+    i = pos = 0
     while i < complete:
         try:
             first = orjson.loads(lines[i])
             group_size, pid = int(first["group_size"]), str(first["problem_id"])
-            j, blocks = i, 0
+            j, records, blocks = i, [], 0
             while blocks < group_size:
                 head = orjson.loads(lines[j])
                 size = int(head["rollout_size"])
                 if size < 1 or j + size > complete:
-                    raise ValueError("short execution")
+                    return
                 block = [head] + [orjson.loads(x) for x in lines[j + 1: j + size]]
                 if any(r.get("rollout_id") != head["rollout_id"] or str(r.get("problem_id")) != pid for r in block):
-                    raise ValueError("mixed execution")
+                    return
+                records += block
                 j, blocks = j + size, blocks + 1
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
-            break
+            return
         pos += sum(len(x) + 1 for x in lines[i:j])
-        records, executions, i = records + (j - i), executions + group_size, j
-        keys.append((pid, str(first.get("problem_hash", ""))))
-    return pos, records, executions, keys
+        i = j
+        yield pos, records
+
+
+def _executions(records: list[dict[str, Any]]) -> int:
+    return len({r["rollout_id"] for r in records})
+
+
+def scan_groups(data: bytes) -> tuple[int, int, int, list[GroupKey]]:
+    """Whole groups at the start of a shard's bytes: (bytes kept, records, executions, group keys)."""
+    kept = records = executions = 0
+    keys: list[GroupKey] = []
+    for end, group in group_blocks(data):
+        kept = end
+        records += len(group)
+        executions += _executions(group)
+        keys.append((str(group[0]["problem_id"]), str(group[0].get("problem_hash", ""))))
+    return kept, records, executions, keys
 
 
 class ShardWriter:

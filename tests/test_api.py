@@ -23,14 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 ROW = {"id": "q1", "prompt": "What is 40 plus 2?", "label": "42"}
 
 PUBLIC = ["AgentrollError", "GenerateOptions", "Generator", "Group", "IncompleteRun", "InputError", "OutputError",
-          "RewardError", "Sample", "ServerError", "TooManyFailures", "UsageError", "__version__"]
+          "RewardError", "Sample", "ServerError", "TooManyFailures", "UsageError", "__version__", "read_groups",
+          "read_records"]
 
 
 def test_all_is_exactly_the_public_surface():
     assert sorted(agentroll.__all__) == sorted(PUBLIC)
     for name in agentroll.__all__:
         value = getattr(agentroll, name)
-        assert name == "__version__" or value.__module__.startswith("agentroll.")
+        assert name == "__version__" or value.__module__.startswith("agentroll.")  # no re-export of a dependency
     public_classes = {n for n, v in vars(agentroll).items() if isinstance(v, type) and not n.startswith("_")}
     assert public_classes <= set(agentroll.__all__)
 

@@ -1,0 +1,97 @@
+"""Reading a folder back: records and whole groups in manifest order, and following a live run that is killed
+and restarted while the reader waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import agentroll
+from agentroll.sim.script import Script
+from agentroll.sim.server import Faults, SimServer
+
+from .conftest import TOKENIZER, run_cli, write_problems
+
+
+def generate_args(problems: Path, out: Path, url: str, *extra: str) -> list[str]:
+    return ["generate", str(problems), "-o", str(out), "--base-url", url, "--tokenizer", TOKENIZER,
+            "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", "--shard-size", "15", *extra]
+
+
+def test_records_and_groups_come_back_in_manifest_order_whole(sim, problems, tmp_path):
+    out = tmp_path / "out"
+    assert run_cli(*generate_args(problems, out, sim.url)).returncode == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["shards"]) > 1
+    lines = [json.loads(line) for s in manifest["shards"] for line in (out / s["file"]).read_text().splitlines()]
+    assert list(agentroll.read_records(out)) == lines
+    groups = list(agentroll.read_groups(out))
+    assert [r for g in groups for r in g.records()] == lines
+    assert [g.problem_id for g in groups] == list(dict.fromkeys(r["problem_id"] for r in lines))
+    for group in groups:
+        assert len(group.executions) == 2 and group.ok
+        assert [e[0].sample_index for e in group.executions] == [0, 1]
+        assert {s.rollout_id for s in group.executions[0]} != {s.rollout_id for s in group.executions[1]}
+        assert group.problem.content_hash == group.executions[0][0].problem_hash
+
+
+def test_a_merged_folder_reads_as_its_parts(sim, problems, tmp_path):
+    for k in range(2):
+        assert run_cli(*generate_args(problems, tmp_path / f"p{k}", sim.url, "--partition", f"{k}/2")).returncode == 0
+    assert run_cli("merge", str(tmp_path / "p0"), str(tmp_path / "p1"), "-o", str(tmp_path / "all")).returncode == 0
+    merged = [g.problem_id for g in agentroll.read_groups(tmp_path / "all")]
+    parts = [g.problem_id for k in range(2) for g in agentroll.read_groups(tmp_path / f"p{k}")]
+    assert merged == parts and sorted(merged) == [f"p{i:03d}" for i in range(8)]
+
+
+def test_following_a_live_run_that_is_killed_and_restarted_yields_each_group_once(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 30)
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.02))
+    server.start()
+    out = tmp_path / "out"
+    args = generate_args(problems, out, server.url, "--concurrency", "4")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    seen: list[agentroll.Group] = []
+    errors: list[BaseException] = []
+    first_group = threading.Event()
+
+    def follow() -> None:
+        try:
+            for group in agentroll.read_groups(out, follow=True, poll_s=0.05, timeout_s=300):
+                seen.append(group)
+                first_group.set()
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    run = None
+    try:
+        run = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stderr=subprocess.DEVNULL, env=env)
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        assert first_group.wait(120), "no group was followed"
+        assert server.wait_for_completions(server.completions + 40, timeout=120)
+        run.send_signal(signal.SIGKILL)  # mid-run, mid-group: the partial shard has a torn tail or none
+        run.wait()
+        assert reader.is_alive()  # the manifest does not say complete: the reader waits
+        before = len(seen)
+        assert 0 < before < 30
+        rerun = run_cli(*args)
+        assert rerun.returncode == 0, rerun.stderr.decode()
+        reader.join(120)
+        assert not reader.is_alive() and not errors, errors
+    finally:
+        if run is not None and run.poll() is None:
+            run.kill()
+            run.wait()
+        server.stop()
+    counts = Counter(g.problem_id for g in seen)
+    assert sorted(counts) == [f"p{i:03d}" for i in range(30)] and set(counts.values()) == {1}
+    assert all(len(g.executions) == 2 and all(len(e) == e[0].rollout_size for e in g.executions) for g in seen)
+    on_disk = {g.problem_id: [r["rollout_id"] for r in g.records()] for g in agentroll.read_groups(out)}
+    assert {g.problem_id: [r["rollout_id"] for r in g.records()] for g in seen} == on_disk  # what was committed
