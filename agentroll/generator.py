@@ -156,11 +156,12 @@ class Generator:
         for samples in executions:
             self.stats.add_execution(samples)
 
-    async def stream(self, rows: Iterable[Any] | AsyncIterable[Any],
-                     max_ahead: int = 8) -> AsyncGenerator[Group, None]:
-        """Groups of `rows` as they finish. At most `max_ahead` groups are in flight or waiting to be taken, so
-        a slow consumer slows the producer. A row that fails validation raises after the groups already
-        started are yielded; leaving the loop early cancels the groups still running."""
+    async def stream(self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int = 8,
+                     ordered: bool = False) -> AsyncGenerator[Group, None]:
+        """Groups of `rows` as they finish, or in input order with `ordered` (a reorder buffer inside the same
+        bound). At most `max_ahead` groups are in flight or waiting to be taken, so a slow consumer slows the
+        producer. A row that fails validation raises after the groups already started are yielded; leaving the
+        loop early cancels the groups still running."""
         if max_ahead < 1:
             raise UsageError("max_ahead must be at least 1")
         self._require()
@@ -170,6 +171,9 @@ class Generator:
         fetch: asyncio.Future[Any] | None = None  # the next row, awaited alongside the groups in flight
         row_error: BaseException | None = None
         exhausted = False
+        order: dict[asyncio.Future[Any], int] = {}  # with `ordered`: each group's place in the input
+        ready: dict[int, asyncio.Future[Any]] = {}  # finished, waiting for the groups before them
+        started = handed = 0
         try:
             while True:
                 if fetch is None and not exhausted and row_error is None and len(pending) < max_ahead:
@@ -190,9 +194,17 @@ class Generator:
                         group = asyncio.create_task(self.run_group(problem))
                         group.add_done_callback(finished.put_nowait)
                         pending.add(group)
-                else:  # while the consumer holds a group, nothing new starts
+                        order[group], started = started, started + 1
+                elif not ordered:  # while the consumer holds a group, nothing new starts
                     pending.discard(task)
                     yield task.result()
+                else:
+                    ready[order.pop(task)] = task
+                    while handed in ready:
+                        head = ready.pop(handed)
+                        pending.discard(head)
+                        handed += 1
+                        yield head.result()
             if row_error is not None:
                 raise row_error
         finally:

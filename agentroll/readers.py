@@ -19,13 +19,14 @@ from typing import Any
 
 import orjson
 
-from .errors import OutputError
+from .errors import OutputError, UsageError
 from .group import Group
 from .inputs import Problem
 from .schema import Sample
-from .writer import MANIFEST, PARTIAL, SHARD_PREFIX, group_blocks
+from .writer import MANIFEST, PARTIAL, SHARD_PREFIX, STATE_DIR, group_blocks
 
 _SAMPLE_FIELDS = frozenset(f.name for f in fields(Sample))
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _INDEX = re.compile(rf"^{re.escape(SHARD_PREFIX)}(\d+)\.jsonl(?:{re.escape(PARTIAL)})?$")
 
 
@@ -72,10 +73,18 @@ def as_group(records: list[dict[str, Any]]) -> Group:
 
 
 def read_groups(path: str | os.PathLike[str], follow: bool = False, poll_s: float = 0.5,
-                timeout_s: float | None = None) -> Iterator[Group]:
+                timeout_s: float | None = None, consumer: str | None = None) -> Iterator[Group]:
     """Whole groups of a folder in manifest order; with `follow`, of a live run as it commits them (see the
     module's docstring). `timeout_s` bounds how long a follower waits without the run completing
-    (`TimeoutError`); None waits as long as the run takes."""
+    (`TimeoutError`); None waits as long as the run takes.
+
+    `consumer` names a durable position (`.agentroll/consumers/NAME`, replaced atomically): a group counts as
+    consumed once the next one is asked for, the reader starts after the groups already consumed, and
+    `generate --consumer NAME --max-ahead G` stops taking prompts while more than G groups are unconsumed. A
+    consumer that dies is given its last group again: at least once, never lost."""
+    if consumer is not None:
+        yield from _consume(read_groups(path, follow, poll_s, timeout_s), Path(path), consumer)
+        return
     if not follow:
         for shard in shard_paths(path):
             data = shard.read_bytes()
@@ -114,6 +123,33 @@ def _follow(folder: Path, poll_s: float, timeout_s: float | None) -> Iterator[Gr
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"{folder}: the run did not complete within {timeout_s:g}s")
         time.sleep(poll_s)
+
+
+def consumer_path(folder: Path, name: str) -> Path:
+    if not _NAME.match(name):
+        raise UsageError(f"consumer name {name!r}: use letters, digits, '.', '_' and '-'")
+    return folder / STATE_DIR / "consumers" / name
+
+
+def consumed(folder: Path, name: str) -> int:
+    """How many groups the consumer has taken, in commit order (0 before it starts)."""
+    try:
+        return int(orjson.loads(consumer_path(folder, name).read_bytes())["groups"])
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return 0
+
+
+def _consume(groups: Iterator[Group], folder: Path, name: str) -> Iterator[Group]:
+    path = consumer_path(folder, name)
+    already = consumed(folder, name)
+    for count, group in enumerate(groups, start=1):
+        if count <= already:
+            continue
+        yield group
+        path.parent.mkdir(parents=True, exist_ok=True)  # asked for the next one: this one is done
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(orjson.dumps({"groups": count, "problem_id": group.problem_id}))
+        os.replace(tmp, path)
 
 
 def _is_complete(folder: Path) -> bool:

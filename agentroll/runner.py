@@ -8,6 +8,7 @@ on every exit path, so the folder is consistent whatever ends the run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -23,6 +24,7 @@ from .generator import Generator
 from .group import Group
 from .inputs import Problem, aread_problems, in_partition, parse_partition, source_name
 from .options import at_least, option
+from .readers import consumed
 from .stats import RunStats
 from .writer import ShardWriter, StdoutWriter
 
@@ -41,6 +43,9 @@ class RunOptions:
     limit: int | None = option(None, "Only the first N problems.")
     partition: str | None = option(None, "I/N: only problems whose id hashes to slice I of N.")
     max_failures: int | None = option(None, "Stop (exit 7) past this many calls failed for good.")
+    ordered: bool = option(False, "Commit groups in input order (a bounded reorder buffer).")
+    consumer: str | None = option(None, "Name of a reader (read_groups(consumer=NAME)) that the run waits for.")
+    max_ahead: int | None = option(None, "With --consumer: most committed groups it may leave unconsumed.")
 
     def __post_init__(self) -> None:
         if not self.output:
@@ -49,6 +54,12 @@ class RunOptions:
         for name in ("limit", "max_failures"):
             if getattr(self, name) is not None:
                 at_least(self, 0, name)
+        if (self.consumer is None) != (self.max_ahead is None):
+            raise UsageError("--consumer and --max-ahead go together")
+        if self.max_ahead is not None:
+            at_least(self, 0, "max_ahead")
+        if self.consumer is not None and self.output == "-":
+            raise UsageError("--consumer needs an output folder, not -o -")
         if self.partition is not None:
             try:
                 parse_partition(self.partition)
@@ -127,7 +138,8 @@ class Runner:
                 # A few groups beyond what fills --concurrency keep the cap busy between stages (measured).
                 per_group = gen.options.num_parallel * gen.options.samples_per_prompt
                 ahead = 2 + 4 * -(-gen.options.concurrency // per_group)
-                async with contextlib.aclosing(gen.stream(self._todo(done), max_ahead=ahead)) as groups:
+                rows = self._todo(done, writer)
+                async with contextlib.aclosing(gen.stream(rows, max_ahead=ahead, ordered=opts.ordered)) as groups:
                     async for group in groups:
                         self._commit(writer, group)
                 if opts.skip_invalid and self.stats.problems and self.stats.invalid_rows == self.stats.problems:
@@ -162,7 +174,7 @@ class Runner:
         if limit is not None and self.generator.counters.failures > limit:
             raise TooManyFailures(f"{self.generator.counters.failures} calls failed for good (--max-failures {limit})")
 
-    async def _todo(self, done: dict[str, str]) -> AsyncIterator[Problem]:
+    async def _todo(self, done: dict[str, str], writer: ShardWriter | StdoutWriter) -> AsyncIterator[Problem]:
         """The rows still to run: bad rows raise (or are counted under --skip-invalid), rows of another slice
         are passed over, and a row already done is skipped, unless its content differs from what was written
         under its id: then it is refused."""
@@ -191,7 +203,19 @@ class Runner:
             if written is not None:
                 stats.problems_skipped_done += 1
                 continue
+            if isinstance(writer, ShardWriter) and opts.consumer is not None:
+                await self._wait_for_consumer(writer, opts.consumer, opts.max_ahead or 0)
             yield problem
+
+    async def _wait_for_consumer(self, writer: ShardWriter, name: str, most: int) -> None:
+        """Take no new prompt while the consumer has more than `most` committed groups still to read."""
+        waiting = False
+        while writer.groups_committed - consumed(writer.directory, name) > most:
+            if not waiting:
+                log.warning("waiting for consumer %s: %d groups committed, %d consumed (--max-ahead %d)", name,
+                            writer.groups_committed, consumed(writer.directory, name), most)
+                waiting = True
+            await asyncio.sleep(0.2)  # another process's progress: a file to look at again
 
     def _skip(self, exc: InputError) -> None:
         self.stats.invalid_rows += 1

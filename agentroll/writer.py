@@ -257,6 +257,11 @@ class ShardWriter:
         used = [int(s["file"][len(SHARD_PREFIX):].split(".")[0]) for s in self.shards]
         return max(used, default=-1) + 1
 
+    @property
+    def groups_committed(self) -> int:
+        """Groups on disk: in finished shards, and in the partial one."""
+        return sum(s.get("groups", 0) for s in self.shards) + (len(self._keys) if self._file is not None else 0)
+
     # -- writing ----------------------------------------------------------------------------------------------
     def commit(self, group: Group) -> None:
         """Put a finished group on disk: a complete one is appended whole, a filtered one is remembered."""

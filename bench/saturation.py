@@ -21,14 +21,14 @@ from common import TOKENIZER, cpu_seconds, metrics, spawn, start_sim, stop, wait
 
 
 def measure(concurrency: int, latency: float, window: float, num_parallel: int, words: int,
-            reward: str = "math") -> dict:
+            reward: str = "math", extra: list[str] | None = None) -> dict:
     sim, url = start_sim(latency, words)
     tmp = Path(tempfile.mkdtemp())
     problems = write_problems(tmp / "p.jsonl", 200_000)
     gen = spawn(
         [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(tmp / "out"), "--base-url", url,
          "--tokenizer", str(TOKENIZER), "--num-parallel", str(num_parallel), "--concurrency", str(concurrency),
-         "--reward", reward, "--max-tokens", "2048", "--quiet"])
+         "--reward", reward, "--max-tokens", "2048", "--quiet", *(extra or [])])
     try:
         warm = max(2 * concurrency, 200)
         assert wait_for(lambda: metrics(url)["vllm:request_success_total"] >= warm, 600), "no warm-up"
@@ -61,9 +61,11 @@ def main() -> None:
     parser.add_argument("--num-parallel", type=int, default=4)
     parser.add_argument("--reasoning-words", type=int, default=150, help="~2 tokens a word: a few hundred tokens")
     parser.add_argument("--reward", default="math", help="agentroll's default (math), as users run it; or exact")
+    parser.add_argument("--ordered", action="store_true", help="generate --ordered (groups in input order)")
     args = parser.parse_args()
-    result = measure(args.concurrency, args.latency, args.window, args.num_parallel, args.reasoning_words, args.reward)
-    print(json.dumps({"reward": args.reward, **result}))
+    result = measure(args.concurrency, args.latency, args.window, args.num_parallel, args.reasoning_words, args.reward,
+                     ["--ordered"] if args.ordered else [])
+    print(json.dumps({"reward": args.reward, "ordered": args.ordered, **result}))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import agentroll
+import agentroll.readers
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
 
@@ -95,3 +96,64 @@ def test_following_a_live_run_that_is_killed_and_restarted_yields_each_group_onc
     assert all(len(g.executions) == 2 and all(len(e) == e[0].rollout_size for e in g.executions) for g in seen)
     on_disk = {g.problem_id: [r["rollout_id"] for r in g.records()] for g in agentroll.read_groups(out)}
     assert {g.problem_id: [r["rollout_id"] for r in g.records()] for g in seen} == on_disk  # what was committed
+
+
+def test_ordered_commits_groups_in_input_order(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 24)
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.01), seed=2)
+    server.start()
+    try:
+        out = tmp_path / "out"
+        proc = run_cli(*generate_args(problems, out, server.url, "--ordered", "--concurrency", "16"))
+        assert proc.returncode == 0, proc.stderr.decode()
+        loose = run_cli(*generate_args(problems, tmp_path / "loose", server.url, "--concurrency", "16"))
+        assert loose.returncode == 0
+    finally:
+        server.stop()
+    assert [g.problem_id for g in agentroll.read_groups(out)] == [f"p{i:03d}" for i in range(24)]
+    # without it, groups land as they finish (this check keeps the one above from passing by accident)
+    assert sorted(g.problem_id for g in agentroll.read_groups(tmp_path / "loose")) == [f"p{i:03d}" for i in range(24)]
+
+
+def test_a_named_consumer_holds_the_run_back_and_takes_every_group_once(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 20)
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.01))
+    server.start()
+    out = tmp_path / "out"
+    args = generate_args(problems, out, server.url, "--concurrency", "4", "--consumer", "trainer", "--max-ahead", "3")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    run = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stderr=subprocess.PIPE, env=env)
+    try:
+        assert run.stderr is not None
+        for line in run.stderr:  # the run says when it stops taking prompts for the consumer
+            if b"waiting for consumer trainer" in line:
+                break
+        else:
+            raise AssertionError("the run never waited for its consumer")
+        assert run.poll() is None
+        committed = sum(1 for shard in out.glob("rollouts-*")  # finished shards and the partial one
+                        for _ in agentroll.readers.group_blocks(shard.read_bytes()))
+        ahead = 2 + 4 * 1  # the runner's groups in flight at --concurrency 4 with N=2, K=2
+        assert 3 < committed <= 3 + ahead < 20  # held back, far from done
+        taken = [g.problem_id for g in agentroll.read_groups(out, follow=True, poll_s=0.05, timeout_s=120,
+                                                              consumer="trainer")]
+        run.wait(120)
+        assert run.returncode == 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        run.stderr.close()
+        server.stop()
+    assert sorted(taken) == [f"p{i:03d}" for i in range(20)]
+    assert json.loads((out / ".agentroll" / "consumers" / "trainer").read_text())["groups"] == 20
+    assert list(agentroll.read_groups(out, consumer="trainer")) == []  # nothing left for it
+
+    first: list[str] = []
+    for group in agentroll.read_groups(out, consumer="other"):
+        first.append(group.problem_id)
+        if len(first) == 5:
+            break  # dies holding its 5th group: that one is not counted as consumed
+    assert json.loads((out / ".agentroll" / "consumers" / "other").read_text())["groups"] == 4
+    rest = [g.problem_id for g in agentroll.read_groups(out, consumer="other")]
+    assert rest == [g.problem_id for g in agentroll.read_groups(out)][4:]  # resumes at the 5th: at least once
