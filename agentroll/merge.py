@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 
 from .errors import OutputError
-from .writer import MANIFEST, STATE_DIR, _atomic_write, _shard_name, scan_groups
+from .shards import is_zstd, scan_groups, shard_name
+from .writer import MANIFEST, STATE_DIR, _atomic_write
 
 
 def _load(folder: Path) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def _problem_ids(folder: Path, manifest: dict[str, Any]) -> set[str]:
     copied along (`cp`, `gsutil` and rsync often skip dot-folders)."""
     ids: set[str] = set()
     for shard in manifest["shards"]:
-        keys = folder / STATE_DIR / "keys" / (Path(shard["file"]).name.removesuffix(".jsonl") + ".keys")
+        keys = folder / STATE_DIR / "keys" / (Path(shard["file"]).name.split(".")[0] + ".keys")
         try:
             ids.update(str(pid) for pid, _ in orjson.loads(keys.read_bytes()))
         except (OSError, orjson.JSONDecodeError, TypeError, ValueError):
@@ -46,7 +47,7 @@ def _problem_ids(folder: Path, manifest: dict[str, Any]) -> set[str]:
                 data = (folder / shard["file"]).read_bytes()
             except OSError as exc:
                 raise OutputError(f"{folder / shard['file']}: {exc.strerror or exc}") from exc
-            kept, _, _, found = scan_groups(data)
+            kept, _, _, found = scan_groups(data, is_zstd(shard["file"]))
             if kept != len(data):
                 raise OutputError(f"{folder / shard['file']} is damaged after byte {kept} (not whole groups)") from None
             ids.update(pid for pid, _ in found)
@@ -106,7 +107,7 @@ def _merge(inputs: list[Path], output: Path, copy: bool, verify: bool) -> dict[s
                 raise OutputError(f"{source} does not match the sha256 in {folder / MANIFEST}")
             entry = dict(shard)
             if copy:
-                target = output / _shard_name(len(shards))
+                target = output / shard_name(len(shards), "zstd" if is_zstd(source) else "none")
                 shutil.copyfile(source, target)
                 entry["file"] = target.name
             else:

@@ -23,11 +23,12 @@ from .errors import OutputError, UsageError
 from .group import Group
 from .inputs import Problem
 from .schema import Sample
-from .writer import MANIFEST, PARTIAL, SHARD_PREFIX, STATE_DIR, group_blocks
+from .shards import PARTIAL, SHARD_PREFIX, is_zstd, read_lines, shard_groups
+from .writer import MANIFEST, STATE_DIR
 
 _SAMPLE_FIELDS = frozenset(f.name for f in fields(Sample))
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-_INDEX = re.compile(rf"^{re.escape(SHARD_PREFIX)}(\d+)\.jsonl(?:{re.escape(PARTIAL)})?$")
+_INDEX = re.compile(rf"^{re.escape(SHARD_PREFIX)}(\d+)\.jsonl(?:\.zst)?(?:{re.escape(PARTIAL)})?$")
 
 
 def _manifest(folder: Path) -> dict[str, Any]:
@@ -50,10 +51,8 @@ def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
 def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Every record of a folder as its JSONL dict, in manifest order."""
     for shard in shard_paths(path):
-        with open(shard, "rb") as f:
-            for line in f:
-                if line.strip():
-                    yield orjson.loads(line)
+        for line in read_lines(shard):
+            yield orjson.loads(line)
 
 
 def as_group(records: list[dict[str, Any]]) -> Group:
@@ -89,7 +88,7 @@ def read_groups(path: str | os.PathLike[str], follow: bool = False, poll_s: floa
         for shard in shard_paths(path):
             data = shard.read_bytes()
             read = 0
-            for end, records in group_blocks(data):
+            for end, records in shard_groups(data, is_zstd(shard)):
                 read = end
                 yield as_group(records)
             if read != len(data):
@@ -112,7 +111,7 @@ def _follow(folder: Path, poll_s: float, timeout_s: float | None) -> Iterator[Gr
             except FileNotFoundError:  # renamed (finished) or recovered since the listing: next pass
                 continue
             start = offsets.get(shard.name, 0)
-            for end, records in group_blocks(data):
+            for end, records in shard_groups(data, is_zstd(shard)):
                 offsets[shard.name] = start + end
                 pid = str(records[0]["problem_id"])
                 if pid not in seen:  # a shard renamed or recovered is read again from its start

@@ -25,6 +25,7 @@ from .group import Group
 from .inputs import Problem, aread_problems, in_partition, parse_partition, source_name
 from .options import at_least, option
 from .readers import consumed
+from .shards import COMPRESSIONS
 from .stats import RunStats
 from .writer import ShardWriter, StdoutWriter
 
@@ -38,6 +39,7 @@ class RunOptions:
     input: str = option("-", "Prompt JSONL file, or - for stdin.")
     output: str = option("", "Output folder, or - to stream JSONL to stdout.", short="-o")
     shard_size: int = option(1000, "Records per shard (whole groups).")
+    compression: str = option("none", "none | zstd: shards as rollouts-NNNNN.jsonl.zst, one frame per group.")
     overwrite: bool = option(False, "Delete earlier rollouts in the output folder.")
     skip_invalid: bool = option(False, "Log and count bad input rows instead of stopping.")
     limit: int | None = option(None, "Only the first N problems.")
@@ -54,6 +56,8 @@ class RunOptions:
         for name in ("limit", "max_failures"):
             if getattr(self, name) is not None:
                 at_least(self, 0, name)
+        if self.compression not in COMPRESSIONS:
+            raise UsageError(f"--compression must be one of {', '.join(COMPRESSIONS)}")
         if (self.consumer is None) != (self.max_ahead is None):
             raise UsageError("--consumer and --max-ahead go together")
         if self.max_ahead is not None:
@@ -128,9 +132,10 @@ class Runner:
         started = time.monotonic()
         gen = self.generator
         async with gen:
-            settings = {**gen.settings, "partition": list(opts.slice) if opts.slice else None}
+            settings = {**gen.settings, "partition": list(opts.slice) if opts.slice else None,
+                        "compression": opts.compression}
             writer = StdoutWriter() if opts.output == "-" else ShardWriter(
-                Path(opts.output), settings, opts.shard_size, opts.overwrite)
+                Path(opts.output), settings, opts.shard_size, opts.overwrite, opts.compression)
             done = writer.open()
             self.result = result = RunResult(self.stats, gen.counters, 0.0, gen.model, opts.output)
             try:

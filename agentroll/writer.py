@@ -23,7 +23,7 @@ import hashlib
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +32,12 @@ import orjson
 from .errors import OutputError, PipeClosed
 from .group import Group
 from .schema import SCHEMA_VERSION
+from .shards import PARTIAL, SHARD_PREFIX, GroupKey, encode, is_zstd, scan_groups, shard_index, shard_name
 
 MANIFEST = "manifest.json"
 STATE_DIR = ".agentroll"
-SHARD_PREFIX = "rollouts-"
-PARTIAL = ".partial"
 FILTERED = "filtered.jsonl"
 
-GroupKey = tuple[str, str]  # (problem id, content hash)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -60,64 +58,13 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _shard_name(index: int) -> str:
-    return f"{SHARD_PREFIX}{index:05d}.jsonl"
-
-
-def group_blocks(data: bytes) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    """The whole groups at the start of a shard's bytes, in order: (byte offset just past the group, its records).
-
-    A group is `group_size` executions of one problem, each `rollout_size` parseable records of one rollout;
-    it stops at the first torn or short group (the one being written when the process died, or being written
-    now, for a reader that follows a live run).
-    """
-    lines = data.split(b"\n")
-    complete = len(lines) - 1  # the last element follows the final newline: empty, or a torn line
-    i = pos = 0
-    while i < complete:
-        try:
-            first = orjson.loads(lines[i])
-            group_size, pid = int(first["group_size"]), str(first["problem_id"])
-            j, records, blocks = i, [], 0
-            while blocks < group_size:
-                head = orjson.loads(lines[j])
-                size = int(head["rollout_size"])
-                if size < 1 or j + size > complete:
-                    return
-                block = [head] + [orjson.loads(x) for x in lines[j + 1: j + size]]
-                if any(r.get("rollout_id") != head["rollout_id"] or str(r.get("problem_id")) != pid for r in block):
-                    return
-                records += block
-                j, blocks = j + size, blocks + 1
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
-            return
-        pos += sum(len(x) + 1 for x in lines[i:j])
-        i = j
-        yield pos, records
-
-
-def _executions(records: list[dict[str, Any]]) -> int:
-    return len({r["rollout_id"] for r in records})
-
-
-def scan_groups(data: bytes) -> tuple[int, int, int, list[GroupKey]]:
-    """Whole groups at the start of a shard's bytes: (bytes kept, records, executions, group keys)."""
-    kept = records = executions = 0
-    keys: list[GroupKey] = []
-    for end, group in group_blocks(data):
-        kept = end
-        records += len(group)
-        executions += _executions(group)
-        keys.append((str(group[0]["problem_id"]), str(group[0].get("problem_hash", ""))))
-    return kept, records, executions, keys
-
-
 class ShardWriter:
     """Appends whole groups to rotating shards and keeps the manifest and the done set current."""
 
     def __init__(self, directory: Path, settings: dict[str, Any], shard_size: int = 1000,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, compression: str = "none") -> None:
         self.directory = Path(directory)
+        self.compression = compression
         self.settings = settings
         self.shard_size = shard_size
         self.overwrite = overwrite
@@ -199,7 +146,7 @@ class ShardWriter:
                 (self.directory / name).unlink()
 
     def _keys_path(self, shard: str) -> Path:
-        return self.directory / STATE_DIR / "keys" / (shard.removesuffix(".jsonl") + ".keys")
+        return self.directory / STATE_DIR / "keys" / (shard.split(".")[0] + ".keys")
 
     def _recover(self, manifest: dict[str, Any] | None) -> None:
         filtered = self.directory / STATE_DIR / FILTERED
@@ -214,7 +161,7 @@ class ShardWriter:
         known = {s.get("file"): s for s in (manifest or {}).get("shards", []) if isinstance(s, dict)}
         keys_dir = self.directory / STATE_DIR / "keys"
         keys_dir.mkdir(exist_ok=True)
-        shards = sorted(self.directory.glob(f"{SHARD_PREFIX}*.jsonl"))
+        shards = sorted(p for p in self.directory.glob(f"{SHARD_PREFIX}*") if not p.name.endswith(PARTIAL))
         for stale in set(keys_dir.glob("*.keys")) - {self._keys_path(p.name) for p in shards}:
             stale.unlink()  # its shard was moved away: those groups are redone
         for path in shards:
@@ -229,9 +176,9 @@ class ShardWriter:
                                       "move it away and rerun (its groups are generated again)")
                 self.done.update((str(k), str(h)) for k, h in orjson.loads(keys_path.read_bytes()))
             self.shards.append(entry)
-        for partial in sorted(self.directory.glob(f"{SHARD_PREFIX}*.jsonl{PARTIAL}")):
+        for partial in sorted(self.directory.glob(f"{SHARD_PREFIX}*{PARTIAL}")):
             data = partial.read_bytes()
-            kept, records, executions, keys = scan_groups(data)
+            kept, records, executions, keys = scan_groups(data, is_zstd(partial))
             if records == 0:
                 partial.unlink()
                 continue
@@ -239,12 +186,12 @@ class ShardWriter:
                 f.truncate(kept)
                 f.flush()
                 os.fsync(f.fileno())
-            final = self.directory / _shard_name(self._next_index())
+            final = self.directory / shard_name(self._next_index(), "zstd" if is_zstd(partial) else "none")
             self._finish_file(partial, final, records, executions, keys, hashlib.sha256(data[:kept]).hexdigest())
 
     def _adopt(self, path: Path) -> dict[str, Any]:
         data = path.read_bytes()
-        kept, records, executions, keys = scan_groups(data)
+        kept, records, executions, keys = scan_groups(data, is_zstd(path))
         if kept != len(data):
             raise OutputError(f"{path} is damaged after byte {kept} (not whole groups); move it away and rerun "
                               "(its groups are generated again)")
@@ -254,7 +201,7 @@ class ShardWriter:
                 "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
     def _next_index(self) -> int:
-        used = [int(s["file"][len(SHARD_PREFIX):].split(".")[0]) for s in self.shards]
+        used = [shard_index(s["file"]) for s in self.shards]
         return max(used, default=-1) + 1
 
     @property
@@ -273,7 +220,7 @@ class ShardWriter:
             raise ValueError(f"a {group.status} group is not committed")
 
     def _append(self, group: Group) -> None:
-        data = group.encode()
+        data = encode(group.encode(), self.compression)
         try:
             if self._file is None:
                 self._start_shard()
@@ -308,7 +255,7 @@ class ShardWriter:
 
     def _start_shard(self) -> None:
         self._index = self._next_index()
-        self._partial = self.directory / (_shard_name(self._index) + PARTIAL)
+        self._partial = self.directory / (shard_name(self._index, self.compression) + PARTIAL)
         self._file = open(self._partial, "wb", buffering=0)  # noqa: SIM115 - open across calls; see finish_shard
         self._hash, self._keys = hashlib.sha256(), []
         self._records = self._executions = self._good_size = 0
@@ -331,7 +278,7 @@ class ShardWriter:
             if self._records == 0:
                 self._partial.unlink()
                 return
-            final = self.directory / _shard_name(self._index)
+            final = self.directory / shard_name(self._index, self.compression)
             self._finish_file(self._partial, final, self._records, self._executions, self._keys,
                               self._hash.hexdigest())
             self._write_manifest(complete=False)

@@ -12,10 +12,14 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+import pytest
+import zstandard
+
 import agentroll
-import agentroll.readers
+from agentroll.shards import shard_groups
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
+from agentroll.writer import ShardWriter
 
 from .conftest import TOKENIZER, run_cli, write_problems
 
@@ -132,7 +136,7 @@ def test_a_named_consumer_holds_the_run_back_and_takes_every_group_once(tmp_path
             raise AssertionError("the run never waited for its consumer")
         assert run.poll() is None
         committed = sum(1 for shard in out.glob("rollouts-*")  # finished shards and the partial one
-                        for _ in agentroll.readers.group_blocks(shard.read_bytes()))
+                        for _ in shard_groups(shard.read_bytes(), compressed=False))
         ahead = 2 + 4 * 1  # the runner's groups in flight at --concurrency 4 with N=2, K=2
         assert 3 < committed <= 3 + ahead < 20  # held back, far from done
         taken = [g.problem_id for g in agentroll.read_groups(out, follow=True, poll_s=0.05, timeout_s=120,
@@ -157,3 +161,45 @@ def test_a_named_consumer_holds_the_run_back_and_takes_every_group_once(tmp_path
     assert json.loads((out / ".agentroll" / "consumers" / "other").read_text())["groups"] == 4
     rest = [g.problem_id for g in agentroll.read_groups(out, consumer="other")]
     assert rest == [g.problem_id for g in agentroll.read_groups(out)][4:]  # resumes at the 5th: at least once
+
+
+def test_zstd_shards_hold_the_same_groups_and_load_with_datasets(sim, problems, tmp_path):
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    assert run_cli(*generate_args(problems, plain, sim.url, "--seed", "4")).returncode == 0
+    proc = run_cli(*generate_args(problems, packed, sim.url, "--seed", "4", "--compression", "zstd"))
+    assert proc.returncode == 0, proc.stderr.decode()
+    files = sorted(p.name for p in packed.glob("rollouts-*"))
+    assert files and all(name.endswith(".jsonl.zst") for name in files)
+    records = list(agentroll.read_records(packed))
+    assert len(records) == json.loads((packed / "manifest.json").read_text())["records"]
+    groups = list(agentroll.read_groups(packed))
+    assert sorted(g.problem_id for g in groups) == sorted(g.problem_id for g in agentroll.read_groups(plain))
+    assert all(len(g.executions) == 2 for g in groups)
+    assert sum(p.stat().st_size for p in packed.glob("rollouts-*")) < sum(
+        p.stat().st_size for p in plain.glob("rollouts-*")) / 2
+    assert run_cli("merge", str(packed), "-o", str(tmp_path / "m"), "--copy", "--verify").returncode == 0
+    assert [r["rollout_id"] for r in agentroll.read_records(tmp_path / "m")] == [r["rollout_id"] for r in records]
+    datasets = pytest.importorskip("datasets")
+    loaded = datasets.load_dataset("json", data_files=[str(packed / f) for f in files], split="train",
+                                   cache_dir=str(tmp_path / "hf"))
+    assert len(loaded) == len(records) and loaded[0]["response_token_ids"] == records[0]["response_token_ids"]
+
+
+def test_a_torn_zstd_frame_is_cut_at_recovery_and_its_group_redone(tmp_path):
+    from .test_writer import crash, group
+
+    writer = ShardWriter(tmp_path, {"model": "m"}, compression="zstd")
+    writer.open()
+    writer.commit(group("a"))
+    writer.commit(group("b"))
+    crash(writer)
+    partial = next(tmp_path.glob("*.jsonl.zst.partial"))
+    frame = zstandard.ZstdCompressor().compress(group("c").encode())
+    with open(partial, "ab") as f:
+        f.write(frame[: len(frame) // 2])
+    writer = ShardWriter(tmp_path, {"model": "m"}, compression="zstd")
+    assert set(writer.open()) == {"a", "b"}
+    writer.commit(group("c"))
+    writer.close(complete=True)
+    assert [g.problem_id for g in agentroll.read_groups(tmp_path)] == ["a", "b", "c"]
+    assert not list(tmp_path.glob("*.partial"))

@@ -13,7 +13,8 @@ from agentroll.errors import OutputError
 from agentroll.group import Group, annotate
 from agentroll.inputs import Problem
 from agentroll.schema import Sample
-from agentroll.writer import MANIFEST, ShardWriter, scan_groups
+from agentroll.shards import scan_groups
+from agentroll.writer import MANIFEST, ShardWriter
 
 SETTINGS = {"model": "m", "samples_per_prompt": 2}
 

@@ -1,0 +1,134 @@
+"""Shard files: their names, and the whole groups in their bytes, plain JSONL or zstd (one frame per group).
+
+One frame per group keeps the guarantees of plain shards: the writer appends a group in one write, a torn
+frame at the tail after a kill is cut off by recovery like a torn line, and a reader following a live run
+decodes every whole frame. Concatenated frames are one valid zstd stream (`zstd -d`, `datasets`, fsspec).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+SHARD_PREFIX = "rollouts-"
+PARTIAL = ".partial"
+ZSTD = ".zst"
+COMPRESSIONS = ("none", "zstd")
+
+GroupKey = tuple[str, str]  # (problem id, content hash)
+
+
+def shard_name(index: int, compression: str = "none") -> str:
+    return f"{SHARD_PREFIX}{index:05d}.jsonl" + (ZSTD if compression == "zstd" else "")
+
+
+def shard_index(name: str) -> int:
+    return int(name[len(SHARD_PREFIX):].split(".")[0])
+
+
+def is_zstd(name: str | Path) -> bool:
+    return str(name).removesuffix(PARTIAL).endswith(ZSTD)
+
+
+def encode(block: bytes, compression: str) -> bytes:
+    """A group's JSONL bytes as they go on disk: as they are, or one checksummed zstd frame."""
+    if compression != "zstd":
+        return block
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=3, write_checksum=True).compress(block)
+
+
+def shard_groups(data: bytes, compressed: bool) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """The whole groups at the start of a shard's (file) bytes: (file offset just past the group, its records)."""
+    if not compressed:
+        yield from group_blocks(data)
+        return
+    import zstandard
+
+    decompressor = zstandard.ZstdDecompressor()
+    pos = 0
+    while pos < len(data):
+        frame = decompressor.decompressobj()
+        try:
+            block = frame.decompress(data[pos:])
+        except zstandard.ZstdError:
+            return  # a damaged frame: nothing from here on is whole
+        if not frame.eof:
+            return  # a frame still being written, or torn by a kill
+        end = len(data) - len(frame.unused_data)
+        groups = list(group_blocks(block))
+        if len(groups) != 1 or groups[0][0] != len(block):
+            return  # a frame is exactly one whole group, or the shard is damaged from here on
+        pos = end
+        yield pos, groups[0][1]
+
+
+def read_lines(path: Path) -> Iterator[bytes]:
+    """The JSONL lines of a shard file, decompressing a zstd one."""
+    if not is_zstd(path):
+        with open(path, "rb") as f:
+            yield from (line for line in f if line.strip())
+        return
+    import zstandard
+
+    with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as reader:
+        pending = b""
+        while chunk := reader.read(1 << 20):
+            *lines, pending = (pending + chunk).split(b"\n")
+            yield from (line for line in lines if line.strip())
+        if pending.strip():
+            yield pending
+
+
+def group_blocks(data: bytes) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """The whole groups at the start of a shard's bytes, in order: (byte offset just past the group, its records).
+
+    A group is `group_size` executions of one problem, each `rollout_size` parseable records of one rollout;
+    it stops at the first torn or short group (the one being written when the process died, or being written
+    now, for a reader that follows a live run).
+    """
+    lines = data.split(b"\n")
+    complete = len(lines) - 1  # the last element follows the final newline: empty, or a torn line
+    i = pos = 0
+    while i < complete:
+        try:
+            first = orjson.loads(lines[i])
+            group_size, pid = int(first["group_size"]), str(first["problem_id"])
+            j, records, blocks = i, [], 0
+            while blocks < group_size:
+                head = orjson.loads(lines[j])
+                size = int(head["rollout_size"])
+                if size < 1 or j + size > complete:
+                    return
+                block = [head] + [orjson.loads(x) for x in lines[j + 1: j + size]]
+                if any(r.get("rollout_id") != head["rollout_id"] or str(r.get("problem_id")) != pid for r in block):
+                    return
+                records += block
+                j, blocks = j + size, blocks + 1
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
+            return
+        pos += sum(len(x) + 1 for x in lines[i:j])
+        i = j
+        yield pos, records
+
+
+def _executions(records: list[dict[str, Any]]) -> int:
+    return len({r["rollout_id"] for r in records})
+
+
+def scan_groups(data: bytes, compressed: bool = False) -> tuple[int, int, int, list[GroupKey]]:
+    """Whole groups at the start of a shard's bytes: (bytes kept, records, executions, group keys)."""
+    kept = records = executions = 0
+    keys: list[GroupKey] = []
+    for end, group in shard_groups(data, compressed):
+        kept = end
+        records += len(group)
+        executions += _executions(group)
+        keys.append((str(group[0]["problem_id"]), str(group[0].get("problem_hash", ""))))
+    return kept, records, executions, keys
+
+
