@@ -316,6 +316,63 @@ def demo(
     raise typer.Exit(code)
 
 
+@app.command()
+def validate(
+    folder: Annotated[Path, typer.Argument(help="An output folder, or a merged one.")],
+    max_faults: Annotated[int, typer.Option(help="Faults listed after the first.")] = 20,
+    json_: Annotated[bool, typer.Option("--json", help="The whole report as JSON.")] = False,
+) -> None:
+    """Check a folder: sha256 and sizes, every record's schema, aligned lengths, whole groups (exit 6 on a fault)."""
+    from .tools.validate import validate as validate_folder
+
+    report = validate_folder(folder)
+    if json_:
+        sys.stdout.buffer.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        out = Console(width=None if sys.stdout.isatty() else 200)
+        for line in report.lines(max_faults):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(0 if report.ok else OutputError.exit_code)
+
+
+def _folder_tool(run: Any) -> Any:
+    """A folder tool's result, or its error as one line and its exit code."""
+    try:
+        return run()
+    except AgentrollError as exc:
+        _error(str(exc))
+        raise typer.Exit(exc.exit_code) from None
+
+
+@app.command()
+def stats(
+    folder: Annotated[Path, typer.Argument(help="An output folder, or a merged one.")],
+    by: Annotated[str | None, typer.Option(help="Split the report by this metadata field.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
+) -> None:
+    """The system's report recomputed from the records: per stage, accuracies, pass@k, truncation, tokens."""
+    from .tools.report import stats as folder_stats
+    from .tools.report import stats_table
+
+    data = _folder_tool(lambda: folder_stats(folder, by))
+    if json_:
+        sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        Console().print(stats_table(data))
+
+
+@app.command("inspect")
+def inspect_command(
+    folder: Annotated[Path, typer.Argument(help="An output folder, or a merged one.")],
+    problem: Annotated[str | None, typer.Option(help="This problem's executions (default: the first group's first).")]
+    = None,
+) -> None:
+    """Draw a rollout as a tree: solvers -> rewriters -> selector, with rewards, truncations and the judgment."""
+    from .tools.inspect import inspect as inspect_folder
+
+    Console().print(_folder_tool(lambda: inspect_folder(folder, problem)))
+
+
 @app.command("serve-sim")
 def serve_sim(
     port: int = 8000,

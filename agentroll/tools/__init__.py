@@ -1,0 +1,9 @@
+"""Folder tools: `validate`, `stats` and `inspect` an output folder (or a merged one).
+
+Each module returns data (dataclasses, dicts) or a rich renderable; only `agentroll.cli` prints. The functions
+are not re-exported here, so that `agentroll.tools.validate` and `agentroll.tools.inspect` stay the modules:
+
+    from agentroll.tools.validate import validate
+    from agentroll.tools.report import stats, stats_table
+    from agentroll.tools.inspect import inspect
+"""

@@ -1,0 +1,603 @@
+"""`agentroll validate DIR`: does a folder hold what the writer promises, byte for byte and record for record?
+
+The shards are read here, line by line, not through `agentroll.readers` (which stop at the first damage and
+share the writer's notion of a group): every fault is named by its shard and 1-based line, and one fault does
+not hide the next. Faults are listed shard by shard in manifest order, a shard's line faults by line before
+its whole-file ones (size, sha256, counts, keys), so the first fault points at a line when one can. Checks:
+
+- the manifest: readable, our format and schema version, counts that add up, no shard listed twice;
+- each shard: present, its byte size and sha256 as the manifest says, whole lines; a compressed one
+  (`.jsonl.zst`) decompresses, one zstd frame per group (line numbers count its decompressed lines);
+- each record: exactly the fields of `agentroll.schema.Sample`, each of its JSON type; values the writer can
+  write (stage, status, 0/1 loss mask, schema_version); as many logprobs and mask entries as response tokens;
+- executions: `rollout_size` consecutive records of one rollout, stages in order, one `final_reward` that is
+  the selector's pick;
+- groups (as `writer.scan_groups` defines them): `group_size` executions of one problem, sample indexes
+  0..K-1, group figures that describe exactly those executions, no problem twice in the folder;
+- the shard's record, execution and group counts against its manifest entry, and its keys file (resume
+  trusts it) against the groups found.
+
+A merged folder (`agentroll merge`) is checked the same way, its shard paths taken relative to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from ..schema import SCHEMA_VERSION, STAGES, Sample
+from ..writer import MANIFEST, STATE_DIR
+
+SHARD_PREFIX = "rollouts-"  # the writer's names (agentroll.shards), restated: validate shares no code with it
+PARTIAL = ".partial"
+ZSTD = ".zst"
+
+MAX_FAULTS = 1000  # kept in the report; more are counted (`faults_total`), so a ruined folder cannot eat memory
+WRITTEN_STATUSES = ("completed", "truncated")  # "aborted" is retried, never written (docs/schema.md)
+_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One thing wrong. `shard` is the shard's path as the manifest names it (None: the manifest itself);
+    `line` is 1-based (None: the shard or manifest as a whole)."""
+
+    kind: str  # manifest, missing, bytes, sha256, json, schema, value, lengths, execution, group, duplicate,
+    #            count, keys
+    message: str
+    shard: str | None = None
+    line: int | None = None
+
+    @property
+    def where(self) -> str:
+        if self.shard is None:
+            return MANIFEST
+        return f"{self.shard}:{self.line}" if self.line is not None else self.shard
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.kind}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shard": self.shard, "line": self.line, "kind": self.kind, "message": self.message}
+
+
+@dataclass(slots=True)
+class ValidationReport:
+    """What `validate` found. Counts are of what the shards hold (records: lines that are JSON objects)."""
+
+    folder: str
+    merged: bool = False
+    shards: int = 0
+    records: int = 0
+    executions: int = 0
+    groups: int = 0
+    faults: list[Fault] = field(default_factory=list)  # in reading order, at most MAX_FAULTS
+    faults_total: int = 0
+    warnings: list[str] = field(default_factory=list)  # worth knowing, not wrong (a run in progress...)
+
+    @property
+    def ok(self) -> bool:
+        return self.faults_total == 0
+
+    @property
+    def first(self) -> Fault | None:
+        return self.faults[0] if self.faults else None
+
+    def add(self, fault: Fault) -> None:
+        self.faults_total += 1
+        if len(self.faults) < MAX_FAULTS:
+            self.faults.append(fault)
+
+    def lines(self, limit: int = 20) -> list[str]:
+        """The CLI's text: a verdict, the first fault with its shard and line, then up to `limit` others."""
+        counts = (f"{self.shards} shards, {self.records} records, {self.executions} executions, "
+                  f"{self.groups} groups")
+        out = [f"warning: {w}" for w in self.warnings]
+        if self.ok:
+            return [*out, f"{self.folder}: ok ({'merged; ' if self.merged else ''}{counts})"]
+        assert self.first is not None
+        out.append(f"{self.folder}: {self.faults_total} fault{'s' * (self.faults_total != 1)} ({counts})")
+        out.append(f"first fault: {self.first}")
+        rest = self.faults[1:1 + limit]
+        out += [f"  {fault}" for fault in rest]
+        more = self.faults_total - 1 - len(rest)
+        if more > 0:
+            out.append(f"  ... and {more} more")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"folder": self.folder, "ok": self.ok, "merged": self.merged, "shards": self.shards,
+                "records": self.records, "executions": self.executions, "groups": self.groups,
+                "faults_total": self.faults_total, "faults": [f.to_dict() for f in self.faults],
+                "warnings": list(self.warnings)}
+
+
+# -- record schema, derived from `Sample` so that a new field is checked without touching this file ---------
+
+Check = Callable[[Any], str | None]  # None: fine; else what the value is instead
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def _describe(hint: Any) -> str:
+    if hint is Any:
+        return "any JSON value"
+    if hint is type(None):
+        return "null"
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(hint))
+    if origin is list:
+        return f"an array of {_describe(typing.get_args(hint)[0]).split(' ', 1)[1]}s"
+    if origin is dict or hint is dict:
+        return "an object"
+    return {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}.get(hint, str(hint))
+
+
+def _scalar(hint: Any) -> Callable[[Any], bool]:
+    # JSON types: an integer is never a boolean; a number may be written without a fraction
+    if hint is int:
+        return lambda v: type(v) is int
+    if hint is float:
+        return lambda v: type(v) is float or type(v) is int
+    if hint is str:
+        return lambda v: type(v) is str
+    if hint is bool:
+        return lambda v: type(v) is bool
+    if hint is type(None):
+        return lambda v: v is None
+    if hint is dict or typing.get_origin(hint) is dict:
+        return lambda v: type(v) is dict
+    if hint is Any:
+        return lambda v: True
+    raise TypeError(f"no JSON check for {hint!r}")
+
+
+def _check_for(hint: Any) -> Check:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_check_for(a) for a in typing.get_args(hint)]
+        return lambda v: None if any(p(v) is None for p in parts) else _json_type(v)
+    if origin is list:
+        item = _scalar(typing.get_args(hint)[0])
+
+        def check_list(v: Any) -> str | None:
+            if type(v) is not list:
+                return _json_type(v)
+            for i, x in enumerate(v):
+                if not item(x):
+                    return f"an array whose item {i} is {_json_type(x)}"
+            return None
+
+        return check_list
+    ok = _scalar(hint)
+    return lambda v: None if ok(v) else _json_type(v)
+
+
+_HINTS = typing.get_type_hints(Sample)
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
+_CHECKS: dict[str, tuple[Check, str]] = {name: (_check_for(_HINTS[name]), _describe(_HINTS[name])) for name in FIELDS}
+
+
+def record_faults(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """(kind, message) for everything wrong with one record on its own: fields, types, values, lengths."""
+    faults: list[tuple[str, str]] = []
+    missing = [name for name in FIELDS if name not in record]
+    extra = [name for name in record if name not in _CHECKS]
+    if missing:
+        faults.append(("schema", f"missing field{'s' * (len(missing) > 1)} {', '.join(missing)}"))
+    if extra:
+        faults.append(("schema", f"unknown field{'s' * (len(extra) > 1)} {', '.join(extra)}"))
+    typed = set()
+    for name, (check, expected) in _CHECKS.items():
+        if name in record:
+            got = check(record[name])
+            if got is None:
+                typed.add(name)
+            else:
+                faults.append(("schema", f"field {name!r} is {got}, expected {expected}"))
+
+    def value(name: str, ok: bool, message: str) -> None:
+        if name in typed and not ok:
+            faults.append(("value", message))
+
+    r = record
+    value("schema_version", r.get("schema_version") == SCHEMA_VERSION,
+          f"schema_version {r.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    value("stage", r.get("stage") in STAGES, f"stage {r.get('stage')!r} is not one of {', '.join(STAGES)}")
+    value("status", r.get("status") in WRITTEN_STATUSES,
+          f"status {r.get('status')!r}: the writer only writes {' or '.join(WRITTEN_STATUSES)}")
+    if "loss_mask" in typed:
+        bad = next((i for i, m in enumerate(r["loss_mask"]) if m not in (0, 1)), None)
+        value("loss_mask", bad is None, f"loss_mask item {bad} is {r['loss_mask'][bad] if bad is not None else ''}"
+                                        ", not 0 or 1")
+    value("group_size", "group_size" not in typed or r["group_size"] >= 1, f"group_size {r.get('group_size')} < 1")
+    value("rollout_size", "rollout_size" not in typed or r["rollout_size"] >= 1,
+          f"rollout_size {r.get('rollout_size')} < 1")
+    if {"sample_index", "group_size"} <= typed:
+        value("sample_index", 0 <= r["sample_index"] < r["group_size"],
+              f"sample_index {r['sample_index']} is outside 0..{r['group_size'] - 1} (group_size {r['group_size']})")
+    for name in ("raw_reward", "reward", "final_reward"):
+        value(name, name not in typed or math.isfinite(r[name]), f"{name} {r.get(name)!r} is not finite")
+    if {"response_token_ids", "response_logprobs", "loss_mask"} <= typed:
+        n = len(r["response_token_ids"])
+        wrong = [f"{name} has {len(r[name])}" for name in ("response_logprobs", "loss_mask") if len(r[name]) != n]
+        if wrong:
+            faults.append(("lengths", f"{' and '.join(wrong)} entries where response_token_ids has {n}"))
+    return faults
+
+
+# -- executions and groups -----------------------------------------------------------------------------------
+
+def _int(v: Any) -> int | None:
+    return v if type(v) is int else None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if type(v) in (int, float) else None
+
+
+@dataclass(slots=True)
+class _Row:
+    """The few fields of a record that execution and group checks need (a shard's records are not kept)."""
+
+    line: int
+    problem_id: Any
+    problem_hash: Any
+    rollout_id: Any
+    group_size: int | None
+    rollout_size: int | None
+    sample_index: int | None
+    stage: Any
+    raw_reward: float | None
+    final_reward: float | None
+    judgment: int | None
+    listed_as: int | None
+    figures: tuple[float | None, float | None, float | None]  # group_reward_mean, _std, group_pass_at_k
+
+    @classmethod
+    def of(cls, line: int, r: dict[str, Any]) -> _Row:
+        return cls(line, r.get("problem_id"), r.get("problem_hash"), r.get("rollout_id"), _int(r.get("group_size")),
+                   _int(r.get("rollout_size")), _int(r.get("sample_index")), r.get("stage"), _num(r.get("raw_reward")),
+                   _num(r.get("final_reward")), _int(r.get("judgment")), _int(r.get("listed_as")),
+                   (_num(r.get("group_reward_mean")), _num(r.get("group_reward_std")),
+                    _num(r.get("group_pass_at_k"))))
+
+
+def _close(a: float | None, b: float) -> bool:
+    return a is not None and math.isclose(a, b, rel_tol=_TOLERANCE, abs_tol=_TOLERANCE)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' * (n != 1)}"
+
+
+def _lines(rows: list[_Row]) -> str:
+    return f"lines {rows[0].line}-{rows[-1].line}" if len(rows) > 1 else f"line {rows[0].line}"
+
+
+def _check_execution(rows: list[_Row], add: Callable[[int, str, str], None]) -> None:
+    head = rows[0]
+    rid = str(head.rollout_id)[:12]
+    if head.rollout_size is not None and head.rollout_size != len(rows):
+        add(head.line, "execution", f"execution {rid} ({_lines(rows)}) has {_count(len(rows), 'consecutive record')}, "
+                                    f"its rollout_size says {head.rollout_size}")
+    for name in ("problem_id", "problem_hash", "sample_index", "group_size", "rollout_size", "final_reward"):
+        other = next((r for r in rows if getattr(r, name) != getattr(head, name)), None)
+        if other is not None:
+            add(other.line, "execution", f"{name} {getattr(other, name)!r} differs from {getattr(head, name)!r} "
+                                         f"at line {head.line}, in execution {rid}")
+    rank = {stage: i for i, stage in enumerate(STAGES)}
+    previous = 0
+    for r in rows:
+        now = rank.get(r.stage, previous)
+        if now < previous:
+            add(r.line, "execution", f"a {r.stage} record after a {STAGES[previous]} in execution {rid} "
+                                     "(solvers, rewriters, selector is the order)")
+            break
+        previous = now
+    selectors = [r for r in rows if r.stage == "selector"]
+    if len(selectors) > 1:
+        add(selectors[1].line, "execution", f"a second selector record in execution {rid}")
+    outcome = selectors[0].raw_reward if selectors else 0.0
+    if outcome is not None and head.final_reward is not None and not _close(head.final_reward, outcome):
+        add(head.line, "execution", f"final_reward {head.final_reward} is not the selector's raw_reward ({outcome}) "
+                                    f"in execution {rid}")
+    selector = selectors[0] if selectors else None
+    if selector is not None and selector.judgment is not None and selector.raw_reward is not None:
+        listed = {r.listed_as: r for r in rows if r.stage == "rewriter" and r.listed_as is not None}
+        picked = listed.get(selector.judgment)
+        expected = picked.raw_reward if picked is not None else 0.0
+        if expected is not None and not _close(selector.raw_reward, expected):
+            what = f"the raw_reward of the rewrite listed as {selector.judgment}" if picked else "0 (no such rewrite)"
+            add(selector.line, "execution", f"selector raw_reward {selector.raw_reward} is not {what}: {expected}")
+
+
+def _check_group(execs: list[list[_Row]], k_setting: int | None, add: Callable[[int, str, str], None]) -> None:
+    head = execs[0][0]
+    pid = head.problem_id
+    rows = [r for e in execs for r in e]
+    k = head.group_size
+    if k is not None and len(execs) != k:
+        add(head.line, "group", f"problem {pid!r} has {_count(len(execs), 'consecutive execution')} ({_lines(rows)}), "
+                                f"its group_size says {k}")
+    if k is not None and k_setting is not None and k != k_setting:
+        add(head.line, "group", f"group_size {k} where the manifest's settings say samples_per_prompt {k_setting}")
+    indexes = [e[0].sample_index for e in execs]
+    if k is not None and len(execs) == k and sorted(i for i in indexes if i is not None) != list(range(k)):
+        add(head.line, "group", f"problem {pid!r} has executions with sample_index {indexes}, expected 0..{k - 1}")
+    other = next((e[0] for e in execs if e[0].problem_hash != head.problem_hash), None)
+    if other is not None:
+        add(other.line, "group", f"problem_hash {other.problem_hash!r} differs from {head.problem_hash!r} at line "
+                                 f"{head.line}, in the group of problem {pid!r}")
+    finals = [e[0].final_reward for e in execs]
+    if k is None or len(execs) != k:
+        return  # not a whole group (reported above): its figures cannot describe it
+    if any(f is None for f in finals) or any(r.raw_reward is None for r in rows):
+        return  # a type fault is already reported; figures cannot be recomputed
+    fs = typing.cast(list[float], finals)
+    mean = sum(fs) / len(fs)
+    std = (sum((f - mean) ** 2 for f in fs) / len(fs)) ** 0.5
+    passed = float(any(r.stage == "solver" and r.raw_reward == 1.0 for r in rows))
+    for r in rows:
+        for name, got, want in zip(("group_reward_mean", "group_reward_std", "group_pass_at_k"), r.figures,
+                                   (mean, std, passed), strict=True):
+            if not _close(got, want):
+                add(r.line, "group", f"{name} {got} does not describe this group's {len(execs)} executions "
+                                     f"(expected {want:.6g})")
+                return
+
+
+def check_structure(rows: list[_Row | None], k_setting: int | None,
+                    add: Callable[[int, str, str], None]) -> list[tuple[list[list[_Row]], int]]:
+    """Cut a shard's rows into executions (consecutive records of one rollout) and groups (consecutive
+    executions of one problem), checking each; an unreadable line ends the execution it is in. Returns the
+    groups, each with its number of records."""
+    execs: list[list[_Row]] = []
+    current: list[_Row] = []
+    for row in [*rows, None]:
+        if current and (row is None or row.rollout_id != current[0].rollout_id):
+            execs.append(current)
+            current = []
+        if row is not None:
+            current.append(row)
+    for e in execs:
+        _check_execution(e, add)
+    groups: list[list[list[_Row]]] = []
+    for e in execs:
+        if groups and e[0].problem_id == groups[-1][0][0].problem_id:
+            groups[-1].append(e)
+        else:
+            groups.append([e])
+    for g in groups:
+        _check_group(g, k_setting, add)
+    return [(g, sum(len(e) for e in g)) for g in groups]
+
+
+# -- the folder ------------------------------------------------------------------------------------------------
+
+_ENTRY_FIELDS = {"file": str, "records": int, "executions": int, "groups": int, "bytes": int, "sha256": str}
+
+
+def _load_manifest(folder: Path, report: ValidationReport) -> dict[str, Any] | None:
+    path = folder / MANIFEST
+    try:
+        manifest = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        report.add(Fault("manifest", f"no {MANIFEST} in {folder}: not an agentroll output folder"))
+        return None
+    except OSError as exc:
+        report.add(Fault("manifest", f"cannot read {path}: {exc.strerror or exc}"))
+        return None
+    except orjson.JSONDecodeError as exc:
+        report.add(Fault("manifest", f"not JSON ({exc})"))
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        report.add(Fault("manifest", "not an agentroll manifest (no shard list)"))
+        return None
+    if manifest.get("format") != "agentroll.rollouts":
+        report.add(Fault("manifest", f"format {manifest.get('format')!r}, expected 'agentroll.rollouts'"))
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        report.add(Fault("manifest", f"schema_version {manifest.get('schema_version')!r}, this agentroll reads "
+                                     f"{SCHEMA_VERSION}"))
+    return manifest
+
+
+def _keys_file(shard: Path) -> Path:
+    return shard.parent / STATE_DIR / "keys" / (shard.name.split(".")[0] + ".keys")
+
+
+def _check_keys(shard: Path, name: str, found: list[list[str]], faults: list[Fault]) -> None:
+    """The keys file is what a resumed run believes the shard holds: it must list exactly its groups."""
+    path = _keys_file(shard)
+    if not path.exists():
+        return  # not copied along (merge --copy, rsync of dot-folders): the writer rebuilds it from the shard
+    try:
+        listed = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        faults.append(Fault("keys", f"{path.name} is unreadable ({exc}); resume trusts it", name))
+        return
+    if listed != found:
+        diff = next((i for i, (a, b) in enumerate(zip(listed, found, strict=False)) if a != b),
+                    min(len(listed), len(found)))
+        faults.append(Fault("keys", f"{path.name} lists {len(listed)} groups, the shard holds {len(found)}; "
+                                    f"they differ from group {diff + 1} on (resume trusts the keys file)", name))
+
+
+def _hashed(f: BinaryIO, digest: Any) -> Iterator[bytes]:
+    """A plain shard's lines, newline kept, hashed as they are read: a shard is read once, never held whole."""
+    for raw in f:
+        digest.update(raw)
+        yield raw
+
+
+def _zstd_lines(data: bytes, frames: set[int], add: Callable[[int | None, str, str], None]) -> Iterator[bytes]:
+    """A compressed shard's lines, frame by frame (the writer closes one frame per group), noting in `frames`
+    the line number each frame starts at. A frame that does not decompress (damaged, torn by a kill) is a fault
+    at the line it would have started; nothing after it can be read."""
+    import zstandard
+
+    pos, line = 0, 1
+    while pos < len(data):
+        frames.add(line)
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        try:
+            block = frame.decompress(data[pos:])
+        except zstandard.ZstdError as exc:
+            add(line, "zstd", f"the frame at byte {pos} does not decompress ({exc}); the rest of the shard is lost")
+            return
+        if not frame.eof:
+            add(line, "zstd", f"the frame at byte {pos} is incomplete (torn by a kill?); the rest of the shard is lost")
+            return
+        pos = len(data) - len(frame.unused_data)
+        pieces = block.split(b"\n")
+        for piece in pieces[:-1]:
+            yield piece + b"\n"
+        if pieces[-1]:
+            yield pieces[-1]  # a frame that does not end its last line: reported as a torn line
+        line += len(pieces) - 1 + bool(pieces[-1])
+    frames.add(line)
+
+
+def _read_shard(folder: Path, entry: dict[str, Any], k_setting: int | None, seen: dict[str, str],
+                report: ValidationReport) -> None:
+    name = str(entry["file"])
+    path = folder / name
+    shard_faults: list[Fault] = []
+
+    def add(line: int | None, kind: str, message: str) -> None:
+        shard_faults.append(Fault(kind, message, name, line))
+
+    if not path.is_file():
+        report.add(Fault("missing", f"{path} does not exist", name))
+        return
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        add(None, "bytes", f"{size} bytes where the manifest says {entry['bytes']}")
+    digest = hashlib.sha256()
+    rows: list[_Row | None] = []
+    frames: set[int] | None = None  # zstd: the line numbers at which a frame starts, and the one past the end
+    with open(path, "rb") as f:
+        if name.endswith(ZSTD):
+            data = f.read()
+            digest.update(data)
+            frames = set()
+            lines: Iterable[bytes] = _zstd_lines(data, frames, add)
+        else:
+            lines = _hashed(f, digest)
+        for number, raw in enumerate(lines, start=1):
+            if not raw.endswith(b"\n"):
+                add(number, "json", "the last line has no newline (torn by a crash?)")
+            if not raw.strip():
+                add(number, "json", "an empty line")
+                rows.append(None)
+                continue
+            try:
+                record = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                add(number, "json", f"not JSON ({exc})")
+                rows.append(None)
+                continue
+            if not isinstance(record, dict):
+                add(number, "json", f"{_json_type(record)}, not a JSON object")
+                rows.append(None)
+                continue
+            for kind, message in record_faults(record):
+                add(number, kind, message)
+            rows.append(_Row.of(number, record))
+    if digest.hexdigest() != entry["sha256"]:
+        add(None, "sha256", f"sha256 {digest.hexdigest()} where the manifest says {entry['sha256']}")
+    groups = check_structure(rows, k_setting, lambda line, kind, message: add(line, kind, message))
+    if frames is not None:
+        for g, _ in groups:
+            first, last = g[0][0].line, g[-1][-1].line
+            if first not in frames or last + 1 not in frames:
+                add(first, "zstd", f"the group of problem {g[0][0].problem_id!r} (lines {first}-{last}) is not one "
+                                   "zstd frame of its own (a reader stops there)")
+    records = sum(row is not None for row in rows)
+    executions = sum(len(g) for g, _ in groups)
+    for g, _ in groups:
+        head = g[0][0]
+        key = head.problem_id if isinstance(head.problem_id, str) else repr(head.problem_id)  # a list is no key
+        if key in seen:
+            add(head.line, "duplicate", f"problem {head.problem_id!r} is also at {seen[key]}")
+        else:
+            seen[key] = f"{name}:{head.line}"
+    for what, counted in (("records", records), ("executions", executions), ("groups", len(groups))):
+        if counted != entry[what]:
+            add(None, "count", f"{counted} {what} where the manifest says {entry[what]}")
+    _check_keys(path, name, [[str(g[0][0].problem_id), str(g[0][0].problem_hash)] for g, _ in groups],
+                shard_faults)
+    # by line, then the shard as a whole: a line fault says where, a size or sha256 mismatch only that
+    shard_faults.sort(key=lambda fault: (fault.line is None, fault.line or 0))
+    for fault in shard_faults:
+        report.add(fault)
+    report.records += records
+    report.executions += executions
+    report.groups += len(groups)
+
+
+def validate(folder: str | Path) -> ValidationReport:
+    """Check an output folder (or a merged one) against its manifest and the record schema; never raises for
+    what is in the folder: every problem is a `Fault` in the report."""
+    folder = Path(folder)
+    report = ValidationReport(folder=str(folder))
+    manifest = _load_manifest(folder, report)
+    if manifest is None:
+        return report
+    report.merged = bool(manifest.get("merged_from"))
+    settings = manifest.get("settings")
+    k_setting = _int(settings.get("samples_per_prompt")) if isinstance(settings, dict) else None
+    entries: list[dict[str, Any]] = []
+    listed: set[str] = set()
+    for i, entry in enumerate(manifest["shards"]):
+        bad = [k for k, t in _ENTRY_FIELDS.items() if not isinstance(entry, dict) or type(entry.get(k)) is not t]
+        if bad:
+            report.add(Fault("manifest", f"shard entry {i} lacks a valid {', '.join(bad)}"))
+        elif entry["file"] in listed:
+            report.add(Fault("manifest", f"shard {entry['file']} is listed twice"))
+        else:
+            listed.add(entry["file"])
+            entries.append(entry)
+    for what in ("records", "executions", "groups"):
+        total = sum(e[what] for e in entries)
+        if manifest.get(what) != total:
+            report.add(Fault("count", f"the manifest says {manifest.get(what)!r} {what}, its shards add up to {total}"))
+    if manifest.get("complete") is not True:
+        report.warnings.append("the manifest says the run is not complete (running, stopped, or some groups failed)")
+    on_disk = {p.name for p in folder.glob(f"{SHARD_PREFIX}*") if not p.name.endswith(PARTIAL)}
+    for stray in sorted(on_disk - {Path(e["file"]).name for e in entries if Path(e["file"]).parent == Path(".")}):
+        report.warnings.append(f"{stray} is in the folder but not in the manifest (a rerun adopts it)")
+    for partial in sorted(folder.glob(f"{SHARD_PREFIX}*{PARTIAL}")):
+        report.warnings.append(f"{partial.name} is a shard being written, or left by a killed run (a rerun "
+                               "finishes it)")
+    seen: dict[str, str] = {}
+    for entry in entries:
+        report.shards += 1
+        try:
+            _read_shard(folder, entry, k_setting, seen, report)
+        except OSError as exc:  # unreadable (permissions, I/O error): a fault like a missing shard
+            report.add(Fault("missing", f"cannot read {folder / entry['file']}: {exc.strerror or exc}", entry["file"]))
+    return report

@@ -1,0 +1,37 @@
+"""`agentroll validate / stats / inspect` as a user runs them: exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+from .conftest import TOKENIZER, run_cli
+
+
+def test_validate_stats_and_inspect_on_the_command_line(sim, problems, tmp_path):
+    out = tmp_path / "out"
+    made = run_cli("generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
+                   "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", "--shard-size", "12")
+    assert made.returncode == 0, made.stderr.decode()
+    good = run_cli("validate", str(out))
+    assert good.returncode == 0 and b": ok (" in good.stdout
+
+    figures = json.loads(run_cli("stats", str(out), "--json").stdout)
+    assert figures["all"]["problems"] == 8 and figures["all"]["executions"] == 16
+    assert run_cli("stats", str(out)).returncode == 0
+
+    tree = run_cli("inspect", str(out), "--problem", "p003")
+    assert tree.returncode == 0 and b"p003" in tree.stdout and b"solver 0" in tree.stdout
+    unknown = run_cli("inspect", str(out), "--problem", "nope")
+    assert unknown.returncode == 2 and unknown.stderr.decode().count("\n") == 1
+
+    shard = sorted(out.glob("rollouts-*.jsonl"))[1]
+    lines = shard.read_bytes().splitlines(True)
+    record = json.loads(lines[2])
+    record["response_logprobs"] = record["response_logprobs"][:-1]  # one logprob short of its tokens
+    lines[2] = json.dumps(record).encode() + b"\n"
+    shard.write_bytes(b"".join(lines))
+    bad = run_cli("validate", str(out))
+    assert bad.returncode == 6
+    first = next(line for line in bad.stdout.decode().splitlines() if line.startswith("first fault"))
+    assert f"{shard.name}:3:" in first
+    assert run_cli("validate", str(tmp_path / "missing")).returncode == 6
