@@ -317,6 +317,31 @@ def demo(
 
 
 @app.command()
+def convert(
+    folder: Annotated[Path, typer.Argument(help="An output folder, or a merged one.")],
+    to: Annotated[str, typer.Option("--to", help="dpo | sft | trl | slime | megatron")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the converted files.")],
+    advantage: Annotated[str, typer.Option(help="trl, slime, megatron: none | grpo | mean, per (problem, stage).")]
+    = "none",
+    stages: Annotated[str | None, typer.Option(help="Comma-separated stages (default: all).")] = None,
+    max_pairs_per_group: Annotated[int | None, typer.Option(help="dpo: most pairs per (problem, stage).")] = None,
+    layout: Annotated[str | None, typer.Option(help="dpo, sft: conversational (default) | standard.")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="dpo, sft: to recover chat messages (default: the run's).")]
+    = None,
+    groups_per_file: Annotated[int | None, typer.Option(help="slime: problems per .pt file.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace this format's files in OUT.")] = False,
+) -> None:
+    """Turn a folder into what a trainer loads: TRL DPO pairs, SFT data, TRL GRPO rollouts, slime, Megatron."""
+    from .convert import convert as convert_folder
+
+    summary = _folder_tool(lambda: convert_folder(
+        folder, to, output, advantage=advantage, max_pairs_per_group=max_pairs_per_group, stages=stages,
+        layout=layout, tokenizer=tokenizer, groups_per_file=groups_per_file, overwrite=overwrite))
+    err.print(f"{summary['records']} records -> {summary['rows']} {to} rows in "
+              f"{', '.join(map(str, summary['files']))}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
 def validate(
     folder: Annotated[Path, typer.Argument(help="An output folder, or a merged one.")],
     max_faults: Annotated[int, typer.Option(help="Faults listed after the first.")] = 20,

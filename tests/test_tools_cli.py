@@ -35,3 +35,22 @@ def test_validate_stats_and_inspect_on_the_command_line(sim, problems, tmp_path)
     first = next(line for line in bad.stdout.decode().splitlines() if line.startswith("first fault"))
     assert f"{shard.name}:3:" in first
     assert run_cli("validate", str(tmp_path / "missing")).returncode == 6
+
+
+def test_convert_on_the_command_line(sim, problems, tmp_path):
+    out = tmp_path / "out"
+    made = run_cli("generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
+                   "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact")
+    assert made.returncode == 0, made.stderr.decode()
+    trl = run_cli("convert", str(out), "--to", "trl", "-o", str(tmp_path / "trl"), "--advantage", "grpo")
+    assert trl.returncode == 0, trl.stderr.decode()
+    rows = [json.loads(line) for line in (tmp_path / "trl" / "trl.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for shard in sorted(out.glob("rollouts-*.jsonl"))
+               for line in shard.read_text().splitlines()]
+    assert len(rows) == len(records)
+    assert sorted((r["prompt_ids"], r["completion_ids"]) for r in rows) == sorted(
+        (r["prompt_token_ids"], r["response_token_ids"]) for r in records)  # token-exact, every sample once
+    wrong = run_cli("convert", str(out), "--to", "dpo", "-o", str(tmp_path / "dpo"), "--advantage", "grpo")
+    assert wrong.returncode == 2 and wrong.stderr.decode().count("\n") == 1
+    again = run_cli("convert", str(out), "--to", "trl", "-o", str(tmp_path / "trl"))
+    assert again.returncode != 0 and b"--overwrite" in again.stderr  # never replaced silently

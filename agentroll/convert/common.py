@@ -1,0 +1,237 @@
+"""Shared by every converter: a folder read as (problem, stage) groups, GRPO baselines, atomic JSONL output and
+the chat messages behind a rendered prompt (for the conversational layouts)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import UsageError
+from ..schema import STAGES
+
+ADVANTAGES = ("none", "grpo", "mean")
+LAYOUTS = ("conversational", "standard")
+
+Record = dict[str, Any]
+
+
+@dataclass(slots=True)
+class StageGroup:
+    """The samples of one stage of one problem over its K executions: the GRPO group. The solver samples of K
+    executions are one group, the rewriter samples another; `advantages` is aligned with `records`."""
+
+    problem_id: str
+    stage: str
+    records: list[Record]
+    advantages: list[float] | None = None
+
+
+@dataclass(slots=True)
+class Problem:
+    """One problem's stage groups (only the stages asked for, in pipeline order) and its ordinal in the folder."""
+
+    index: int
+    problem_id: str
+    groups: list[StageGroup] = field(default_factory=list)
+
+
+def baseline(rewards: list[float]) -> tuple[float, float]:
+    """Mean and population standard deviation (divisor n, as `group_reward_std` in the records and
+    Megatron's `np.std`): the group is all the samples there are, not a sample of a larger population."""
+    n = len(rewards)
+    mean = math.fsum(rewards) / n
+    return mean, math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / n)
+
+
+def advantages(rewards: list[float], kind: str) -> list[float] | None:
+    """`grpo`: (reward - mean) / std, or reward - mean when std is 0 (every sample scored alike: all 0);
+    `mean`: reward - mean (no std division, as in Dr. GRPO); `none`: None."""
+    if kind == "none":
+        return None
+    mean, std = baseline(rewards)
+    if kind == "grpo" and std > 0:
+        return [(r - mean) / std for r in rewards]
+    return [r - mean for r in rewards]
+
+
+def check_stages(stages: Iterable[str] | str | None) -> tuple[str, ...]:
+    """`--stages solver,rewriter` as a tuple in pipeline order; all stages when not given."""
+    if stages is None:
+        return STAGES
+    names = [s.strip() for s in (stages.split(",") if isinstance(stages, str) else stages)]
+    unknown = [s for s in names if s not in STAGES]
+    if unknown or not names or not any(names):
+        raise UsageError(f"--stages takes a comma-separated subset of {', '.join(STAGES)}, not {','.join(names)!r}")
+    return tuple(s for s in STAGES if s in names)
+
+
+def read_problems(src: Path, stages: tuple[str, ...], advantage: str, counts: dict[str, int]) -> Iterator[Problem]:
+    """The folder's problems in manifest order (whole groups, by `agentroll.readers.read_groups`), each split
+    into stage groups. Baselines are computed over the whole stage group before anything is filtered out, so
+    `--stages` or a converter's own filter never changes another sample's advantage. `counts["records"]`
+    counts what was read."""
+    from ..readers import read_groups
+
+    for index, group in enumerate(read_groups(src)):
+        records = group.records()
+        counts["records"] = counts.get("records", 0) + len(records)
+        problem = Problem(index, group.problem_id)
+        for stage in stages:
+            members = [r for r in records if r["stage"] == stage]
+            if members:
+                problem.groups.append(StageGroup(group.problem_id, stage, members,
+                                                 advantages([float(r["reward"]) for r in members], advantage)))
+        yield problem
+
+
+def check_source(src: Path, out: Path) -> dict[str, Any]:
+    """The source folder's manifest; a one-line `UsageError` for a path that is not an output folder, or an
+    output folder that is the source itself."""
+    manifest_path = src / "manifest.json"
+    if not src.is_dir() or not manifest_path.is_file():
+        raise UsageError(f"{src}: not an agentroll output folder (no manifest.json)")
+    try:
+        manifest = orjson.loads(manifest_path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise UsageError(f"{manifest_path}: unreadable ({exc})") from None
+    if out.resolve() == src.resolve():
+        raise UsageError(f"-o {out}: the output folder cannot be the source folder")
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def prepare_out(out: Path, names: list[str], stale: str | None, overwrite: bool) -> None:
+    """Creates OUT. Our own files already there are refused unless `overwrite`, which deletes them first (and
+    any file matching `stale`, e.g. a slime file of an earlier, longer conversion)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"-o {out}: {exc.strerror or exc}") from None
+    present = [p for p in out.iterdir() if p.name in names or (stale and re.fullmatch(stale, p.name))]
+    if present and not overwrite:
+        raise UsageError(f"-o {out}: already holds {present[0].name} (pass --overwrite to replace it)")
+    for path in present:
+        path.unlink()
+
+
+class JsonlWriter:
+    """Rows to `path` through a temporary file renamed into place on success, so a file there is whole."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.tmp")
+        self.rows = 0
+        self._f = open(self.tmp, "wb")  # noqa: SIM115 (closed by __exit__)
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._f.write(orjson.dumps(row) + b"\n")
+        self.rows += 1
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self._f.close()
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+# Two placeholders no chat template rewrites (private-use characters around a name), one per message.
+_SENTINELS = ("\ue000agentroll-message-0\ue001", "\ue000agentroll-message-1\ue001")
+_SHAPES = (("user",), ("system", "user"))
+
+
+class ChatMessages:
+    """The chat messages a rendered prompt came from, for TRL's conversational layout.
+
+    Records keep the prompt as rendered text and ids, not the messages (the stage templates and the row's
+    problem statement are not stored). The model's chat template is rendered once with placeholder messages
+    (a user message; a system message and a user message) to learn the text around each message; a record's
+    prompt is matched against that, and the messages found are accepted only if rendering them again gives the
+    record's prompt exactly. So `apply_chat_template(messages, add_generation_prompt=True)` is the record's
+    `prompt`, whose token ids are `prompt_token_ids`; no ids are ever derived from the messages.
+    """
+
+    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any], name: str = "the tokenizer") -> None:
+        self.name = name
+        self._tokenizer = tokenizer
+        self._kwargs = chat_template_kwargs
+        self._patterns: list[tuple[tuple[str, ...], re.Pattern[str]]] = []
+        for shape in _SHAPES:
+            placeholders = [{"role": role, "content": s} for role, s in zip(shape, _SENTINELS, strict=False)]
+            try:
+                text = self.render(placeholders)
+            except Exception:  # a template that refuses this shape (say, no system role): try the next
+                continue
+            pieces = _split(text, _SENTINELS[: len(shape)])
+            if pieces is not None:
+                for group in ("(.*)", "(.*?)"):  # greedy, then lazy: the re-rendering decides
+                    self._patterns.append((shape, re.compile(group.join(map(re.escape, pieces)), re.S)))
+        self._cache: dict[str, list[dict[str, str]] | None] = {}
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                       **self._kwargs))
+
+    def __call__(self, prompt: str) -> list[dict[str, str]] | None:
+        """The messages that render to exactly `prompt`, or None."""
+        if prompt not in self._cache:
+            self._cache[prompt] = self._find(prompt)
+        return self._cache[prompt]
+
+    def _find(self, prompt: str) -> list[dict[str, str]] | None:
+        for shape, pattern in self._patterns:
+            match = pattern.fullmatch(prompt)
+            if match:
+                messages = [{"role": role, "content": c} for role, c in zip(shape, match.groups(), strict=True)]
+                try:
+                    if self.render(messages) == prompt:
+                        return messages
+                except Exception:
+                    continue
+        return None
+
+
+def _split(text: str, sentinels: tuple[str, ...]) -> list[str] | None:
+    pieces, rest = [], text
+    for sentinel in sentinels:
+        if rest.count(sentinel) != 1:
+            return None
+        before, rest = rest.split(sentinel)
+        pieces.append(before)
+    return [*pieces, rest]
+
+
+def load_messages(manifest: dict[str, Any], tokenizer: str | None) -> ChatMessages:
+    """`ChatMessages` with --tokenizer, else the tokenizer and chat-template arguments the run used."""
+    from ..chat import load_tokenizer
+
+    settings = manifest.get("settings") or {}
+    name = tokenizer or settings.get("tokenizer")
+    if not name:
+        raise UsageError("the folder's manifest names no tokenizer: pass --tokenizer, or --layout standard")
+    return ChatMessages(load_tokenizer(str(name)), dict(settings.get("chat_template_kwargs") or {}), str(name))
+
+
+def prompt_messages(chat: ChatMessages, record: Record) -> list[dict[str, str]]:
+    """The record's prompt as messages; a one-line `UsageError` when they cannot be recovered exactly."""
+    messages = chat(record["prompt"])
+    if messages is None:
+        raise UsageError(f"problem {record['problem_id']}, {record['stage']}: its prompt is not {chat.name}'s chat "
+                         f"template of one user message (and an optional system message); pass the run's tokenizer "
+                         f"with --tokenizer, or use --layout standard (the prompt as text)")
+    return messages
+
+
+def response_messages(record: Record) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": record["response"]}]

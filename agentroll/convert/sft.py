@@ -1,0 +1,45 @@
+"""`--to sft`: rejection-sampling fine-tuning data, the correct samples as chat messages plus token-exact
+`input_ids` / `labels`.
+
+A sample is kept when its own reward check passed (`raw_reward == 1`, the rule of `group_pass_at_k`; for the
+selector: it picked a correct rewrite) and it finished (`completed`): a truncated response would teach the model
+not to stop. The shaped `reward` does not decide, so a correct solver of an execution whose selector went wrong
+is kept. `labels` is -100 on the prompt (and on any response token outside the loss mask): TRL's `SFTTrainer`
+takes a dataset with `input_ids` and `labels` as already processed and uses the labels as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .common import ChatMessages, JsonlWriter, Problem, Record, prompt_messages, response_messages
+
+FILE = "sft.jsonl"
+IGNORE_INDEX = -100  # the label PyTorch's cross-entropy (and so transformers and TRL) leaves out of the loss
+
+
+def is_correct(record: Record) -> bool:
+    return float(record["raw_reward"]) == 1.0 and record["status"] == "completed"
+
+
+def row(record: Record, chat: ChatMessages | None) -> dict[str, Any]:
+    prompt_ids, response_ids = record["prompt_token_ids"], record["response_token_ids"]
+    labels = [IGNORE_INDEX] * len(prompt_ids) + [
+        token if mask else IGNORE_INDEX for token, mask in zip(response_ids, record["loss_mask"], strict=True)]
+    text: dict[str, Any] = (
+        {"messages": prompt_messages(chat, record) + response_messages(record)} if chat is not None
+        else {"prompt": record["prompt"], "completion": record["response"]})
+    return {"problem_id": record["problem_id"], "stage": record["stage"], **text,
+            "input_ids": prompt_ids + response_ids, "labels": labels}
+
+
+def write(problems: Iterable[Problem], out: Path, chat: ChatMessages | None) -> int:
+    with JsonlWriter(out / FILE) as writer:
+        for problem in problems:
+            for group in problem.groups:
+                for record in group.records:
+                    if is_correct(record):
+                        writer.write(row(record, chat))
+    return writer.rows

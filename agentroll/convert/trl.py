@@ -1,0 +1,43 @@
+"""`--to trl`: one row per sample with what TRL's GRPO `rollout_func` returns for a completion, so a replay
+`rollout_func` can hand recorded rollouts to `GRPOTrainer` token for token.
+
+TRL requires `prompt_ids`, `completion_ids` and `logprobs` (lists per completion) and reads an optional
+`env_mask` (1 on the model's own tokens); any other key it forwards to the reward functions, which is how
+`reward` (and `advantage`) reach them. `prompt` is the rendered prompt text, for the prompt column of the
+dataset the trainer iterates; the rows of one (problem, stage) group are consecutive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .common import JsonlWriter, Problem, Record
+
+FILE = "trl.jsonl"
+
+
+def row(record: Record, advantage: float | None) -> dict[str, Any]:
+    out = {
+        "problem_id": record["problem_id"],
+        "stage": record["stage"],
+        "prompt": record["prompt"],
+        "prompt_ids": record["prompt_token_ids"],
+        "completion_ids": record["response_token_ids"],
+        "logprobs": record["response_logprobs"],
+        "env_mask": record["loss_mask"],
+        "reward": record["reward"],
+    }
+    if advantage is not None:
+        out["advantage"] = advantage
+    return out
+
+
+def write(problems: Iterable[Problem], out: Path) -> int:
+    with JsonlWriter(out / FILE) as writer:
+        for problem in problems:
+            for group in problem.groups:
+                for i, record in enumerate(group.records):
+                    writer.write(row(record, None if group.advantages is None else group.advantages[i]))
+    return writer.rows
