@@ -57,6 +57,15 @@ def annotate(executions: list[list[Sample]], finals: list[float]) -> None:
     mean = sum(finals) / len(finals)
     std = (sum((f - mean) ** 2 for f in finals) / len(finals)) ** 0.5
     passed = float(any(s.raw_reward == 1.0 for e in executions for s in e if s.stage == "solver"))
+    by_stage: dict[str, list[Sample]] = {}
     for samples in executions:
         for sample in samples:
             sample.group_reward_mean, sample.group_reward_std, sample.group_pass_at_k = mean, std, passed
+            by_stage.setdefault(sample.stage, []).append(sample)
+    for members in by_stage.values():  # GRPO baselines are per (problem, stage): solvers are not rewriters
+        rewards = [s.reward for s in members]
+        stage_mean = sum(rewards) / len(rewards)
+        stage_std = (sum((r - stage_mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+        for sample in members:
+            sample.stage_group_size = len(members)
+            sample.stage_group_reward_mean, sample.stage_group_reward_std = stage_mean, stage_std

@@ -62,5 +62,9 @@ class Sample:
     group_reward_mean: float | None = None
     group_reward_std: float | None = None
     group_pass_at_k: float | None = None
+    # the (problem, stage) group: this stage's samples over the problem's K executions, the GRPO baseline
+    stage_group_size: int | None = None
+    stage_group_reward_mean: float | None = None
+    stage_group_reward_std: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION

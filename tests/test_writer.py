@@ -141,3 +141,27 @@ def test_a_failed_group_is_never_committed_and_a_filtered_one_is_remembered(tmp_
     writer.close(complete=True)
     _, done = open_writer(tmp_path)
     assert done == {"u": uniform.problem.content_hash} and lines_of(tmp_path) == []
+
+
+def test_records_carry_their_problem_and_stage_group_baselines():
+    g = group("a", sizes=(3, 2))
+    for k, samples in enumerate(g.executions):
+        for w, s in enumerate(samples):
+            s.reward = float(k * 10 + w)  # execution 0: 0 1 2; execution 1: 10 11
+    annotate(g.executions, [1.0, 0.0])
+    records = g.records()
+    rewards = [0.0, 1.0, 2.0, 10.0, 11.0]  # every sample here is a solver: one (problem, stage) group
+    mean = sum(rewards) / 5
+    std = (sum((r - mean) ** 2 for r in rewards) / 5) ** 0.5
+    assert {(r["stage_group_size"], r["stage_group_reward_mean"], r["stage_group_reward_std"]) for r in records} == {
+        (5, mean, std)}
+
+
+def test_stage_groups_are_per_stage_not_per_problem():
+    g = group("a", sizes=(3, 2))
+    for k, samples in enumerate(g.executions):
+        samples[-1].stage = "rewriter"  # execution 0: solver solver rewriter; execution 1: solver rewriter
+        samples[-1].reward = 5.0 + k
+    annotate(g.executions, [1.0, 0.0])
+    by_stage = {(r["stage"], r["stage_group_size"], r["stage_group_reward_mean"]) for r in g.records()}
+    assert by_stage == {("solver", 3, 1.0), ("rewriter", 2, 5.5)}
