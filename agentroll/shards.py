@@ -1,8 +1,10 @@
-"""Shard files: their names, and the whole groups in their bytes, plain JSONL or zstd (one frame per group).
+"""Shard files: their names, and the whole groups in their bytes, plain JSONL or zstd.
 
-One frame per group keeps the guarantees of plain shards: the writer appends a group in one write, a torn
-frame at the tail after a kill is cut off by recovery like a torn line, and a reader following a live run
-decodes every whole frame. Concatenated frames are one valid zstd stream (`zstd -d`, `datasets`, fsspec).
+A zstd shard being written holds one frame per group: the writer appends a group in one write, a torn frame at
+the tail after a kill is cut off by recovery like a torn line, and a reader following a live run decodes every
+whole frame. When the shard is finished its frames are joined into one (`join_frames`), once, before it takes
+its final name: `datasets` (through fsspec) reads a zstd file a frame at a time and types its columns from the
+first piece it reads, so a first group without, say, a selector would make a later one fail to load.
 """
 
 from __future__ import annotations
@@ -61,10 +63,20 @@ def shard_groups(data: bytes, compressed: bool) -> Iterator[tuple[int, list[dict
             return  # a frame still being written, or torn by a kill
         end = len(data) - len(frame.unused_data)
         groups = list(group_blocks(block))
-        if len(groups) != 1 or groups[0][0] != len(block):
-            return  # a frame is exactly one whole group, or the shard is damaged from here on
+        if not groups or groups[-1][0] != len(block):
+            return  # a frame holds whole groups (one while written, all once finished), or it is damaged
         pos = end
-        yield pos, groups[0][1]
+        for _, records in groups:
+            yield pos, records
+
+
+def join_frames(data: bytes) -> bytes:
+    """A finished shard's group frames as one frame (see the module's docstring)."""
+    import zstandard
+
+    with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as reader:
+        plain = reader.read()
+    return encode(plain, "zstd")
 
 
 def read_lines(path: Path) -> Iterator[bytes]:

@@ -32,7 +32,17 @@ import orjson
 from .errors import OutputError, PipeClosed
 from .group import Group
 from .schema import SCHEMA_VERSION
-from .shards import PARTIAL, SHARD_PREFIX, GroupKey, encode, is_zstd, scan_groups, shard_index, shard_name
+from .shards import (
+    PARTIAL,
+    SHARD_PREFIX,
+    GroupKey,
+    encode,
+    is_zstd,
+    join_frames,
+    scan_groups,
+    shard_index,
+    shard_name,
+)
 
 MANIFEST = "manifest.json"
 STATE_DIR = ".agentroll"
@@ -287,6 +297,10 @@ class ShardWriter:
 
     def _finish_file(self, partial: Path, final: Path, records: int, executions: int, keys: list[GroupKey],
                      sha256: str) -> None:
+        if is_zstd(final):  # one frame per group while written, one frame once finished (shards.py says why)
+            joined = join_frames(partial.read_bytes())
+            _atomic_write(partial, joined)  # still the partial: a crash here leaves one shard, recoverable
+            sha256 = hashlib.sha256(joined).hexdigest()
         self._write_keys(final.name, keys)  # keys first: a shard on disk always has its keys after a crash
         os.replace(partial, final)
         _fsync_dir(self.directory)

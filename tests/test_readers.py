@@ -170,6 +170,10 @@ def test_zstd_shards_hold_the_same_groups_and_load_with_datasets(sim, problems, 
     assert proc.returncode == 0, proc.stderr.decode()
     files = sorted(p.name for p in packed.glob("rollouts-*"))
     assert files and all(name.endswith(".jsonl.zst") for name in files)
+    for name in files:  # finished: the groups' frames joined into one
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        frame.decompress((packed / name).read_bytes())
+        assert frame.eof and frame.unused_data == b""
     records = list(agentroll.read_records(packed))
     assert len(records) == json.loads((packed / "manifest.json").read_text())["records"]
     groups = list(agentroll.read_groups(packed))

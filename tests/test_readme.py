@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,3 +19,27 @@ def test_the_readme_documents_every_generate_flag():
     readme = ROOT.joinpath("README.md").read_text()
     missing = [opt for p in generate.params for opt in p.opts if opt.startswith("--") and f"`{opt}" not in readme]
     assert missing == []
+
+
+def test_the_training_example_runs_on_a_real_folder(sim, problems, tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from .conftest import TOKENIZER, run_cli
+
+    made = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
+                   TOKENIZER, "--num-parallel", "2", "--reward", "exact", "--compression", "zstd")
+    assert made.returncode == 0, made.stderr.decode()
+    section = ROOT.joinpath("README.md").read_text().split("## Training on the output", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
+    check = "\nprint(len(rows))\n"
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    ran = subprocess.run([sys.executable, "-c", code + check], cwd=tmp_path, env=env, capture_output=True,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr.decode()[-2000:]
+    records = json.loads((tmp_path / "out" / "manifest.json").read_text())["records"]
+    assert ran.stdout.decode().split()[-1] == str(records)  # datasets read every record of the zstd shards
+    consumed = json.loads((tmp_path / "out" / ".agentroll" / "consumers" / "trainer").read_text())
+    assert consumed["groups"] == 8  # the follower read all 8 groups and recorded it

@@ -261,21 +261,20 @@ def test_compressed_shards_are_validated_frame_by_frame(folders, tmp_path):
     damaged = damaged_copy(zst, tmp_path)
     data = bytearray((damaged / names[0]).read_bytes())
     frames = zstd_frames(bytes(data))
-    problems_of = [{json.loads(line)["problem_id"] for line in f.splitlines()} for f in frames]
-    assert len(frames) >= 2 and all(len(p) == 1 for p in problems_of)  # one group per frame, as written
-    data[100] ^= 0xFF  # inside the first frame (a group's frame is kilobytes)
+    assert len(frames) == 1 and len({json.loads(line)["problem_id"] for line in frames[0].splitlines()}) >= 2
+    data[100] ^= 0xFF  # inside the frame: a finished shard is one frame (its groups' frames joined)
     (damaged / names[0]).write_bytes(bytes(data))
     found = validate(damaged)
     assert line_faults(found.faults, names[0])[0] == ("zstd", 1)
     assert ("sha256", None) in where(found.faults, names[0])
 
-    # two groups in one frame: a reader would stop there, so validate says so at both groups
-    joined = damaged_copy(zst, tmp_path / "joined")
-    frames = zstd_frames((joined / names[0]).read_bytes())
+    # a group split across two frames: a reader would stop there, so validate says so at the group
+    split = damaged_copy(zst, tmp_path / "split")
+    (plain,) = zstd_frames((split / names[0]).read_bytes())
+    lines = plain.splitlines(True)
     compress = zstandard.ZstdCompressor(write_checksum=True).compress
-    (joined / names[0]).write_bytes(compress(frames[0] + frames[1]) + b"".join(compress(f) for f in frames[2:]))
-    second = len(frames[0].splitlines()) + 1
-    assert line_faults(validate(joined).faults, names[0]) == [("zstd", 1), ("zstd", second)]
+    (split / names[0]).write_bytes(compress(lines[0]) + compress(b"".join(lines[1:])))
+    assert line_faults(validate(split).faults, names[0]) == [("zstd", 1)]
 
 
 def test_a_flipped_byte_is_a_sha256_fault_of_its_shard(folders, tmp_path):
