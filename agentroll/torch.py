@@ -1,0 +1,163 @@
+"""A PyTorch `IterableDataset` over an output folder (or a merged one), for a plain training loop.
+
+    from torch.utils.data import DataLoader
+    from agentroll.torch import RolloutDataset, collate
+
+    data = RolloutDataset("out", stages=["solver"])
+    loader = DataLoader(data, batch_size=8, num_workers=2, collate_fn=collate)
+
+Each item is one record (one LLM call) laid out as the trainer sees it: `input_ids` is the prompt followed by the
+response, and `loss_mask` and `logprobs` are aligned with it position for position (0 on the prompt), so the
+loss of token `t` is read at the same index in all three. The unit of work split among DataLoader workers (and
+distributed ranks) is the shard, so that no record is read twice and groups stay whole and in order; a folder
+should have at least as many shards as workers times ranks (`generate --shard-size`), or some stay idle.
+
+torch is optional: `import agentroll` never imports it, and importing this module without it says how to get it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .errors import OutputError, UsageError
+from .readers import shard_paths
+from .schema import STAGES
+from .shards import read_lines
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ModuleNotFoundError as exc:
+    if exc.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "agentroll.torch needs PyTorch, which agentroll does not install by default: "
+        "pip install 'agentroll[torch]' (or pip install torch)", name="torch") from exc
+
+__all__ = ["RolloutDataset", "collate", "to_tensors"]
+
+Item = dict[str, Any]
+_STRINGS = ("problem_id", "stage", "rollout_id")
+
+
+def to_tensors(record: dict[str, Any]) -> Item:
+    """One record as a training item: `input_ids` (prompt + response, int64), `loss_mask` (int64: 0 on the
+    prompt, the record's mask on the response), `logprobs` (float32: 0.0 on the prompt, the server's logprobs on
+    the response), `reward` (0-d float32: the shaped reward) and `problem_id`, `stage`, `rollout_id` (str)."""
+    prompt, response = record["prompt_token_ids"], record["response_token_ids"]
+    logprobs, mask = record["response_logprobs"], record["loss_mask"]
+    if not len(response) == len(logprobs) == len(mask):
+        # a misaligned record would silently shift the loss onto the wrong tokens: refuse it
+        raise OutputError(f"record {record.get('rollout_id')} ({record.get('stage')}): {len(response)} response "
+                          f"tokens, {len(logprobs)} logprobs, {len(mask)} loss mask entries")
+    pad = [0] * len(prompt)
+    return {
+        "input_ids": torch.tensor(prompt + response, dtype=torch.long),
+        "loss_mask": torch.tensor(pad + mask, dtype=torch.long),
+        "logprobs": torch.tensor(pad + logprobs, dtype=torch.float32),
+        "reward": torch.tensor(float(record["reward"]), dtype=torch.float32),
+        **{key: str(record[key]) for key in _STRINGS},
+    }
+
+
+class RolloutDataset(IterableDataset[Item]):
+    """The records of an output folder as `to_tensors` items, in manifest order, each exactly once per epoch.
+
+    The shard list is read from the manifest here, once, so every worker and rank splits the same list: worker
+    `w` of `W` on rank `r` of `R` reads shards `r * W + w`, stepping by `R * W`. `rank` and `world_size` default
+    to `torch.distributed`'s when it is initialized at construction (construct the dataset after
+    `init_process_group`, or pass them): read in a DataLoader worker they would be lost under `spawn`. Ranks may
+    get unequal record counts; a DDP loop must tolerate that (e.g. `Join`) or stop at the shortest rank.
+
+    `stages` keeps only those stages' records (e.g. `["solver"]`). `shuffle_shards` shuffles the shard order by
+    `seed` and the epoch (`set_epoch`, as with `DistributedSampler`); records inside a shard keep their order,
+    so a problem's group stays contiguous. The folder must be finished: to train on a live run, use
+    `agentroll.read_groups(path, follow=True)`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, stages: Iterable[str] | str | None = None,
+                 shuffle_shards: bool = False, seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.shards: list[Path] = shard_paths(self.path)
+        if isinstance(stages, str):
+            stages = [stages]
+        self.stages = None if stages is None else frozenset(stages)
+        if self.stages is not None and not self.stages <= set(STAGES):
+            # a typo would otherwise yield nothing, silently
+            raise UsageError(f"stages {sorted(self.stages - set(STAGES))}: the stages are {', '.join(STAGES)}")
+        self.shuffle_shards, self.seed, self.epoch = shuffle_shards, seed, 0
+        if (rank is None) != (world_size is None):
+            raise UsageError("give both rank and world_size, or neither")
+        if rank is None or world_size is None:
+            rank, world_size = _distributed()
+        if not 0 <= rank < world_size:
+            raise UsageError(f"rank {rank} is not in 0..{world_size - 1}")
+        self.rank, self.world_size = rank, world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch that seeds the shard shuffle. Call it before iterating; workers started with
+        `persistent_workers=True` keep the epoch they were started with."""
+        self.epoch = epoch
+
+    def shard_order(self) -> list[Path]:
+        """All shards in this epoch's order (identical in every worker and rank: the split depends on it)."""
+        shards = list(self.shards)
+        if self.shuffle_shards:
+            random.Random(f"{self.seed}:{self.epoch}").shuffle(shards)
+        return shards
+
+    def my_shards(self) -> list[Path]:
+        """The shards this worker of this rank reads."""
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.shard_order()[self.rank * workers + worker::self.world_size * workers]
+
+    def __iter__(self) -> Iterator[Item]:
+        for shard in self.my_shards():
+            for number, line in enumerate(read_lines(shard), start=1):
+                record = orjson.loads(line)
+                if self.stages is not None and record["stage"] not in self.stages:
+                    continue
+                try:
+                    yield to_tensors(record)
+                except OutputError as exc:
+                    raise OutputError(f"{shard}:{number}: {exc}") from None
+
+
+def collate(batch: Sequence[Item], pad_id: int = 0) -> Item:
+    """Items padded on the right to the batch's longest: `input_ids` with `pad_id`, `attention_mask` (1 on real
+    tokens), `loss_mask` and `logprobs` with 0 (so padding never counts in a loss), `reward` stacked to shape
+    (B,), and the string fields as lists. Pass your tokenizer's pad id with `functools.partial(collate,
+    pad_id=...)`: the masks already exclude padding, so any id the model can embed will do."""
+    if not batch:
+        raise ValueError("collate: an empty batch")
+
+    def pad(key: str, value: float) -> torch.Tensor:
+        return torch.nn.utils.rnn.pad_sequence([item[key] for item in batch], batch_first=True,
+                                               padding_value=value)
+
+    return {
+        "input_ids": pad("input_ids", pad_id),
+        "attention_mask": torch.nn.utils.rnn.pad_sequence(
+            [torch.ones_like(item["input_ids"]) for item in batch], batch_first=True, padding_value=0),
+        "loss_mask": pad("loss_mask", 0),
+        "logprobs": pad("logprobs", 0.0),
+        "reward": torch.stack([item["reward"] for item in batch]),
+        **{key: [item[key] for item in batch] for key in _STRINGS},
+    }
+
+
+def _distributed() -> tuple[int, int]:
+    """(rank, world size) of an initialized `torch.distributed` process group, else (0, 1)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
