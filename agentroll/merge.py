@@ -16,18 +16,13 @@ from typing import Any
 import orjson
 
 from .errors import OutputError
+from .readers import load_manifest
 from .shards import is_zstd, scan_groups, shard_name
 from .writer import MANIFEST, STATE_DIR, _atomic_write
 
 
 def _load(folder: Path) -> dict[str, Any]:
-    path = folder / MANIFEST
-    try:
-        manifest = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise OutputError(f"{path}: not a readable agentroll manifest ({exc})") from exc
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
-        raise OutputError(f"{path}: not an agentroll manifest")
+    manifest = load_manifest(folder)
     if manifest.get("merged_from"):
         raise OutputError(f"{folder} is itself a merged folder: merge the folders it was made from "
                           f"({', '.join(str(m.get('folder')) for m in manifest['merged_from'])})")

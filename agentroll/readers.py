@@ -31,7 +31,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _INDEX = re.compile(rf"^{re.escape(SHARD_PREFIX)}(\d+)\.jsonl(?:\.zst)?(?:{re.escape(PARTIAL)})?$")
 
 
-def _manifest(folder: Path) -> dict[str, Any]:
+def load_manifest(folder: Path) -> dict[str, Any]:
+    """A folder's manifest, or one `OutputError` line saying why it cannot be read."""
     path = folder / MANIFEST
     try:
         manifest = orjson.loads(path.read_bytes())
@@ -45,7 +46,7 @@ def _manifest(folder: Path) -> dict[str, Any]:
 def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
     """The finished shards of a folder (or a merged folder, whose shard paths are relative to it), in order."""
     folder = Path(path)
-    return [folder / shard["file"] for shard in _manifest(folder)["shards"]]
+    return [folder / shard["file"] for shard in load_manifest(folder)["shards"]]
 
 
 def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
