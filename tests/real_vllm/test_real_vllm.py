@@ -168,10 +168,14 @@ def test_context_limits_against_real_vllm(real_vllm, tmp_path):
     assert read_records(tmp_path / "b") == []
 
 
-def served(url: str) -> float:
+def gauge(url: str, name: str) -> float:
+    """A vLLM metric from /metrics, summed over its labels."""
     text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def served(url: str) -> float:
+    return gauge(url, "vllm:request_success_total")
 
 
 def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_python, tiny_model, tmp_path):
@@ -188,13 +192,16 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_pyth
         path = problems(tmp_path / "p.jsonl", 100)  # enough work left after the stop to need rerouting
         out = tmp_path / "out"
         args = ["generate", str(path), "-o", str(out), "--base-url", f"{real_vllm},{url}", "--tokenizer", TOKENIZER,
-                "--num-parallel", "2", "--no-think", "--max-tokens", "24", "--reward", "exact", "--concurrency", "8",
+                "--num-parallel", "2", "--no-think", "--max-tokens", "160", "--reward", "exact", "--concurrency", "8",
                 "--probe-interval", "1"]
         proc = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         deadline = time.monotonic() + 300
-        while served(url) < 10 and time.monotonic() < deadline:  # an external server's own counter
-            time.sleep(0.2)
+        # Stop it while it holds work: those requests must be rerouted. (Waiting for a count served alone let
+        # a freshly started, slow server finish its share after the fast one had taken the rest.)
+        while (served(url) < 3 or gauge(url, "vllm:num_requests_running") < 1) and time.monotonic() < deadline:
+            time.sleep(0.2)  # an external server's own counters
+        assert time.monotonic() < deadline, "the second server never had requests in flight"
         # The node goes away (SIGKILL to the server's whole group). A SIGTERM would not do: vLLM 0.32 drains on
         # SIGTERM and went on answering new requests until this run had finished, so nothing was rerouted.
         os.killpg(second.pid, signal.SIGKILL)
@@ -204,6 +211,7 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_pyth
         executions = {(r["problem_id"], r["sample_index"]) for r in records}
         assert len(executions) == 100 and len({r["rollout_id"] for r in records}) == 100
         assert {r["endpoint"] for r in records} == {real_vllm, url} and b"out of rotation" in stderr
+        assert json.loads((out / "manifest.json").read_text())["last_run"]["requests"]["retries"] > 0
         assert json.loads((out / "manifest.json").read_text())["complete"] is True
     finally:
         stop(second)
