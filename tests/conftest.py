@@ -52,5 +52,6 @@ def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> sub
 def read_records(folder: Path) -> list[dict]:
     records = []
     for shard in sorted(folder.glob("rollouts-*.jsonl")):
-        records += [json.loads(line) for line in shard.read_text().splitlines()]
+        # split on "\n" only: str.splitlines() also breaks at U+2028, U+0085... which a model's text may hold
+        records += [json.loads(line) for line in shard.read_bytes().split(b"\n") if line]
     return records
