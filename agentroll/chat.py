@@ -103,6 +103,13 @@ class ChatEncoder:
         ids = await self.server_render(messages)
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids
 
+    def decode_response(self, ids: list[int], finish_reason: str | None, stop_reason: int | str | None) -> str:
+        """A response's text from its ids, as vLLM's /v1/completions writes it: special tokens skipped, and the
+        stop token that ended it (EOS or a stop token id; both stay in the ids) left out of the text."""
+        if ids and finish_reason == "stop" and not isinstance(stop_reason, str):
+            ids = ids[:-1]
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
     def encode(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
         text = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, **self.kwargs

@@ -413,6 +413,13 @@ def serve_sim(
     tokenize_error_rate: Annotated[float, typer.Option(help="Share of /tokenize answered 500/503.")] = 0.0,
     max_running: Annotated[int, typer.Option(help="Requests decoding at once; the rest wait.")] = 256,
     reasoning_words: Annotated[int, typer.Option(help="Length of each think block, in words.")] = 12,
+    enable_scale_out: Annotated[bool, typer.Option(help="Serve POST /inference/v1/generate, as vLLM does with "
+                                                        "this flag.")] = False,
+    logprobs_mode: Annotated[str, typer.Option(help="raw_logprobs | processed_logprobs, as vLLM's flag.")] = (
+        "raw_logprobs"),
+    moe: Annotated[str | None, typer.Option(help="LAYERS,EXPERTS,PER_TOKEN: a MoE model, for routed "
+                                                 "experts.")] = None,
+    enable_return_routed_experts: Annotated[bool, typer.Option(help="Return routed_experts (needs --moe).")] = False,
     seed: int = 0,
 ) -> None:
     """Serve the SIMULATED vLLM (OpenAI-compatible wire format, scripted answers) until interrupted."""
@@ -423,11 +430,18 @@ def serve_sim(
     try:
         faults = Faults(error_rate=error_rate, drop_rate=drop_rate, latency_s=latency, malformed_rate=malformed_rate,
                         abort_rate=abort_rate, tokenize_error_rate=tokenize_error_rate)
+        shape = tuple(int(x) for x in moe.split(",")) if moe else None
+        if shape is not None and (len(shape) != 3 or not 1 <= shape[2] <= shape[1] or shape[0] < 1):
+            raise ValueError("--moe takes LAYERS,EXPERTS,PER_TOKEN with 1 <= PER_TOKEN <= EXPERTS")
+        if enable_return_routed_experts and shape is None:
+            raise ValueError("--enable-return-routed-experts needs a MoE model: pass --moe")
+        server = SimServer(script=script, model=model, max_model_len=max_model_len, seed=seed, record=False,
+                           faults=faults, max_running=max_running, enable_scale_out=enable_scale_out,
+                           logprobs_mode=logprobs_mode, moe=shape,  # type: ignore[arg-type]
+                           return_routed_experts=enable_return_routed_experts)
     except ValueError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(2) from None
-    server = SimServer(script=script, model=model, max_model_len=max_model_len, seed=seed, record=False,
-                       faults=faults, max_running=max_running)
 
     async def main() -> None:
         url = await server.serve(host, port)

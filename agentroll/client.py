@@ -1,4 +1,4 @@
-"""Token-in, token-out client for vLLM's OpenAI-compatible `/v1/completions`.
+"""Token-in, token-out client for vLLM: `/v1/completions` or the native `/inference/v1/generate` (`wire.py`).
 
 The prompt goes out as token ids; the response's token ids and logprobs are taken from the server's answer as
 they are, never re-tokenized. Concurrency is a hard cap over the whole run; transient failures are retried with
@@ -19,11 +19,10 @@ import aiohttp
 import orjson
 
 from .errors import ServerError
+from .wire import APIS, PATHS, Completion, WireError, parse, request_body
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 FATAL_STATUS = frozenset({401, 403, 404})
-TOKEN_ID_PREFIX = "token_id:"
-INT, NUMBER = frozenset({int}), frozenset({int, float})  # exact types: JSON true/false (bool) is neither
 FINISHED = frozenset({"stop", "length"})  # what a finished generation ends with; "abort" and the rest are retried
 
 log = logging.getLogger("agentroll")
@@ -74,61 +73,11 @@ class CallFailed(Exception):
         self.endpoint = endpoint  # the one that failed: a retry goes elsewhere if it can
 
 
-@dataclass(slots=True)
-class Completion:
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str | None
-    stop_reason: int | str | None
-    endpoint: str
-    latency_s: float
-    attempts: int
-
-
-def parse_choice(payload: Any, sent_ids: list[int]) -> tuple[list[int], list[float], dict[str, Any]]:
-    """Response ids and logprobs from `choices[0]`, checked to line up index for index. Anything malformed
-    (a proxy's page, `[]`, no choices) is a failed call, never a traceback."""
-    if not isinstance(payload, dict):
-        raise CallFailed(f"response is not a JSON object but {type(payload).__name__}")
-    choices = payload.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise CallFailed("response has no choices")
-    choice = choices[0]
-    lp = choice.get("logprobs")
-    if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
-        raise CallFailed("response has no logprobs.token_logprobs (is `logprobs` supported by this server?)")
-    logprobs = lp["token_logprobs"]
-    ids = choice.get("token_ids")
-    if ids is None:
-        try:
-            ids = [int(t[len(TOKEN_ID_PREFIX) :]) for t in lp["tokens"] if t.startswith(TOKEN_ID_PREFIX)]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CallFailed(f"cannot read token ids from logprobs.tokens: {exc}") from None
-        if len(ids) != len(lp["tokens"]):
-            raise CallFailed("logprobs.tokens are not 'token_id:N' strings (return_tokens_as_token_ids ignored?)")
-    # Type checks in C (`map(type, ...)`): a per-token Python loop here cost a third of the client's CPU.
-    if not isinstance(ids, list) or not set(map(type, ids)) <= INT:
-        raise CallFailed("token_ids is not a list of integers")
-    if len(ids) != len(logprobs):
-        raise CallFailed(f"{len(ids)} token ids but {len(logprobs)} logprobs")
-    if not set(map(type, logprobs)) <= NUMBER:
-        raise CallFailed("a response logprob is null or not a number")
-    if not isinstance(choice.get("text", ""), str | None):
-        raise CallFailed("choices[0].text is not a string")
-    echoed = choice.get("prompt_token_ids")
-    if echoed is not None and echoed != sent_ids:
-        raise CallFailed("the server's prompt_token_ids differ from the ids sent")
-    return ids, logprobs, choice
-
-
 class Endpoint:
     """One server: its requests in flight, and whether it is out of rotation after repeated failures."""
 
     def __init__(self, url: str, failure_threshold: int = 3) -> None:
         self.url = url
-        self.completions_url = f"{url}/v1/completions"
         self.in_flight = 0
         self.consecutive_failures = 0
         self.failure_threshold = failure_threshold
@@ -170,9 +119,13 @@ class CompletionClient:
         backoff_max_s: float = 30.0,
         probe_interval_s: float = 5.0,
         down_timeout_s: float = 300.0,
+        api: str = "completions",
     ) -> None:
         if not base_urls:
             raise ServerError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
+        if api not in APIS:
+            raise ValueError(f"api must be one of {APIS}, not {api!r}")
+        self.api = api  # "completions" or "generate"; `detect_api` settles --api auto
         self.endpoints = [Endpoint(normalize_base_url(u)) for u in dict.fromkeys(base_urls)]
         self.by_url = {e.url: e for e in self.endpoints}
         self.max_retries = max_retries
@@ -338,26 +291,38 @@ class CompletionClient:
             avoid = problem.endpoint
             await asyncio.sleep(self._backoff(attempt))
 
-    async def complete(self, body: dict[str, Any], prefer: Endpoint | None = None) -> Completion:
-        """POST one completion, retrying what is transient. Raises `CallFailed` or, for 401/404, `ServerError`."""
-        payload = orjson.dumps(body)
+    async def detect_api(self, model: str, token_ids: list[int]) -> str:
+        """`--api auto`: the native generate endpoint when the first answering server offers it (one tiny call),
+        else /v1/completions. vLLM answers 403 without `--enable-scale-out`; older ones and others 404."""
+        body = request_body("generate", model, token_ids, {"max_tokens": 1, "temperature": 1.0}, 0)
+        try:
+            answer = await self.post_with_retries(PATHS["generate"], body, absent=frozenset({400, 403, 404, 405, 422}))
+        except CallFailed as exc:
+            raise ServerError(f"probing {PATHS['generate']} failed: {exc}", exc.status) from exc
+        return "generate" if answer is not None else "completions"
+
+    async def complete(self, prompt_ids: list[int], params: dict[str, Any], model: str, alternatives: int = 0,
+                       prefer: Endpoint | None = None) -> Completion:
+        """POST one call on `self.api`, retrying what is transient. Raises `CallFailed` or, for 401/403/404,
+        `ServerError`."""
+        api = self.api
+        payload = orjson.dumps(request_body(api, model, prompt_ids, params, alternatives))
         started = time.monotonic()
         attempt = 0
         avoid: Endpoint | None = None
         while True:
             attempt += 1
             try:
-                endpoint, data = await self._post(payload, prefer, avoid)
+                endpoint, data = await self._post(PATHS[api], payload, prefer, avoid)
                 try:
-                    ids, logprobs, choice = parse_choice(data, body["prompt"])
-                except CallFailed as exc:  # a malformed answer (a proxy's error page?) may be passing: retried
+                    done = parse(api, data, prompt_ids, alternatives)
+                except WireError as exc:  # a malformed answer (a proxy's error page?) may be passing: retried
                     raise CallFailed(f"{endpoint.url}: {exc}", 200, True, endpoint) from None
-                reason = choice.get("finish_reason")
-                if reason not in FINISHED:
+                if done.finish_reason not in FINISHED:
                     # vLLM aborted it (a pause for a weight sync, a shutdown): what it holds is not what the
                     # model would have said. Asked again; never recorded as an outcome.
                     raise CallFailed(f"{endpoint.url}: the server ended the request with finish_reason "
-                                     f"{reason!r}", 200, True, endpoint)
+                                     f"{done.finish_reason!r}", 200, True, endpoint)
             except CallFailed as exc:
                 if not exc.retryable or attempt > self.max_retries:
                     self.counters.failures += 1
@@ -366,23 +331,14 @@ class CompletionClient:
                 avoid = exc.endpoint
                 await asyncio.sleep(self._backoff(attempt))
                 continue
-            return Completion(
-                prompt_token_ids=body["prompt"],
-                token_ids=ids,
-                logprobs=logprobs,
-                text=choice.get("text") or "",
-                finish_reason=choice.get("finish_reason"),
-                stop_reason=choice.get("stop_reason"),
-                endpoint=endpoint.url,
-                latency_s=time.monotonic() - started,
-                attempts=attempt,
-            )
+            done.endpoint, done.latency_s, done.attempts = endpoint.url, time.monotonic() - started, attempt
+            return done
 
     def _backoff(self, attempt: int) -> float:
         cap = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
         return random.uniform(cap / 2, cap)
 
-    async def _post(self, payload: bytes, prefer: Endpoint | None,
+    async def _post(self, path: str, payload: bytes, prefer: Endpoint | None,
                     avoid: Endpoint | None) -> tuple[Endpoint, dict[str, Any]]:
         """One attempt. The endpoint is chosen once a slot is free, so the in-flight counts it compares are
         current, not those of when the call started waiting."""
@@ -394,7 +350,7 @@ class CompletionClient:
             endpoint.in_flight += 1
             counters.peak_in_flight = max(counters.peak_in_flight, counters.in_flight)
             try:
-                status, body = await self._request("POST", endpoint.completions_url, payload)
+                status, body = await self._request("POST", endpoint.url + path, payload)
             except TransportFailure as exc:
                 if endpoint.record(ok=False, error=str(exc)):
                     self.mark_down(endpoint, str(exc))

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .chat import ChatEncoder, load_first, tokenizer_candidates
-from .client import CallFailed, CompletionClient, parse_choice
+from .client import CompletionClient
 from .errors import AgentrollError
 from .parity import check_parity, probe_messages
 from .templates import Templates
+from .wire import WireError, parse_completions
 
 
 @dataclass(slots=True)
@@ -76,8 +77,8 @@ async def _token_ids(client: CompletionClient, encoder: ChatEncoder, model: str)
         return Check("return_token_ids", "fail", f"completion answered HTTP {status}: {payload}")
     choice = payload["choices"][0]
     try:
-        from_strings, _, _ = parse_choice({"choices": [{**choice, "token_ids": None}]}, ids)
-    except CallFailed as exc:
+        from_strings = parse_completions({"choices": [{**choice, "token_ids": None}]}, ids).token_ids
+    except WireError as exc:
         return Check("return_token_ids", "fail", f"logprobs unreadable: {exc}")
     if choice.get("token_ids") is None:
         return Check("return_token_ids", "warn", "not supported (vLLM < 0.10?): ids are read from "

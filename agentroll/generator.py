@@ -14,13 +14,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from . import provenance
 from .chat import ChatEncoder, load_first, tokenizer_candidates
 from .client import ClientCounters, CompletionClient
 from .errors import InputError, ServerError, UsageError
 from .group import Group, annotate
 from .inputs import InputKeys, Problem, problem_from_row
 from .options import GenerateOptions
-from .parity import check_parity, probe_messages, server_renderer
+from .parity import check_parity, local_ids, probe_messages, server_renderer
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
 from .rewards import RewardSet, RewardSettings
 from .stats import RunStats
@@ -49,6 +50,7 @@ class Generator:
         self.model: str = ""
         self.max_context_len: int | None = None
         self.tokenizer_name: str = ""
+        self.logprobs_mode: str = ""
         self._client: CompletionClient | None = None
         self._rewards: RewardSet | None = None
         self._system: AgentSystem | None = None
@@ -82,9 +84,11 @@ class Generator:
             self._rewards = RewardSet(RewardSettings(o.reward, o.reward_timeout, o.reward_url,
                                                      o.reward_concurrency, o.max_retries))
             config = SystemConfig.from_options(o, model, self.max_context_len)
+            server = await self._provenance(client, encoder, templates, config, root)
             self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
                                        prompt_key=self.keys.prompt)
-            self._settings = self._fingerprint(templates, "server" if encoder.server_render else "local")
+            self._settings = self._fingerprint(templates, "server" if encoder.server_render else "local", config,
+                                               server)
         except BaseException:
             await self.aclose()
             raise
@@ -272,19 +276,47 @@ class Generator:
                         "--tokenizer to render locally", parity.mismatch)
         return parity.mismatch is not None
 
-    def _fingerprint(self, templates: Templates, rendering: str) -> dict[str, Any]:
+    async def _provenance(self, client: CompletionClient, encoder: ChatEncoder, templates: Templates,
+                          config: SystemConfig, root: str | None) -> dict[str, Any]:
+        """Settle --api auto and find what the server's logprobs mean, with two one-token calls that also ask for
+        this run's top-k and routes: a server that refuses them ends the run here, not on every call."""
+        o = self.options
+        prompts = [local_ids(encoder, m) for m in probe_messages(templates)]
+        probe = prompts[0]
+        client.api = await client.detect_api(self.model, probe) if o.api == "auto" else o.api
+        self.logprobs_mode, routes = await provenance.logprobs_mode(client, self.model, probe, config.alternatives)
+        if config.routes and routes is False:
+            raise ServerError("the server sends no routed_experts: start vLLM with --enable-return-routed-experts "
+                              "(a MoE model), or drop --return-routed-experts")
+        warning = provenance.mode_warning(self.logprobs_mode, config.sampling())
+        if warning:
+            log.warning(warning)
+        try:
+            version = (await client.get_json("/version")).get("version")
+        except (ServerError, AttributeError):
+            version = None
+        return {
+            "api": client.api, "vllm_version": version, "root": root, "revision": provenance.revision(root),
+            "logprobs_mode": self.logprobs_mode,
+            "tokenizer_sha256": provenance.tokenizer_sha256(encoder.tokenizer),
+            "chat_template_sha256": provenance.chat_template_sha256(encoder.tokenizer),
+            "rendered_prompts_sha256": provenance.rendered_sha256(prompts),
+        }
+
+    def _fingerprint(self, templates: Templates, rendering: str, config: SystemConfig,
+                     server: dict[str, Any]) -> dict[str, Any]:
         o = self.options
         return {
             "model": self.model, "tokenizer": self.tokenizer_name, "templates": templates.fingerprint,
             "num_parallel": o.num_parallel, "samples_per_prompt": o.samples_per_prompt,
-            "max_tokens": o.max_tokens, "max_context_len": self.max_context_len, "temperature": o.temperature,
-            "top_p": o.top_p, "top_k": o.top_k, "seed": o.seed, "think": not o.no_think,
+            "max_tokens": o.max_tokens, "max_context_len": self.max_context_len,
+            "sampling": config.sampling(), "seed": o.seed, "logprobs": o.logprobs,
+            "return_routed_experts": o.return_routed_experts, "server": server, "think": not o.no_think,
             "reward": o.reward, "reward_url": o.reward_url, "correct_reward_weight": o.correct_reward_weight,
             "incorrect_reward_weight": o.incorrect_reward_weight, "filter_uniform_groups": o.filter_uniform_groups,
             "resample_uniform": o.resample_uniform, "keys": asdict(self.keys),
             "chat_template_kwargs": o.chat_template_kwargs, "chat_render": o.chat_render,
             "prompt_rendering": rendering,  # where prompts actually became ids: --chat-render auto may switch
-            "logprobs": "as the server returns them (vLLM --logprobs-mode, default raw_logprobs)",
         }
 
 

@@ -2,7 +2,8 @@
 
 By default the merged manifest points at the shards where they are (paths relative to the merged folder), so
 nothing is copied; `--copy` copies them in under fresh names. Either way the settings must match (all but the
-partition) and no problem may appear in two folders.
+partition) and no problem may appear in two folders. A shard's routes sidecar goes with it: pointed at, or
+copied under the name that goes with the shard's new one.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import orjson
 
 from .errors import OutputError
 from .readers import load_manifest
-from .shards import is_zstd, scan_groups, shard_name
-from .writer import MANIFEST, STATE_DIR, _atomic_write
+from .shards import is_zstd, routes_name, scan_groups, shard_name
+from .writer import MANIFEST, STATE_DIR, _atomic_write, changed_settings
 
 
 def _load(folder: Path) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def _merge(inputs: list[Path], output: Path, copy: bool, verify: bool) -> dict[s
     for folder, manifest in manifests:
         settings = {k: v for k, v in manifest["settings"].items() if k != "partition"}
         if settings != common:
-            changed = sorted(k for k in set(settings) | set(common) if settings.get(k) != common.get(k))
+            changed = [name for name, _, _ in changed_settings(settings, common)]
             raise OutputError(f"{folder} was made with other settings than {manifests[0][0]} ({', '.join(changed)})")
         for pid in _problem_ids(folder, manifest):
             if pid in owner:
@@ -98,15 +99,23 @@ def _merge(inputs: list[Path], output: Path, copy: bool, verify: bool) -> dict[s
     for folder, manifest in manifests:
         for shard in manifest["shards"]:
             source = folder / shard["file"]
-            if verify and _sha256(source) != shard["sha256"]:
-                raise OutputError(f"{source} does not match the sha256 in {folder / MANIFEST}")
+            routes = shard.get("routes")
+            side = folder / routes["file"] if isinstance(routes, dict) else None
+            for path, info in ((source, shard), (side, routes)):
+                if verify and path is not None and _sha256(path) != info["sha256"]:
+                    raise OutputError(f"{path} does not match the sha256 in {folder / MANIFEST}")
             entry = dict(shard)
             if copy:
                 target = output / shard_name(len(shards), "zstd" if is_zstd(source) else "none")
                 shutil.copyfile(source, target)
                 entry["file"] = target.name
+                if side is not None:
+                    shutil.copyfile(side, output / routes_name(target.name))
+                    entry["routes"] = {**routes, "file": routes_name(target.name)}
             else:
                 entry["file"] = os.path.relpath(source.resolve(), output.resolve())
+                if side is not None:
+                    entry["routes"] = {**routes, "file": os.path.relpath(side.resolve(), output.resolve())}
             entry["from"] = str(folder)
             shards.append(entry)
     merged = {

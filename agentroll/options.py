@@ -17,6 +17,7 @@ import orjson
 from .errors import UsageError
 
 CHAT_RENDER = ("auto", "local", "server")
+API = ("auto", "completions", "generate")
 
 
 def option(default: Any, help: str, **cli: Any) -> Any:
@@ -47,9 +48,16 @@ class GenerateOptions:
     max_tokens: int = option(4096, "Most tokens per response (capped to the context left).")
     max_context_len: int | None = option(None, "Prompt + response budget (default: the server's max_model_len).")
     temperature: float = option(1.0, "Sampling temperature.")
-    top_p: float | None = option(None, "Top-p (default: the server's).")
-    top_k: int | None = option(None, "Top-k (default: the server's).")
+    top_p: float = option(1.0, "Top-p (1: off). Every sampling parameter is sent, so the model's "
+                               "generation_config.json never changes one unseen.")
+    top_k: int = option(-1, "Top-k (-1: off).")
+    min_p: float = option(0.0, "Min-p (0: off).")
     seed: int | None = option(None, "Base seed; each call gets its own derived seed.")
+    api: str = option("auto", "auto | completions | generate: vLLM's /v1/completions, or its native "
+                              "/inference/v1/generate (vllm serve --enable-scale-out). auto prefers generate.")
+    logprobs: int = option(0, "Also store the K most likely tokens at each response position (ids, logprobs).")
+    return_routed_experts: bool = option(False, "Store vLLM's MoE routing per token in a sidecar beside each shard "
+                                                "(vllm serve --enable-return-routed-experts).")
     correct_reward_weight: float = option(1.0, "Reward multiplier when the selector's pick is correct.")
     incorrect_reward_weight: float = option(1.0, "Reward multiplier otherwise.")
     no_think: bool = option(False, "The whole response is the answer (models that do not reason).")
@@ -99,6 +107,7 @@ class GenerateOptions:
         self._validate()
 
     def _validate(self) -> None:
+        set_ = object.__setattr__
         check_types(self)
         at_least(self, 1, "num_parallel", "samples_per_prompt", "concurrency", "max_tokens", "reward_concurrency")
         at_least(self, 0, "max_retries", "resample_uniform")
@@ -109,10 +118,18 @@ class GenerateOptions:
             raise UsageError("--max-context-len must be at least 2")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise UsageError("--temperature must be 0 or more")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
+        if not 0 < self.top_p <= 1:
             raise UsageError("--top-p must be in (0, 1]")
-        if self.top_k is not None and self.top_k < 1 and self.top_k != -1:
-            raise UsageError("--top-k must be at least 1 (or -1 for all)")
+        if self.top_k == 0:
+            set_(self, "top_k", -1)  # vLLM takes 0 and -1 alike: off
+        if self.top_k < -1:
+            raise UsageError("--top-k must be at least 1 (or -1: off)")
+        if not 0 <= self.min_p <= 1:
+            raise UsageError("--min-p must be in [0, 1]")
+        if not 0 <= self.logprobs <= 100:
+            raise UsageError("--logprobs must be a whole number from 0 to 100")
+        if self.api not in API:
+            raise UsageError("--api must be auto, completions or generate")
         if self.seed is not None and self.seed < 0:
             raise UsageError("--seed must be 0 or more")
         for name in ("correct_reward_weight", "incorrect_reward_weight"):

@@ -40,12 +40,7 @@ async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: st
     """Compare our ids with the server's, prompt by prompt. A /tokenize that fails for a while (5xx, timeouts)
     is retried and then ends the run (`ServerError`): taking it for "no /tokenize" would switch the check off."""
     for i, messages in enumerate(conversations):
-        try:
-            _, ours = encoder.encode(messages)
-        except Exception as exc:  # jinja2 or the tokenizer: the bundled stage prompts cannot be rendered at all
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UsageError(f"the chat template rejects the stage prompts: {detail} (see --prompts, --tokenizer, "
-                             "--chat-template-kwargs)") from exc
+        ours = local_ids(encoder, messages)
         body = {"model": model, "messages": messages, "add_generation_prompt": True, **(
             {"chat_template_kwargs": encoder.kwargs} if encoder.kwargs else {})}
         try:
@@ -63,6 +58,16 @@ async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: st
             return Parity(i + 1, f"prompt {i + 1}: {len(ours)} local vs {len(theirs)} server tokens, first "
                                  f"difference at token {at} ({ours[at:at + 3]} vs {theirs[at:at + 3]})")
     return Parity(len(conversations), None)
+
+
+def local_ids(encoder: ChatEncoder, messages: list[dict[str, Any]]) -> list[int]:
+    """A stage prompt rendered here; a template that rejects it is one usage line."""
+    try:
+        return encoder.encode(messages)[1]
+    except Exception as exc:  # jinja2 or the tokenizer: the bundled stage prompts cannot be rendered at all
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"the chat template rejects the stage prompts: {detail} (see --prompts, --tokenizer, "
+                         "--chat-template-kwargs)") from exc
 
 
 def server_renderer(client: CompletionClient, model: str,

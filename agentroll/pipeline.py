@@ -20,7 +20,7 @@ from typing import Any
 
 from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient, Endpoint
-from .errors import InputError, UsageError
+from .errors import InputError, ServerError, UsageError
 from .inputs import Problem
 from .options import GenerateOptions, default_of
 from .parsing import answer_content, parse_judgment
@@ -50,9 +50,12 @@ class SystemConfig:
     max_tokens: int = _default("max_tokens")
     max_context_len: int | None = None
     temperature: float = _default("temperature")
-    top_p: float | None = None
-    top_k: int | None = None
+    top_p: float = _default("top_p")
+    top_k: int = _default("top_k")
+    min_p: float = _default("min_p")
     seed: int | None = None
+    alternatives: int = 0  # --logprobs K
+    routes: bool = False  # --return-routed-experts
     correct_reward_weight: float = _default("correct_reward_weight")
     incorrect_reward_weight: float = _default("incorrect_reward_weight")
     think: bool = True
@@ -61,17 +64,16 @@ class SystemConfig:
     def from_options(cls, options: GenerateOptions, model: str, max_context_len: int | None) -> SystemConfig:
         return cls(model=model, num_parallel=options.num_parallel, samples_per_prompt=options.samples_per_prompt,
                    max_tokens=options.max_tokens, max_context_len=max_context_len, temperature=options.temperature,
-                   top_p=options.top_p, top_k=options.top_k, seed=options.seed,
+                   top_p=options.top_p, top_k=options.top_k, min_p=options.min_p, seed=options.seed,
+                   alternatives=options.logprobs, routes=options.return_routed_experts,
                    correct_reward_weight=options.correct_reward_weight,
                    incorrect_reward_weight=options.incorrect_reward_weight, think=not options.no_think)
 
     def sampling(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"temperature": self.temperature}
-        if self.top_p is not None:
-            out["top_p"] = self.top_p
-        if self.top_k is not None:
-            out["top_k"] = self.top_k
-        return out
+        """Every sampling parameter that shapes the distribution, sent explicitly: vLLM fills a missing one from
+        the model's generation_config.json, which would make the recorded values wrong."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
 def call_seed(seed: int, *parts: object) -> int:
@@ -121,13 +123,7 @@ class AgentSystem:
         self.prompt_key = prompt_key
         self.client, self.encoder, self.templates = client, encoder, templates
         self.rewards, self.config, self.stats = rewards, config, stats
-        self._base_body = {
-            "model": config.model,
-            **config.sampling(),
-            "logprobs": 0,
-            "return_token_ids": True,
-            "return_tokens_as_token_ids": True,
-        }
+        self._params = config.sampling()
         self._solver_prompts: OrderedDict[str, tuple[str, list[int]]] = OrderedDict()
 
     async def run(self, problem: Problem, sample_index: int, attempt: int = 0) -> list[Sample]:
@@ -223,17 +219,23 @@ class AgentSystem:
             log.debug("%s/%s %s %d: prompt of %d tokens leaves no room", ex.problem.id, ex.sample_index, stage,
                       worker, len(ids))
             return None
-        body = {**self._base_body, "prompt": ids, "max_tokens": max_tokens}
+        params = {**self._params, "max_tokens": max_tokens}
+        seed = None
         if cfg.seed is not None:
             parts: tuple[object, ...] = (ex.problem.id, ex.sample_index, stage, worker)
-            body["seed"] = call_seed(cfg.seed, *parts, *((ex.attempt,) if ex.attempt else ()))
+            params["seed"] = seed = call_seed(cfg.seed, *parts, *((ex.attempt,) if ex.attempt else ()))
         try:
-            done = await self.client.complete(body, prefer=ex.endpoint)
+            done = await self.client.complete(ids, params, cfg.model, cfg.alternatives, prefer=ex.endpoint)
         except CallFailed as exc:
             self.stats.stages[stage].failed_calls += 1
             log.warning("problem %s sample %d %s %d failed: %s", ex.problem.id, ex.sample_index, stage, worker, exc)
             raise ExecutionFailed(f"{stage} call failed: {exc}") from exc
         ex.endpoint = self.client.by_url[done.endpoint]  # later calls follow the endpoint that answered
+        if cfg.routes and done.routed_experts is None:
+            raise ServerError(f"{done.endpoint} sent no routed_experts: start vLLM with "
+                              "--enable-return-routed-experts, or drop --return-routed-experts")
+        response = done.text if done.text is not None else self.encoder.decode_response(
+            done.token_ids, done.finish_reason, done.stop_reason)
         return Sample(
             problem_id=ex.problem.id,
             problem_hash=ex.problem.content_hash,
@@ -244,14 +246,14 @@ class AgentSystem:
             worker=worker,
             prompt=text,
             prompt_token_ids=ids,
-            response=done.text,
+            response=response,
             response_token_ids=done.token_ids,
             response_logprobs=done.logprobs,
             loss_mask=[1] * len(done.token_ids),
             status=status_for(done.finish_reason),
             finish_reason=done.finish_reason,
             stop_reason=done.stop_reason,
-            content=answer_content(done.text, think=cfg.think),
+            content=answer_content(response, think=cfg.think),
             raw_reward=0.0,
             reward=0.0,
             label=ex.problem.label,
@@ -260,6 +262,13 @@ class AgentSystem:
             latency_s=round(done.latency_s, 4),
             attempts=done.attempts,
             metadata=ex.problem.metadata,
+            sampling={"seed": seed, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+                      "min_p": cfg.min_p, "max_tokens": max_tokens},
+            response_ranks=done.ranks,
+            top_token_ids=done.top_token_ids,
+            top_logprobs=done.top_logprobs,
+            weight_versions=done.weight_versions,
+            routed_experts=done.routed_experts if cfg.routes else None,
         )
 
     async def _score(self, ex: _Execution, samples: list[Sample]) -> None:

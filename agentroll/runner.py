@@ -116,6 +116,8 @@ class Runner:
     def __init__(self, run: RunOptions, generate: dict[str, Any], progress: Progress | None = None) -> None:
         self.run_options = run
         self.generator = Generator(**generate)
+        if run.output == "-" and self.generator.options.return_routed_experts:
+            raise UsageError("--return-routed-experts needs an output folder (routes go to a sidecar), not -o -")
         self.progress = progress or Progress()
         self.result: RunResult | None = None  # set before `run` returns or raises: the CLI's summary reads it
 

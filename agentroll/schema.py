@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 2  # 2: groups are whole; problem_hash; more than one </think> is no content
+SCHEMA_VERSION = 3  # 2: groups are whole; problem_hash. 3: sampling per record, ranks, top-k, weight versions, routes
 
 STAGES = ("solver", "rewriter", "selector")
 
@@ -66,5 +66,18 @@ class Sample:
     stage_group_size: int | None = None
     stage_group_reward_mean: float | None = None
     stage_group_reward_std: float | None = None
+    # how this call was sampled, as sent (every parameter is sent, so a model's generation_config.json cannot
+    # change one behind our back): seed, temperature, top_p, top_k, min_p, max_tokens
+    sampling: dict[str, Any] = field(default_factory=dict)
+    # rank of each sampled token in the server's distribution (1 = most likely), where the server says it
+    response_ranks: list[int | None] | None = None
+    # --logprobs K: the K most likely tokens at each response position, in rank order (ids, logprobs)
+    top_token_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+    # which policy version produced which response tokens: [{"version", "start", "end"}] over response indexes
+    weight_versions: list[dict[str, Any]] | None = None
+    # --return-routed-experts: in memory the server's .npy bytes, shape (prompt + response - 1, layers, top-k);
+    # on disk a reference into the shard's routes sidecar (docs/schema.md)
+    routed_experts: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION

@@ -5,6 +5,9 @@ the tail after a kill is cut off by recovery like a torn line, and a reader foll
 whole frame. When the shard is finished its frames are joined into one (`join_frames`), once, before it takes
 its final name: `datasets` (through fsspec) reads a zstd file a frame at a time and types its columns from the
 first piece it reads, so a first group without, say, a selector would make a later one fail to load.
+
+A shard whose records carry routed experts has a routes sidecar beside it (`routes_name`; agentroll.routes),
+never compressed; a group's blobs are written to it before the group's records.
 """
 
 from __future__ import annotations
@@ -15,10 +18,14 @@ from typing import Any
 
 import orjson
 
+from . import routes
+
 SHARD_PREFIX = "rollouts-"
 PARTIAL = ".partial"
 ZSTD = ".zst"
 COMPRESSIONS = ("none", "zstd")
+ROUTES = ".routes"
+SHARD_GLOB = f"{SHARD_PREFIX}*.jsonl*"  # shards, finished or partial, and not their routes sidecars
 
 GroupKey = tuple[str, str]  # (problem id, content hash)
 
@@ -29,6 +36,16 @@ def shard_name(index: int, compression: str = "none") -> str:
 
 def shard_index(name: str) -> int:
     return int(name[len(SHARD_PREFIX):].split(".")[0])
+
+
+def routes_name(shard: str) -> str:
+    """The routes sidecar beside a shard: `rollouts-00003.jsonl[.zst][.partial]` -> `rollouts-00003.routes[.partial]`
+    (never compressed)."""
+    return shard.split(".")[0] + ROUTES + (PARTIAL if shard.endswith(PARTIAL) else "")
+
+
+def routes_path(shard: Path) -> Path:
+    return shard.with_name(routes_name(shard.name))
 
 
 def is_zstd(name: str | Path) -> bool:
@@ -144,3 +161,21 @@ def scan_groups(data: bytes, compressed: bool = False) -> tuple[int, int, int, l
     return kept, records, executions, keys
 
 
+def scan_routed(data: bytes, compressed: bool, routes_bytes: int) -> tuple[int, int, int, list[GroupKey], int]:
+    """`scan_groups` that also stops at the first group with a routes reference that is malformed or reaches past
+    `routes_bytes` (the sidecar's size); the last element is the largest sidecar end the kept groups reference."""
+    kept = records = executions = needed = 0
+    keys: list[GroupKey] = []
+    for end, group in shard_groups(data, compressed):
+        try:
+            need = max((routes.end(r["routed_experts"]) for r in group if r.get("routed_experts") is not None),
+                       default=0)
+        except ValueError:
+            break
+        if need > routes_bytes:
+            break
+        kept, needed = end, max(needed, need)
+        records += len(group)
+        executions += _executions(group)
+        keys.append((str(group[0]["problem_id"]), str(group[0].get("problem_hash", ""))))
+    return kept, records, executions, keys, needed

@@ -4,6 +4,7 @@ Layout of an output folder::
 
     rollouts-00000.jsonl            finished shards: never rewritten once they carry this name
     rollouts-00001.jsonl.partial    the shard being written (a loader globbing *.jsonl never sees it)
+    rollouts-00001.routes[.partial] routed experts of the shard's records, when they carry them (docs/routed-experts.md)
     manifest.json                   shards with record, execution and group counts, sha256, settings, last run
     .agentroll/keys/*.keys          the groups (problem id, content hash) each finished shard holds
     .agentroll/filtered.jsonl       groups left out by --filter-uniform-groups (so a rerun skips them too)
@@ -13,6 +14,11 @@ Layout of an output folder::
 a group is never split across shards. A group is on disk whole or not at all: recovery keeps the partial
 shard's whole groups, drops a torn or short one at its tail (it is redone), and finishes the shard. Manifest and
 keys are replaced atomically (temp, fsync, rename); the manifest is rebuilt from what is on disk.
+
+Routes: a group's sidecar blobs are written before its records, so every whole group's references are on disk;
+recovery also drops a tail group whose references reach past the sidecar, and cuts the sidecar to the largest
+end the kept records reference. A finished shard's sidecar is renamed before the shard itself, so a partial
+shard whose `.routes.partial` is gone finds it under its final name.
 """
 
 from __future__ import annotations
@@ -29,17 +35,21 @@ from typing import Any
 
 import orjson
 
-from .errors import OutputError, PipeClosed
+from .errors import OutputError, PipeClosed, UsageError
 from .group import Group
+from .routes import Packer
 from .schema import SCHEMA_VERSION
 from .shards import (
     PARTIAL,
+    ROUTES,
+    SHARD_GLOB,
     SHARD_PREFIX,
     GroupKey,
     encode,
     is_zstd,
     join_frames,
-    scan_groups,
+    routes_path,
+    scan_routed,
     shard_index,
     shard_name,
 )
@@ -58,6 +68,32 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _write_all(f: Any, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # unbuffered: after a failure nothing half-written waits in a buffer
+        view = view[f.write(view):]
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def changed_settings(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """The settings that differ as (name, old, new), nested ones by their dotted name (`sampling.temperature`)."""
+    out: list[tuple[str, Any, Any]] = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_settings(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append((prefix + key, a, b))
+    return out
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -87,6 +123,8 @@ class ShardWriter:
         self._records = self._executions = self._good_size = 0
         self._keys: list[GroupKey] = []
         self._lock_fd: int | None = None
+        self._routes_file: Any = None  # the partial shard's sidecar, opened at its first blob
+        self._packer = Packer()
 
     # -- opening and recovery -------------------------------------------------------------------------------
     def open(self) -> dict[str, str]:
@@ -142,8 +180,7 @@ class ShardWriter:
         return manifest
 
     def _settings_diff(self, old: dict[str, Any]) -> str:
-        changed = sorted(k for k in set(old) | set(self.settings) if old.get(k) != self.settings.get(k))
-        detail = ", ".join(f"{k}: {old.get(k)!r} -> {self.settings.get(k)!r}" for k in changed[:6])
+        detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed_settings(old, self.settings)[:6])
         return (f"{self.directory} holds rollouts made with other settings ({detail}); "
                 "use another --output, or --overwrite to start over")
 
@@ -171,7 +208,7 @@ class ShardWriter:
         known = {s.get("file"): s for s in (manifest or {}).get("shards", []) if isinstance(s, dict)}
         keys_dir = self.directory / STATE_DIR / "keys"
         keys_dir.mkdir(exist_ok=True)
-        shards = sorted(p for p in self.directory.glob(f"{SHARD_PREFIX}*") if not p.name.endswith(PARTIAL))
+        shards = sorted(p for p in self.directory.glob(SHARD_GLOB) if not p.name.endswith(PARTIAL))
         for stale in set(keys_dir.glob("*.keys")) - {self._keys_path(p.name) for p in shards}:
             stale.unlink()  # its shard was moved away: those groups are redone
         for path in shards:
@@ -184,31 +221,64 @@ class ShardWriter:
                 if size != entry.get("bytes"):
                     raise OutputError(f"{path} is damaged: {size} bytes where the manifest says {entry.get('bytes')}; "
                                       "move it away and rerun (its groups are generated again)")
+                self._check_routes(path, entry)
                 self.done.update((str(k), str(h)) for k, h in orjson.loads(keys_path.read_bytes()))
             self.shards.append(entry)
-        for partial in sorted(self.directory.glob(f"{SHARD_PREFIX}*{PARTIAL}")):
-            data = partial.read_bytes()
-            kept, records, executions, keys = scan_groups(data, is_zstd(partial))
-            if records == 0:
-                partial.unlink()
-                continue
-            with open(partial, "r+b") as f:
-                f.truncate(kept)
-                f.flush()
-                os.fsync(f.fileno())
-            final = self.directory / shard_name(self._next_index(), "zstd" if is_zstd(partial) else "none")
-            self._finish_file(partial, final, records, executions, keys, hashlib.sha256(data[:kept]).hexdigest())
+        for partial in sorted(self.directory.glob(SHARD_GLOB + PARTIAL)):
+            self._recover_partial(partial)
+        for stray in self.directory.glob(f"{SHARD_PREFIX}*{ROUTES}{PARTIAL}"):
+            stray.unlink()  # the sidecar of a partial shard that held no whole group: nothing references it
+
+    def _recover_partial(self, partial: Path) -> None:
+        """Keep the partial shard's whole groups (whose routes are on disk), cut its sidecar to what they
+        reference, and finish it."""
+        data = partial.read_bytes()
+        final = self.directory / shard_name(self._next_index(), "zstd" if is_zstd(partial) else "none")
+        side = routes_path(partial)
+        if not side.exists():
+            side = routes_path(final)  # renamed before its shard when the run died (_finish_file)
+        side_size = side.stat().st_size if side.exists() else 0
+        kept, records, executions, keys, needed = scan_routed(data, is_zstd(partial), side_size)
+        if needed == 0 and side.exists():
+            side.unlink()
+        if records == 0:
+            partial.unlink()
+            return
+        for path, size in ((partial, kept), (side, needed)):
+            if size:
+                with open(path, "r+b") as f:
+                    f.truncate(size)
+                    f.flush()
+                    os.fsync(f.fileno())
+        routes = (side, _file_sha256(side)) if needed else None
+        self._finish_file(partial, final, records, executions, keys, hashlib.sha256(data[:kept]).hexdigest(), routes)
+
+    def _check_routes(self, path: Path, entry: dict[str, Any]) -> None:
+        info = entry.get("routes")
+        if not isinstance(info, dict):
+            return
+        side = self.directory / str(info.get("file"))
+        size = side.stat().st_size if side.exists() else None
+        if size != info.get("bytes"):
+            have = "missing" if size is None else f"{size} bytes"
+            raise OutputError(f"{side} (routes of {path.name}) is damaged: {have} where the manifest says "
+                              f"{info.get('bytes')}; move both away and rerun (their groups are generated again)")
 
     def _adopt(self, path: Path) -> dict[str, Any]:
         data = path.read_bytes()
-        kept, records, executions, keys = scan_groups(data, is_zstd(path))
+        side = routes_path(path)
+        side_size = side.stat().st_size if side.exists() else 0
+        kept, records, executions, keys, needed = scan_routed(data, is_zstd(path), side_size)
         if kept != len(data):
-            raise OutputError(f"{path} is damaged after byte {kept} (not whole groups); move it away and rerun "
-                              "(its groups are generated again)")
+            raise OutputError(f"{path} is damaged after byte {kept} (not whole groups, or routes past the end of "
+                              f"{side.name}); move it away and rerun (its groups are generated again)")
         self._write_keys(path.name, keys)
         self.done.update(keys)
-        return {"file": path.name, "records": records, "executions": executions, "groups": len(keys),
-                "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        entry = {"file": path.name, "records": records, "executions": executions, "groups": len(keys),
+                 "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        if needed:
+            entry["routes"] = {"file": side.name, "bytes": side_size, "sha256": _file_sha256(side)}
+        return entry
 
     def _next_index(self) -> int:
         used = [shard_index(s["file"]) for s in self.shards]
@@ -230,16 +300,26 @@ class ShardWriter:
             raise ValueError(f"a {group.status} group is not committed")
 
     def _append(self, group: Group) -> None:
-        data = encode(group.encode(), self.compression)
         try:
             if self._file is None:
                 self._start_shard()
-            view = memoryview(data)
-            while view:  # unbuffered: after a failure nothing half-written waits in a buffer
-                view = view[self._file.write(view):]
         except OSError as exc:
-            self._rollback()
             raise OutputError(f"cannot write to {self.directory}: {exc.strerror or exc}") from exc
+        placed = self._packer.place(group)  # ValueError for routes that are not an array: nothing written yet
+        data = encode(group.encode() if placed is None else placed.block(group), self.compression)
+        try:
+            if placed is not None:  # a group's routes go on disk before its records: every whole group has them
+                if self._routes_file is None:
+                    self._routes_file = open(routes_path(self._partial), "wb", buffering=0)  # noqa: SIM115
+                _write_all(self._routes_file, placed.data)
+            _write_all(self._file, data)
+        except BaseException as exc:  # disk full, or interrupted between the two writes: both files cut back
+            self._rollback()
+            if isinstance(exc, OSError):
+                raise OutputError(f"cannot write to {self.directory}: {exc.strerror or exc}") from exc
+            raise
+        if placed is not None:
+            self._packer.accept(placed)
         self._good_size += len(data)
         self._hash.update(data)
         self._records += group.num_records
@@ -269,13 +349,31 @@ class ShardWriter:
         self._file = open(self._partial, "wb", buffering=0)  # noqa: SIM115 - open across calls; see finish_shard
         self._hash, self._keys = hashlib.sha256(), []
         self._records = self._executions = self._good_size = 0
+        self._routes_file, self._packer = None, Packer()  # a prompt's routes are stored once per shard
 
     def _rollback(self) -> None:
-        """After a failed write (disk full), cut the partial shard back to its last whole group."""
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                self._file.truncate(self._good_size)
-                self._file.seek(self._good_size)
+        """After a failed write (disk full), cut the partial shard and its sidecar back to the last whole group."""
+        for f, size in ((self._file, self._good_size), (self._routes_file, self._packer.size)):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.truncate(size)
+                    f.seek(size)
+
+    def _close_routes(self) -> tuple[Path, str] | None:
+        """Close the partial shard's sidecar: (its path, sha256) when it holds routes, else None (removed)."""
+        if self._routes_file is None:
+            return None
+        f, self._routes_file = self._routes_file, None
+        path = routes_path(self._partial)
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            f.close()
+        if self._packer.size == 0:  # its only group's write failed and was cut back
+            path.unlink()
+            return None
+        return path, self._packer.sha256.hexdigest()
 
     def finish_shard(self) -> None:
         if self._file is None:
@@ -285,27 +383,39 @@ class ShardWriter:
             os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
+            routes = self._close_routes()
             if self._records == 0:
                 self._partial.unlink()
+                if routes is not None:
+                    routes[0].unlink()
                 return
             final = self.directory / shard_name(self._index, self.compression)
             self._finish_file(self._partial, final, self._records, self._executions, self._keys,
-                              self._hash.hexdigest())
+                              self._hash.hexdigest(), routes)
             self._write_manifest(complete=False)
         except OSError as exc:
             raise OutputError(f"cannot finish shard in {self.directory}: {exc.strerror or exc}") from exc
 
     def _finish_file(self, partial: Path, final: Path, records: int, executions: int, keys: list[GroupKey],
-                     sha256: str) -> None:
+                     sha256: str, routes: tuple[Path, str] | None = None) -> None:
         if is_zstd(final):  # one frame per group while written, one frame once finished (shards.py says why)
             joined = join_frames(partial.read_bytes())
             _atomic_write(partial, joined)  # still the partial: a crash here leaves one shard, recoverable
             sha256 = hashlib.sha256(joined).hexdigest()
         self._write_keys(final.name, keys)  # keys first: a shard on disk always has its keys after a crash
+        side = routes_path(final)
+        if routes is not None:
+            os.replace(routes[0], side)  # before the shard: a partial shard finds it there (_recover_partial)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                side.unlink()  # a stale sidecar of a shard that was moved away
         os.replace(partial, final)
         _fsync_dir(self.directory)
-        self.shards.append({"file": final.name, "records": records, "executions": executions, "groups": len(keys),
-                            "bytes": final.stat().st_size, "sha256": sha256})
+        entry = {"file": final.name, "records": records, "executions": executions, "groups": len(keys),
+                 "bytes": final.stat().st_size, "sha256": sha256}
+        if routes is not None:
+            entry["routes"] = {"file": side.name, "bytes": side.stat().st_size, "sha256": routes[1]}
+        self.shards.append(entry)
         self.done.update(keys)
 
     def _write_keys(self, shard: str, keys: Iterable[GroupKey]) -> None:
@@ -334,10 +444,11 @@ class ShardWriter:
         except OSError as exc:
             raise OutputError(f"cannot write manifest in {self.directory}: {exc.strerror or exc}") from exc
         finally:
-            if self._file is not None:  # finishing failed: leave the partial shard for the next run to repair
-                with contextlib.suppress(OSError):
-                    self._file.close()
-                self._file = None
+            for f in (self._file, self._routes_file):  # finishing failed: the next run repairs the partial shard
+                if f is not None:
+                    with contextlib.suppress(OSError):
+                        f.close()
+            self._file = self._routes_file = None
             self._unlock()
 
 
@@ -353,6 +464,9 @@ class StdoutWriter:
     def commit(self, group: Group) -> None:
         if group.status != "complete":
             return
+        if any(s.routed_experts is not None for samples in group.executions for s in samples):
+            raise UsageError("routed experts cannot be streamed to stdout (-o -): they go to a sidecar file beside "
+                             "each shard; write to a folder")
         try:
             sys.stdout.buffer.write(group.encode())
             sys.stdout.buffer.flush()

@@ -49,6 +49,14 @@ def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> sub
                           timeout=timeout, env=env)
 
 
+def generations(server: SimServer) -> list[dict]:
+    """The exchanges a run's executions made: without agentroll's start-up probes, which ask for one token."""
+    def asked(request: dict) -> object:
+        return request.get("max_tokens", (request.get("sampling_params") or {}).get("max_tokens"))
+
+    return [e for e in server.log if asked(e["request"]) != 1]
+
+
 def read_records(folder: Path) -> list[dict]:
     records = []
     for shard in sorted(folder.glob("rollouts-*.jsonl")):

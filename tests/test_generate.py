@@ -17,7 +17,7 @@ from math_verify import parse, verify
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
-from .conftest import TOKENIZER, read_records, run_cli, write_problems
+from .conftest import TOKENIZER, generations, read_records, run_cli, write_problems
 
 BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 SECTION = re.compile(r"### Solution (\d+)\n(.*?)(?=\n\n### Solution \d+\n|<\|im_end\|>)", re.S)
@@ -70,7 +70,7 @@ def test_forty_prompts_hold_exactly_the_records_the_semantics_require(big, tmp_p
         return (tuple(prompt), tuple(ids), tuple(logprobs))
 
     served = Counter(key(e["request"]["prompt"], e["response"]["choices"][0]["token_ids"],
-                         e["response"]["choices"][0]["logprobs"]["token_logprobs"]) for e in server.log)
+                         e["response"]["choices"][0]["logprobs"]["token_logprobs"]) for e in generations(server))
     written = Counter(key(r["prompt_token_ids"], r["response_token_ids"], r["response_logprobs"]) for r in records)
     assert written == served
 
@@ -147,14 +147,14 @@ def test_rerunning_the_same_command_makes_no_calls_and_changed_settings_are_refu
     args = ["generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
             "--num-parallel", "2", "--reward", "exact"]
     assert run_cli(*args).returncode == 0
-    calls, before = len(sim.log), (out / "rollouts-00000.jsonl").read_bytes()
+    calls, before = len(generations(sim)), (out / "rollouts-00000.jsonl").read_bytes()
     again = run_cli(*args)
-    assert again.returncode == 0 and len(sim.log) == calls
+    assert again.returncode == 0 and len(generations(sim)) == calls
     assert (out / "rollouts-00000.jsonl").read_bytes() == before and not (out / "rollouts-00001.jsonl").exists()
     changed = run_cli(*args, "--temperature", "0.5")
     assert changed.returncode == 6 and b"temperature: 1.0 -> 0.5" in changed.stderr
     assert run_cli(*args, "--temperature", "0.5", "--overwrite").returncode == 0
-    assert len(read_records(out)) > 0 and len(sim.log) > calls
+    assert len(read_records(out)) > 0 and len(generations(sim)) > calls
 
 
 def test_stdout_streams_records_and_logs_go_to_stderr(sim, problems):

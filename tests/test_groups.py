@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from agentroll.sim.script import Scripted
 from agentroll.sim.server import SimServer
 
-from .conftest import TOKENIZER, read_records, run_cli
+from .conftest import TOKENIZER, generations, read_records, run_cli
 
 RIGHT = "<think>ok</think>\\boxed{{{label}}}"
 WRONG = "<think>ok</think>\\boxed{{{label}1}}"
@@ -65,8 +65,8 @@ def test_uniform_groups_are_left_out_after_the_resample_cap_and_remembered(tmp_p
         assert stats["executions"] == (2 + 3) * 2  # the settled runs only: resampled attempts are not counted
         # each uniform problem ran 1 + 2 times, two executions each time; a mixed one once
         assert script.selections["right-1"] == script.selections["wrong-1"] == 6 and script.selections["mixed-1"] == 2
-        calls = server.completions
-        assert run_cli(*args).returncode == 0 and server.completions == calls  # nothing generated again
+        calls = len(generations(server))
+        assert run_cli(*args).returncode == 0 and len(generations(server)) == calls  # nothing generated again
     finally:
         server.stop()
 

@@ -6,7 +6,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .conftest import TOKENIZER, read_records, run_cli
+from .conftest import TOKENIZER, generations, read_records, run_cli
 
 
 def write(path: Path, rows: list[dict]) -> Path:
@@ -45,15 +45,16 @@ def test_rows_appended_to_the_same_file_run_only_the_new_ones(sim, tmp_path):
     out = tmp_path / "out"
     source = write(tmp_path / "daily.jsonl", rows(0, 3))
     assert generate(sim.url, source, out).returncode == 0
-    calls = sim.completions
+    calls = len(generations(sim))
     with source.open("a") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows(3, 2)))
     again = generate(sim.url, source, out)
     assert again.returncode == 0, again.stderr.decode()
     stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
     assert (stats["problems"], stats["problems_skipped_done"], stats["groups_written"]) == (5, 3, 2)
-    assert len(sim.log) > calls
-    asked = {sim.tokenizer.decode(e["request"]["prompt"]).split("What is ")[1].split("?")[0] for e in sim.log[calls:]}
+    assert len(generations(sim)) > calls
+    asked = {sim.tokenizer.decode(e["request"]["prompt"]).split("What is ")[1].split("?")[0]
+             for e in generations(sim)[calls:]}
     assert asked == {"3 plus 3", "4 plus 4"}  # only the appended rows reached the server
     assert set(groups_on_disk(out).values()) == {2} and len(groups_on_disk(out)) == 5
 

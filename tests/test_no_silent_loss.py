@@ -102,8 +102,8 @@ def test_renders_and_probes_do_not_wait_behind_the_completions_in_flight(problem
     async def go():
         client = CompletionClient([server.url], concurrency=2, max_retries=0)
         try:
-            body = {"model": server.model, "prompt": [5, 6, 7], "max_tokens": 4, "logprobs": 0}
-            held = [asyncio.create_task(client.complete(body)) for _ in range(2)]
+            held = [asyncio.create_task(client.complete([5, 6, 7], {"max_tokens": 4}, server.model))
+                    for _ in range(2)]
             await asyncio.to_thread(server.wait_until, lambda: server.in_flight == 2, 20)
             tokens = await client.post_with_retries("/tokenize", {"model": server.model, "prompt": "hello"})
             still_held = server.in_flight == 2 and server.completions == 0

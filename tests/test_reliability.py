@@ -14,7 +14,7 @@ import pytest
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
 
-from .conftest import TOKENIZER, read_records, run_cli, write_problems
+from .conftest import TOKENIZER, generations, read_records, run_cli, write_problems
 
 
 def start_sim(problems, **faults) -> SimServer:
@@ -59,7 +59,7 @@ def test_transient_errors_and_dropped_connections_are_retried_to_a_complete_exac
         assert proc.returncode == 0, proc.stderr.decode()
         records = assert_exactly_once(out, 20, 2)
         sent = Counter((tuple(e["request"]["prompt"]), tuple(e["response"]["choices"][0]["token_ids"]),
-                        tuple(e["response"]["choices"][0]["logprobs"]["token_logprobs"])) for e in server.log)
+                        tuple(e["response"]["choices"][0]["logprobs"]["token_logprobs"])) for e in generations(server))
         got = Counter((tuple(r["prompt_token_ids"]), tuple(r["response_token_ids"]), tuple(r["response_logprobs"]))
                       for r in records)
         assert got == sent
@@ -83,7 +83,7 @@ def test_stopped_mid_run_then_rerun_gives_every_execution_exactly_once(tmp_path,
         assert server.wait_for_completions(after, timeout=60)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)
-        first_calls = server.completions
+        first_calls = len(generations(server))
         if sig == signal.SIGTERM:
             assert proc.returncode == 143 and b"Traceback" not in stderr
             manifest = json.loads((out / "manifest.json").read_text())
@@ -94,7 +94,7 @@ def test_stopped_mid_run_then_rerun_gives_every_execution_exactly_once(tmp_path,
         rerun = run_cli(*args)
         assert rerun.returncode == 0, rerun.stderr.decode()
         records = assert_exactly_once(out, 120, 1)
-        rerun_calls = server.completions - first_calls
+        rerun_calls = len(generations(server)) - first_calls
         assert rerun_calls <= len(records)
         if after >= 60:  # by then executions were complete: the rerun does not redo them
             assert rerun_calls < len(records)
@@ -169,7 +169,7 @@ def test_a_timed_out_request_closes_its_connection_so_the_server_aborts_it(probl
         client = CompletionClient([server.url], timeout_s=0.2, max_retries=1, backoff_base_s=0.01)
         try:
             with pytest.raises(CallFailed, match=r"timed out after 0\.2s"):
-                await client.complete({"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 0})
+                await client.complete([1, 2, 3], {"max_tokens": 4}, server.model)
             # still inside the run: the server saw both attempts go away without waiting for their answers
             return await asyncio.to_thread(server.wait_until, lambda: server.aborted >= 2, 10)
         finally:

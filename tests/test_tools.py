@@ -338,7 +338,7 @@ def test_a_shortened_logprob_list_is_a_lengths_fault_at_its_line(folders, tmp_pa
     (lambda r: r.update(surprise=1), "schema", "unknown field surprise"),
     (lambda r: r.pop("endpoint"), "schema", "missing field endpoint"),
     (lambda r: r.update(status="aborted"), "value", "status 'aborted'"),
-    (lambda r: r.update(schema_version=1), "value", "schema_version 1, expected 2"),
+    (lambda r: r.update(schema_version=1), "value", "schema_version 1, expected 3"),
     (lambda r: r["loss_mask"].__setitem__(0, 2), "value", "loss_mask item 0 is 2, not 0 or 1"),
     (lambda r: r.update(group_reward_mean=r["group_reward_mean"] + 0.5), "group",
      "group_reward_mean"),

@@ -82,8 +82,17 @@ async def detokenize(server: SimServer, request: web.BaseRequest) -> web.StreamR
 
 
 async def generate(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
-    """Token-in/token-out generation exists only with `vllm serve --enable-scale-out`; this vLLM has it off."""
-    raise HTTPFailure(403, error_body(SCALE_OUT_DISABLED, "PermissionDeniedError", 403))
+    """Token-in/token-out generation exists only with `vllm serve --enable-scale-out` (`enable_scale_out`)."""
+    if not server.enable_scale_out:
+        raise HTTPFailure(403, error_body(SCALE_OUT_DISABLED, "PermissionDeniedError", 403))
+    return await _run(server, request, generated)
+
+
+def generated(server: SimServer, data: Any, abort: bool | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+    body = server.engine.parse_generate(data)
+    response = None if abort is None else server.engine.generate(body, abort=abort)
+    tokens = len(body["token_ids"]) + (response["usage"]["completion_tokens"] if response else 0)
+    return body, response, tokens
 
 
 def engine_failure(server: SimServer, legacy: bool = False) -> HTTPFailure:
@@ -93,22 +102,33 @@ def engine_failure(server: SimServer, legacy: bool = False) -> HTTPFailure:
 
 
 async def completions(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
+    return await _run(server, request, completed)
+
+
+def completed(server: SimServer, data: Any, abort: bool | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+    body, ids_batch = server.engine.prompts(data)
+    response = None if abort is None else server.engine.complete(body, ids_batch, abort=abort)
+    tokens = sum(len(p) for p in ids_batch) * (body.get("n") or 1)
+    return body, response, tokens + (response["usage"]["completion_tokens"] if response else 0)
+
+
+Answer = Callable[["SimServer", Any, "bool | None"], tuple[dict[str, Any], "dict[str, Any] | None", int]]
+
+
+async def _run(server: SimServer, request: web.BaseRequest, answer: Answer) -> web.StreamResponse:
     """Validate at once (vLLM's API layer answers 400s before scheduling), then queue for a running slot, run
-    for `latency_s`, and answer; faults are drawn once per request."""
+    for `latency_s`, and answer; faults are drawn once per request. `answer(server, body, abort)` validates and
+    (unless abort is None: a request that gets no answer) builds the 200 body."""
     server.arrived()
     try:
-        body, ids_batch = server.engine.prompts(await json_body(request))
+        data = await json_body(request)
         fault = server.draw_fault()
-        response: dict[str, Any] | None = None
-        tokens = sum(len(p) for p in ids_batch) * (body.get("n") or 1)
-        if fault not in ("drop", "error"):
-            try:
-                response = server.engine.complete(body, ids_batch, abort=fault == "abort")
-            except HTTPFailure:
-                raise
-            except Exception as exc:  # a broken script is the engine failing: vLLM answers 500
-                raise HTTPFailure(500, error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500)) from exc
-            tokens += response["usage"]["completion_tokens"]
+        try:
+            body, response, tokens = answer(server, data, None if fault in ("drop", "error") else fault == "abort")
+        except HTTPFailure:
+            raise
+        except Exception as exc:  # a broken script is the engine failing: vLLM answers 500
+            raise HTTPFailure(500, error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500)) from exc
         async with server.scheduler.slot(tokens):
             if server.faults.latency_s:
                 await asyncio.sleep(server.faults.latency_s)

@@ -9,6 +9,7 @@ cuts it short. Logprobs are seeded noise shaped like vLLM's (the sampled token f
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 import uuid
@@ -19,7 +20,16 @@ from typing import Any
 import orjson
 
 from .faults import Faults
-from .validation import COMPLETION, DETOKENIZE, TOKENIZE_CHAT, TOKENIZE_PROMPT, completion_prompt, validate
+from .validation import (
+    COMPLETION,
+    DETOKENIZE,
+    GENERATE,
+    TOKENIZE_CHAT,
+    TOKENIZE_PROMPT,
+    completion_prompt,
+    validate,
+    validate_params,
+)
 from .wire import VLLM_VERSION, HTTPFailure, bad_request, error_body, sanitize, validation_failure
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -39,10 +49,12 @@ class Choice:
 
 class Engine:
     def __init__(self, script: Any, model: str, max_model_len: int, tokenizer_dir: Path, faults: Faults,
-                 seed: int) -> None:
+                 seed: int, logprobs_mode: str = "raw_logprobs", moe: tuple[int, int, int] | None = None,
+                 weight_version: str = "default") -> None:
         from tokenizers import Tokenizer
 
         self.script, self.model, self.max_model_len, self.faults = script, model, max_model_len, faults
+        self.logprobs_mode, self.moe, self.weight_version = logprobs_mode, moe, weight_version
         self.tokenizer_dir = Path(tokenizer_dir).resolve()
         self.tokenizer = Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json"))
         self.vocab_size = self.tokenizer.get_vocab_size()
@@ -135,13 +147,18 @@ class Engine:
         if request.get("stream"):
             raise bad_request("the simulated server does not stream", "stream")
         ids_batch = [list(self.tokenizer.encode(p).ids) if isinstance(p, str) else p for p in batch]
-        for ids in ids_batch:
-            for t in ids:
-                if not 0 <= t < self.vocab_size:
-                    raise bad_request(f"Token id {t} is out of vocabulary")
         n = 1 if request.get("n") is None else request["n"]
         if n < 1:
             raise bad_request(f"n must be at least 1, got {n}.")
+        for ids in ids_batch:
+            self.check_prompt(ids, request)
+        return request, ids_batch
+
+    def check_prompt(self, ids: list[int], request: dict[str, Any], generate: bool = False) -> None:
+        """The checks vLLM makes before scheduling: ids in the vocabulary, logprobs, max_tokens and the context."""
+        for t in ids:
+            if not 0 <= t < self.vocab_size:
+                raise bad_request(f"Token id {t} is out of vocabulary")
         k = request.get("logprobs")
         if k is not None and k > MAX_LOGPROBS:
             raise bad_request(f"Requested sample logprobs of {k}, which is greater than max allowed: {MAX_LOGPROBS} "
@@ -151,17 +168,18 @@ class Engine:
         if max_tokens is not None and max_tokens < 1:
             raise bad_request(f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, "
                               f"value={max_tokens})", "max_tokens")
-        for ids in ids_batch:
-            if len(ids) >= limit:
-                raise bad_request(
-                    f"This model's maximum context length is {limit} tokens. However, your prompt contains "
-                    f"{len(ids)} input tokens, which exceeds this limit even without any output tokens. Please "
-                    f"reduce the length of the input prompt. (parameter=input_tokens, value={len(ids)})",
-                    "input_tokens")
+        if generate and len(ids) > limit:
+            raise bad_request(f"The decoder prompt (length {len(ids)}) is longer than the maximum model length of "
+                              f"{limit}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
+        if len(ids) >= limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                f"{len(ids)} input tokens, which exceeds this limit even without any output tokens. Please "
+                f"reduce the length of the input prompt. (parameter=input_tokens, value={len(ids)})",
+                "input_tokens")
         if max_tokens is not None and max_tokens > limit:
             raise bad_request(f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request "
                               f"fewer output tokens. (parameter=max_tokens, value={max_tokens})", "max_tokens")
-        return request, ids_batch
 
     def complete(self, request: dict[str, Any], ids_batch: list[list[int]], abort: bool = False) -> dict[str, Any]:
         """The 200 body for a validated request; `abort` cuts every sequence short, as an engine-side abort does."""
@@ -252,38 +270,145 @@ class Engine:
                 rng: random.Random) -> dict[str, Any]:
         want_ids = bool(request.get("return_token_ids"))
         k = request.get("logprobs")
+        logprobs = None
+        if k is not None:
+            values, tops, _ = self._draw(seq.ids, seq.logprobs_of or seq.ids, k, request, rng)
+            logprobs = self._completion_logprobs(seq.ids, values, tops, request)
         return {
-            "index": index, "text": seq.text,
-            "logprobs": None if k is None else self._logprobs(seq.ids, seq.logprobs_of or seq.ids, k, request, rng),
+            "index": index, "text": seq.text, "logprobs": logprobs,
             "finish_reason": seq.finish, "stop_reason": seq.stop_reason,
             "token_ids": seq.ids if want_ids else None, "prompt_logprobs": None,
-            "prompt_token_ids": prompt_ids if want_ids else None, "routed_experts": None,
+            "prompt_token_ids": prompt_ids if want_ids else None, "routed_experts": self.routes(prompt_ids, seq),
         }
 
-    def _logprobs(self, ids: list[int], drawn: list[int], k: int, request: dict[str, Any],
-                  rng: random.Random) -> dict[str, Any]:
-        """vLLM's legacy completion logprobs: per token its string, its logprob, its text offset, and the sampled
-        token followed by the k most likely ones (rank order, so those ranked above it are likelier). They are
-        drawn for the whole sequence `drawn` and cut to `ids`, its prefix: an abort changes no other draw."""
-        as_ids = bool(request.get("return_tokens_as_token_ids"))
+    def _draw(self, ids: list[int], drawn: list[int], k: int, request: dict[str, Any],
+              rng: random.Random) -> tuple[list[float], list[list[tuple[int, float, int]]], list[int]]:
+        """Per token: its logprob, the k most likely tokens (id, logprob, rank) in rank order, and its own rank.
+        Drawn for the whole sequence `drawn` and cut to `ids`, its prefix: an abort changes no other draw. Under
+        `processed_logprobs` the values are those after temperature (scaled) and top-k (the rest are -inf)."""
         start = rng.randrange(len(self._noise) - len(drawn))
         values = self._noise[start:start + len(drawn)]
-        top: list[list[tuple[int, float]]] = []
-        for value in values if k else ():
+        tops: list[list[tuple[int, float, int]]] = []
+        ranks: list[int] = []
+        if not k:  # no alternatives: no draws (a rank that follows the value, likelier tokens ranking higher)
+            tops, ranks = [[] for _ in values], [1 + int(-2 * v) for v in values]
+        for i, value in enumerate(values if k else ()):
             rank = 1 if rng.random() < 0.6 else rng.randint(2, k + 4)  # the sampled token's rank
             above = sorted((value * (1 - 0.5 * rng.random()) for _ in range(min(rank - 1, k))), reverse=True)
             below = sorted((value - rng.random() for _ in range(k - len(above) - (rank <= k))), reverse=True)
-            top.append([(rng.randrange(self.vocab_size), round(v, 6)) for v in above + below])
+            ranked = [*above, *([value] if rank <= k else []), *below]
+            mass = math.exp(value) * (rank > k) + sum(map(math.exp, ranked))
+            if mass > 0.95:  # probabilities: what is listed adds up to less than 1
+                shift = math.log(mass / 0.95)
+                values[i], ranked = round(value - shift, 6), [v - shift for v in ranked]
+            others = [(rng.randrange(self.vocab_size), round(v, 6), r) for r, v in enumerate(ranked, 1)]
+            tops.append(others)
+            ranks.append(rank)
+        if self.logprobs_mode == "processed_logprobs":
+            values, tops = self._processed(values, tops, ranks, request)
+        return values[:len(ids)], tops[:len(ids)], ranks[:len(ids)]
+
+    def _processed(self, values: list[float], tops: list[list[tuple[int, float, int]]], ranks: list[int],
+                   request: dict[str, Any]) -> tuple[list[float], list[list[tuple[int, float, int]]]]:
+        temperature = request.get("temperature")
+        scale = 1.0 / temperature if temperature else 1.0
+        top_k = request.get("top_k") or -1
+        def cut(v, r):
+            return (-9999.0 if 0 < top_k < r else round(v * scale, 6))
+        return ([cut(v, r) for v, r in zip(values, ranks, strict=True)],
+                [[(t, cut(v, r), r) for t, v, r in top] for top in tops])
+
+    def _completion_logprobs(self, ids: list[int], values: list[float], tops: list[list[tuple[int, float, int]]],
+                             request: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's legacy completion logprobs: per token its string, its logprob, its text offset, and the sampled
+        token followed by the k most likely ones (a dict: a repeated token appears once)."""
+        as_ids = bool(request.get("return_tokens_as_token_ids"))
         if as_ids:
             tokens = [self._id_strings[t] for t in ids]
         else:
             tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
         entries = []
-        for token, value, others in zip(tokens, values, top or [[]] * len(tokens), strict=False):
+        for token, value, others in zip(tokens, values, tops, strict=True):
             entry = {token: value}
-            for other, other_value in others:
+            for other, other_value, _ in others:
                 name = self._id_strings[other] if as_ids else self.tokenizer.decode([other], skip_special_tokens=False)
                 entry.setdefault(name, other_value)
             entries.append(entry)
         offsets = [0, *itertools.accumulate(len(t) for t in tokens)][:-1]
-        return {"text_offset": offsets, "token_logprobs": values[:len(ids)], "tokens": tokens, "top_logprobs": entries}
+        return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": entries}
+
+    def _generate_logprobs(self, ids: list[int], values: list[float], tops: list[list[tuple[int, float, int]]],
+                           ranks: list[int], k: int) -> dict[str, Any]:
+        """/generate's logprobs: integer ids with ranks; `top_logprobs` is the first max(k, 1) entries of the
+        sampled token followed by the top k (vLLM's own cut: a sampled token outside the top k pushes one out)."""
+        content = []
+        for token, value, others, rank in zip(ids, values, tops, ranks, strict=True):
+            entry = {"token_id": token, "logprob": value, "rank": rank}
+            listed: dict[int, dict[str, Any]] = {token: entry}
+            for other, other_value, other_rank in others:
+                listed.setdefault(other, {"token_id": other, "logprob": other_value, "rank": other_rank})
+            content.append({**entry, "top_logprobs": list(listed.values())[:max(k, 1)]})
+        return {"content": content}
+
+    def routes(self, prompt_ids: list[int], seq: Choice) -> str | None:
+        """vLLM's `routed_experts` (`--enable-return-routed-experts` on a MoE model): base64 of a .npy array
+        (prompt + output - 1, layers, experts per token). The experts are a function of a position's token,
+        index and layer, so two requests that share a prompt share its rows, as a real model's would."""
+        if self.moe is None or not seq.ids:
+            return None
+        import base64
+        import io
+
+        import numpy as np
+
+        layers, experts, per_token = self.moe
+        tokens = np.asarray(prompt_ids + seq.ids[:-1], dtype=np.int64)
+        position = np.arange(len(tokens), dtype=np.int64)
+        base = (tokens * 31 + position * 7)[:, None, None] + np.arange(layers)[None, :, None] * 13
+        routed = (base + np.arange(per_token)[None, None, :]) % experts
+        buffer = io.BytesIO()
+        np.save(buffer, routed.astype(np.uint8 if experts <= 256 else np.uint16))
+        return base64.b64encode(buffer.getvalue()).decode()
+
+    # -- /inference/v1/generate --------------------------------------------------------------------------------
+    def parse_generate(self, data: Any) -> dict[str, Any]:
+        """A /generate body validated as vLLM does before scheduling it (`sampling_params` coerced in place)."""
+        _, body = validate(data, GENERATE)
+        self.check_model(body.get("model"))
+        _, params = validate_params(body["sampling_params"])
+        self.check_prompt(body["token_ids"], params, generate=True)
+        if params.get("n") not in (None, 1):
+            raise bad_request("the simulated server answers one sequence per /generate request", "n")
+        return {**body, "sampling_params": params}
+
+    def generate(self, body: dict[str, Any], abort: bool = False) -> dict[str, Any]:
+        """vLLM's native token-in, token-out answer (output_mode "tokens"): no text, integer ids, ranks."""
+        prompt_ids, params = body["token_ids"], body["sampling_params"]
+        seed = params.get("seed")
+        rng = random.Random(seed) if seed is not None else random.Random(self.rng.getrandbits(64))
+        budget = min(params.get("max_tokens") or 16, self.max_model_len - len(prompt_ids))
+        prompt_text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        seq = self._sequence(self.script.answer(prompt_text, rng, params), params, budget)
+        if abort:
+            seq = self._abort(seq, params)
+        k = params.get("logprobs")
+        logprobs = None
+        if k is not None:
+            values, tops, ranks = self._draw(seq.ids, seq.logprobs_of or seq.ids, k, params, rng)
+            logprobs = self._generate_logprobs(seq.ids, values, tops, ranks, k)
+        choice = {"index": 0, "finish_reason": seq.finish, "stop_reason": seq.stop_reason, "token_ids": seq.ids,
+                  "routed_experts": self.routes(prompt_ids, seq), "sampling_mask": None,
+                  "weight_versions": [{"version": self.weight_version, "start": 0, "end": len(seq.ids)}],
+                  "logprobs": logprobs}
+        completion = len(seq.ids)
+        return {
+            "request_id": f"generate-tokens-{uuid.uuid4().hex[:16]}", "model": self.model,
+            "created": int(time.time()),
+            "usage": {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + completion,
+                      "completion_tokens": completion, "prompt_tokens_details": None,
+                      "completion_tokens_details": None},
+            "prompt_logprobs": None, "prompt_token_id_logprobs": None,
+            "prompt_token_ids": prompt_ids if body.get("return_token_ids") else None, "mm_placeholders": None,
+            "metrics": None, "kv_transfer_params": None, "ec_transfer_params": None, "output_mode": "tokens",
+            "choices": [choice],
+        }

@@ -45,10 +45,18 @@ class SimServer:
     max_running: int = 256  # like --max-num-seqs: requests decoding at once; the rest wait, first come first served
     kv_cache_tokens: int | None = None  # KV-cache size in tokens; None: room for max_running full-length requests
     keepalive_timeout_s: float = 5.0  # idle keep-alive connections close after this, as uvicorn's default
+    enable_scale_out: bool = False  # like `vllm serve --enable-scale-out`: POST /inference/v1/generate answers
+    logprobs_mode: str = "raw_logprobs"  # like --logprobs-mode: or processed_logprobs (after temperature, top-k)
+    moe: tuple[int, int, int] | None = None  # (layers, experts, experts per token): a MoE model's routes...
+    return_routed_experts: bool = False  # ...returned per request, like --enable-return-routed-experts
+    weight_version: str = "default"  # the policy version /generate's weight_versions spans name
 
     def __post_init__(self) -> None:
+        if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+            raise ValueError(f"logprobs_mode must be raw_logprobs or processed_logprobs, not {self.logprobs_mode!r}")
         self.engine = Engine(self.script, self.model, self.max_model_len, Path(self.tokenizer_dir), self.faults,
-                             self.seed)
+                             self.seed, self.logprobs_mode, self.moe if self.return_routed_experts else None,
+                             self.weight_version)
         kv_tokens = self.kv_cache_tokens or self.max_running * self.max_model_len
         if kv_tokens < self.max_model_len:
             raise ValueError(f"kv_cache_tokens ({kv_tokens}) must hold one request of max_model_len "

@@ -148,7 +148,19 @@ COMPLETION: Spec = {  # the fields of vLLM's CompletionRequest that the simulato
     "skip_special_tokens": (as_bool, False), "ignore_eos": (as_bool, False)}
 
 
-def _against(data: Any, spec: Spec, errors: Errors) -> dict[str, Any] | None:
+_NUMBER = _optional(lambda v, loc, e: v if isinstance(v, int | float) and not isinstance(v, bool) else e.append(
+    _error("float_type", loc, "Input should be a valid number", v)))
+GENERATE: Spec = {"token_ids": (_token_ids, True), "sampling_params": (as_dict, True), "model": (_OPT_STR, False),
+                  "return_token_ids": (_OPT_BOOL, False), "stream": (_OPT_BOOL, False)}
+SAMPLING_PARAMS: Spec = {  # the SamplingParams fields the simulator reads, inside /generate's `sampling_params`
+    "max_tokens": (_optional(as_int), False), "n": (_optional(as_int), False), "logprobs": (_optional(as_int), False),
+    "seed": (_optional(as_int), False), "temperature": (_NUMBER, False), "top_p": (_NUMBER, False),
+    "top_k": (_optional(as_int), False), "min_p": (_NUMBER, False),
+    "stop_token_ids": (_optional(lambda v, loc, e: as_list(v, loc, e, as_int)), False),
+    "skip_special_tokens": (as_bool, False), "ignore_eos": (as_bool, False)}
+
+
+def _against(data: Any, spec: Spec, errors: Errors, root: Loc = ("body",)) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         errors.append(_error("model_attributes_type", ("body",), "Input should be a valid dictionary or object to "
                              "extract fields from", data))
@@ -158,9 +170,12 @@ def _against(data: Any, spec: Spec, errors: Errors) -> dict[str, Any] | None:
     for name, (check, required) in spec.items():
         if name not in data:
             if required:
-                errors.append(_error("missing", ("body", name), "Field required", data))
+                errors.append(_error("missing", (*root, name), "Field required", data))
             continue
-        out[name] = check(data[name], ("body", name), errors)
+        out[name] = check(data[name], (*root, name), errors)
+    if spec is GENERATE and out.get("token_ids") == []:
+        errors.append(_error("too_short", ("body", "token_ids"), "List should have at least 1 item after "
+                             "validation, not 0", [], field_type="List", min_length=1, actual_length=0))
     return out if len(errors) == before else None
 
 
@@ -188,6 +203,15 @@ def validate(data: Any, *specs: Spec) -> tuple[int, dict[str, Any]]:
     raise validation_failure(errors)
 
 
+def validate_params(data: Any) -> tuple[int, dict[str, Any]]:
+    """/generate's `sampling_params`, checked where the body puts them."""
+    errors: Errors = []
+    fields = _against(data, SAMPLING_PARAMS, errors, ("body", "sampling_params"))
+    if fields is None:
+        raise validation_failure(errors)
+    return 0, {**data, **fields}
+
+
 def completion_prompt(value: Any) -> list[str] | list[list[int]]:
     """CompletionRequest.prompt: `list[int] | list[list[int]] | str | list[str]`, as a batch of prompts."""
     if isinstance(value, str):
@@ -211,5 +235,5 @@ def completion_prompt(value: Any) -> list[str] | list[list[int]]:
     raise validation_failure(errors)
 
 
-__all__ = ["COMPLETION", "DETOKENIZE", "TOKENIZE_CHAT", "TOKENIZE_PROMPT", "HTTPFailure", "completion_prompt",
-           "parse_body", "validate"]
+__all__ = ["COMPLETION", "DETOKENIZE", "GENERATE", "TOKENIZE_CHAT", "TOKENIZE_PROMPT", "HTTPFailure",
+           "completion_prompt", "parse_body", "validate", "validate_params"]

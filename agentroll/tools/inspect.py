@@ -3,8 +3,9 @@ each sample got its reward, without reading JSON by eye.
 
 The tree is solvers -> rewriters -> selector per execution: each sample with its status (truncations marked),
 raw reward / shaped reward, an excerpt of its answer content, its boxed answer and `reward_info`; each rewrite
-with the number it was listed as; the selector with its judgment and the rewrite it picked. A stage that did
-not run says why. It is a rich renderable: the CLI prints it, a test exports it as text.
+with the number it was listed as; the selector with its judgment and the rewrite it picked; the shape of a
+sample's routed experts when it has them. A stage that did not run says why. It is a rich renderable: the CLI
+prints it, a test exports it as text.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from rich.text import Text
 from rich.tree import Tree
 
+from .. import routes
 from ..errors import OutputError, UsageError
 from ..group import Group
 from ..parsing import last_boxed
@@ -48,9 +50,26 @@ def _sample_label(sample: Sample, name: str, picked: bool = False) -> Text:
     label.append(f" · raw {_num(sample.raw_reward)} / reward {_num(sample.reward)}",
                  style="bold green" if sample.raw_reward == 1.0 else None)
     label.append(f" · {len(sample.response_token_ids)} tokens")
+    shape = routes_shape(sample.routed_experts)
+    if shape is not None:
+        label.append(f" · routes {shape}", style="dim")
     if picked:
         label.append("  ◀ picked by the selector", style="bold magenta")
     return label
+
+
+def routes_shape(value: Any) -> str | None:
+    """A sample's routed experts as `rows×layers×k dtype` (None: it has none): an array, `.npy` bytes, or a
+    reference not read from its sidecar."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return "in the sidecar (not read)"
+    try:
+        array = routes.decode(value) if isinstance(value, bytes | bytearray | memoryview) else routes.checked(value)
+    except ValueError as exc:
+        return f"unreadable ({exc})"
+    return "×".join(str(n) for n in array.shape) + f" {array.dtype}"
 
 
 def _add_sample(parent: Tree, sample: Sample, name: str, picked: bool = False) -> None:
@@ -130,13 +149,15 @@ def inspect(folder: str | os.PathLike[str], problem_id: str | None = None) -> Tr
 
     Raises `UsageError` (exit 2) when the problem is not in the folder, `OutputError` (exit 6) when the folder
     holds no rollouts or cannot be read."""
-    from ..readers import read_groups
+    from ..readers import as_group, stored_groups
 
-    for group in read_groups(folder):
-        if problem_id is None:
-            return rollout_tree(group, group.executions[:1])
-        if group.problem_id == problem_id:
-            return rollout_tree(group)
+    for records, sidecar in stored_groups(folder):  # only the group shown has its routes read
+        if problem_id is None or str(records[0]["problem_id"]) == problem_id:
+            try:
+                group = as_group(sidecar.resolve(records))
+            except OSError as exc:
+                raise OutputError(str(exc)) from exc
+            return rollout_tree(group, group.executions[:1] if problem_id is None else None)
     if problem_id is None:
         raise OutputError(f"{folder} holds no rollouts")
     raise UsageError(f"problem {problem_id!r} is not in {folder}")

@@ -15,7 +15,10 @@ its whole-file ones (size, sha256, counts, keys), so the first fault points at a
 - groups (as `writer.scan_groups` defines them): `group_size` executions of one problem, sample indexes
   0..K-1, group figures that describe exactly those executions, no problem twice in the folder;
 - the shard's record, execution and group counts against its manifest entry, and its keys file (resume
-  trusts it) against the groups found.
+  trusts it) against the groups found;
+- routed experts: each reference within its shard's routes sidecar, each blob a `.npy` integer array, the
+  parts of a record of one dtype and (layers, experts per token), prompt + response - 1 rows once joined; the
+  sidecar's size and sha256 as the manifest says (docs/routed-experts.md).
 
 A merged folder (`agentroll merge`) is checked the same way, its shard paths taken relative to it.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator
@@ -33,12 +37,14 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from .. import routes
 from ..schema import SCHEMA_VERSION, STAGES, Sample
 from ..writer import MANIFEST, STATE_DIR
 
 SHARD_PREFIX = "rollouts-"  # the writer's names (agentroll.shards), restated: validate shares no code with it
 PARTIAL = ".partial"
 ZSTD = ".zst"
+ROUTES = ".routes"
 
 MAX_FAULTS = 1000  # kept in the report; more are counted (`faults_total`), so a ruined folder cannot eat memory
 WRITTEN_STATUSES = ("completed", "truncated")  # "aborted" is retried, never written (docs/schema.md)
@@ -51,7 +57,7 @@ class Fault:
     `line` is 1-based (None: the shard or manifest as a whole)."""
 
     kind: str  # manifest, missing, bytes, sha256, json, schema, value, lengths, execution, group, duplicate,
-    #            count, keys
+    #            count, keys, zstd, routes
     message: str
     shard: str | None = None
     line: int | None = None
@@ -150,14 +156,27 @@ def _describe(hint: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(a) for a in typing.get_args(hint))
     if origin is list:
-        return f"an array of {_describe(typing.get_args(hint)[0]).split(' ', 1)[1]}s"
+        return f"an array of {_plural(_describe(typing.get_args(hint)[0]))}"
     if origin is dict or hint is dict:
         return "an object"
     return {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}.get(hint, str(hint))
 
 
+def _plural(description: str) -> str:
+    """"an integer or null" -> "integers or nulls"; "an array of integers" -> "arrays of integers"."""
+    if description.startswith("an array of "):
+        return "arrays of " + description.removeprefix("an array of ")
+    return " or ".join(part.split(" ", 1)[-1] + "s" for part in description.split(" or "))
+
+
 def _scalar(hint: Any) -> Callable[[Any], bool]:
     # JSON types: an integer is never a boolean; a number may be written without a fraction
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        parts = [_scalar(a) for a in typing.get_args(hint)]
+        return lambda v: any(p(v) for p in parts)
+    if typing.get_origin(hint) is list:
+        inner = _scalar(typing.get_args(hint)[0])
+        return lambda v: type(v) is list and all(inner(x) for x in v)
     if hint is int:
         return lambda v: type(v) is int
     if hint is float:
@@ -179,16 +198,24 @@ def _check_for(hint: Any) -> Check:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         parts = [_check_for(a) for a in typing.get_args(hint)]
-        return lambda v: None if any(p(v) is None for p in parts) else _json_type(v)
+
+        def check_union(v: Any) -> str | None:
+            got = [p(v) for p in parts]
+            if None in got:
+                return None
+            return next((g for g in got if g != _json_type(v)), _json_type(v))  # an array's item fault, if any
+
+        return check_union
     if origin is list:
-        item = _scalar(typing.get_args(hint)[0])
+        item = _check_for(typing.get_args(hint)[0])
 
         def check_list(v: Any) -> str | None:
             if type(v) is not list:
                 return _json_type(v)
             for i, x in enumerate(v):
-                if not item(x):
-                    return f"an array whose item {i} is {_json_type(x)}"
+                got = item(x)
+                if got is not None:
+                    return f"an array whose item {i} is {got}"
             return None
 
         return check_list
@@ -396,6 +423,114 @@ def check_structure(rows: list[_Row | None], k_setting: int | None,
     return [(g, sum(len(e) for e in g)) for g in groups]
 
 
+# -- routed experts ----------------------------------------------------------------------------------------------
+
+class _Routes:
+    """A shard's routes sidecar under check: each record's reference as the lines are read, then the file
+    against its manifest entry (`info`; None: the shard has no sidecar)."""
+
+    def __init__(self, folder: Path, info: dict[str, Any] | None, add: Callable[[int | None, str, str], None]):
+        self.info, self.add = info, add
+        self.fd: int | None = None
+        self.size = self.end = self.whole = 0
+        self.prompts: dict[routes.Span, tuple[int, str, tuple[int, ...]] | str] = {}  # decoded once per shard
+        if info is not None:
+            try:
+                self.fd = os.open(folder / info["file"], os.O_RDONLY)
+                self.size = os.fstat(self.fd).st_size
+            except OSError as exc:
+                add(None, "missing", f"routes sidecar {info['file']}: {exc.strerror or exc}")
+
+    def __enter__(self) -> _Routes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _blob(self, name: str, span: routes.Span) -> tuple[int, str, tuple[int, ...]] | str:
+        assert self.fd is not None
+        got = self.prompts.get(span)
+        if got is None:
+            try:
+                array = routes.decode(os.pread(self.fd, span[1], span[0]))
+                got = (array.shape[0], array.dtype.str, array.shape[1:])
+            except ValueError as exc:
+                got = str(exc)
+            if name == "prompt":
+                self.prompts[span] = got
+        return got
+
+    def record(self, line: int, record: dict[str, Any]) -> None:
+        ref = record.get("routed_experts")
+        if ref is None:
+            return
+        try:
+            parts = routes.spans(ref)
+        except ValueError as exc:
+            self.add(line, "routes", f"routed_experts: {exc}")
+            return
+        if self.info is None:
+            self.add(line, "routes", "routed_experts references a sidecar, but the manifest lists none for this shard")
+            return
+        if self.fd is None:
+            return  # the sidecar is missing: said once
+        shapes = {}
+        for name, span in parts.items():
+            if span is None:
+                continue
+            if span[0] + span[1] > self.size:
+                self.add(line, "routes", f"routes {name} blob [{span[0]}, {span[1]}] ends past the sidecar's "
+                                         f"{self.size} bytes")
+                return
+            self.end = max(self.end, span[0] + span[1])
+            got = self._blob(name, span)
+            if isinstance(got, str):
+                self.add(line, "routes", f"routes {name} blob [{span[0]}, {span[1]}]: {got}")
+                return
+            shapes[name] = got
+        if len({(dtype, tail) for _, dtype, tail in shapes.values()}) > 1:
+            self.add(line, "routes", "routes parts differ in dtype or (layers, experts per token): " +
+                     ", ".join(f"{name} {dtype} {tail}" for name, (_, dtype, tail) in shapes.items()))
+            return
+        prompt, response = record.get("prompt_token_ids"), record.get("response_token_ids")
+        if not isinstance(prompt, list) or not isinstance(response, list):
+            return  # a schema fault, already said
+        expected = len(prompt) + len(response) - 1
+        rows = sum(r for r, _, _ in shapes.values())
+        if "rows" in shapes:
+            self.whole += rows != expected  # stored whole, as the server sent it: a warning
+        elif parts["prompt"] is None and prompt:
+            self.add(line, "routes", f"routes prompt part is null, but the prompt has {len(prompt)} tokens")
+        elif "prompt" in shapes and shapes["prompt"][0] != len(prompt):
+            self.add(line, "routes", f"routes prompt part has {shapes['prompt'][0]} rows, the prompt {len(prompt)} "
+                                     "tokens")
+        elif rows != expected:
+            self.add(line, "routes", f"routes have {rows} rows once joined, where prompt + response - 1 is "
+                                     f"{expected}")
+
+    def finish(self, shard: str, warnings: list[str]) -> None:
+        if self.fd is None or self.info is None:
+            return
+        digest, offset = hashlib.sha256(), 0
+        while block := os.pread(self.fd, 1 << 20, offset):
+            digest.update(block)
+            offset += len(block)
+        name = self.info["file"]
+        if self.size != self.info["bytes"]:
+            self.add(None, "bytes", f"routes sidecar {name}: {self.size} bytes where the manifest says "
+                                    f"{self.info['bytes']}")
+        if digest.hexdigest() != self.info["sha256"]:
+            self.add(None, "sha256", f"routes sidecar {name}: sha256 {digest.hexdigest()} where the manifest says "
+                                     f"{self.info['sha256']}")
+        if self.end < self.size:
+            warnings.append(f"{name}: {self.size - self.end} bytes after the last blob its records reference")
+        if self.whole:
+            warnings.append(f"{shard}: {_count(self.whole, 'record')} with routes of other than prompt + response - 1 "
+                            "rows (stored whole, as the server sent them)")
+
+
 # -- the folder ------------------------------------------------------------------------------------------------
 
 _ENTRY_FIELDS = {"file": str, "records": int, "executions": int, "groups": int, "bytes": int, "sha256": str}
@@ -499,7 +634,7 @@ def _read_shard(folder: Path, entry: dict[str, Any], k_setting: int | None, seen
     digest = hashlib.sha256()
     rows: list[_Row | None] = []
     frames: set[int] | None = None  # zstd: the line numbers at which a frame starts, and the one past the end
-    with open(path, "rb") as f:
+    with open(path, "rb") as f, _Routes(folder, entry.get("routes"), add) as sidecar:
         if name.endswith(ZSTD):
             data = f.read()
             digest.update(data)
@@ -526,7 +661,9 @@ def _read_shard(folder: Path, entry: dict[str, Any], k_setting: int | None, seen
                 continue
             for kind, message in record_faults(record):
                 add(number, kind, message)
+            sidecar.record(number, record)
             rows.append(_Row.of(number, record))
+        sidecar.finish(name, report.warnings)
     if digest.hexdigest() != entry["sha256"]:
         add(None, "sha256", f"sha256 {digest.hexdigest()} where the manifest says {entry['sha256']}")
     groups = check_structure(rows, k_setting, lambda line, kind, message: add(line, kind, message))
@@ -580,6 +717,12 @@ def validate(folder: str | Path) -> ValidationReport:
             report.add(Fault("manifest", f"shard {entry['file']} is listed twice"))
         else:
             listed.add(entry["file"])
+            side = entry.get("routes")
+            if side is not None and not (isinstance(side, dict) and type(side.get("file")) is str
+                                         and type(side.get("bytes")) is int and type(side.get("sha256")) is str):
+                report.add(Fault("manifest", f"shard {entry['file']}: its routes entry lacks a valid file, bytes or "
+                                             "sha256"))
+                entry = {**entry, "routes": None}
             entries.append(entry)
     for what in ("records", "executions", "groups"):
         total = sum(e[what] for e in entries)
@@ -587,10 +730,13 @@ def validate(folder: str | Path) -> ValidationReport:
             report.add(Fault("count", f"the manifest says {manifest.get(what)!r} {what}, its shards add up to {total}"))
     if manifest.get("complete") is not True:
         report.warnings.append("the manifest says the run is not complete (running, stopped, or some groups failed)")
-    on_disk = {p.name for p in folder.glob(f"{SHARD_PREFIX}*") if not p.name.endswith(PARTIAL)}
+    on_disk = {p.name for p in folder.glob(f"{SHARD_PREFIX}*.jsonl*") if not p.name.endswith(PARTIAL)}
     for stray in sorted(on_disk - {Path(e["file"]).name for e in entries if Path(e["file"]).parent == Path(".")}):
         report.warnings.append(f"{stray} is in the folder but not in the manifest (a rerun adopts it)")
-    for partial in sorted(folder.glob(f"{SHARD_PREFIX}*{PARTIAL}")):
+    sidecars = {e["routes"]["file"] for e in entries if isinstance(e.get("routes"), dict)}
+    for stray in sorted({p.name for p in folder.glob(f"{SHARD_PREFIX}*{ROUTES}")} - sidecars):
+        report.warnings.append(f"{stray} is a routes sidecar in the folder but not in the manifest")
+    for partial in sorted(folder.glob(f"{SHARD_PREFIX}*.jsonl*{PARTIAL}")):
         report.warnings.append(f"{partial.name} is a shard being written, or left by a killed run (a rerun "
                                "finishes it)")
     seen: dict[str, str] = {}

@@ -1,0 +1,127 @@
+"""What the recorded numbers mean: the server's logprobs mode, found by experiment, and fingerprints of the
+tokenizer and chat template that made the prompt ids.
+
+vLLM returns `raw_logprobs` by default: the model's distribution before temperature, top-p and top-k. With any
+of those set, the recorded logprobs are not those of the distribution the tokens were sampled from, which is
+what an importance-sampling correction assumes. `--logprobs-mode processed_logprobs` makes them so. The server
+does not say which mode it runs, so we ask the same question at two temperatures: raw values do not move.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+from typing import Any
+
+import orjson
+
+from .client import CallFailed, CompletionClient
+from .errors import ServerError
+from .wire import Completion
+
+log = logging.getLogger("agentroll")
+
+RAW, PROCESSED = "raw_logprobs", "processed_logprobs"
+PROBE_ALTERNATIVES = 5
+PROBE_SEED = 1234
+TOLERANCE = 1e-3  # raw values at two temperatures agree to float noise; processed ones move by far more
+
+
+async def probe_call(client: CompletionClient, model: str, prompt_ids: list[int], params: dict[str, Any],
+                     alternatives: int) -> Completion | None:
+    """One one-token call. A refusal (a 4xx: parameters this server does not take) ends the run at once, with
+    the server's message; a server failing for a while (5xx, timeouts) gives None: the run's own calls decide."""
+    try:
+        return await client.complete(prompt_ids, {**params, "max_tokens": 1}, model, alternatives)
+    except CallFailed as exc:
+        if exc.retryable:
+            log.warning("a one-token probe call failed (%s); going on", exc)
+            return None
+        raise ServerError(f"the server refuses a {client.api} call with this run's parameters: {exc}",
+                          exc.status) from exc
+
+
+async def logprobs_mode(client: CompletionClient, model: str, prompt_ids: list[int],
+                        alternatives: int = 0) -> tuple[str, bool | None]:
+    """`raw_logprobs`, `processed_logprobs`, `raw_logits`, `processed_logits`, or `unknown`, from the two most
+    likely next tokens at temperature 1 and at 0.5 (same seed, nothing truncated). Their gap is a difference of
+    logits: raw values keep it, processed ones double it at 0.5 (this holds for a nearly certain next token too,
+    where the values themselves barely move). Logits, unlike logprobs, need not be negative or sum to 1 or less.
+
+    Also returns whether the server sent routed experts (None when a probe got no answer). The probes ask for
+    `alternatives` when more than their own 5, so a server that cannot give this run's top-k says so now."""
+    values = []
+    routes: bool | None = None
+    for temperature in (1.0, 0.5):
+        params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": PROBE_SEED}
+        done = await probe_call(client, model, prompt_ids, params, max(PROBE_ALTERNATIVES, alternatives))
+        if done is None or not done.top_token_ids or not done.top_token_ids[0] or done.top_logprobs is None:
+            return "unknown", routes
+        routes = done.routed_experts is not None
+        values.append((done.top_token_ids[0][0], done.top_logprobs[0]))
+    (first_id, at_1), (second_id, at_half) = values
+    if first_id != second_id:
+        return "unknown", routes
+    logits = max(at_1) > 1e-6 or sum(math.exp(v) for v in at_1) > 1 + 1e-4
+    kind = "logits" if logits else "logprobs"
+    gap_1, gap_half = (at_1[0] - at_1[1], at_half[0] - at_half[1]) if len(at_1) > 1 and len(at_half) > 1 else (0, 0)
+    if math.isfinite(gap_1) and math.isfinite(gap_half) and gap_1 > 1e-4:
+        processed = gap_half / gap_1 > 1.5
+    else:  # a tie at the top: the value itself
+        processed = abs(at_1[0] - at_half[0]) >= TOLERANCE
+    return f"processed_{kind}" if processed else f"raw_{kind}", routes
+
+
+def truncates(sampling: dict[str, Any]) -> list[str]:
+    """The parameters that make the sampled distribution differ from the model's raw one."""
+    out = []
+    if sampling.get("temperature", 1.0) != 1.0:
+        out.append(f"temperature {sampling['temperature']:g}")
+    if sampling.get("top_p", 1.0) < 1.0:
+        out.append(f"top_p {sampling['top_p']:g}")
+    if sampling.get("top_k", -1) > 0:
+        out.append(f"top_k {sampling['top_k']}")
+    if sampling.get("min_p", 0.0) > 0.0:
+        out.append(f"min_p {sampling['min_p']:g}")
+    return out
+
+
+def mode_warning(mode: str, sampling: dict[str, Any]) -> str | None:
+    """A warning when the recorded logprobs are not those of the distribution sampled from."""
+    shaped = truncates(sampling)
+    if not mode.startswith("raw") or not shaped:
+        return None
+    return (f"the server returns {mode} (values before {', '.join(shaped)}): the recorded logprobs are not those "
+            "of the distribution the tokens were sampled from; start vLLM with --logprobs-mode processed_logprobs "
+            "if your trainer uses them for importance sampling")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tokenizer_sha256(tokenizer: Any) -> str:
+    """The tokenizer's whole definition (a fast tokenizer's JSON; else its vocabulary and special tokens)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return _sha256(backend.to_str().encode())
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return _sha256(orjson.dumps([vocab, sorted(map(str, getattr(tokenizer, "all_special_tokens", [])))]))
+
+
+def chat_template_sha256(tokenizer: Any) -> str:
+    template = getattr(tokenizer, "chat_template", None)
+    return _sha256(orjson.dumps(template, option=orjson.OPT_SORT_KEYS))
+
+
+def rendered_sha256(prompts: list[list[int]]) -> str:
+    """The stage prompts as the run renders them (template, kwargs and tokenizer together), as ids."""
+    return _sha256(orjson.dumps(prompts))
+
+
+def revision(root: str | None) -> str | None:
+    """A hub snapshot's commit, when the server's model root is a path into the hub cache."""
+    found = re.search(r"/snapshots/([0-9a-f]{40})(?:/|$)", root or "")
+    return found.group(1) if found else None

@@ -1,0 +1,184 @@
+"""vLLM's two token-in, token-out APIs on the wire: the request bodies we send and the answers we accept.
+
+- `completions`: `POST /v1/completions` with a token-id prompt, `return_token_ids` and `"token_id:N"` token
+  strings. Text comes from the server.
+- `generate`: vLLM's native `POST /inference/v1/generate` (served with `--enable-scale-out`): token ids in,
+  integer token ids, logprobs with ranks and `weight_versions` out, no detokenization on the server. The
+  response text is decoded locally by the caller.
+
+Both are parsed into one `Completion`, index for index with the server's own values; anything malformed is a
+`WireError` (the client retries it as a failed call, never records it).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from typing import Any
+
+APIS = ("completions", "generate")
+PATHS = {"completions": "/v1/completions", "generate": "/inference/v1/generate"}
+TOKEN_ID_PREFIX = "token_id:"
+INT, NUMBER = frozenset({int}), frozenset({int, float})  # exact types: JSON true/false (bool) is neither
+
+
+class WireError(Exception):
+    """An answer that is not a usable completion: no choices, misaligned ids and logprobs, wrong types."""
+
+
+@dataclass(slots=True)
+class Completion:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str | None  # None from the generate API: the caller decodes the ids
+    finish_reason: str | None
+    stop_reason: int | str | None
+    endpoint: str = ""
+    latency_s: float = 0.0
+    attempts: int = 1
+    ranks: list[int | None] | None = None
+    top_token_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+    weight_versions: list[dict[str, Any]] | None = None
+    routed_experts: bytes | None = field(default=None, repr=False)
+
+
+def request_body(api: str, model: str, prompt_ids: list[int], params: dict[str, Any],
+                 alternatives: int) -> dict[str, Any]:
+    """The body of one call. `params` are vLLM SamplingParams names (temperature, top_p, max_tokens, seed...).
+
+    `alternatives` (k): /v1/completions answers the sampled token plus the k most likely; /generate answers the
+    first k entries of that same list, so it is asked for k + 1 to always hold ranks 1..k."""
+    if api == "generate":
+        sampling = {**params, "logprobs": alternatives + 1 if alternatives else 0}
+        return {"model": model, "token_ids": prompt_ids, "sampling_params": sampling}
+    return {"model": model, "prompt": prompt_ids, **params, "logprobs": alternatives,
+            "return_token_ids": True, "return_tokens_as_token_ids": True}
+
+
+def _first_choice(payload: Any) -> dict[str, Any]:
+    if not isinstance(payload, dict):
+        raise WireError(f"response is not a JSON object but {type(payload).__name__}")
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise WireError("response has no choices")
+    return choices[0]
+
+
+def _check(ids: Any, logprobs: Any) -> None:
+    # Type checks in C (`map(type, ...)`): a per-token Python loop here cost a third of the client's CPU.
+    if not isinstance(ids, list) or not set(map(type, ids)) <= INT:
+        raise WireError("token_ids is not a list of integers")
+    if len(ids) != len(logprobs):
+        raise WireError(f"{len(ids)} token ids but {len(logprobs)} logprobs")
+    if not set(map(type, logprobs)) <= NUMBER:
+        raise WireError("a response logprob is null or not a number")
+
+
+def _extras(choice: dict[str, Any], out: Completion) -> Completion:
+    """weight_versions and routed_experts: the same fields on both APIs."""
+    spans = choice.get("weight_versions")
+    if spans is not None:
+        if not isinstance(spans, list) or not all(
+                isinstance(s, dict) and type(s.get("start")) is int and type(s.get("end")) is int for s in spans):
+            raise WireError("weight_versions is not a list of {version, start, end} spans")
+        out.weight_versions = [{"version": s.get("version"), "start": s["start"], "end": s["end"]} for s in spans]
+    routes = choice.get("routed_experts")
+    if routes is not None:
+        if not isinstance(routes, str):
+            raise WireError("routed_experts is not a base64 string")
+        try:
+            out.routed_experts = base64.b64decode(routes, validate=True)
+        except (binascii.Error, ValueError):
+            raise WireError("routed_experts is not valid base64") from None
+    return out
+
+
+def parse(api: str, payload: Any, sent_ids: list[int], alternatives: int) -> Completion:
+    return parse_generate(payload, sent_ids, alternatives) if api == "generate" else parse_completions(
+        payload, sent_ids, alternatives)
+
+
+def parse_completions(payload: Any, sent_ids: list[int], alternatives: int = 0) -> Completion:
+    choice = _first_choice(payload)
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict) or not isinstance(lp.get("token_logprobs"), list):
+        raise WireError("response has no logprobs.token_logprobs (is `logprobs` supported by this server?)")
+    logprobs = lp["token_logprobs"]
+    ids = choice.get("token_ids")
+    if ids is None:
+        try:
+            ids = [int(t[len(TOKEN_ID_PREFIX):]) for t in lp["tokens"] if t.startswith(TOKEN_ID_PREFIX)]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise WireError(f"cannot read token ids from logprobs.tokens: {exc}") from None
+        if len(ids) != len(lp["tokens"]):
+            raise WireError("logprobs.tokens are not 'token_id:N' strings (return_tokens_as_token_ids ignored?)")
+    _check(ids, logprobs)
+    if not isinstance(choice.get("text", ""), str | None):
+        raise WireError("choices[0].text is not a string")
+    echoed = choice.get("prompt_token_ids")
+    if echoed is not None and echoed != sent_ids:
+        raise WireError("the server's prompt_token_ids differ from the ids sent")
+    out = Completion(sent_ids, ids, logprobs, choice.get("text") or "", choice.get("finish_reason"),
+                     choice.get("stop_reason"))
+    if alternatives:
+        _completions_top(lp.get("top_logprobs"), out, alternatives)
+    return _extras(choice, out)
+
+
+def _completions_top(entries: Any, out: Completion, k: int) -> None:
+    """The k most likely tokens per position from `top_logprobs` ({"token_id:N": logprob}, the sampled token
+    first, then the top k). The sampled token's rank is known when it is among them."""
+    if not isinstance(entries, list) or len(entries) != len(out.token_ids):
+        raise WireError("logprobs.top_logprobs does not hold one entry per token")
+    ids_out, lps_out, ranks = [], [], []
+    for entry, sampled in zip(entries, out.token_ids, strict=True):
+        if not isinstance(entry, dict):
+            raise WireError("a top_logprobs entry is not an object")
+        try:
+            pairs = sorted(((int(t[len(TOKEN_ID_PREFIX):]), v) for t, v in entry.items()), key=lambda p: -p[1])[:k]
+        except (TypeError, ValueError):
+            raise WireError("top_logprobs keys are not 'token_id:N' strings with numeric logprobs") from None
+        ids_out.append([p[0] for p in pairs])
+        lps_out.append([p[1] for p in pairs])
+        ranks.append(next((r for r, p in enumerate(pairs, 1) if p[0] == sampled), None))
+    out.top_token_ids, out.top_logprobs, out.ranks = ids_out, lps_out, ranks
+
+
+def parse_generate(payload: Any, sent_ids: list[int], alternatives: int = 0) -> Completion:
+    choice = _first_choice(payload)
+    ids = choice.get("token_ids")
+    lp = choice.get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else None
+    if not isinstance(content, list) or not all(isinstance(c, dict) for c in content):
+        raise WireError("response has no logprobs.content (was sampling_params.logprobs sent?)")
+    try:
+        logprobs = [c["logprob"] for c in content]
+        echoed = [c["token_id"] for c in content]
+    except KeyError as exc:
+        raise WireError(f"a logprobs.content entry has no {exc}") from None
+    _check(ids, logprobs)
+    if echoed != ids:
+        raise WireError("logprobs.content token ids differ from token_ids")
+    prompt = payload.get("prompt_token_ids")
+    if prompt is not None and prompt != sent_ids:
+        raise WireError("the server's prompt_token_ids differ from the ids sent")
+    ranks = [c.get("rank") for c in content]
+    if not set(map(type, ranks)) <= {int, type(None)}:
+        raise WireError("a logprobs rank is not an integer")
+    out = Completion(sent_ids, ids, logprobs, None, choice.get("finish_reason"), choice.get("stop_reason"),
+                     ranks=ranks)
+    if alternatives:
+        ids_out, lps_out = [], []
+        for c in content:
+            top = c.get("top_logprobs")
+            if not isinstance(top, list) or not all(isinstance(t, dict) for t in top):
+                raise WireError("a logprobs.content entry has no top_logprobs list")
+            ranked = sorted((t for t in top if type(t.get("rank")) is int and 1 <= t["rank"] <= alternatives),
+                            key=lambda t: t["rank"])
+            ids_out.append([t["token_id"] for t in ranked])
+            lps_out.append([t["logprob"] for t in ranked])
+        out.top_token_ids, out.top_logprobs = ids_out, lps_out
+    return _extras(choice, out)
