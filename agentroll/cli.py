@@ -245,12 +245,19 @@ def doctor(
     model: str | None = None,
     tokenizer: Annotated[str | None, typer.Option(help="[default: the model name]")] = None,
     prompts: Path | None = None,
+    temperature: Annotated[float, typer.Option(help="The sampling you will generate with: warns when the "
+                                                    "server's logprobs are not those of that distribution.")] = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    min_p: float = 0.0,
 ) -> None:
-    """Check a server before a long job: reachable, token ids, chat-template parity, context length."""
+    """Check a server before a long job: reachable, token ids, APIs, logprobs mode, chat-template parity,
+    context length."""
     from .doctor import diagnose
 
     url = base_url.replace(",", " ").split()[0] if base_url.strip() else base_url
-    checks = asyncio.run(diagnose(url, api_key, model, tokenizer, prompts))
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    checks = asyncio.run(diagnose(url, api_key, model, tokenizer, prompts, sampling))
     colors = {"ok": "green", "warn": "yellow", "fail": "red"}
     for check in checks:
         err.print(f"[{colors[check.verdict]}]{check.verdict:4}[/] {check.name}: {check.detail}", highlight=False)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .chat import ChatEncoder, load_first, tokenizer_candidates
 from .client import CompletionClient
 from .errors import AgentrollError
 from .parity import check_parity, probe_messages
+from .provenance import logprobs_mode, mode_warning
 from .templates import Templates
 from .wire import WireError, parse_completions
 
@@ -21,7 +23,8 @@ class Check:
 
 
 async def diagnose(base_url: str, api_key: str | None = None, model: str | None = None,
-                   tokenizer: str | None = None, prompts: Path | None = None) -> list[Check]:
+                   tokenizer: str | None = None, prompts: Path | None = None,
+                   sampling: dict[str, Any] | None = None) -> list[Check]:
     client = CompletionClient([base_url], api_key=api_key, concurrency=4, timeout_s=120, max_retries=1)
     checks: list[Check] = []
     try:
@@ -49,6 +52,7 @@ async def diagnose(base_url: str, api_key: str | None = None, model: str | None 
             checks.append(Check("tokenizer", "fail", str(exc)))
             return checks
         checks.append(await _token_ids(client, encoder, str(name)))
+        checks.extend(await _apis_and_logprobs(client, encoder, str(name), sampling or {}))
         try:
             parity = await check_parity(client, encoder, str(name), probe_messages(Templates(prompts)))
         except AgentrollError as exc:
@@ -86,3 +90,25 @@ async def _token_ids(client: CompletionClient, encoder: ChatEncoder, model: str)
     if choice["token_ids"] != from_strings:
         return Check("return_token_ids", "fail", "token_ids and the 'token_id:N' strings disagree")
     return Check("return_token_ids", "ok", f"supported; {len(from_strings)} ids agree with the logprob tokens")
+
+
+async def _apis_and_logprobs(client: CompletionClient, encoder: ChatEncoder, model: str,
+                             sampling: dict[str, Any]) -> list[Check]:
+    """Which token API the server offers, and what its logprobs are (found by experiment: see provenance)."""
+    _, ids = encoder.encode([{"role": "user", "content": "Say hello."}])
+    try:
+        client.api = await client.detect_api(model, ids)
+        mode, _ = await logprobs_mode(client, model, ids)
+    except AgentrollError as exc:
+        return [Check("logprobs mode", "fail", str(exc))]
+    api = Check("token API", "ok", "/inference/v1/generate (native: ids, ranks, weight versions) and /v1/completions"
+                if client.api == "generate" else "/v1/completions (start vLLM with --enable-scale-out for the native "
+                "/inference/v1/generate)")
+    if mode == "unknown":
+        return [api, Check("logprobs mode", "warn", "could not be determined (no answer, or top tokens disagree)")]
+    warning = mode_warning(mode, sampling)
+    if warning:
+        return [api, Check("logprobs mode", "warn", warning)]
+    meaning = ("the sampling distribution's (after temperature, top-p, top-k)" if mode.startswith("processed")
+               else "the model's own distribution, before temperature, top-p and top-k")
+    return [api, Check("logprobs mode", "ok", f"{mode}: logprobs are {meaning}")]

@@ -4,8 +4,13 @@ Megatron-LM's RL agent API declares them (megatron/rl/agent/api.py).
 Each sample is a one-turn trajectory: the prompt and response ids, `generation_mask` true on the response
 tokens (the model's, per the loss mask), `logprobs` over the generated tokens only (Megatron aligns them to the
 positions the mask marks). Megatron computes GRPO advantages itself over each `RolloutGroup`, so our groups
-are what make its baseline per stage; `reward` is the record's reward. The run's policy epoch is not recorded:
-every token is stamped epoch 0 (`policy_epoch` / `kv_cache_epoch` `[[(0, 0)]]`), no KV-cache evictions.
+are what make its baseline per stage; `reward` is the record's reward.
+
+`policy_epoch` comes from the record's `weight_versions` (vLLM's generate API: which policy version made which
+response tokens): Megatron's sparse `(start token index, epoch)` boundaries over the whole sequence, the prompt
+stamped with the version that made the first response token. A version must be a whole number ("default", what
+vLLM names weights never updated, is 0). Without weight versions (/v1/completions) every token is epoch 0.
+`kv_cache_epoch` follows `policy_epoch`: vLLM does not say when a cached prefix was computed. No evictions.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from .common import JsonlWriter, Problem, Record
 
 FILE = "megatron.jsonl"
@@ -28,8 +34,8 @@ def token_rollout(record: Record, advantage: float | None) -> dict[str, Any]:
         "logprobs": [record["response_logprobs"]],
         "env_id": f"agentroll/{record['stage']}",
         "problem_id": record["problem_id"],
-        "policy_epoch": [[(0, 0)]],  # per turn, (first token index, epoch) boundaries
-        "kv_cache_epoch": [[(0, 0)]],
+        "policy_epoch": [epochs := policy_epochs(record)],  # per turn, (first token index, epoch) boundaries
+        "kv_cache_epoch": [epochs],
         "num_evictions": [0],
         # later Megatron (a model with extra='allow' takes it either way): a single-turn trajectory must end in
         # EOS, fill the context, or stop at its stamped cap; a truncated response stopped at the cap it was given
@@ -38,6 +44,30 @@ def token_rollout(record: Record, advantage: float | None) -> dict[str, Any]:
     if advantage is not None:
         out["advantage"] = advantage
     return out
+
+
+def _epoch(version: object, record: Record) -> int:
+    if version == "default":
+        return 0
+    try:
+        return int(str(version))
+    except ValueError:
+        raise UsageError(f"problem {record['problem_id']}: weight version {version!r} is not a whole number, which "
+                         "Megatron's policy_epoch needs") from None
+
+
+def policy_epochs(record: Record) -> list[tuple[int, int]]:
+    """`weight_versions` spans (over response token indexes) as boundaries over prompt + response indexes."""
+    spans = sorted(record.get("weight_versions") or [], key=lambda s: s["start"])
+    offset = len(record["prompt_token_ids"])
+    out: list[tuple[int, int]] = []
+    for span in spans:
+        epoch = _epoch(span.get("version"), record)
+        if not out:
+            out.append((0, epoch))
+        elif out[-1][1] != epoch:
+            out.append((offset + int(span["start"]), epoch))
+    return out or [(0, 0)]
 
 
 def write(problems: Iterable[Problem], out: Path) -> int:

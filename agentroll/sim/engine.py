@@ -66,7 +66,7 @@ class Engine:
         self._filler = list(self.tokenizer.encode(" and so on", add_special_tokens=False).ids)
         self._id_strings = [f"token_id:{i}" for i in range(self.vocab_size)]
         noise = random.Random(seed + 1)  # logprobs: seeded noise, sliced per answer
-        self._noise = [round(-noise.expovariate(1.5), 6) for _ in range(max_model_len + 8192)]
+        self._noise = [round(-noise.expovariate(1.5) - 0.001, 6) for _ in range(max_model_len + 8192)]  # < 0: no ties
         self._encoded: dict[str, list[int]] = {}
         self.rng = random.Random(seed)
         self._fault_rng = random.Random(seed + 3)  # stop tokens and abort points: faults leave the answers as they were
@@ -292,16 +292,20 @@ class Engine:
         ranks: list[int] = []
         if not k:  # no alternatives: no draws (a rank that follows the value, likelier tokens ranking higher)
             tops, ranks = [[] for _ in values], [1 + int(-2 * v) for v in values]
+        n = MAX_LOGPROBS  # the same top list whatever k is asked, as a real distribution has; cut to k below
         for i, value in enumerate(values if k else ()):
-            rank = 1 if rng.random() < 0.6 else rng.randint(2, k + 4)  # the sampled token's rank
-            above = sorted((value * (1 - 0.5 * rng.random()) for _ in range(min(rank - 1, k))), reverse=True)
-            below = sorted((value - rng.random() for _ in range(k - len(above) - (rank <= k))), reverse=True)
-            ranked = [*above, *([value] if rank <= k else []), *below]
-            mass = math.exp(value) * (rank > k) + sum(map(math.exp, ranked))
+            rank = 1 if rng.random() < 0.6 else rng.randint(2, n + 4)  # the sampled token's rank
+            above = sorted((value * (1 - 0.5 * rng.random()) for _ in range(min(rank - 1, n))), reverse=True)
+            below = sorted((value - rng.random() for _ in range(n - len(above) - (rank <= n))), reverse=True)
+            ranked = [*above, *([value] if rank <= n else []), *below]
+            mass = math.exp(value) * (rank > n) + sum(map(math.exp, ranked))
             if mass > 0.95:  # probabilities: what is listed adds up to less than 1
                 shift = math.log(mass / 0.95)
                 values[i], ranked = round(value - shift, 6), [v - shift for v in ranked]
-            others = [(rng.randrange(self.vocab_size), round(v, 6), r) for r, v in enumerate(ranked, 1)]
+            sampled = drawn[i]
+            picks = rng.sample(range(self.vocab_size - 1), len(ranked))  # distinct ids, none the sampled one
+            others = [(sampled if r == rank else t + (t >= sampled), round(v, 6), r)
+                      for r, (v, t) in enumerate(zip(ranked, picks, strict=True), 1)][:k]
             tops.append(others)
             ranks.append(rank)
         if self.logprobs_mode == "processed_logprobs":
