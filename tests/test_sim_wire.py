@@ -132,3 +132,29 @@ def test_metrics_are_vllms_series_in_prometheus_text_format(sim):
                   .split()[1])
     assert abs(first - sim.first_request_at) < 1e-3 and re.search(r"e\+09$", after.split("first_request_unix ")[-1]
                                                                     .strip())
+
+
+def test_native_generate_matches_vllm_shape_errors_and_the_403_without_scale_out(sim, problems):
+    from agentroll.sim.script import Script
+    from agentroll.sim.server import SimServer
+
+    status, body = post(f"{sim.url}/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {}})
+    assert status == 403 and "--enable-scale-out" in body["error"]["message"]
+    server = SimServer(script=Script.from_jsonl(problems), enable_scale_out=True, max_model_len=2048)
+    server.start()
+    try:
+        url = f"{server.url}/inference/v1/generate"
+        for fixture, k in (("vllm032_generate_tokens.json", 0), ("vllm032_generate_top3.json", 3)):
+            status, ours = post(url, {"token_ids": [1, 2, 3, 4], "sampling_params": {"max_tokens": 4, "logprobs": k}})
+            theirs = captured(fixture)
+            assert status == 200 and shape(ours) == shape(theirs) | {"prompt_token_ids": "NoneType"}
+            content = ours["choices"][0]["logprobs"]["content"]
+            assert all(len(c["top_logprobs"]) == max(k, 1) and c["top_logprobs"][0]["token_id"] == c["token_id"]
+                       for c in content)
+        status, ours = post(url, {"token_ids": [1, 2]})
+        theirs = captured("vllm032_generate_missing_sampling_params.json")
+        assert status == 400 and ours == theirs
+        status, ours = post(url, {"token_ids": [5] * 2100, "sampling_params": {"max_tokens": 4}})
+        assert status == 400 and ours == captured("vllm032_generate_too_long.json")
+    finally:
+        server.stop()
