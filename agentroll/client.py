@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 import time
@@ -120,12 +121,14 @@ class CompletionClient:
         probe_interval_s: float = 5.0,
         down_timeout_s: float = 300.0,
         api: str = "completions",
+        affinity_slack: int = 8,
     ) -> None:
         if not base_urls:
             raise ServerError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
         if api not in APIS:
             raise ValueError(f"api must be one of {APIS}, not {api!r}")
         self.api = api  # "completions" or "generate"; `detect_api` settles --api auto
+        self.affinity_slack = affinity_slack
         self.endpoints = [Endpoint(normalize_base_url(u)) for u in dict.fromkeys(base_urls)]
         self.by_url = {e.url: e for e in self.endpoints}
         self.max_retries = max_retries
@@ -179,17 +182,22 @@ class CompletionClient:
         async with self._aux_slots:
             return await self._request(method, url, payload, self._aux_timeout)
 
-    async def pick(self, prefer: Endpoint | None = None, avoid: Endpoint | None = None) -> Endpoint:
+    async def pick(self, prefer: Endpoint | None = None, avoid: Endpoint | None = None,
+                   key: str | None = None) -> Endpoint:
         """The preferred endpoint while it is up (vLLM's prefix cache then serves the execution's later
-        stages), else the least busy endpoint that is up, other than `avoid` (the one that just failed) if
-        possible. With every endpoint down, wait for a probe to bring one back, up to `down_timeout_s`."""
+        stages); else, with an affinity `key`, the key's endpoint (`affine`); else the least busy endpoint that
+        is up; other than `avoid` (the one that just failed) if possible. With every endpoint down, wait for a
+        probe to bring one back, up to `down_timeout_s`."""
         deadline: float | None = None
         while True:
             live = [e for e in self.endpoints if not e.down]
             if live:
                 if prefer is not None and prefer in live and prefer is not avoid:
                     return prefer
-                return min([e for e in live if e is not avoid] or live, key=lambda e: e.in_flight)
+                candidates = [e for e in live if e is not avoid] or live
+                if key is not None and len(candidates) > 1:
+                    return self.affine(key, candidates)
+                return min(candidates, key=lambda e: e.in_flight)
             now = time.monotonic()
             if deadline is None:
                 deadline = now + self.down_timeout_s
@@ -201,6 +209,16 @@ class CompletionClient:
             self._endpoint_back.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._endpoint_back.wait(), deadline - now)
+
+    def affine(self, key: str, candidates: list[Endpoint]) -> Endpoint:
+        """Consistent hashing with bounded load: the key's highest-ranked endpoint (rendezvous hashing, so a
+        key keeps its endpoint when others come and go), unless it holds more than a fair share (1.25 times the
+        average in flight, plus `affinity_slack`: room for one group's first stage); then the next in rank.
+        All of a problem's executions share a prompt prefix: on one server, vLLM's prefix cache serves them."""
+        ranked = sorted(candidates, reverse=True,
+                        key=lambda e: hashlib.blake2b(f"{key}|{e.url}".encode(), digest_size=8).digest())
+        bound = 1.25 * (sum(e.in_flight for e in candidates) + 1) / len(candidates) + self.affinity_slack
+        return next((e for e in ranked if e.in_flight < bound), min(candidates, key=lambda e: e.in_flight))
 
     def mark_down(self, endpoint: Endpoint, error: str) -> None:
         """Out of rotation until `GET /health` answers 200 again."""
@@ -302,7 +320,7 @@ class CompletionClient:
         return "generate" if answer is not None else "completions"
 
     async def complete(self, prompt_ids: list[int], params: dict[str, Any], model: str, alternatives: int = 0,
-                       prefer: Endpoint | None = None) -> Completion:
+                       prefer: Endpoint | None = None, key: str | None = None) -> Completion:
         """POST one call on `self.api`, retrying what is transient. Raises `CallFailed` or, for 401/403/404,
         `ServerError`."""
         api = self.api
@@ -313,7 +331,7 @@ class CompletionClient:
         while True:
             attempt += 1
             try:
-                endpoint, data = await self._post(PATHS[api], payload, prefer, avoid)
+                endpoint, data = await self._post(PATHS[api], payload, prefer, avoid, key)
                 try:
                     done = parse(api, data, prompt_ids, alternatives)
                 except WireError as exc:  # a malformed answer (a proxy's error page?) may be passing: retried
@@ -338,13 +356,13 @@ class CompletionClient:
         cap = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
         return random.uniform(cap / 2, cap)
 
-    async def _post(self, path: str, payload: bytes, prefer: Endpoint | None,
-                    avoid: Endpoint | None) -> tuple[Endpoint, dict[str, Any]]:
+    async def _post(self, path: str, payload: bytes, prefer: Endpoint | None, avoid: Endpoint | None,
+                    key: str | None = None) -> tuple[Endpoint, dict[str, Any]]:
         """One attempt. The endpoint is chosen once a slot is free, so the in-flight counts it compares are
         current, not those of when the call started waiting."""
         counters = self.counters
         async with self._slots:
-            endpoint = await self.pick(prefer, avoid)
+            endpoint = await self.pick(prefer, avoid, key)
             counters.requests += 1
             counters.in_flight += 1
             endpoint.in_flight += 1

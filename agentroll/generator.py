@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from dataclasses import asdict
 from pathlib import Path
@@ -70,7 +71,7 @@ class Generator:
         self._client = client = CompletionClient(
             o.base_url, api_key=o.api_key, concurrency=o.concurrency, timeout_s=o.request_timeout,
             connect_timeout_s=o.connect_timeout, max_retries=o.max_retries, down_timeout_s=o.down_timeout,
-            probe_interval_s=o.probe_interval)
+            probe_interval_s=o.probe_interval, affinity_slack=o.num_parallel * o.samples_per_prompt)
         try:
             model, model_len, root = await self._discover(client)
             self.model = model
@@ -81,8 +82,9 @@ class Generator:
             if o.chat_render == "server" or (
                     o.chat_render == "auto" and await self._differs(client, encoder, model, templates)):
                 encoder.server_render = server_renderer(client, model, o.chat_template_kwargs)
+            workers = o.reward_workers or max(1, (os.cpu_count() or 1) // 4)
             self._rewards = RewardSet(RewardSettings(o.reward, o.reward_timeout, o.reward_url,
-                                                     o.reward_concurrency, o.max_retries))
+                                                     o.reward_concurrency, o.max_retries, workers))
             config = SystemConfig.from_options(o, model, self.max_context_len)
             server = await self._provenance(client, encoder, templates, config, root)
             self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,

@@ -64,6 +64,7 @@ class GenerateOptions:
     reward: str = option("math", "math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION")
     reward_timeout: float = option(10.0, "Seconds per reward check (or reward-model request).")
     reward_url: str | None = option(None, "Reward model URL, for --reward remote.")
+    reward_workers: int = option(0, "Math-check worker processes (0: a quarter of the cores, at least 1).")
     reward_concurrency: int = option(32, "Most reward calls in flight: reward-model requests or function threads.")
     allow_reward: list[str] = option([], "A reward a row's own reward field may name besides math and exact "
                                          "(repeatable). Rows cannot import code otherwise.")
@@ -110,7 +111,7 @@ class GenerateOptions:
         set_ = object.__setattr__
         check_types(self)
         at_least(self, 1, "num_parallel", "samples_per_prompt", "concurrency", "max_tokens", "reward_concurrency")
-        at_least(self, 0, "max_retries", "resample_uniform")
+        at_least(self, 0, "max_retries", "resample_uniform", "reward_workers")
         positive(self, "reward_timeout", "request_timeout", "connect_timeout", "probe_interval")
         if not (math.isfinite(self.down_timeout) and self.down_timeout >= 0):
             raise UsageError("--down-timeout must be a number of seconds, 0 or more")

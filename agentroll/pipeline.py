@@ -225,7 +225,8 @@ class AgentSystem:
             parts: tuple[object, ...] = (ex.problem.id, ex.sample_index, stage, worker)
             params["seed"] = seed = call_seed(cfg.seed, *parts, *((ex.attempt,) if ex.attempt else ()))
         try:
-            done = await self.client.complete(ids, params, cfg.model, cfg.alternatives, prefer=ex.endpoint)
+            done = await self.client.complete(ids, params, cfg.model, cfg.alternatives, prefer=ex.endpoint,
+                                              key=ex.problem.content_hash)
         except CallFailed as exc:
             self.stats.stages[stage].failed_calls += 1
             log.warning("problem %s sample %d %s %d failed: %s", ex.problem.id, ex.sample_index, stage, worker, exc)

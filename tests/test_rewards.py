@@ -203,3 +203,27 @@ def test_the_verdict_cache_spares_the_worker(fake_check):
     first, again, elapsed = asyncio.run(go())
     assert [r.value for r in first + again] == [1.0] * 21
     assert elapsed < 20 * SLOW_S / 2
+
+
+def test_the_fast_paths_give_math_verifys_own_verdicts_on_a_corpus():
+    """The integer fast path and the per-worker label cache must not change one verdict: compared with plain
+    math-verify (parse both, verify) on pairs that take the fast path and pairs that do not."""
+    from math_verify import parse, verify
+
+    from agentroll.rewards._worker import math_equal
+    from agentroll.rewards.rules import quick_verdict
+
+    labels = ["42", "-7", "0", "042", "+5", "1000000000000000000001", "0.5", "\\frac{1}{2}", "x^2+1", "3.14159"]
+    answers = ["42", "43", "-7", "7", "-0", "0", "42.0", "\\frac{84}{2}", "5", "+5", "05", "1000000000000000000001",
+               "1000000000000000000000", "\\frac{1}{2}", "0.5", "1+x^2", "x^2", "3.141592", "4 2", " 42 "]
+    fast = 0
+    for label in labels:
+        for answer in answers:
+            gold, pred = parse(f"${label}$"), parse(f"${answer}$")
+            plain = bool(gold and pred and verify(gold, pred))
+            quick = quick_verdict(label, answer)
+            if quick is not None:
+                fast += 1
+                assert quick == plain, (label, answer)
+            assert math_equal(label, answer, 5) == plain, (label, answer)  # labels parsed once, cached
+    assert fast >= 30  # the corpus exercises the fast path, not only the slow one

@@ -25,12 +25,13 @@ class RewardSettings:
     url: str | None = None  # --reward-url, for remote
     concurrency: int = 32  # --reward-concurrency: reward-model requests in flight, or user-function threads
     max_retries: int = 5  # --max-retries, for remote
+    workers: int = 1  # --reward-workers: math-check processes
 
 
 def make_reward(spec: str, settings: RewardSettings | None = None) -> Reward:
     settings = settings or RewardSettings()
     if spec == "math":
-        return MathReward(timeout_s=settings.timeout_s)
+        return MathReward(timeout_s=settings.timeout_s, workers=settings.workers)
     if spec == "exact":
         return ExactReward()
     if spec == "remote":

@@ -22,12 +22,20 @@ from collections.abc import Callable
 PR_SET_PDEATHSIG = 1
 
 
+_GOLD: dict[str, list[object]] = {}  # labels parsed once per worker: a problem's many answers share one label
+
+
 def math_equal(label: str, answer: str, timeout_s: int) -> bool:
     """math-verify's verdict on two LaTeX values. It runs in the worker's main thread, where math-verify's own
     signal-based timeouts work."""
     from math_verify import parse, verify
 
-    gold = parse(f"${label}$", parsing_timeout=timeout_s)
+    gold = _GOLD.get(label)
+    if gold is None:
+        gold = parse(f"${label}$", parsing_timeout=timeout_s)
+        if len(_GOLD) >= 4096:
+            _GOLD.clear()
+        _GOLD[label] = gold
     pred = parse(f"${answer}$", parsing_timeout=timeout_s)
     if not gold or not pred:
         return False
