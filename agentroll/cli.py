@@ -113,6 +113,8 @@ def print_summary(result: RunResult) -> None:
         f"truncation rate {_fmt(d['truncation_rate'])}, "
         f"requests {r.requests}, retries {r.retries}, failures {r.failures}, peak in flight {r.peak_in_flight}, "
         f"wall {result.wall_s:.1f}s, {rate:.1f} requests/s"
+        + ("\nconcurrency (auto, settled): " + ", ".join(f"{url} {limit}" for url, limit in r.concurrency.items())
+           if r.concurrency else "")
     )
 
 

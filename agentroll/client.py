@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -84,6 +85,7 @@ class Endpoint:
         self.failure_threshold = failure_threshold
         self.down = False
         self.last_error = ""
+        self.limit: float = math.inf  # --concurrency auto: this endpoint's own cap, moved by its /metrics
 
     def record(self, ok: bool, error: str = "") -> bool:
         """Count a call's outcome; True when this failure takes the endpoint out of rotation."""
@@ -102,6 +104,7 @@ class ClientCounters:
     failures: int = 0
     in_flight: int = 0
     peak_in_flight: int = 0
+    concurrency: dict[str, int] = field(default_factory=dict)  # --concurrency auto: each endpoint's limit now
 
 
 class CompletionClient:
@@ -122,6 +125,7 @@ class CompletionClient:
         down_timeout_s: float = 300.0,
         api: str = "completions",
         affinity_slack: int = 8,
+        adaptive: bool = False,
     ) -> None:
         if not base_urls:
             raise ServerError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
@@ -139,7 +143,10 @@ class CompletionClient:
         self.counters = ClientCounters()
         self._endpoint_back = asyncio.Event()
         self._probes: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = asyncio.Semaphore(concurrency)  # under --concurrency auto: --max-concurrency, the ceiling
+        self.adaptive = adaptive
+        self._room = asyncio.Event()  # set when a request ends or a limit grows: a waiting pick looks again
+        self._adapters: set[asyncio.Task[None]] = set()
         # /tokenize, /health and /v1/models have their own small cap, apart from completions: a render never
         # waits behind C long generations, and never takes a slot a completion needs.
         self._aux_slots = asyncio.Semaphore(aux_concurrency)
@@ -160,9 +167,10 @@ class CompletionClient:
         )
 
     async def aclose(self) -> None:
-        for probe in self._probes:
-            probe.cancel()
-        await asyncio.gather(*self._probes, return_exceptions=True)
+        tasks = [*self._probes, *self._adapters]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._http.close()
 
     async def _request(self, method: str, url: str, payload: bytes | None = None,
@@ -192,6 +200,11 @@ class CompletionClient:
         while True:
             live = [e for e in self.endpoints if not e.down]
             if live:
+                live = [e for e in live if e.in_flight < e.limit]
+                if not live:  # --concurrency auto: every live endpoint is at its limit
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
                 if prefer is not None and prefer in live and prefer is not avoid:
                     return prefer
                 candidates = [e for e in live if e is not avoid] or live
@@ -209,6 +222,43 @@ class CompletionClient:
             self._endpoint_back.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._endpoint_back.wait(), deadline - now)
+
+    async def start_adaptive(self, start: int, fallback: int, maximum: int, interval_s: float = 1.0) -> None:
+        """--concurrency auto: each endpoint starts at `start` and follows its /metrics (`adaptive.py`); one
+        without readable metrics keeps `fallback`, with a warning."""
+        from .adaptive import Controller, parse_metrics
+
+        for endpoint in self.endpoints:
+            try:
+                status, body = await self._aux("GET", f"{endpoint.url}/metrics")
+            except TransportFailure:
+                status, body = 0, b""
+            if status != 200 or parse_metrics(body.decode("utf-8", "replace")) is None:
+                endpoint.limit = min(fallback, maximum)
+                log.warning("%s has no readable vLLM /metrics (HTTP %s): its concurrency stays at %d",
+                            endpoint.url, status or "none", endpoint.limit)
+            else:
+                controller = Controller(min(start, maximum), minimum=min(4, maximum), maximum=maximum)
+                endpoint.limit = controller.limit
+                task = asyncio.create_task(self._adapt(endpoint, controller, interval_s, parse_metrics))
+                self._adapters.add(task)
+            self.counters.concurrency[endpoint.url] = int(endpoint.limit)
+
+    async def _adapt(self, endpoint: Endpoint, controller: Any, interval_s: float, parse: Any) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            if endpoint.down:
+                continue
+            try:
+                status, body = await self._aux("GET", f"{endpoint.url}/metrics")
+            except TransportFailure:
+                continue
+            load = parse(body.decode("utf-8", "replace")) if status == 200 else None
+            if load is None:
+                continue
+            endpoint.limit = controller.update(load, endpoint.in_flight)
+            self.counters.concurrency[endpoint.url] = int(endpoint.limit)
+            self._room.set()
 
     def affine(self, key: str, candidates: list[Endpoint]) -> Endpoint:
         """Consistent hashing with bounded load: the key's highest-ranked endpoint (rendezvous hashing, so a
@@ -376,6 +426,8 @@ class CompletionClient:
             finally:
                 counters.in_flight -= 1
                 endpoint.in_flight -= 1
+                if self.adaptive:
+                    self._room.set()
         if status == 200:
             endpoint.record(ok=True)
             try:

@@ -69,7 +69,8 @@ class Generator:
         """Reach the servers, pick the model, load the tokenizer, check chat-template parity, set up rewards."""
         o = self.options
         self._client = client = CompletionClient(
-            o.base_url, api_key=o.api_key, concurrency=o.concurrency, timeout_s=o.request_timeout,
+            o.base_url, api_key=o.api_key, concurrency=self.ceiling, adaptive=o.concurrency == "auto",
+            timeout_s=o.request_timeout,
             connect_timeout_s=o.connect_timeout, max_retries=o.max_retries, down_timeout_s=o.down_timeout,
             probe_interval_s=o.probe_interval, affinity_slack=o.num_parallel * o.samples_per_prompt)
         try:
@@ -87,6 +88,8 @@ class Generator:
                                                      o.reward_concurrency, o.max_retries, workers))
             config = SystemConfig.from_options(o, model, self.max_context_len)
             server = await self._provenance(client, encoder, templates, config, root)
+            if client.adaptive:
+                await client.start_adaptive(start=16, fallback=64, maximum=o.max_concurrency)
             self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
                                        prompt_key=self.keys.prompt)
             self._settings = self._fingerprint(templates, "server" if encoder.server_render else "local", config,
@@ -104,6 +107,12 @@ class Generator:
         finally:
             if client is not None:
                 await client.aclose()
+
+    @property
+    def ceiling(self) -> int:
+        """Most requests in flight over the run: --concurrency, or under auto, --max-concurrency per endpoint."""
+        o = self.options
+        return o.concurrency if isinstance(o.concurrency, int) else o.max_concurrency * len(o.base_url)
 
     @property
     def counters(self) -> ClientCounters:

@@ -44,7 +44,9 @@ class GenerateOptions:
     reward_key: str = option("reward", "Input field in which a row names its own reward.")
     num_parallel: int = option(4, "Solvers, and rewriters, per execution.")
     samples_per_prompt: int = option(1, "Executions per prompt (one group).")
-    concurrency: int = option(64, "Most completion requests in flight, over the run.")
+    concurrency: int | str = option(64, "Most completion requests in flight over the run; or auto: per endpoint, "
+                                        "following its vLLM /metrics (queue, KV cache, preemptions).", cli_type=str)
+    max_concurrency: int = option(1024, "With --concurrency auto: most requests in flight per endpoint.")
     max_tokens: int = option(4096, "Most tokens per response (capped to the context left).")
     max_context_len: int | None = option(None, "Prompt + response budget (default: the server's max_model_len).")
     temperature: float = option(1.0, "Sampling temperature.")
@@ -110,7 +112,15 @@ class GenerateOptions:
     def _validate(self) -> None:
         set_ = object.__setattr__
         check_types(self)
-        at_least(self, 1, "num_parallel", "samples_per_prompt", "concurrency", "max_tokens", "reward_concurrency")
+        if isinstance(self.concurrency, str) and self.concurrency.strip() != "auto":
+            if not self.concurrency.strip().isdigit():
+                raise UsageError(f"--concurrency must be a whole number or auto, got {self.concurrency!r}")
+            set_(self, "concurrency", int(self.concurrency))
+        if self.concurrency != "auto":
+            at_least(self, 1, "concurrency")
+        else:
+            set_(self, "concurrency", "auto")
+        at_least(self, 1, "num_parallel", "samples_per_prompt", "max_concurrency", "max_tokens", "reward_concurrency")
         at_least(self, 0, "max_retries", "resample_uniform", "reward_workers")
         positive(self, "reward_timeout", "request_timeout", "connect_timeout", "probe_interval")
         if not (math.isfinite(self.down_timeout) and self.down_timeout >= 0):

@@ -144,7 +144,7 @@ class Runner:
                 self.progress.start(None if opts.partition else _count_rows(opts.input, opts.limit))
                 # A few groups beyond what fills --concurrency keep the cap busy between stages (measured).
                 per_group = gen.options.num_parallel * gen.options.samples_per_prompt
-                ahead = 2 + 4 * -(-gen.options.concurrency // per_group)
+                ahead = 2 + 4 * -(-gen.ceiling // per_group)
                 rows = self._todo(done, writer)
                 async with contextlib.aclosing(gen.stream(rows, max_ahead=ahead, ordered=opts.ordered)) as groups:
                     async for group in groups:

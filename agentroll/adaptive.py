@@ -1,0 +1,75 @@
+"""`--concurrency auto`: each endpoint's requests in flight follow what its vLLM says about its own queue.
+
+Once a second per endpoint we read `/metrics` (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
+`vllm:kv_cache_usage_perc`, `vllm:num_preemptions_total`) and move that endpoint's limit:
+
+- **grow** while the server has room (nothing waiting, no new preemption, KV cache under 90 %) and we use the
+  limit we have: doubling until the first sign of congestion (slow start), then by an eighth;
+- **back off** when requests queue (more waiting than a tenth of the limit) or preemptions rise: to what the
+  server is running, and at most 90 % of the limit, so a server shared with other clients is not crowded;
+- stay within [`minimum`, `maximum`] (`--max-concurrency`).
+
+Alone on a server of capacity C this settles between C and 1.125 C: the batch stays full and the queue short.
+An endpoint without `/metrics` (or with unreadable ones) keeps a fixed `fallback`, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+log = logging.getLogger("agentroll")
+
+GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+          "vllm:kv_cache_usage_perc": "kv_usage", "vllm:num_preemptions_total": "preemptions"}
+
+
+@dataclass(slots=True)
+class Load:
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    preemptions: float = 0.0
+
+
+def parse_metrics(text: str) -> Load | None:
+    """The four series, summed over their label sets (several engines, models); None when `running` and
+    `waiting` are both absent (not a vLLM, or not its metrics)."""
+    load, seen = Load(), set()
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        field = GAUGES.get(line.split("{", 1)[0].split(" ", 1)[0])
+        if field is None:
+            continue
+        try:
+            value = float(line.rsplit("}", 1)[-1].split()[0])  # `name{labels} value` (vLLM sends no timestamps)
+        except (ValueError, IndexError):
+            continue
+        if math.isfinite(value):
+            setattr(load, field, getattr(load, field) + value)
+            seen.add(field)
+    return load if {"running", "waiting"} & seen else None
+
+
+@dataclass(slots=True)
+class Controller:
+    """One endpoint's limit. `update(load, in_flight)` after each read gives the new limit."""
+
+    limit: int
+    minimum: int = 4
+    maximum: int = 1024
+    slow_start: bool = True
+    _preemptions: float | None = None
+
+    def update(self, load: Load, in_flight: int) -> int:
+        preempted = self._preemptions is not None and load.preemptions > self._preemptions
+        self._preemptions = load.preemptions
+        if preempted or load.waiting > max(1.0, 0.1 * self.limit):
+            self.slow_start = False
+            self.limit = max(self.minimum, min(int(0.9 * self.limit), int(load.running) or self.limit))
+        elif load.waiting == 0 and load.kv_usage < 0.9 and in_flight >= 0.9 * self.limit:
+            step = self.limit if self.slow_start else max(1, self.limit // 8)
+            self.limit = min(self.maximum, self.limit + step)
+        return self.limit
