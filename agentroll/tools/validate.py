@@ -26,6 +26,7 @@ A merged folder (`agentroll merge`) is checked the same way, its shard paths tak
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import os
 import types
@@ -271,8 +272,22 @@ def record_faults(record: dict[str, Any]) -> list[tuple[str, str]]:
     if {"response_token_ids", "response_logprobs", "loss_mask"} <= typed:
         n = len(r["response_token_ids"])
         wrong = [f"{name} has {len(r[name])}" for name in ("response_logprobs", "loss_mask") if len(r[name]) != n]
+        wrong += [f"{name} has {len(r[name])}" for name in ("response_ranks", "top_token_ids", "top_logprobs")
+                  if name in typed and r[name] is not None and len(r[name]) != n]
         if wrong:
             faults.append(("lengths", f"{' and '.join(wrong)} entries where response_token_ids has {n}"))
+        if {"top_token_ids", "top_logprobs"} <= typed and r["top_token_ids"] is not None and r["top_logprobs"]:
+            bad = next((j for j, (a, b) in enumerate(zip(r["top_token_ids"], r["top_logprobs"], strict=False))
+                        if len(a) != len(b) or any(x < y for x, y in itertools.pairwise(b))), None)
+            if bad is not None:
+                faults.append(("value", f"top_token_ids/top_logprobs at response position {bad}: not the same "
+                                        "length, or not in rank order (logprobs falling)"))
+        spans = r.get("weight_versions") if "weight_versions" in typed else None
+        if spans:
+            ok = all(isinstance(x, dict) and type(x.get("start")) is int and type(x.get("end")) is int
+                     for x in spans) and spans[0]["start"] == 0 and spans[-1]["end"] == n and all(
+                a["end"] == b["start"] for a, b in itertools.pairwise(spans))
+            value("weight_versions", ok, f"weight_versions do not cover the {n} response tokens in order")
     return faults
 
 
