@@ -104,11 +104,16 @@ class ChatEncoder:
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids
 
     def decode_response(self, ids: list[int], finish_reason: str | None, stop_reason: int | str | None) -> str:
-        """A response's text from its ids, as vLLM's /v1/completions writes it: special tokens skipped, and the
-        stop token that ended it (EOS or a stop token id; both stay in the ids) left out of the text."""
+        """A response's text from its ids, as vLLM's /v1/completions writes it: special tokens skipped, the stop
+        token that ended it (EOS or a stop token id; both stay in the ids) left out, and, like vLLM's incremental
+        detokenizer, the tokens of a trailing incomplete character (U+FFFD) held back and never written."""
         if ids and finish_reason == "stop" and not isinstance(stop_reason, str):
             ids = ids[:-1]
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        while text.endswith("\ufffd") and ids:
+            ids = ids[:-1]
+            text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        return text
 
     def encode(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
         text = self.tokenizer.apply_chat_template(

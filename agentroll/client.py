@@ -360,14 +360,29 @@ class CompletionClient:
             await asyncio.sleep(self._backoff(attempt))
 
     async def detect_api(self, model: str, token_ids: list[int]) -> str:
-        """`--api auto`: the native generate endpoint when the first answering server offers it (one tiny call),
-        else /v1/completions. vLLM answers 403 without `--enable-scale-out`; older ones and others 404."""
-        body = request_body("generate", model, token_ids, {"max_tokens": 1, "temperature": 1.0}, 0)
-        try:
-            answer = await self.post_with_retries(PATHS["generate"], body, absent=frozenset({400, 403, 404, 405, 422}))
-        except CallFailed as exc:
-            raise ServerError(f"probing {PATHS['generate']} failed: {exc}", exc.status) from exc
-        return "generate" if answer is not None else "completions"
+        """`--api auto`: the native generate endpoint when every answering server offers it (one tiny call
+        each), else /v1/completions. vLLM answers 403 without `--enable-scale-out`; older ones and others 404."""
+        body = orjson.dumps(request_body("generate", model, token_ids, {"max_tokens": 1, "temperature": 1.0}, 0))
+        path = PATHS["generate"]
+
+        async def offers(endpoint: Endpoint) -> bool | None:
+            try:
+                status, raw = await self._aux("POST", f"{endpoint.url}{path}", body)
+            except TransportFailure:
+                return None  # down: its calls will tell
+            if status == 401:
+                raise ServerError(f"{endpoint.url}{path} answered 401: {error_message(raw, status)}", status)
+            if status >= 500 and status != 501:
+                return None  # failing for now: no verdict from it
+            return status == 200
+
+        answers = [a for a in await asyncio.gather(*(offers(e) for e in self.endpoints if not e.down))
+                   if a is not None]
+        if answers and all(answers):
+            return "generate"
+        if any(answers):
+            log.warning("only some endpoints serve %s (vllm serve --enable-scale-out): using /v1/completions", path)
+        return "completions"
 
     async def complete(self, prompt_ids: list[int], params: dict[str, Any], model: str, alternatives: int = 0,
                        prefer: Endpoint | None = None, key: str | None = None) -> Completion:

