@@ -8,6 +8,7 @@ jittered exponential backoff (asyncio.sleep, never blocking the loop); 401/404 e
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import logging
@@ -145,7 +146,9 @@ class CompletionClient:
         self._probes: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(concurrency)  # under --concurrency auto: --max-concurrency, the ceiling
         self.adaptive = adaptive
-        self._room = asyncio.Event()  # set when a request ends or a limit grows: a waiting pick looks again
+        # picks waiting for room under --concurrency auto, woken one per freed slot (first come, first served):
+        # waking them all on every answer cost milliseconds of CPU per request with hundreds waiting
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._adapters: set[asyncio.Task[None]] = set()
         # /tokenize, /health and /v1/models have their own small cap, apart from completions: a render never
         # waits behind C long generations, and never takes a slot a completion needs.
@@ -202,8 +205,7 @@ class CompletionClient:
             if live:
                 live = [e for e in live if e.in_flight < e.limit]
                 if not live:  # --concurrency auto: every live endpoint is at its limit
-                    self._room.clear()
-                    await self._room.wait()
+                    await self._wait_for_room()
                     continue
                 if prefer is not None and prefer in live and prefer is not avoid:
                     return prefer
@@ -256,9 +258,28 @@ class CompletionClient:
             load = parse(body.decode("utf-8", "replace")) if status == 200 else None
             if load is None:
                 continue
+            before = endpoint.limit
             endpoint.limit = controller.update(load, endpoint.in_flight)
             self.counters.concurrency[endpoint.url] = int(endpoint.limit)
-            self._room.set()
+            for _ in range(max(0, int(endpoint.limit - before))):
+                self._wake_one()
+
+    async def _wait_for_room(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._wake_one()  # woken, then cancelled: the slot goes to the next in line
+            raise
+
+    def _wake_one(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def affine(self, key: str, candidates: list[Endpoint]) -> Endpoint:
         """Consistent hashing with bounded load: the key's highest-ranked endpoint (rendezvous hashing, so a
@@ -291,6 +312,8 @@ class CompletionClient:
             if status == 200:
                 endpoint.down, endpoint.consecutive_failures = False, 0
                 log.warning("endpoint %s is back", endpoint.url)
+                for _ in range(min(len(self._waiting), int(min(endpoint.limit, 1 << 20)))):
+                    self._wake_one()
                 self._endpoint_back.set()
                 return
 
@@ -442,7 +465,7 @@ class CompletionClient:
                 counters.in_flight -= 1
                 endpoint.in_flight -= 1
                 if self.adaptive:
-                    self._room.set()
+                    self._wake_one()
         if status == 200:
             endpoint.record(ok=True)
             try:

@@ -272,7 +272,7 @@ class Engine:
         k = request.get("logprobs")
         logprobs = None
         if k is not None:
-            values, tops, _ = self._draw(seq.ids, seq.logprobs_of or seq.ids, k, request, rng)
+            values, tops, _ = self._draw(seq.ids, seq.logprobs_of or seq.ids, k, request, rng, want_ranks=False)
             logprobs = self._completion_logprobs(seq.ids, values, tops, request)
         return {
             "index": index, "text": seq.text, "logprobs": logprobs,
@@ -281,8 +281,8 @@ class Engine:
             "prompt_token_ids": prompt_ids if want_ids else None, "routed_experts": self.routes(prompt_ids, seq),
         }
 
-    def _draw(self, ids: list[int], drawn: list[int], k: int, request: dict[str, Any],
-              rng: random.Random) -> tuple[list[float], list[list[tuple[int, float, int]]], list[int]]:
+    def _draw(self, ids: list[int], drawn: list[int], k: int, request: dict[str, Any], rng: random.Random,
+              want_ranks: bool = True) -> tuple[list[float], list[list[tuple[int, float, int]]], list[int]]:
         """Per token: its logprob, the k most likely tokens (id, logprob, rank) in rank order, and its own rank.
         Drawn for the whole sequence `drawn` and cut to `ids`, its prefix: an abort changes no other draw. Under
         `processed_logprobs` the values are those after temperature (scaled) and top-k (the rest are -inf)."""
@@ -291,7 +291,8 @@ class Engine:
         tops: list[list[tuple[int, float, int]]] = []
         ranks: list[int] = []
         if not k:  # no alternatives: no draws (a rank that follows the value, likelier tokens ranking higher)
-            tops, ranks = [[] for _ in values], [1 + int(-2 * v) for v in values]
+            tops = [[] for _ in values]
+            ranks = [1 + int(-2 * v) for v in values] if want_ranks else []
         n = MAX_LOGPROBS  # the same top list whatever k is asked, as a real distribution has; cut to k below
         for i, value in enumerate(values if k else ()):
             rank = 1 if rng.random() < 0.6 else rng.randint(2, n + 4)  # the sampled token's rank
@@ -309,7 +310,7 @@ class Engine:
             tops.append(others)
             ranks.append(rank)
         if self.logprobs_mode == "processed_logprobs":
-            values, tops = self._processed(values, tops, ranks, request)
+            values, tops = self._processed(values, tops, ranks or [1] * len(values), request)
         return values[:len(ids)], tops[:len(ids)], ranks[:len(ids)]
 
     def _processed(self, values: list[float], tops: list[list[tuple[int, float, int]]], ranks: list[int],
