@@ -24,7 +24,8 @@ from common import TOKENIZER, cpu_seconds, metrics, spawn, start_sim, stop, wait
 def measure(concurrency: int, latency: float, window: float, num_parallel: int, words: int,
             reward: str = "math", extra: list[str] | None = None, capacity: int | None = None,
             auto: bool = False) -> dict:
-    sim, url = start_sim(latency, words, ["--max-running", str(capacity)] if capacity else None)
+    # without --capacity the server runs whatever it is sent (serve-sim's default --max-running is vLLM's 256)
+    sim, url = start_sim(latency, words, ["--max-running", str(capacity or max(256, concurrency))])
     tmp = Path(tempfile.mkdtemp())
     problems = write_problems(tmp / "p.jsonl", 200_000)
     gen = spawn(

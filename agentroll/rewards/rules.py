@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import OrderedDict
+from fractions import Fraction
 
 from ..parsing import last_boxed
 from ._pool import CheckFailed, CheckPool, CheckTimeout
@@ -18,16 +19,31 @@ from .base import NO_CONTENT, RewardRequest, RewardResult
 __all__ = ["ExactReward", "MathReward", "math_equal"]
 
 
-_INTEGER = re.compile(r"[+-]?\d+")
+_RATIONAL = re.compile(r"([+-]?)(?:(\d+)|\\[dt]?frac\{\s*(\d+)\s*\}\{\s*(\d+)\s*\})")
+
+
+def _rational(text: str) -> Fraction | None:
+    """A plain integer, or `\\frac{a}{b}` of two (`\\dfrac`, `\\tfrac`, a sign before it), as an exact value."""
+    found = _RATIONAL.fullmatch(text.strip())
+    if found is None:
+        return None
+    sign, whole, top, bottom = found.groups()
+    if whole is not None:
+        value = Fraction(int(whole))
+    elif int(bottom) == 0:
+        return None
+    else:
+        value = Fraction(int(top), int(bottom))
+    return -value if sign == "-" else value
 
 
 def quick_verdict(label: str, answer: str) -> bool | None:
-    """math-verify's verdict where it is certain without sympy, else None. Two plain integers are equal exactly
-    when their values are ("042" is 42; "42" is not "43"). Decimals are left to math-verify: it rounds them."""
-    label, answer = label.strip(), answer.strip()
-    if _INTEGER.fullmatch(label) and _INTEGER.fullmatch(answer):
-        return int(label) == int(answer)
-    return None
+    """math-verify's verdict where it is certain without sympy, else None: two exact rationals (integers,
+    `\\frac{84}{2}`) are equal exactly when their values are. Decimals are left to math-verify: it rounds them."""
+    a, b = _rational(label), _rational(answer)
+    if a is None or b is None:
+        return None
+    return a == b
 
 
 def _normalize(text: str) -> str:
