@@ -34,8 +34,8 @@ class Load:
 
 
 def parse_metrics(text: str) -> Load | None:
-    """The four series, summed over their label sets (several engines, models); None when `running` and
-    `waiting` are both absent (not a vLLM, or not its metrics)."""
+    """The four series over their label sets (several engines, models): counts summed, KV-cache usage the
+    highest; None when `running` and `waiting` are both absent (not a vLLM, or not its metrics)."""
     load, seen = Load(), set()
     for line in text.splitlines():
         if not line.startswith("vllm:"):
@@ -47,8 +47,9 @@ def parse_metrics(text: str) -> Load | None:
             value = float(line.rsplit("}", 1)[-1].split()[0])  # `name{labels} value` (vLLM sends no timestamps)
         except (ValueError, IndexError):
             continue
-        if math.isfinite(value):
-            setattr(load, field, getattr(load, field) + value)
+        if math.isfinite(value):  # counts add up over engines; a usage share is the fullest engine's
+            combined = max if field == "kv_usage" else float.__add__
+            setattr(load, field, combined(getattr(load, field), value))
             seen.add(field)
     return load if {"running", "waiting"} & seen else None
 

@@ -103,12 +103,20 @@ class ChatEncoder:
         ids = await self.server_render(messages)
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids
 
-    def decode_response(self, ids: list[int], finish_reason: str | None, stop_reason: int | str | None) -> str:
-        """A response's text from its ids, as vLLM's /v1/completions writes it: special tokens skipped, the stop
-        token that ended it (EOS or a stop token id; both stay in the ids) left out, and, like vLLM's incremental
-        detokenizer, the tokens of a trailing incomplete character (U+FFFD) held back and never written."""
+    def decode_response(self, ids: list[int], finish_reason: str | None, stop_reason: int | str | None,
+                        prompt_ids: list[int] | None = None) -> str:
+        """A response's text from its ids, as vLLM's /v1/completions writes it: the stop token that ended it
+        (EOS or a stop token id; both stay in the ids) left out, special tokens skipped, and decoded as vLLM's
+        detokenizer does, a token at a time after the prompt (`tokenizers`' DecodeStream primed with the prompt
+        ids: a SentencePiece token's leading space is kept), holding back a trailing incomplete character."""
         if ids and finish_reason == "stop" and not isinstance(stop_reason, str):
             ids = ids[:-1]
+        backend = getattr(self.tokenizer, "_tokenizer", None)  # a fast tokenizer's `tokenizers.Tokenizer`
+        if backend is not None and prompt_ids is not None:
+            try:
+                return _stream_decode(backend, prompt_ids, ids)
+            except (ImportError, TypeError):  # tokenizers without DecodeStream(ids=...): decoded whole below
+                pass
         text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
         while text.endswith("\ufffd") and ids:
             ids = ids[:-1]
@@ -121,3 +129,23 @@ class ChatEncoder:
         )
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return text, list(ids)
+
+
+def _stream_decode(backend: Any, prompt_ids: list[int], ids: list[int]) -> str:
+    """vLLM's FastIncrementalDetokenizer: a DecodeStream primed with the prompt, stepped a token at a time (a
+    step that ends inside a character gives nothing until the character completes), reset as vLLM resets it when
+    the tokenizer reports an invalid prefix."""
+    from tokenizers.decoders import DecodeStream
+
+    stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=True)
+    parts = []
+    for token in ids:
+        try:
+            piece = stream.step(backend, token)
+        except Exception as exc:
+            if "Invalid prefix" not in str(exc):
+                raise
+            stream = DecodeStream(skip_special_tokens=True)
+            piece = stream.step(backend, token)
+        parts.append(piece or "")
+    return "".join(parts)

@@ -194,16 +194,17 @@ class CompletionClient:
             return await self._request(method, url, payload, self._aux_timeout)
 
     async def pick(self, prefer: Endpoint | None = None, avoid: Endpoint | None = None,
-                   key: str | None = None) -> Endpoint:
+                   key: str | None = None, room: bool = True) -> Endpoint:
         """The preferred endpoint while it is up (vLLM's prefix cache then serves the execution's later
         stages); else, with an affinity `key`, the key's endpoint (`affine`); else the least busy endpoint that
         is up; other than `avoid` (the one that just failed) if possible. With every endpoint down, wait for a
-        probe to bring one back, up to `down_timeout_s`."""
+        probe to bring one back, up to `down_timeout_s`. `room=False` (renders, probes: they take no completion
+        slot) ignores --concurrency auto's limits."""
         deadline: float | None = None
         while True:
             live = [e for e in self.endpoints if not e.down]
             if live:
-                live = [e for e in live if e.in_flight < e.limit]
+                live = [e for e in live if e.in_flight < e.limit] if room else live
                 if not live:  # --concurrency auto: every live endpoint is at its limit
                     await self._wait_for_room()
                     continue
@@ -355,7 +356,7 @@ class CompletionClient:
         attempt, avoid = 0, None
         while True:
             attempt += 1
-            endpoint = await self.pick(avoid=avoid)
+            endpoint = await self.pick(avoid=avoid, room=False)
             try:
                 status, raw = await self._aux("POST", f"{endpoint.url}{path}", payload)
             except TransportFailure as exc:

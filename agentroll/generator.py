@@ -31,6 +31,7 @@ from .templates import Templates
 log = logging.getLogger("agentroll")
 
 BUILTIN_REWARDS = ("math", "exact", "remote")
+VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
 class Generator:
@@ -52,6 +53,10 @@ class Generator:
         self.max_context_len: int | None = None
         self.tokenizer_name: str = ""
         self.logprobs_mode: str = ""
+        # where the numbers came from (API, vLLM version, logprobs mode, tokenizer and template hashes): recorded
+        # in the manifest's `servers`, not part of `settings`, so a transient probe failure or an upgraded vLLM
+        # does not refuse a resume
+        self.server: dict[str, Any] = {}
         self._client: CompletionClient | None = None
         self._rewards: RewardSet | None = None
         self._system: AgentSystem | None = None
@@ -92,8 +97,8 @@ class Generator:
                 await client.start_adaptive(start=16, fallback=64, maximum=o.max_concurrency)
             self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
                                        prompt_key=self.keys.prompt)
-            self._settings = self._fingerprint(templates, "server" if encoder.server_render else "local", config,
-                                               server)
+            self.server = server
+            self._settings = self._fingerprint(templates, "server" if encoder.server_render else "local", config)
         except BaseException:
             await self.aclose()
             raise
@@ -294,7 +299,13 @@ class Generator:
         o = self.options
         prompts = [local_ids(encoder, m) for m in probe_messages(templates)]
         probe = prompts[0]
-        client.api = await client.detect_api(self.model, probe) if o.api == "auto" else o.api
+        if o.api == "auto" and config.alternatives >= VLLM_MAX_LOGPROBS:
+            # /generate is asked for K + 1 alternatives (wire.py), beyond vLLM's default --max-logprobs
+            log.info("--logprobs %d: using /v1/completions, which gives that many within vLLM's default "
+                     "--max-logprobs of %d", config.alternatives, VLLM_MAX_LOGPROBS)
+            client.api = "completions"
+        else:
+            client.api = await client.detect_api(self.model, probe) if o.api == "auto" else o.api
         self.logprobs_mode, routes = await provenance.logprobs_mode(client, self.model, probe, config.alternatives)
         if config.routes and routes is False:
             raise ServerError("the server sends no routed_experts: start vLLM with --enable-return-routed-experts "
@@ -314,15 +325,14 @@ class Generator:
             "rendered_prompts_sha256": provenance.rendered_sha256(prompts),
         }
 
-    def _fingerprint(self, templates: Templates, rendering: str, config: SystemConfig,
-                     server: dict[str, Any]) -> dict[str, Any]:
+    def _fingerprint(self, templates: Templates, rendering: str, config: SystemConfig) -> dict[str, Any]:
         o = self.options
         return {
             "model": self.model, "tokenizer": self.tokenizer_name, "templates": templates.fingerprint,
             "num_parallel": o.num_parallel, "samples_per_prompt": o.samples_per_prompt,
             "max_tokens": o.max_tokens, "max_context_len": self.max_context_len,
             "sampling": config.sampling(), "seed": o.seed, "logprobs": o.logprobs,
-            "return_routed_experts": o.return_routed_experts, "server": server, "think": not o.no_think,
+            "return_routed_experts": o.return_routed_experts, "think": not o.no_think,
             "reward": o.reward, "reward_url": o.reward_url, "correct_reward_weight": o.correct_reward_weight,
             "incorrect_reward_weight": o.incorrect_reward_weight, "filter_uniform_groups": o.filter_uniform_groups,
             "resample_uniform": o.resample_uniform, "keys": asdict(self.keys),

@@ -118,6 +118,7 @@ def _merge(inputs: list[Path], output: Path, copy: bool, verify: bool) -> dict[s
                     entry["routes"] = {**routes, "file": os.path.relpath(side.resolve(), output.resolve())}
             entry["from"] = str(folder)
             shards.append(entry)
+    servers = [x for _, m in manifests for x in m.get("servers") or [] if isinstance(x, dict)]
     merged = {
         "format": "agentroll.rollouts",
         "schema_version": manifests[0][1]["schema_version"],
@@ -128,6 +129,7 @@ def _merge(inputs: list[Path], output: Path, copy: bool, verify: bool) -> dict[s
         "filtered_groups": sum(m.get("filtered_groups", 0) for _, m in manifests),
         "shards": shards,
         "settings": {**common, "partition": None},
+        "servers": [x for i, x in enumerate(servers) if x not in servers[:i]],
         "merged_from": [{"folder": str(f), "partition": m["settings"].get("partition"),
                          "complete": m.get("complete")} for f, m in manifests],
     }

@@ -48,4 +48,6 @@ def last_boxed(text: str) -> str | None:
 def parse_judgment(text: str) -> int | None:
     """The K of the first `Judgment: K` (as written, 1-based), or None."""
     match = _JUDGMENT.search(text)
-    return int(match.group(1)) if match else None
+    if not match or len(match.group(1)) > 18:  # a rambling model's endless digits are no list position
+        return None
+    return int(match.group(1))

@@ -236,7 +236,7 @@ class AgentSystem:
             raise ServerError(f"{done.endpoint} sent no routed_experts: start vLLM with "
                               "--enable-return-routed-experts, or drop --return-routed-experts")
         response = done.text if done.text is not None else self.encoder.decode_response(
-            done.token_ids, done.finish_reason, done.stop_reason)
+            done.token_ids, done.finish_reason, done.stop_reason, ids)
         return Sample(
             problem_id=ex.problem.id,
             problem_hash=ex.problem.content_hash,

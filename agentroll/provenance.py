@@ -24,7 +24,7 @@ from .wire import Completion
 log = logging.getLogger("agentroll")
 
 RAW, PROCESSED = "raw_logprobs", "processed_logprobs"
-PROBE_ALTERNATIVES = 5
+PROBE_ALTERNATIVES = 2  # the two most likely tokens are all the test needs (and any max_logprobs allows)
 PROBE_SEED = 1234
 TOLERANCE = 1e-3  # raw values at two temperatures agree to float noise; processed ones move by far more
 
@@ -51,7 +51,7 @@ async def logprobs_mode(client: CompletionClient, model: str, prompt_ids: list[i
     where the values themselves barely move). Logits, unlike logprobs, need not be negative or sum to 1 or less.
 
     Also returns whether the server sent routed experts (None when a probe got no answer). The probes ask for
-    `alternatives` when more than their own 5, so a server that cannot give this run's top-k says so now."""
+    `alternatives` when more than their own 2, so a server that cannot give this run's top-k says so now."""
     values = []
     routes: bool | None = None
     for temperature in (1.0, 0.5):
@@ -64,7 +64,7 @@ async def logprobs_mode(client: CompletionClient, model: str, prompt_ids: list[i
     (first_id, at_1), (second_id, at_half) = values
     if first_id != second_id:
         return "unknown", routes
-    logits = max(at_1) > 1e-6 or sum(math.exp(v) for v in at_1) > 1 + 1e-4
+    logits = max(at_1) > 1e-6 or sum(math.exp(v) for v in at_1) > 1 + 1e-4  # logprobs are <= 0, sum <= 1
     kind = "logits" if logits else "logprobs"
     gap_1, gap_half = (at_1[0] - at_1[1], at_half[0] - at_half[1]) if len(at_1) > 1 and len(at_half) > 1 else (0, 0)
     if math.isfinite(gap_1) and math.isfinite(gap_half) and gap_1 > 1e-4:

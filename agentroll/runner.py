@@ -138,6 +138,7 @@ class Runner:
                         "compression": opts.compression}
             writer = StdoutWriter() if opts.output == "-" else ShardWriter(
                 Path(opts.output), settings, opts.shard_size, opts.overwrite, opts.compression)
+            writer.server = gen.server
             done = writer.open()
             self.result = result = RunResult(self.stats, gen.counters, 0.0, gen.model, opts.output)
             try:

@@ -93,6 +93,12 @@ def _extras(choice: dict[str, Any], out: Completion) -> Completion:
             out.routed_experts = base64.b64decode(routes, validate=True)
         except (binascii.Error, ValueError):
             raise WireError("routed_experts is not valid base64") from None
+        from .routes import checked, decode
+
+        try:
+            checked(decode(out.routed_experts))  # an integer (tokens, layers, k) .npy, or the call is retried
+        except ValueError as exc:
+            raise WireError(f"routed_experts: {exc}") from None
     return out
 
 
@@ -178,7 +184,10 @@ def parse_generate(payload: Any, sent_ids: list[int], alternatives: int = 0) -> 
                 raise WireError("a logprobs.content entry has no top_logprobs list")
             ranked = sorted((t for t in top if type(t.get("rank")) is int and 1 <= t["rank"] <= alternatives),
                             key=lambda t: t["rank"])
-            ids_out.append([t["token_id"] for t in ranked])
-            lps_out.append([t["logprob"] for t in ranked])
+            try:
+                ids_out.append([t["token_id"] for t in ranked])
+                lps_out.append([t["logprob"] for t in ranked])
+            except KeyError as exc:
+                raise WireError(f"a top_logprobs entry has no {exc}") from None
         out.top_token_ids, out.top_logprobs = ids_out, lps_out
     return _extras(choice, out)

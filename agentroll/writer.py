@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -53,6 +54,8 @@ from .shards import (
     shard_index,
     shard_name,
 )
+
+log = logging.getLogger("agentroll")
 
 MANIFEST = "manifest.json"
 STATE_DIR = ".agentroll"
@@ -118,6 +121,8 @@ class ShardWriter:
         self.done: dict[str, str] = {}  # problem id -> content hash, committed or filtered
         self.filtered_groups = 0
         self.run_info: dict[str, Any] = {}
+        self.server: dict[str, Any] = {}  # this run's provenance (Generator.server): added to `servers`
+        self.servers: list[dict[str, Any]] = []
         self._file: Any = None
         self._hash = hashlib.sha256()
         self._records = self._executions = self._good_size = 0
@@ -144,6 +149,7 @@ class ShardWriter:
                                   f"(this agentroll writes {SCHEMA_VERSION}); use another --output, or --overwrite")
             elif manifest is not None and manifest.get("settings") != self.settings:
                 raise OutputError(self._settings_diff(manifest.get("settings") or {}))
+            self._note_server(manifest)
             self._recover(manifest)
             self._write_manifest(complete=False)
         except BaseException as exc:
@@ -152,6 +158,17 @@ class ShardWriter:
                 raise OutputError(f"output folder {self.directory}: {exc.strerror or exc}") from exc
             raise
         return dict(self.done)
+
+    def _note_server(self, manifest: dict[str, Any] | None) -> None:
+        """Add this run's server provenance to the folder's list, warning when it differs from the last run's
+        (say, another logprobs mode: the folder's records then mean two things)."""
+        known = [x for x in (manifest or {}).get("servers") or [] if isinstance(x, dict)]
+        if self.server and known and known[-1] != self.server:
+            changed = ", ".join(f"{k}: {known[-1].get(k)!r} -> {v!r}" for k, v in self.server.items()
+                                if known[-1].get(k) != v)
+            log.warning("%s: this run's server differs from the last one's (%s); manifest `servers` lists both",
+                        self.directory, changed)
+        self.servers = known + ([self.server] if self.server and self.server not in known else [])
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
@@ -432,6 +449,7 @@ class ShardWriter:
             "filtered_groups": self.filtered_groups,
             "shards": self.shards,
             "settings": self.settings,
+            "servers": self.servers,
             "last_run": self.run_info,
         }
         _atomic_write(self.directory / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
@@ -457,6 +475,7 @@ class StdoutWriter:
 
     def __init__(self) -> None:
         self.run_info: dict[str, Any] = {}
+        self.server: dict[str, Any] = {}
 
     def open(self) -> dict[str, str]:
         return {}

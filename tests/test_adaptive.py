@@ -65,3 +65,36 @@ def test_a_server_without_metrics_keeps_a_fixed_concurrency_with_a_warning(sim, 
         app.ROUTES["/metrics"] = {"GET": app.prometheus}
     assert proc.returncode == 0, proc.stderr.decode()
     assert b"no readable vLLM /metrics (HTTP 404): its concurrency stays at 64" in proc.stderr
+
+
+def test_a_render_never_waits_for_a_completion_slot_under_auto(problems):
+    """Server-side renders (/tokenize) take no completion slot: at the limit they go through at once, and they
+    take no wake-up meant for a waiting completion."""
+    import asyncio
+
+    from agentroll.client import CompletionClient
+
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=30))
+    server.start()
+
+    async def go():
+        client = CompletionClient([server.url], adaptive=True, concurrency=8, max_retries=0)
+        client.endpoints[0].limit = 1
+        try:
+            held = asyncio.create_task(client.complete([5, 6, 7], {"max_tokens": 4}, server.model))
+            await asyncio.to_thread(server.wait_until, lambda: server.in_flight == 1, 20)
+            waiting = asyncio.create_task(client.complete([5, 6, 8], {"max_tokens": 4}, server.model))
+            tokens = await asyncio.wait_for(client.post_with_retries("/tokenize", {"prompt": "hello"}), 20)
+            queued = len(client._waiting)
+            for task in (held, waiting):
+                task.cancel()
+            await asyncio.gather(held, waiting, return_exceptions=True)
+            return tokens, queued
+        finally:
+            await client.aclose()
+
+    try:
+        tokens, queued = asyncio.run(go())
+    finally:
+        server.stop()
+    assert tokens["tokens"] and queued == 1  # the second completion waits; the render did not

@@ -47,11 +47,16 @@ def settings(out: Path) -> dict:
     return json.loads((out / "manifest.json").read_text())["settings"]
 
 
+def server_of(out: Path) -> dict:
+    """The run's provenance: the last entry of the manifest's `servers`."""
+    return json.loads((out / "manifest.json").read_text())["servers"][-1]
+
+
 def test_auto_uses_the_native_generate_api_and_records_what_it_sent(native, problems, tmp_path):
     out = tmp_path / "out"
     proc = run(native, problems, out, "--seed", "3", "--top-p", "0.9")
     assert proc.returncode == 0, proc.stderr.decode()
-    server = settings(out)["server"]
+    server = server_of(out)
     assert server["api"] == "generate" and server["vllm_version"] == "0.32.0"
     assert server["logprobs_mode"] == "raw_logprobs" and len(server["tokenizer_sha256"]) == 64
     records = read_records(out)
@@ -80,7 +85,7 @@ def test_both_apis_give_the_same_records_for_the_same_seed(native, problems, tmp
         outs[api] = tmp_path / api
         proc = run(native, problems, outs[api], "--seed", "11", "--api", api, "--logprobs", "3")
         assert proc.returncode == 0, proc.stderr.decode()
-        assert settings(outs[api])["server"]["api"] == api
+        assert server_of(outs[api])["api"] == api
     completions, generate = (by_call(read_records(outs[a])) for a in ("completions", "generate"))
     assert completions.keys() == generate.keys() and len(completions) > 20
     stops = 0
@@ -128,7 +133,7 @@ def test_the_logprobs_mode_is_found_by_experiment_and_warned_about(problems, tmp
             out = tmp_path / mode
             proc = run(server, problems, out, "--temperature", "0.7")
             assert proc.returncode == 0, proc.stderr.decode()
-            assert settings(out)["server"]["logprobs_mode"] == mode
+            assert server_of(out)["logprobs_mode"] == mode
             warned = b"not those of the distribution the tokens were sampled from" in proc.stderr
             assert warned == (mode == "raw_logprobs")
             doctor = run_cli("doctor", "--base-url", server.url, "--tokenizer", TOKENIZER, "--top-k", "5")
@@ -190,9 +195,11 @@ def test_a_trailing_incomplete_character_is_held_back_as_vllms_detokenizer_does(
     encoder = ChatEncoder(load_tokenizer(TOKENIZER))
     ids = [492, 167, 48, 156, 864, 128, 883, 148, 408, 37, 1065, 749, 831, 145, 424, 251]
     assert encoder.tokenizer.decode(ids, skip_special_tokens=True).endswith("\ufffd")
-    text = encoder.decode_response(ids, "length", None)
+    prompt = [1, 2, 3]
+    text = encoder.decode_response(ids, "length", None, prompt)
     assert text == " 43\ufffdN\ufffdSimpli\ufffdHow\ufffd canC common them again\ufffd48"  # vLLM's own text
-    assert encoder.decode_response([*ids, encoder.tokenizer.eos_token_id], "stop", None) == text
+    assert encoder.decode_response([*ids, encoder.tokenizer.eos_token_id], "stop", None, prompt) == text
+    assert encoder.decode_response(ids, "length", None) == text  # without the prompt: decoded whole, held back
 
 
 def test_auto_uses_generate_only_when_every_endpoint_offers_it(native, sim, problems, tmp_path):
@@ -200,5 +207,23 @@ def test_auto_uses_generate_only_when_every_endpoint_offers_it(native, sim, prob
     proc = run_cli("generate", str(problems), "-o", str(out), "--base-url", f"{native.url},{sim.url}",
                    "--tokenizer", TOKENIZER, "--num-parallel", "2", "--reward", "exact")
     assert proc.returncode == 0, proc.stderr.decode()
-    assert settings(out)["server"]["api"] == "completions" and b"only some endpoints serve" in proc.stderr
+    assert server_of(out)["api"] == "completions" and b"only some endpoints serve" in proc.stderr
     assert all("prompt" in e["request"] for server in (native, sim) for e in generations(server))
+
+
+def test_a_rerun_against_another_server_set_up_resumes_and_lists_both(problems, tmp_path):
+    """Server provenance is not a setting: a resume is not refused (say after a vLLM restart in another
+    logprobs mode), but the manifest lists both set-ups and the run warns."""
+    raw, processed = serve(problems), serve(problems, logprobs_mode="processed_logprobs")
+    try:
+        out = tmp_path / "out"
+        assert run(raw, problems, out, "--limit", "3").returncode == 0
+        again = run(processed, problems, out)
+        assert again.returncode == 0, again.stderr.decode()
+        assert b"differs from the last one's (logprobs_mode: 'raw_logprobs' -> 'processed_logprobs')" in again.stderr
+        servers = json.loads((out / "manifest.json").read_text())["servers"]
+        assert [s["logprobs_mode"] for s in servers] == ["raw_logprobs", "processed_logprobs"]
+        assert len({r["problem_id"] for r in read_records(out)}) == 8 and generations(processed)
+    finally:
+        raw.stop()
+        processed.stop()

@@ -33,9 +33,10 @@ def math_equal(label: str, answer: str, timeout_s: int) -> bool:
     gold = _GOLD.get(label)
     if gold is None:
         gold = parse(f"${label}$", parsing_timeout=timeout_s)
-        if len(_GOLD) >= 4096:
-            _GOLD.clear()
-        _GOLD[label] = gold
+        if gold:  # an empty parse may be a timeout under load: tried again next time
+            if len(_GOLD) >= 4096:
+                _GOLD.clear()
+            _GOLD[label] = gold
     pred = parse(f"${answer}$", parsing_timeout=timeout_s)
     if not gold or not pred:
         return False

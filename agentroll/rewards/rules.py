@@ -19,7 +19,8 @@ from .base import NO_CONTENT, RewardRequest, RewardResult
 __all__ = ["ExactReward", "MathReward", "math_equal"]
 
 
-_RATIONAL = re.compile(r"([+-]?)(?:(\d+)|\\[dt]?frac\{\s*(\d+)\s*\}\{\s*(\d+)\s*\})")
+# ASCII digits only (`\\d` takes any script's digits, which math-verify does not), and few enough for `int()`
+_RATIONAL = re.compile(r"([+-]?)(?:([0-9]{1,1000})|\\[dt]?frac\{\s*([0-9]{1,1000})\s*\}\{\s*([0-9]{1,1000})\s*\})")
 
 
 def _rational(text: str) -> Fraction | None:

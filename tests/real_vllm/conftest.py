@@ -111,10 +111,11 @@ class Launched:
     log: Path
 
 
-def launch(python: Path, model: Path, log: Path, *flags: str) -> Launched:
-    """`vllm serve` of the tiny model with `flags`, started; `ready` waits for it."""
+def launch(python: Path, model: Path, log: Path, *flags: str, env: dict[str, str] | None = None) -> Launched:
+    """`vllm serve` of the tiny model with `flags` (and `env` added to its environment), started; `ready` waits
+    for it."""
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
     cmd = [str(python.parent / "vllm"), "serve", str(model), "--served-model-name", "tiny", "--dtype", "float32",
            "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), *flags]
     with open(log, "wb") as out:
@@ -143,9 +144,10 @@ def ready(server: Launched) -> tuple[subprocess.Popen[bytes], str]:
     pytest.skip("vllm serve did not become healthy within 600s")
 
 
-def start_server(python: Path, model: Path, log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(python: Path, model: Path, log: Path, *flags: str,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """`vllm serve` of the tiny model with `flags`, once its /health answers: (the guard process, base URL)."""
-    return ready(launch(python, model, log, *flags))
+    return ready(launch(python, model, log, *flags, env=env))
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> None:

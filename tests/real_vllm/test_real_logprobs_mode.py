@@ -35,7 +35,7 @@ def test_generate_finds_the_servers_logprobs_mode_and_warns_on_raw(shaped):
     warning = mode_warning(RAW, {"temperature": TEMPERATURE, "top_k": TOP_K})
     assert warning and "temperature 0.5, top_k 3" in warning
     for mode, (stderr, records, written) in shaped.items():
-        server = written["settings"]["server"]
+        server = written["servers"][-1]
         assert server["logprobs_mode"] == mode and server["api"] == "generate"
         assert records and all(r["sampling"]["temperature"] == TEMPERATURE and r["sampling"]["top_k"] == TOP_K
                                for r in records)

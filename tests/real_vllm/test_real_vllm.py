@@ -66,7 +66,7 @@ def runs(real_vllm, tmp_path_factory):
             with RecordingProxy(real_vllm) as proxy:
                 proc = generate(proxy.url, input_path, out, "--api", api, *flags, seed=seed, max_tokens=max_tokens)
             assert proc.returncode == 0, proc.stderr.decode()
-            assert manifest(out)["settings"]["server"]["api"] == api
+            assert manifest(out)["servers"][-1]["api"] == api
             done[call] = read_records(out), proxy.log, out
         return done[call]
 
@@ -273,7 +273,7 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_pyth
         one = problems(tmp_path / "one.jsonl", 1)
         auto = generate(url, one, tmp_path / "auto", "--num-parallel", "1", "--max-tokens", "4")
         assert auto.returncode == 0, auto.stderr.decode()
-        assert manifest(tmp_path / "auto")["settings"]["server"]["api"] == "completions"
+        assert manifest(tmp_path / "auto")["servers"][-1]["api"] == "completions"
         path = problems(tmp_path / "p.jsonl", 100)  # enough work left after the stop to need rerouting
         out = tmp_path / "out"
         args = ["generate", str(path), "-o", str(out), "--base-url", f"{real_vllm},{url}", "--tokenizer", TOKENIZER,
