@@ -6,6 +6,7 @@ resource tracker lived on for ever after a `kill -9`).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -72,6 +73,10 @@ def kill_and_survivors(proc: subprocess.Popen[bytes], under: list[psutil.Process
 def test_killing_generate_mid_run_leaves_no_process_behind(tmp_path):
     count, samples, parallel = 40, 2, 2
     problems = write_problems(tmp_path / "problems.jsonl", count)
+    # labels only sympy decides (`3\sqrt{2}`): whole numbers would be settled by the reward's fast path, in the
+    # parent, and no math worker would ever start
+    rows = [json.loads(line) for line in problems.read_text().splitlines()]
+    problems.write_text("".join(json.dumps({**r, "label": f"{r['label']}\\sqrt{{2}}"}) + "\n" for r in rows))
     server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.3), record=False)
     url = server.start()
     log = (tmp_path / "stderr.txt").open("wb")

@@ -293,12 +293,18 @@ def test_a_flipped_byte_is_a_sha256_fault_of_its_shard(folders, tmp_path):
 
 def test_a_removed_record_is_reported_at_its_execution(folders, tmp_path):
     out = damaged_copy(folders["out"], tmp_path)
-    name = shard_files(out)[1]
-    lines = read_lines(out / name)
+
+    def candidate(records: list[dict]) -> int | None:
+        # a wrong solver that is not its execution's first record: its absence changes no reward figure
+        return next((i for i, r in enumerate(records) if i > 0 and r["stage"] == "solver" and r["raw_reward"] == 0
+                     and records[i - 1]["rollout_id"] == r["rollout_id"]), None)
+
+    # which shard holds one depends on the order groups finished in: look in each
+    found = [(name, lines, gone) for name in shard_files(out) for lines in [read_lines(out / name)]
+             for gone in [candidate([json.loads(line) for line in lines])] if gone is not None]
+    assert found, "the fixture run wrote no wrong solver after another record of its execution"
+    name, lines, gone = found[0]
     records = [json.loads(line) for line in lines]
-    # a wrong solver that is not its execution's first record: its absence changes no reward figure
-    gone = next(i for i, r in enumerate(records) if i > 0 and r["stage"] == "solver" and r["raw_reward"] == 0
-                and records[i - 1]["rollout_id"] == r["rollout_id"])
     start = max(s for s in execution_starts(lines) if s <= gone + 1)
     size = records[gone]["rollout_size"]
     write_lines(out / name, lines[:gone] + lines[gone + 1:])

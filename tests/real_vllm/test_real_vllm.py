@@ -249,8 +249,8 @@ def long_input(tmp_path: Path) -> Path:
 
 
 def gauge(url: str, name: str) -> float:
-    """A vLLM metric from /metrics, summed over its labels."""
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    """A vLLM metric from /metrics, summed over its labels (a loaded CPU server can take seconds to answer)."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=60).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
@@ -268,6 +268,7 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_pyth
     from .conftest import start_server, stop
 
     second, url = start_server(vllm_python, tiny_model, tmp_path / "second.log")  # no --enable-scale-out
+    running: list[subprocess.Popen[bytes]] = []
     try:
         # without --enable-scale-out vLLM refuses /inference/v1/generate: --api auto settles on completions
         one = problems(tmp_path / "one.jsonl", 1)
@@ -282,6 +283,7 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_pyth
         before = served(url)
         proc = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
+        running.append(proc)  # killed and reaped in `finally` if the test fails before it ends
         deadline = time.monotonic() + 300
         # Stop it while it holds work: those requests must be rerouted. (Waiting for a count served alone let
         # a freshly started, slow server finish its share after the fast one had taken the rest.)
@@ -300,4 +302,8 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_pyth
         assert manifest(out)["last_run"]["requests"]["retries"] > 0
         assert manifest(out)["complete"] is True
     finally:
+        for leftover in running:
+            if leftover.poll() is None:
+                leftover.kill()
+            leftover.communicate()
         stop(second)
