@@ -8,7 +8,6 @@ copied under the name that goes with the shard's new one.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -19,7 +18,7 @@ import orjson
 from .errors import OutputError
 from .readers import load_manifest
 from .shards import is_zstd, routes_name, scan_groups, shard_name
-from .writer import MANIFEST, STATE_DIR, _atomic_write, changed_settings
+from .writer import MANIFEST, STATE_DIR, _atomic_write, _file_sha256, changed_settings
 
 
 def _load(folder: Path) -> dict[str, Any]:
@@ -55,14 +54,6 @@ def _problem_ids(folder: Path, manifest: dict[str, Any]) -> set[str]:
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 continue  # a line torn by a crash: the writer ignores it too
     return ids
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def merge(inputs: list[Path], output: Path, copy: bool = False, verify: bool = False) -> dict[str, Any]:
@@ -102,7 +93,7 @@ def _merge(inputs: list[Path], output: Path, copy: bool, verify: bool) -> dict[s
             routes = shard.get("routes")
             side = folder / routes["file"] if isinstance(routes, dict) else None
             for path, info in ((source, shard), (side, routes)):
-                if verify and path is not None and _sha256(path) != info["sha256"]:
+                if verify and path is not None and _file_sha256(path) != info["sha256"]:
                     raise OutputError(f"{path} does not match the sha256 in {folder / MANIFEST}")
             entry = dict(shard)
             if copy:
