@@ -446,7 +446,7 @@ def serve_sim(
             raise ValueError("--enable-return-routed-experts needs a MoE model: pass --moe")
         server = SimServer(script=script, model=model, max_model_len=max_model_len, seed=seed, record=False,
                            faults=faults, max_running=max_running, enable_scale_out=enable_scale_out,
-                           logprobs_mode=logprobs_mode, moe=shape,  # type: ignore[arg-type]
+                           logprobs_mode=logprobs_mode, moe=shape,
                            return_routed_experts=enable_return_routed_experts)
     except ValueError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
