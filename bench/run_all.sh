@@ -7,7 +7,10 @@ python saturation.py --concurrency 64 --latency 0.1 --window 20 --reward exact
 python saturation.py --concurrency 512 --latency 1 --window 30
 python saturation.py --concurrency 2048 --latency 4 --window 40
 python saturation.py --concurrency 64 --latency 0 --window 15
+python saturation.py --auto --capacity 160 --latency 1 --window 30
+python saturation.py --concurrency 64 --capacity 160 --latency 1 --window 20
 python transport.py --concurrency 64 --latency 0.1 --requests 3000
 python memory_startup.py
 python openai_baseline.py --concurrency 64 --latency 0.1
 python math_checks.py --checks 20000
+python math_checks.py --real --checks 1000
