@@ -18,14 +18,16 @@ from typing import Any
 from . import provenance
 from .chat import ChatEncoder, load_first, tokenizer_candidates
 from .client import ClientCounters, CompletionClient
+from .context import Stage
 from .errors import InputError, ServerError, UsageError
 from .group import Group, annotate
 from .inputs import InputKeys, Problem, problem_from_row
 from .options import GenerateOptions
-from .parity import check_parity, local_ids, probe_messages, server_renderer
+from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages, server_renderer
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
 from .rewards import RewardSet, RewardSettings
 from .stats import RunStats
+from .systems import System, identity, load_system
 from .templates import Templates
 
 log = logging.getLogger("agentroll")
@@ -61,6 +63,7 @@ class Generator:
         self._rewards: RewardSet | None = None
         self._system: AgentSystem | None = None
         self._settings: dict[str, Any] = {}
+        self._stage_clients: list[CompletionClient] = []  # stages served elsewhere (--stage NAME.base_url=...)
 
     # -- life cycle ---------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Generator:
@@ -73,6 +76,7 @@ class Generator:
     async def start(self) -> None:
         """Reach the servers, pick the model, load the tokenizer, check chat-template parity, set up rewards."""
         o = self.options
+        system = self._load_system()
         self._client = client = CompletionClient(
             o.base_url, api_key=o.api_key, concurrency=self.ceiling, adaptive=o.concurrency == "auto",
             timeout_s=o.request_timeout,
@@ -83,7 +87,7 @@ class Generator:
             self.model = model
             self.max_context_len = o.max_context_len or model_len
             tokenizer = await self._tokenizer(model, root)
-            templates = Templates(Path(o.prompts) if o.prompts else None)
+            templates = Templates(Path(o.prompts) if o.prompts else None, system.templates)
             encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
             if o.chat_render == "server" or (
                     o.chat_render == "auto" and await self._differs(client, encoder, model, templates)):
@@ -95,10 +99,13 @@ class Generator:
             server = await self._provenance(client, encoder, templates, config, root)
             if client.adaptive:
                 await client.start_adaptive(start=16, fallback=64, maximum=o.max_concurrency)
+            stages = await self._stages(system, Stage("", client, encoder, config))
             self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
-                                       prompt_key=self.keys.prompt)
+                                       prompt_key=self.keys.prompt, system=system, stages=stages)
             self.server = server
             self._settings = self._fingerprint(templates, "server" if encoder.server_render else "local", config)
+            self._settings["system"] = identity(system, o.system)
+            self._settings["stage_settings"] = o.stage_settings()
         except BaseException:
             await self.aclose()
             raise
@@ -106,12 +113,13 @@ class Generator:
     async def aclose(self) -> None:
         rewards, client = self._rewards, self._client
         self._rewards = self._client = self._system = None
+        clients, self._stage_clients = self._stage_clients, []
         try:
             if rewards is not None:
                 await rewards.aclose()
         finally:
-            if client is not None:
-                await client.aclose()
+            for each in [*([client] if client is not None else []), *clients]:
+                await each.aclose()
 
     @property
     def ceiling(self) -> int:
@@ -153,7 +161,6 @@ class Generator:
             if attempt:
                 self.stats.groups_resampled += 1
             try:
-                await system.solver_prompt(problem, self.keys.prompt)
                 executions = await gather_or_cancel(
                     *(system.run(problem, k, attempt) for k in range(o.samples_per_prompt)))
             except ExecutionFailed as exc:
@@ -245,7 +252,52 @@ class Generator:
             raise UsageError("the Generator is not started: use `async with Generator(...) as gen`")
         return self._system
 
-    async def _discover(self, client: CompletionClient) -> tuple[str, int | None, str | None]:
+    def _load_system(self) -> System:
+        """The agent system, its options and per-stage settings checked before any server is asked."""
+        o = self.options
+        system = load_system(o.system, o.system_options())
+        unknown = sorted(set(o.stage_settings()) - set(system.stages)) if system.stages else []
+        if unknown:
+            raise UsageError(f"--stage names {', '.join(unknown)}: system {system.name} has the stages "
+                             f"{', '.join(system.stages)}")
+        if system.stages:
+            self.stats.use_stages(system.stages)
+        return system
+
+    async def _stages(self, system: System, main: Stage) -> dict[str, Stage]:
+        """Stages with settings of their own (--stage NAME.KEY=VALUE): another served model or endpoint, with
+        its tokenizer, or other sampling. A stage that runs another model is frozen (trainable false) unless
+        its settings say otherwise: its samples are kept, marked, for analysis."""
+        o = self.options
+        out: dict[str, Stage] = {}
+        clients: dict[str, CompletionClient] = {}
+        for name, settings in o.stage_settings().items():
+            client, encoder, config = main.client, main.encoder, main.config
+            url, model = settings.get("base_url"), settings.get("model")
+            length = config.max_context_len
+            if url or model or settings.get("tokenizer"):
+                if url:
+                    client = clients.get(url) or CompletionClient(
+                        [url], api_key=o.api_key, concurrency=o.concurrency if isinstance(o.concurrency, int)
+                        else 64, timeout_s=o.request_timeout, connect_timeout_s=o.connect_timeout,
+                        max_retries=o.max_retries, down_timeout_s=o.down_timeout, probe_interval_s=o.probe_interval)
+                    if url not in clients:
+                        clients[url] = client
+                        self._stage_clients.append(client)
+                model, served_len, root = await self._discover(client, model or (None if url else self.model))
+                length = o.max_context_len or served_len
+                if settings.get("tokenizer") or model != self.model or url:
+                    candidates = tokenizer_candidates(settings.get("tokenizer"), model, root)
+                    _, tokenizer = await asyncio.to_thread(load_first, candidates)
+                    encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
+            overrides = {k: v for k, v in settings.items() if k not in ("base_url", "tokenizer", "trainable")}
+            config = config.with_overrides({**overrides, "model": model or config.model, "max_context_len": length})
+            trainable = settings.get("trainable", config.model == self.model and not url)
+            out[name] = Stage(name, client, encoder, config, trainable)
+        return out
+
+    async def _discover(self, client: CompletionClient,
+                        name: str | None = None) -> tuple[str, int | None, str | None]:
         """Fail fast on a dead server; pick the served model and read its context length. Every endpoint is
         asked; one that does not answer starts out of rotation (and is probed), unless none answers."""
         answers = await asyncio.gather(*(client.get_json("/v1/models", e) for e in client.endpoints),
@@ -264,7 +316,7 @@ class Generator:
         if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
             raise ServerError(f"{client.endpoints[0].url}/v1/models did not answer a model list: {str(listing)[:200]}")
         names = [m.get("id") for m in models]
-        name = self.options.model
+        name = name or self.options.model if client is self._client else name
         if name is None:
             if len(names) != 1:
                 raise UsageError(f"the server lists {len(names)} models ({', '.join(map(str, names))}): pass --model")
@@ -277,7 +329,9 @@ class Generator:
 
     async def _tokenizer(self, model: str, root: str | None) -> Any:
         candidates = tokenizer_candidates(self.options.tokenizer, model, root)
-        self.tokenizer_name, tokenizer = await asyncio.to_thread(load_first, candidates)
+        # --chat-render auto: without transformers when it loads exactly so; the parity check must prove it
+        self.tokenizer_name, tokenizer = await asyncio.to_thread(load_first, candidates,
+                                                                 self.options.chat_render == "auto")
         return tokenizer
 
     @staticmethod
@@ -297,7 +351,8 @@ class Generator:
         """Settle --api auto and find what the server's logprobs mean, with two one-token calls that also ask for
         this run's top-k and routes: a server that refuses them ends the run here, not on every call."""
         o = self.options
-        prompts = [local_ids(encoder, m) for m in probe_messages(templates)]
+        prompts = [local_ids(encoder, m) for m in probe_messages(templates) or [
+            [{"role": "user", "content": PROBE_PROBLEM}]]]
         probe = prompts[0]
         if o.api == "auto" and config.alternatives >= VLLM_MAX_LOGPROBS:
             # /generate is asked for K + 1 alternatives (wire.py), beyond vLLM's default --max-logprobs

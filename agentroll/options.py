@@ -42,7 +42,13 @@ class GenerateOptions:
     label_key: str = option("label", "Input field holding the reference answer.")
     id_key: str = option("id", "Input field holding the problem id [default id: a hash of prompt and label].")
     reward_key: str = option("reward", "Input field in which a row names its own reward.")
-    num_parallel: int = option(4, "Solvers, and rewriters, per execution.")
+    system: str = option("three-stage", "Agent system: three-stage | single | critique-revise | FILE.py:CLASS | "
+                                        "MODULE:CLASS (docs/systems.md).")
+    system_option: list[str] = option([], "KEY=VALUE for the system (repeatable; the value is JSON or a string).")
+    stage: list[str] = option([], "STAGE.KEY=VALUE per-stage setting (repeatable): model, base_url, tokenizer, "
+                                  "max_tokens, temperature, top_p, top_k, min_p, trainable.")
+    num_parallel: int = option(4, "Parallel calls per stage where the system has them (three-stage: solvers, "
+                                  "and rewriters, per execution).")
     samples_per_prompt: int = option(1, "Executions per prompt (one group).")
     concurrency: int | str = option(64, "Most completion requests in flight over the run; or auto: per endpoint, "
                                         "following its vLLM /metrics (queue, KV cache, preemptions).", cli_type=str)
@@ -92,8 +98,9 @@ class GenerateOptions:
                     set_(self, name, found)
         urls = [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
         set_(self, "base_url", [u for v in urls for u in str(v).replace(",", " ").split() if u])
-        set_(self, "allow_reward", [self.allow_reward] if isinstance(self.allow_reward, str)
-             else list(self.allow_reward or []))
+        for name in ("allow_reward", "system_option", "stage"):
+            value = getattr(self, name)
+            set_(self, name, [value] if isinstance(value, str) else list(value or []))
         kwargs = self.chat_template_kwargs
         if isinstance(kwargs, str):
             try:
@@ -154,10 +161,62 @@ class GenerateOptions:
             raise UsageError("--chat-render must be auto, local or server")
         if not self.base_url:
             raise UsageError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
+        self.stage_settings()
+        self.system_options()
+
+    def stage_settings(self) -> dict[str, dict[str, Any]]:
+        """--stage NAME.KEY=VALUE as {stage: {key: value}}, each value of its key's type and range."""
+        out: dict[str, dict[str, Any]] = {}
+        for item in self.stage:
+            head, eq, raw = item.partition("=")
+            stage, dot, key = head.strip().rpartition(".")
+            if not eq or not dot or not stage or key not in STAGE_KEYS:
+                raise UsageError(f"--stage {item!r}: expected STAGE.KEY=VALUE with KEY one of {', '.join(STAGE_KEYS)}")
+            out.setdefault(stage, {})[key] = _stage_value(item, key, raw.strip())
+        return out
+
+    def system_options(self) -> dict[str, Any]:
+        """--system-option KEY=VALUE as a dict; a value that parses as JSON is taken as JSON, else as a string."""
+        out: dict[str, Any] = {}
+        for item in self.system_option:
+            key, eq, raw = item.partition("=")
+            if not eq or not key.strip().isidentifier():
+                raise UsageError(f"--system-option {item!r}: expected KEY=VALUE")
+            try:
+                out[key.strip()] = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                out[key.strip()] = raw
+        return out
 
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+STAGE_KEYS = {"model": str, "base_url": str, "tokenizer": str, "max_tokens": int, "temperature": float,
+              "top_p": float, "top_k": int, "min_p": float, "trainable": bool}
+
+
+STAGE_RANGES = {"max_tokens": lambda v: v >= 1, "temperature": lambda v: math.isfinite(v) and v >= 0,
+                "top_p": lambda v: 0 < v <= 1, "top_k": lambda v: v >= -1, "min_p": lambda v: 0 <= v <= 1}
+
+
+def _stage_value(item: str, key: str, raw: str) -> Any:
+    kind = STAGE_KEYS[key]
+    try:
+        if kind is bool:
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            value: Any = raw.lower() in ("true", "1", "yes")
+        else:
+            value = kind(raw)
+    except ValueError:
+        raise UsageError(f"--stage {item!r}: {key} must be {KIND_NAMES[kind.__name__]}") from None
+    if not STAGE_RANGES.get(key, lambda v: v != "")(value):
+        raise UsageError(f"--stage {item!r}: {value!r} is out of range for {key}")
+    if key == "top_k" and value == 0:
+        value = -1
+    return value
 
 
 def default_of(spec: Any) -> Any:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 3  # 2: groups are whole; problem_hash. 3: sampling per record, ranks, top-k, weight versions, routes
+SCHEMA_VERSION = 4  # 2: groups are whole; problem_hash. 3: sampling per record, ranks, top-k, weight versions, routes.
+# 4: pluggable systems: trainable, turn, continues, history_mask, history_logprobs
 
-STAGES = ("solver", "rewriter", "selector")
+STAGES = ("solver", "rewriter", "selector")  # the three-stage system's, in order; other systems name their own
 
 # vLLM's finish_reason -> our status. The client retries any other reason ("abort": vLLM stopped the request),
 # and a call that never finishes fails its group, so "aborted" is only a safety net and is never written.
@@ -79,5 +80,16 @@ class Sample:
     # --return-routed-experts: in memory the server's .npy bytes, shape (prompt + response - 1, layers, top-k);
     # on disk a reference into the shard's routes sidecar (docs/schema.md)
     routed_experts: Any = None
+    # False: a frozen stage (e.g. a judge served by another model): its samples are kept for analysis, not trained
+    trainable: bool = True
+    # multi-turn: `turn` 0 is a first call; a later turn continues the record at position `continues` of the same
+    # execution by token ids (its prompt + response + the template's turn-separator tokens + the new messages).
+    # Over prompt_token_ids, `history_mask` is 1 where the model sampled the token in an earlier turn and 0 where
+    # the template, the system or a user injected it; `history_logprobs` holds those tokens' sampled logprobs
+    # (0.0 where injected). The whole trajectory is the last turn: prompt + response, history_mask + loss_mask.
+    turn: int = 0
+    continues: int | None = None
+    history_mask: list[int] | None = None
+    history_logprobs: list[float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .parsing import last_boxed
@@ -37,6 +37,15 @@ class StageStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {**{k: getattr(self, k) for k in self.__slots__}, "mean_raw_reward": self.mean_raw_reward}
+
+    def __add__(self, other: StageStats) -> StageStats:
+        """Two runs' counters as one (datatrove's stats add up the same way)."""
+        return StageStats(**{k: getattr(self, k) + getattr(other, k) for k in self.__slots__})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StageStats:
+        """`to_dict`'s output (a manifest's `last_run.stats.stages[NAME]`) back as counters."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if isinstance(data.get(f.name), int | float)})
 
 
 def _ratio(part: float, whole: float) -> float | None:
@@ -78,6 +87,17 @@ class RunStats:
     system_correct: int = 0
     stages: dict[str, StageStats] = field(default_factory=lambda: {s: StageStats() for s in STAGES})
 
+    def stage(self, name: str) -> StageStats:
+        """A stage's counters, made on first use: a system may name any stages."""
+        found = self.stages.get(name)
+        if found is None:
+            found = self.stages[name] = StageStats()
+        return found
+
+    def use_stages(self, names: tuple[str, ...]) -> None:
+        """Report the system's stages, in its order (three-stage's by default)."""
+        self.stages = {name: self.stages.get(name) or StageStats() for name in names}
+
     @property
     def groups_settled(self) -> int:
         return (self.groups_written + self.groups_filtered + self.groups_failed + self.groups_invalid
@@ -86,7 +106,7 @@ class RunStats:
     def add_execution(self, samples: list[Sample]) -> None:
         self.executions += 1
         for sample in samples:
-            self.stages[sample.stage].add(sample)
+            self.stage(sample.stage).add(sample)
         solvers = [s for s in samples if s.stage == "solver"]
         self.majority_correct += majority_correct(solvers)
         self.best_of_n_correct += any(s.raw_reward == 1.0 for s in solvers)
@@ -94,23 +114,45 @@ class RunStats:
         self.system_correct += samples[0].final_reward == 1.0
 
     def report(self) -> dict[str, float | None]:
-        """Does the three-stage system earn its cost? Accuracies over the run, and tokens per stage."""
-        st = self.stages
-        return {
-            "solver_accuracy": st["solver"].mean_raw_reward,
-            "majority_vote_accuracy": _ratio(self.majority_correct, self.executions),
-            "best_of_n_accuracy": _ratio(self.best_of_n_correct, self.executions),
-            "rewriter_accuracy": st["rewriter"].mean_raw_reward,
-            "selector_pick_accuracy": _ratio(st["selector"].raw_reward_sum, self.selections),
-            "system_accuracy": _ratio(self.system_correct, self.executions),
-            **{f"{name}_tokens": float(s.prompt_tokens + s.response_tokens) for name, s in st.items()},
-        }
+        """Does the system earn its cost? Each stage's accuracy (mean raw reward; the selector's over its picks),
+        majority vote and best of N over the solvers, the system's accuracy (final rewards of 1), and tokens per
+        stage. For three-stage: solver, majority vote, best of N, rewriter, selector pick, system."""
+        out: dict[str, float | None] = {}
+        for name, st in self.stages.items():
+            if name == "selector":
+                out["selector_pick_accuracy"] = _ratio(st.raw_reward_sum, self.selections)
+            else:
+                out[f"{name}_accuracy"] = st.mean_raw_reward
+            if name == "solver":
+                out["majority_vote_accuracy"] = _ratio(self.majority_correct, self.executions)
+                out["best_of_n_accuracy"] = _ratio(self.best_of_n_correct, self.executions)
+        out["system_accuracy"] = _ratio(self.system_correct, self.executions)
+        out.update({f"{name}_tokens": float(s.prompt_tokens + s.response_tokens) for name, s in self.stages.items()})
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k) for k in self.__slots__ if k != "stages"}
         out["stages"] = {name: s.to_dict() for name, s in self.stages.items()}
         out["report"] = self.report()
-        out["selector_accuracy"] = out["report"]["selector_pick_accuracy"]  # kept for readers of older manifests
+        out["selector_accuracy"] = out["report"].get("selector_pick_accuracy")  # for readers of older manifests
         total = sum(s.samples for s in self.stages.values())
         out["truncation_rate"] = _ratio(sum(s.truncated for s in self.stages.values()), total)
         return out
+
+    def __add__(self, other: RunStats) -> RunStats:
+        """Two runs' figures as one, e.g. the partitions of a --ray job; the report is recomputed from the sums.
+        Stages keep this run's order, then the other's new ones."""
+        total = RunStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
+                            if f.name != "stages"})
+        total.stages = {name: self.stages.get(name, StageStats()) + other.stages.get(name, StageStats())
+                        for name in {**self.stages, **other.stages}}
+        return total
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunStats:
+        """`to_dict`'s output (a manifest's `last_run.stats`) back as counters; derived figures are dropped."""
+        stats = cls(**{f.name: data[f.name] for f in fields(cls)
+                       if f.name != "stages" and isinstance(data.get(f.name), int | float)})
+        if isinstance(data.get("stages"), dict):
+            stats.stages = {name: StageStats.from_dict(s) for name, s in data["stages"].items()}
+        return stats

@@ -1,4 +1,7 @@
-"""The stage prompt templates: plain Jinja2 files a user can copy and edit (`--prompts DIR`)."""
+"""The stage prompt templates: plain Jinja2 files a user can copy and edit (`--prompts DIR`).
+
+A system names the templates it renders (`System.templates`); only those are loaded and fingerprinted, so a
+folder holds what its system needs and the settings guard sees exactly the text that made the prompts."""
 
 from __future__ import annotations
 
@@ -10,22 +13,23 @@ import jinja2
 from .errors import UsageError
 from .resources import prompts_dir
 
-STAGE_FILES = {"solver": "solver.jinja", "rewriter": "rewriter.jinja", "selector": "selector.jinja"}
+THREE_STAGE = ("solver", "rewriter", "selector")
 SYSTEM_FILE = "system.jinja"
 
 
 class Templates:
-    """Renders each stage's user message (and an optional system message) from a folder of templates."""
+    """Renders each named template's user message (and an optional system message) from a folder."""
 
-    def __init__(self, directory: Path | None = None) -> None:
+    def __init__(self, directory: Path | None = None, names: tuple[str, ...] = THREE_STAGE) -> None:
         self.directory = Path(directory) if directory else prompts_dir()
+        self.names = tuple(names)
         env = jinja2.Environment(
             undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False
         )
         self._stage: dict[str, jinja2.Template] = {}
         digest = hashlib.sha256()
-        for stage, name in STAGE_FILES.items():
-            self._stage[stage] = self._load(env, name, digest)
+        for stage in self.names:
+            self._stage[stage] = self._load(env, f"{stage}.jinja", digest)
         self._system = self._load(env, SYSTEM_FILE, digest) if (self.directory / SYSTEM_FILE).is_file() else None
         self.fingerprint = digest.hexdigest()[:16]
 
@@ -41,13 +45,17 @@ class Templates:
         except jinja2.TemplateSyntaxError as exc:
             raise UsageError(f"prompt template {path}:{exc.lineno}: {exc.message}") from None
 
-    def messages(self, stage: str, problem: str, solutions: list[str] | None = None) -> list[dict[str, str]]:
+    def messages(self, stage: str, problem: str, solutions: list[str] | None = None,
+                 **variables: object) -> list[dict[str, str]]:
         """The chat messages of one call: the optional system message, then the stage's user message."""
+        if stage not in self._stage:
+            raise UsageError(f"no template {stage!r} is loaded (the system's templates are "
+                             f"{', '.join(self.names) or 'none'})")
         try:
-            user = self._stage[stage].render(problem=problem, solutions=solutions or [])
+            user = self._stage[stage].render(problem=problem, solutions=solutions or [], **variables)
             out = [{"role": "user", "content": user.strip()}]
             if self._system is not None:
                 out.insert(0, {"role": "system", "content": self._system.render(problem=problem, stage=stage).strip()})
         except jinja2.TemplateError as exc:
-            raise UsageError(f"prompt template {self.directory / STAGE_FILES[stage]}: {exc}") from None
+            raise UsageError(f"prompt template {self.directory / (stage + '.jinja')}: {exc}") from None
         return out

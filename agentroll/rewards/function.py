@@ -9,18 +9,16 @@ loop nor the threads the rest of agentroll uses.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
 import logging
 import math
 import numbers
 import operator
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ..errors import RewardError
+from ..loading import load_object
 from ._threads import CallThreads
 from .base import RewardRequest, RewardResult, finite
 
@@ -28,27 +26,9 @@ log = logging.getLogger("agentroll")
 
 
 def load_function(spec: str) -> Callable[..., Any]:
-    target, _, name = spec.rpartition(":")
-    if not target or not name:
-        raise RewardError(f"reward {spec!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION")
-    try:
-        if target.endswith(".py"):
-            path = Path(target)
-            if not path.is_file():
-                raise RewardError(f"reward {spec!r}: no file {path}")
-            module_spec = importlib.util.spec_from_file_location(f"agentroll_user_reward_{path.stem}", path)
-            assert module_spec is not None and module_spec.loader is not None
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except RewardError:
-        raise
-    except Exception as exc:
-        raise RewardError(f"reward {spec!r}: cannot import {target}: {type(exc).__name__}: {exc}") from None
-    function = getattr(module, name, None)
+    function = load_object(spec, "reward", RewardError)
     if not callable(function):
-        raise RewardError(f"reward {spec!r}: {target} has no function {name!r}")
+        raise RewardError(f"reward {spec!r}: {spec.rpartition(':')[0]}'s {spec.rpartition(':')[2]!r} is not a function")
     return function
 
 

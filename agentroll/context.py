@@ -1,0 +1,346 @@
+"""What an agent system sees of one execution: token-exact calls, rewards, the problem and the settings.
+
+A system only decides *what* to ask; the context makes every call the engine's way (per-call seeds, context
+budget, retries and routing through the client, server-exact ids and logprobs) and keeps the bookkeeping a
+trainer relies on (which call continues which, which tokens the model sampled). A call that fails for good raises
+`ExecutionFailed`, which fails the whole group: an infrastructure failure is never recorded as a model outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .chat import ChatEncoder
+from .client import CallFailed, CompletionClient, Endpoint
+from .errors import InputError, ServerError, UsageError
+from .inputs import Problem
+from .options import GenerateOptions, default_of
+from .parsing import answer_content
+from .rewards import RewardRequest, RewardSet
+from .schema import Sample, status_for
+from .stats import RunStats
+from .templates import Templates
+from .turns import continue_turn, separator
+
+log = logging.getLogger("agentroll")
+
+
+class ExecutionFailed(Exception):
+    """A call or a render of this execution failed for good: the execution (and its group) is not written."""
+
+
+def _default(name: str) -> Any:
+    return default_of(GenerateOptions.__dataclass_fields__[name])
+
+
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SystemConfig:
+    """How a stage samples and how rewards are shaped (the defaults are `GenerateOptions`'). Per-stage settings
+    (`--stage NAME.KEY=VALUE`) are this with some fields replaced."""
+
+    model: str
+    num_parallel: int = _default("num_parallel")
+    samples_per_prompt: int = _default("samples_per_prompt")
+    max_tokens: int = _default("max_tokens")
+    max_context_len: int | None = None
+    temperature: float = _default("temperature")
+    top_p: float = _default("top_p")
+    top_k: int = _default("top_k")
+    min_p: float = _default("min_p")
+    seed: int | None = None
+    alternatives: int = 0  # --logprobs K
+    routes: bool = False  # --return-routed-experts
+    correct_reward_weight: float = _default("correct_reward_weight")
+    incorrect_reward_weight: float = _default("incorrect_reward_weight")
+    think: bool = True
+
+    @classmethod
+    def from_options(cls, options: GenerateOptions, model: str, max_context_len: int | None) -> SystemConfig:
+        return cls(model=model, num_parallel=options.num_parallel, samples_per_prompt=options.samples_per_prompt,
+                   max_tokens=options.max_tokens, max_context_len=max_context_len, temperature=options.temperature,
+                   top_p=options.top_p, top_k=options.top_k, min_p=options.min_p, seed=options.seed,
+                   alternatives=options.logprobs, routes=options.return_routed_experts,
+                   correct_reward_weight=options.correct_reward_weight,
+                   incorrect_reward_weight=options.incorrect_reward_weight, think=not options.no_think)
+
+    def sampling(self) -> dict[str, Any]:
+        """Every sampling parameter that shapes the distribution, sent explicitly: vLLM fills a missing one from
+        the model's generation_config.json, which would make the recorded values wrong."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
+    def with_overrides(self, overrides: dict[str, Any]) -> SystemConfig:
+        known = {f.name for f in fields(self)}
+        return replace(self, **{k: v for k, v in overrides.items() if k in known})
+
+
+def call_seed(seed: int, *parts: object) -> int:
+    """A distinct, reproducible seed per call: one seed for all N parallel solvers would make them identical."""
+    key = "/".join(map(str, parts)).encode()
+    return (seed * 1_000_003 + zlib.crc32(key)) % (2**31 - 1)
+
+
+@dataclass(slots=True)
+class Stage:
+    """Where and how one stage's calls go: its client, model, tokenizer and sampling, and whether it trains."""
+
+    name: str
+    client: CompletionClient
+    encoder: ChatEncoder
+    config: SystemConfig
+    trainable: bool = True
+
+
+@dataclass(slots=True)
+class Engine:
+    """What every execution shares: stages, rewards, templates, counters (built once by the Generator)."""
+
+    stages: dict[str, Stage]
+    default: Stage  # a stage without settings of its own
+    rewards: RewardSet
+    templates: Templates
+    stats: RunStats
+    options: dict[str, Any] = field(default_factory=dict)  # the system's options
+    prompt_key: str = "prompt"
+    # first prompts, rendered once per problem and reused by its K executions
+    prompts: OrderedDict[tuple[str, str, str], tuple[str, list[int]]] = field(default_factory=OrderedDict)
+
+    def stage(self, name: str) -> Stage:
+        found = self.stages.get(name)
+        if found is None:
+            found = self.stages[name] = replace(self.default, name=name)
+        return found
+
+
+class Context:
+    """One execution of a system. `problem`, `sample_index` (0..K-1 in the group), `attempt` (>0: a re-run of
+    a uniform group), `rollout_id`, `config` (the run's sampling and shaping), `options` (the system's)."""
+
+    def __init__(self, engine: Engine, problem: Problem, sample_index: int, attempt: int = 0) -> None:
+        self.engine = engine
+        self.problem = problem
+        self.sample_index = sample_index
+        self.attempt = attempt
+        self.rollout_id = uuid.uuid4().hex
+        self.config = engine.default.config
+        self.options = engine.options
+        self.final_reward: float | None = None  # the execution's outcome; None: the last sample's raw_reward
+        self._endpoints: dict[int, Endpoint] = {}  # per client: later calls follow the endpoint that answered
+        self._seeds: set[tuple[str, int]] = set()
+        self._parents: dict[int, Sample] = {}  # id(sample) -> the sample it continues
+        self._made: set[int] = set()
+
+    # -- prompts ----------------------------------------------------------------------------------------------
+    def messages(self, template: str, solutions: list[str] | None = None, **variables: Any) -> list[dict[str, str]]:
+        """A template of the system's (`System.templates`) rendered for this problem."""
+        return self.engine.templates.messages(template, self.problem.statement, solutions, **variables)
+
+    def user_turn(self, template: str, **variables: Any) -> list[dict[str, str]]:
+        """A template's user message alone: the next turn of a conversation (`complete(after=...)`)."""
+        return [m for m in self.messages(template, **variables) if m["role"] == "user"]
+
+    async def render(self, messages: list[dict[str, Any]], stage: str) -> tuple[str, list[int]]:
+        """A prompt's text and ids with the stage's chat template. A render that fails for good fails the
+        execution; a template that rejects the messages is a `UsageError`."""
+        try:
+            return await self.engine.stage(stage).encoder.render(messages)
+        except CallFailed as exc:
+            self.engine.stats.stage(stage).failed_calls += 1
+            raise ExecutionFailed(f"rendering a {stage} prompt on the server failed: {exc}") from exc
+        except Exception as exc:  # jinja2 or the tokenizer: "roles must alternate", a raise_exception(...)
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"the chat template rejects the {stage} messages: {detail}") from exc
+
+    async def problem_prompt(self, stage: str = "solver", template: str = "solver") -> tuple[str, list[int]]:
+        """The problem as a first prompt: the row's own messages, or its statement in `template`; rendered once
+        for the K executions. A row the chat template rejects, or that leaves no room to generate, is a bad input
+        row (`InputError` naming the prompt field)."""
+        cache, slot = self.engine.prompts, (stage, template, self.problem.content_hash)
+        if slot in cache:
+            return cache[slot]
+        key = self.engine.prompt_key
+        own = isinstance(self.problem.prompt, list)
+        messages = self.problem.prompt if own else self.messages(template)
+        try:
+            rendered = await self.render(messages, stage)  # type: ignore[arg-type]
+        except UsageError as exc:
+            if own:
+                raise InputError(self.problem.source, self.problem.line, key, str(exc)) from exc
+            raise
+        limit = self.engine.stage(stage).config.max_context_len
+        if limit is not None and len(rendered[1]) >= limit:
+            raise InputError(self.problem.source, self.problem.line, key, f"the rendered prompt has "
+                             f"{len(rendered[1])} tokens: no room to generate within a context of {limit}")
+        cache[slot] = rendered
+        if len(cache) > 1024:
+            cache.popitem(last=False)
+        return rendered
+
+    # -- calls ------------------------------------------------------------------------------------------------
+    async def complete(self, stage: str, prompt: list[dict[str, Any]] | list[int] | tuple[str, list[int]], *,
+                       worker: int = 0, after: Sample | None = None, **overrides: Any) -> Sample | None:
+        """One token-exact call of `stage`, as a `Sample` (reward 0 until `reward`), or None when the prompt
+        leaves no room to generate within the context.
+
+        `prompt`: chat messages (rendered with the stage's template), token ids, or a rendered (text, ids) pair.
+        With `after`, the call continues that sample's conversation: `prompt` is the new messages only (e.g. one
+        user turn), and the prompt sent is `after`'s prompt + response ids + the template's separator and the new
+        messages' tokens, never a re-rendering. `worker` tells apart calls of one stage in one execution (it
+        derives the call's seed: two calls with one (stage, worker) are refused). `overrides`: max_tokens,
+        temperature, top_p, top_k, min_p for this call."""
+        if (stage, worker) in self._seeds:
+            raise UsageError(f"the system made two {stage} calls with worker {worker} in one execution: give each "
+                             "call its own worker number (it derives the call's seed)")
+        self._seeds.add((stage, worker))
+        unknown = set(overrides) - set(SAMPLING_KEYS)
+        if unknown:
+            raise UsageError(f"ctx.complete() takes {', '.join(SAMPLING_KEYS)} as overrides, not {sorted(unknown)}")
+        runtime = self.engine.stage(stage)
+        history: tuple[list[int], list[float]] | None = None
+        if after is not None:
+            if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
+                raise UsageError("ctx.complete(after=...) takes the new chat messages to append")
+            if id(after) not in self._made:
+                raise UsageError("ctx.complete(after=...) continues a sample of this execution only")
+            text, ids, history = await self._continue(after, prompt, runtime)  # type: ignore[arg-type]
+        elif isinstance(prompt, tuple):
+            text, ids = prompt
+        elif prompt and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)  # type: ignore[arg-type]
+            text = runtime.encoder.tokenizer.decode(ids, skip_special_tokens=False)
+        elif prompt and all(isinstance(m, dict) for m in prompt):
+            text, ids = await self.render(prompt, stage)  # type: ignore[arg-type]
+        else:
+            raise UsageError("ctx.complete() takes chat messages, token ids or a (text, ids) pair")
+        sample = await self._call(runtime, worker, text, ids, overrides)
+        if sample is not None:
+            self._made.add(id(sample))
+            if after is not None and history is not None:
+                self._parents[id(sample)] = after
+                sample.turn = after.turn + 1
+                sample.history_mask, sample.history_logprobs = history
+        return sample
+
+    async def _continue(self, after: Sample, messages: list[dict[str, Any]],
+                        runtime: Stage) -> tuple[str, list[int], tuple[list[int], list[float]]]:
+        encoder = runtime.encoder
+        last = after.response_token_ids[-1] if after.finish_reason == "stop" and after.response_token_ids and (
+            not isinstance(after.stop_reason, str)) else None
+        try:
+            injected = await separator(encoder.tokenizer, messages, encoder.kwargs, last, encoder.server_render)
+        except CallFailed as exc:
+            self.engine.stats.stage(runtime.name).failed_calls += 1
+            raise ExecutionFailed(f"rendering a {runtime.name} turn on the server failed: {exc}") from exc
+        turn = continue_turn(after.prompt_token_ids, after.history_mask, after.history_logprobs,
+                             after.response_token_ids, after.response_logprobs, after.loss_mask, injected)
+        text = encoder.tokenizer.decode(turn.ids, skip_special_tokens=False)
+        return text, turn.ids, (turn.mask, turn.logprobs)
+
+    async def _call(self, runtime: Stage, worker: int, text: str, ids: list[int],
+                    overrides: dict[str, Any]) -> Sample | None:
+        cfg = runtime.config.with_overrides(overrides) if overrides else runtime.config
+        stage, p = runtime.name, self.problem
+        max_tokens = cfg.max_tokens
+        if cfg.max_context_len is not None:
+            max_tokens = min(max_tokens, cfg.max_context_len - len(ids))
+        if max_tokens <= 0:
+            self.engine.stats.stage(stage).skipped_calls += 1
+            log.debug("%s/%s %s %d: prompt of %d tokens leaves no room", p.id, self.sample_index, stage, worker,
+                      len(ids))
+            return None
+        params = {**cfg.sampling(), "max_tokens": max_tokens}
+        seed = None
+        if cfg.seed is not None:
+            parts: tuple[object, ...] = (p.id, self.sample_index, stage, worker)
+            params["seed"] = seed = call_seed(cfg.seed, *parts, *((self.attempt,) if self.attempt else ()))
+        client = runtime.client
+        prefer = self._endpoints.get(id(client))
+        try:
+            done = await client.complete(ids, params, cfg.model, cfg.alternatives, prefer=prefer,
+                                         key=p.content_hash)
+        except CallFailed as exc:
+            self.engine.stats.stage(stage).failed_calls += 1
+            log.warning("problem %s sample %d %s %d failed: %s", p.id, self.sample_index, stage, worker, exc)
+            raise ExecutionFailed(f"{stage} call failed: {exc}") from exc
+        self._endpoints[id(client)] = client.by_url[done.endpoint]
+        if cfg.routes and done.routed_experts is None:
+            raise ServerError(f"{done.endpoint} sent no routed_experts: start vLLM with "
+                              "--enable-return-routed-experts, or drop --return-routed-experts")
+        response = done.text if done.text is not None else runtime.encoder.decode_response(
+            done.token_ids, done.finish_reason, done.stop_reason, ids)
+        return Sample(
+            problem_id=p.id, problem_hash=p.content_hash, rollout_id=self.rollout_id,
+            sample_index=self.sample_index, group_size=cfg.samples_per_prompt, stage=stage, worker=worker,
+            prompt=text, prompt_token_ids=ids, response=response, response_token_ids=done.token_ids,
+            response_logprobs=done.logprobs, loss_mask=[1] * len(done.token_ids),
+            status=status_for(done.finish_reason), finish_reason=done.finish_reason, stop_reason=done.stop_reason,
+            content=answer_content(response, think=cfg.think), raw_reward=0.0, reward=0.0, label=p.label,
+            model=cfg.model, endpoint=done.endpoint, latency_s=round(done.latency_s, 4), attempts=done.attempts,
+            metadata=p.metadata,
+            sampling={"seed": seed, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+                      "min_p": cfg.min_p, "max_tokens": max_tokens},
+            response_ranks=done.ranks, top_token_ids=done.top_token_ids, top_logprobs=done.top_logprobs,
+            weight_versions=done.weight_versions, routed_experts=done.routed_experts if cfg.routes else None,
+            trainable=runtime.trainable,
+        )
+
+    # -- rewards ----------------------------------------------------------------------------------------------
+    async def reward(self, samples: list[Sample]) -> None:
+        """Score samples with the run's reward (the row's own, if it names one): sets `raw_reward`,
+        `reward_info`, and `reward` to the raw value (shape it further as the system likes)."""
+        if not samples:
+            return
+        p, stats = self.problem, self.engine.stats
+        requests = [RewardRequest(s.content, p.label, p.statement, s.stage, p.metadata, s.response, p.prompt, p.id)
+                    for s in samples]
+        results = await self.engine.rewards.get(p.reward).score(requests)
+        for sample, result in zip(samples, results, strict=True):
+            sample.raw_reward = sample.reward = float(result.value)
+            sample.reward_info = result.info
+            if result.failed == "timeout":
+                stats.reward_timeouts += 1
+            elif result.failed == "error":
+                stats.reward_errors += 1
+            elif result.failed == "invalid":
+                stats.reward_invalid += 1
+
+    def shape(self, samples: list[Sample], won: bool) -> None:
+        """`reward` = raw_reward × --correct-reward-weight when the execution succeeded, else × the incorrect
+        weight: the shaping the built-in systems use."""
+        weight = self.config.correct_reward_weight if won else self.config.incorrect_reward_weight
+        for sample in samples:
+            sample.reward = sample.raw_reward * weight
+
+    # -- the engine's side ------------------------------------------------------------------------------------
+    def finish(self, samples: list[Sample]) -> list[Sample]:
+        """Check what the system returned and set the per-execution fields: position links between turns,
+        rollout size, final reward."""
+        position: dict[int, int] = {}
+        for i, sample in enumerate(samples):
+            if not isinstance(sample, Sample) or id(sample) not in self._made:
+                raise UsageError("a system must return the Samples its ctx.complete() calls made in this "
+                                 f"execution, got {type(sample).__name__}")
+            if id(sample) in position:
+                raise UsageError("a system returned one sample twice")
+            position[id(sample)] = i
+            parent = self._parents.get(id(sample))
+            if parent is not None:
+                if id(parent) not in position:
+                    raise UsageError(f"a system returned a {sample.stage} turn without the {parent.stage} turn it "
+                                     "continues, or after it: a trajectory needs every turn, in order")
+                sample.continues = position[id(parent)]
+        if not samples:
+            raise UsageError("a system returned no samples for an execution")
+        outcome = self.final_reward if self.final_reward is not None else samples[-1].raw_reward
+        for sample in samples:
+            sample.rollout_size = len(samples)
+            sample.final_reward = outcome
+        return samples

@@ -1,0 +1,90 @@
+"""Agent systems: what one execution asks the model, as a small class (or an async function).
+
+A system gets a `Context` (`agentroll.context`): `await ctx.complete(stage, messages or ids, worker=i)` makes a
+token-exact call, `await ctx.reward(samples)` scores samples, `ctx.problem` and `ctx.config` are the row and the
+run's settings. It returns the execution's samples, rewards shaped. The engine does the rest: groups, filtering,
+exactly-once resume, the writer, stats and reports. `--system NAME | FILE.py:CLASS | MODULE:CLASS`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import UsageError
+from ..loading import load_object
+
+if TYPE_CHECKING:
+    from ..context import Context
+    from ..schema import Sample
+
+
+class System:
+    """Subclass, set `stages` (in the order they run: reports and checks follow it), the `templates` it renders
+    (files `NAME.jinja` in the prompts folder, fingerprinted into the settings), and `options` with defaults
+    (`--system-option KEY=VALUE` sets them; they are part of the settings guard), then write `run`."""
+
+    name: ClassVar[str] = ""
+    stages: ClassVar[tuple[str, ...]] = ()
+    templates: ClassVar[tuple[str, ...]] = ()
+    options: ClassVar[dict[str, Any]] = {}
+    version: ClassVar[str | int | None] = None  # bump it when a change should refuse resuming older folders
+
+    def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise UsageError(f"system {self.name or type(self).__name__} has no option {', '.join(unknown)} "
+                             f"(its options: {', '.join(self.options) or 'none'})")
+        self.settings = {**self.options, **options}
+
+    async def run(self, ctx: Context) -> list[Sample]:
+        raise NotImplementedError
+
+
+class FunctionSystem(System):
+    """An `async def system(ctx)`; its `stages` and `templates` attributes, when it has them, say the rest."""
+
+    def __init__(self, function: Callable[[Context], Awaitable[list[Sample]]], spec: str) -> None:
+        self.function, self.name = function, spec  # type: ignore[misc]
+        self.stages = tuple(getattr(function, "stages", ()))  # type: ignore[misc]
+        self.templates = tuple(getattr(function, "templates", ()))  # type: ignore[misc]
+        self.settings = {}
+
+    async def run(self, ctx: Context) -> list[Sample]:
+        return await self.function(ctx)
+
+
+def builtins() -> dict[str, type[System]]:
+    from .critique_revise import CritiqueRevise
+    from .single import Single
+    from .three_stage import ThreeStage
+
+    return {s.name: s for s in (ThreeStage, Single, CritiqueRevise)}
+
+
+def load_system(spec: str, options: dict[str, Any] | None = None) -> System:
+    """A built-in by name, or a user's class or async function by FILE.py:NAME or MODULE:NAME."""
+    options = options or {}
+    known = builtins()
+    if spec in known:
+        return known[spec](**options)
+    if ":" not in spec:
+        raise UsageError(f"--system {spec!r}: not a built-in ({', '.join(known)}) nor FILE.py:CLASS or MODULE:CLASS")
+    target = load_object(spec, "system", UsageError)
+    if inspect.isclass(target) and issubclass(target, System):
+        system = target(**options)
+        if not system.name:
+            system.name = spec  # type: ignore[misc]
+        return system
+    if inspect.iscoroutinefunction(target):
+        if options:
+            raise UsageError(f"system {spec!r} is a function: it takes no --system-option")
+        return FunctionSystem(target, spec)
+    raise UsageError(f"--system {spec!r}: expected a subclass of agentroll.System or an async function")
+
+
+def identity(system: System, spec: str) -> dict[str, Any]:
+    """What the settings guard compares: a folder made by one system (or with other options) refuses another."""
+    return {"name": system.name if spec in builtins() else spec, "stages": list(system.stages),
+            "options": dict(system.settings), **({"version": system.version} if system.version is not None else {})}

@@ -1,0 +1,45 @@
+"""`critique-revise`: solve -> critique -> revise, one multi-turn conversation per execution.
+
+Each turn continues the one before by token ids (`ctx.complete(after=...)`), so the critic sees exactly the
+tokens the solver sampled, think block included, and a trainer sees exactly what the model saw. The solver and
+the reviser are scored by the reward; the critic earns the reviser's raw reward (did its critique lead to a
+correct answer?). The execution's outcome is the reviser's raw reward, and every reward is shaped by it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import System
+
+if TYPE_CHECKING:
+    from ..context import Context
+    from ..schema import Sample
+
+
+class CritiqueRevise(System):
+    name = "critique-revise"
+    stages = ("solver", "critic", "reviser")
+    templates = ("solver", "critic", "reviser")
+
+    async def run(self, ctx: Context) -> list[Sample]:
+        solver = await ctx.complete("solver", await ctx.problem_prompt("solver"), worker=0)
+        if solver is None:  # cannot happen: problem_prompt refuses a prompt that leaves no room
+            raise AssertionError("no room after a checked prompt")
+        await ctx.reward([solver])
+        samples = [solver]
+        critic = await ctx.complete("critic", ctx.user_turn("critic"), after=solver)
+        if critic is not None:
+            samples.append(critic)
+            reviser = await ctx.complete("reviser", ctx.user_turn("reviser"), after=critic)
+            if reviser is not None:
+                samples.append(reviser)
+                await ctx.reward([reviser])
+                critic.raw_reward = reviser.raw_reward
+                critic.reward_info = f"the revision it led to scored {reviser.raw_reward:g}"
+            else:
+                critic.reward_info = "no room left to revise"
+        # with no room left for a later turn, the solver's answer stands
+        ctx.final_reward = samples[2].raw_reward if len(samples) == 3 else solver.raw_reward
+        ctx.shape(samples, won=ctx.final_reward == 1)
+        return samples
