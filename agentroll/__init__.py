@@ -1,8 +1,11 @@
 """agentroll: rewarded, token-exact multi-agent rollouts from a vLLM server, for offline RL.
 
-`Generator` is the library a trainer embeds (docs/api.md); `agentroll generate` is built on it.
+`Generator` is the library a trainer embeds (docs/api.md); `agentroll generate` is built on it. `System` and
+`Context` are how a user writes an agent system of their own (docs/systems.md).
 """
 
+from .concurrency import gather_or_cancel
+from .context import Context
 from .errors import (
     AgentrollError,
     IncompleteRun,
@@ -18,11 +21,13 @@ from .group import Group
 from .options import GenerateOptions
 from .readers import read_groups, read_records
 from .schema import Sample
+from .systems import System
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AgentrollError",
+    "Context",
     "GenerateOptions",
     "Generator",
     "Group",
@@ -32,9 +37,11 @@ __all__ = [
     "RewardError",
     "Sample",
     "ServerError",
+    "System",
     "TooManyFailures",
     "UsageError",
     "__version__",
+    "gather_or_cancel",
     "read_groups",
     "read_records",
 ]

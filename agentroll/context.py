@@ -239,8 +239,10 @@ class Context:
         except CallFailed as exc:
             self.engine.stats.stage(runtime.name).failed_calls += 1
             raise ExecutionFailed(f"rendering a {runtime.name} turn on the server failed: {exc}") from exc
+        # a frozen stage's tokens (another model's) are not the policy's: in the trajectory they count as injected
+        sampled = after.loss_mask if after.trainable else [0] * len(after.response_token_ids)
         turn = continue_turn(after.prompt_token_ids, after.history_mask, after.history_logprobs,
-                             after.response_token_ids, after.response_logprobs, after.loss_mask, injected)
+                             after.response_token_ids, after.response_logprobs, sampled, injected)
         text = encoder.tokenizer.decode(turn.ids, skip_special_tokens=False)
         return text, turn.ids, (turn.mask, turn.logprobs)
 

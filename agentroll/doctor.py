@@ -12,6 +12,7 @@ from .errors import AgentrollError
 from .parity import check_parity, probe_messages
 from .provenance import logprobs_mode, mode_warning
 from .templates import Templates
+from .turns import prefix_break
 from .wire import WireError, parse_completions
 
 
@@ -51,6 +52,7 @@ async def diagnose(base_url: str, api_key: str | None = None, model: str | None 
         except AgentrollError as exc:
             checks.append(Check("tokenizer", "fail", str(exc)))
             return checks
+        checks.append(_prefix_property(encoder))
         checks.append(await _token_ids(client, encoder, str(name)))
         checks.extend(await _apis_and_logprobs(client, encoder, str(name), sampling or {}))
         try:
@@ -69,6 +71,22 @@ async def diagnose(base_url: str, api_key: str | None = None, model: str | None 
     finally:
         await client.aclose()
     return checks
+
+
+def _prefix_property(encoder: ChatEncoder) -> Check:
+    """Does rendering a longer conversation keep the earlier turns' text? Where it does not, only a continuation
+    by token ids (what agentroll does) keeps multi-turn data exact."""
+    try:
+        broken = prefix_break(encoder.tokenizer, encoder.kwargs)
+    except Exception as exc:  # a template that refuses a system message or a second user turn
+        return Check("multi-turn", "warn", f"could not render a sample conversation to check the prefix property: "
+                                           f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
+    if broken is None:
+        return Check("multi-turn", "ok", "the template's prefix property holds: rendering turns[:k] is a prefix of "
+                                         "rendering turns[:k+1]")
+    return Check("multi-turn", "warn", f"the template breaks the prefix property: {broken}. agentroll continues "
+                                       "conversations by token ids (prompt + response + the template's separator), "
+                                       "so its records hold what the model saw; re-rendering a conversation would not")
 
 
 async def _token_ids(client: CompletionClient, encoder: ChatEncoder, model: str) -> Check:

@@ -260,8 +260,7 @@ class Generator:
         if unknown:
             raise UsageError(f"--stage names {', '.join(unknown)}: system {system.name} has the stages "
                              f"{', '.join(system.stages)}")
-        if system.stages:
-            self.stats.use_stages(system.stages)
+        self.stats.use_stages(system.stages)  # none declared: each stage is added as it first runs
         return system
 
     async def _stages(self, system: System, main: Stage) -> dict[str, Stage]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 
-def load_object(spec: str, what: str, error: type[Exception]) -> Any:
+def load_object(spec: str, what: str, error: type[Exception], kind: str = "object") -> Any:
     """The object `NAME` of the file or module; `error` (one line naming `spec`) when it cannot be had."""
     target, _, name = spec.rpartition(":")
     if not target or not name:
@@ -30,5 +30,5 @@ def load_object(spec: str, what: str, error: type[Exception]) -> Any:
         raise error(f"{what} {spec!r}: cannot import {target}: {type(exc).__name__}: {exc}") from None
     found = getattr(module, name, None)
     if found is None:
-        raise error(f"{what} {spec!r}: {target} has no {name!r}")
+        raise error(f"{what} {spec!r}: {target} has no {kind} {name!r}")
     return found

@@ -12,6 +12,23 @@ loss of token `t` is read at the same index in all three. The unit of work split
 distributed ranks) is the shard, so that no record is read twice and groups stay whole and in order; a folder
 should have at least as many shards as workers times ranks (`generate --shard-size`), or some stay idle.
 
+Stages are the folder's system's (`settings.system.stages`; three-stage for a folder without one). Records
+marked `trainable: false` (a frozen stage, e.g. a judge served by another model) are left out unless
+`include_frozen=True`.
+
+**Multi-turn trajectories** (`trajectory=True`): a record that continues an earlier call of its execution holds
+the whole conversation so far in its prompt, with `history_mask` / `history_logprobs` over it. With
+`trajectory=True` each item is one whole conversation, from its last turn: `input_ids` = that record's prompt +
+response (every turn's tokens, token-exact), `loss_mask` = `history_mask` + `loss_mask` (1 on every token the
+model sampled, in any turn; 0 on what the template, the system or the user injected), `logprobs` =
+`history_logprobs` + `response_logprobs`, and `reward`, `stage`, `rollout_id` of the last turn. The records
+that a later turn continues are not items of their own (they are inside it); a record nothing continues is its
+own one-turn item, exactly as without the option (so a three-stage folder gives the same items). Unless
+`include_frozen`, a frozen turn's tokens are masked out (mask 0, logprob 0.0) of the conversation that holds
+them, and a conversation ends at its last trainable turn (one that ends on a frozen turn is the trainable part
+before it). `stages` then selects by the stage of that last turn. The items
+have the same keys and shapes either way, so `collate` serves both.
+
 torch is optional: `import agentroll` never imports it, and importing this module without it says how to get it.
 """
 
@@ -25,10 +42,11 @@ from typing import Any
 
 import orjson
 
+from .convert.trajectory import Trajectory, executions, trainable, trajectories
 from .errors import OutputError, UsageError
-from .readers import shard_paths
-from .schema import STAGES
+from .readers import load_manifest, shard_paths
 from .shards import read_lines
+from .tools.system import system_of
 
 try:
     import torch
@@ -66,6 +84,19 @@ def to_tensors(record: dict[str, Any]) -> Item:
     }
 
 
+def trajectory_tensors(found: Trajectory) -> Item:
+    """A whole conversation as a training item (see the module's docstring): the keys of `to_tensors`, over the
+    last turn's prompt + response, with the history mask and logprobs on the earlier turns."""
+    record = found.record
+    return {
+        "input_ids": torch.tensor(found.tokens, dtype=torch.long),
+        "loss_mask": torch.tensor(found.mask, dtype=torch.long),
+        "logprobs": torch.tensor(found.logprobs, dtype=torch.float32),
+        "reward": torch.tensor(float(record["reward"]), dtype=torch.float32),
+        **{key: str(record[key]) for key in _STRINGS},
+    }
+
+
 class RolloutDataset(IterableDataset[Item]):
     """The records of an output folder as `to_tensors` items, in manifest order, each exactly once per epoch.
 
@@ -75,24 +106,32 @@ class RolloutDataset(IterableDataset[Item]):
     `init_process_group`, or pass them): read in a DataLoader worker they would be lost under `spawn`. Ranks may
     get unequal record counts; a DDP loop must tolerate that (e.g. `Join`) or stop at the shortest rank.
 
-    `stages` keeps only those stages' records (e.g. `["solver"]`). `shuffle_shards` shuffles the shard order by
-    `seed` and the epoch (`set_epoch`, as with `DistributedSampler`); records inside a shard keep their order,
-    so a problem's group stays contiguous. The folder must be finished: to train on a live run, use
+    `stages` keeps only those stages' records (e.g. `["solver"]`); a name the folder's system does not have is
+    a `UsageError`. `include_frozen` keeps the records marked `trainable: false`. `trajectory` makes each item a
+    whole multi-turn conversation (the module's docstring). `shuffle_shards` shuffles the shard order by `seed`
+    and the epoch (`set_epoch`, as with `DistributedSampler`); records inside a shard keep their order, so a
+    problem's group stays contiguous. The folder must be finished: to train on a live run, use
     `agentroll.read_groups(path, follow=True)`.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, stages: Iterable[str] | str | None = None,
-                 shuffle_shards: bool = False, seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None) -> None:
+                 trajectory: bool = False, include_frozen: bool = False, shuffle_shards: bool = False,
+                 seed: int = 0, rank: int | None = None, world_size: int | None = None) -> None:
         super().__init__()
         self.path = Path(path)
         self.shards: list[Path] = shard_paths(self.path)
+        self.system = system_of(load_manifest(self.path))
         if isinstance(stages, str):
             stages = [stages]
         self.stages = None if stages is None else frozenset(stages)
-        if self.stages is not None and not self.stages <= set(STAGES):
+        if self.stages is not None and not all(isinstance(s, str) and s for s in self.stages):
+            raise UsageError(f"stages {sorted(map(repr, self.stages))}: a stage is a non-empty string")
+        known = self.system.stages
+        if self.stages is not None and known is not None and not self.stages <= set(known):
             # a typo would otherwise yield nothing, silently
-            raise UsageError(f"stages {sorted(self.stages - set(STAGES))}: the stages are {', '.join(STAGES)}")
+            raise UsageError(f"stages {sorted(self.stages - set(known))}: the {self.system.name} system's stages "
+                             f"are {', '.join(known)}")
+        self.trajectory, self.include_frozen = trajectory, include_frozen
         self.shuffle_shards, self.seed, self.epoch = shuffle_shards, seed, 0
         if (rank is None) != (world_size is None):
             raise UsageError("give both rank and world_size, or neither")
@@ -122,14 +161,42 @@ class RolloutDataset(IterableDataset[Item]):
 
     def __iter__(self) -> Iterator[Item]:
         for shard in self.my_shards():
+            if self.trajectory:
+                yield from self._trajectories(shard)
+                continue
             for number, line in enumerate(read_lines(shard), start=1):
                 record = orjson.loads(line)
                 if self.stages is not None and record["stage"] not in self.stages:
+                    continue
+                if not self.include_frozen and not trainable(record):
                     continue
                 try:
                     yield to_tensors(record)
                 except OutputError as exc:
                     raise OutputError(f"{shard}:{number}: {exc}") from None
+
+    def _trajectories(self, shard: Path) -> Iterator[Item]:
+        """One item per conversation, an execution (consecutive records of one rollout) at a time."""
+        first: dict[int, int] = {}  # id(an execution's first record) -> its line, for the error message
+
+        def records() -> Iterator[dict[str, Any]]:
+            rollout: Any = None
+            for number, line in enumerate(read_lines(shard), start=1):
+                record = orjson.loads(line)
+                if number == 1 or record.get("rollout_id") != rollout:
+                    rollout = record.get("rollout_id")
+                    first[id(record)] = number
+                yield record
+
+        for execution in executions(records()):
+            line = first.pop(id(execution[0]), None)
+            try:
+                found = trajectories(execution, self.include_frozen)
+            except ValueError as exc:
+                raise OutputError(f"{shard}:{line}: {exc}") from None
+            for item in found:
+                if self.stages is None or item.record["stage"] in self.stages:
+                    yield trajectory_tensors(item)
 
 
 def collate(batch: Sequence[Item], pad_id: int = 0) -> Item:

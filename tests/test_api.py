@@ -22,9 +22,9 @@ from .conftest import TOKENIZER, write_problems
 ROOT = Path(__file__).resolve().parent.parent
 ROW = {"id": "q1", "prompt": "What is 40 plus 2?", "label": "42"}
 
-PUBLIC = ["AgentrollError", "GenerateOptions", "Generator", "Group", "IncompleteRun", "InputError", "OutputError",
-          "RewardError", "Sample", "ServerError", "TooManyFailures", "UsageError", "__version__", "read_groups",
-          "read_records"]
+PUBLIC = ["AgentrollError", "Context", "GenerateOptions", "Generator", "Group", "IncompleteRun", "InputError",
+          "OutputError", "RewardError", "Sample", "ServerError", "System", "TooManyFailures", "UsageError",
+          "__version__", "gather_or_cancel", "read_groups", "read_records"]
 
 
 def test_all_is_exactly_the_public_surface():

@@ -35,6 +35,7 @@ from agentroll.schema import STAGES
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
+from . import synthetic
 from .conftest import TOKENIZER, run_cli, write_problems
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -523,3 +524,133 @@ def test_a_prompt_the_tokenizer_cannot_have_rendered_is_refused_with_the_way_out
         convert(folder, "dpo", tmp_path / "o", tokenizer=str(other))
     assert "\n" not in str(caught.value) and not (tmp_path / "o" / "dpo.jsonl").exists()
     assert convert(folder, "dpo", tmp_path / "o", layout="standard")["rows"] > 0
+
+
+# ------------------------------------------------------------------------- other systems (tests/synthetic.py)
+
+
+def conversation_of(records: list[dict[str, Any]], last: int, frozen: bool = False) -> dict[str, Any]:
+    """What slime's own multi-turn rollouts would hold for the conversation ending at records[last] (an
+    execution's records), built turn by turn from the responses: the first prompt, then each turn's injected
+    tokens (mask 0, logprob 0.0) and response (its loss mask and logprobs; a frozen turn's 0 when `frozen`)."""
+    chain = [last]
+    while records[chain[-1]]["continues"] is not None:
+        chain.append(records[chain[-1]]["continues"])
+    start = len(records[chain[-1]]["prompt_token_ids"])
+    tokens = list(records[chain[-1]]["prompt_token_ids"])
+    mask: list[int] = []
+    logprobs: list[float] = []
+    for i in reversed(chain):
+        r = records[i]
+        injected = r["prompt_token_ids"][len(tokens):]
+        off = frozen and not r["trainable"]
+        tokens += injected + r["response_token_ids"]
+        mask += [0] * len(injected) + ([0] * len(r["loss_mask"]) if off else r["loss_mask"])
+        logprobs += [0.0] * len(injected) + (r["response_logprobs"] if i == last else [
+            0.0 if off or not m else x for x, m in zip(r["response_logprobs"], r["loss_mask"], strict=True)])
+    return {"tokens": tokens, "response_length": len(tokens) - start, "loss_mask": mask,
+            "rollout_log_probs": logprobs}
+
+
+def executions_of(folder: Path) -> list[list[dict[str, Any]]]:
+    out: list[list[dict[str, Any]]] = []
+    for r in synthetic.records_of(folder):
+        if not out or out[-1][0]["rollout_id"] != r["rollout_id"]:
+            out.append([])
+        out[-1].append(r)
+    return out
+
+
+def test_slime_writes_a_conversation_as_one_multi_turn_sample(tmp_path):
+    pytest.importorskip("torch")
+    folder = synthetic.critique_revise(tmp_path / "cr")
+    a0, a1, b0, b1 = executions_of(folder)
+    summary = convert(folder, "slime", tmp_path / "o", advantage="grpo")
+    samples = lines(tmp_path / "o" / "slime.jsonl")
+    assert (summary["records"], summary["rows"], summary["folded_turns"], summary["skipped_frozen"]) == (9, 4, 5, 0)
+    # (problem, stage) groups in the system's order, each conversation once, by its last turn
+    ends = [(a1, 0), (a0, 2), (b0, 1), (b1, 2)]
+    assert [(s["metadata"]["agentroll"]["rollout_id"], s["metadata"]["agentroll"]["stage"]) for s in samples] == [
+        (e[i]["rollout_id"], e[i]["stage"]) for e, i in ends]
+    assert [s["group_index"] for s in samples] == [0, 1, 2, 3]
+    for sample, (execution, i) in zip(samples, ends, strict=True):
+        want = conversation_of(execution, i)
+        assert {k: sample[k] for k in want} == want
+        # Sample._validate_response_metadata_lengths
+        assert len(sample["loss_mask"]) == len(sample["rollout_log_probs"]) == sample["response_length"]
+        assert sample["prompt"] == execution[0]["prompt"]  # the first turn's
+        assert sample["metadata"]["agentroll"].get("turns") == (i + 1 if i else None)
+    assert samples[1]["loss_mask"] == [1, 1, 0, 1, 1, 1] + [0] * 3 + [1] * 4 + [0] * 2 + [1] * 5
+    assert samples[0]["tokens"] == a1[0]["prompt_token_ids"] + a1[0]["response_token_ids"]  # one call: as before
+    # advantages over the whole stage group, the turns folded away included: a1's solver against a0's and its own
+    assert samples[0]["reward"] == -1.0 and samples[0]["metadata"]["raw_reward"] == 0.0
+    # every call its own sample instead
+    calls = convert(folder, "slime", tmp_path / "calls", trajectories=False)
+    rows = lines(tmp_path / "calls" / "slime.jsonl")
+    assert calls["rows"] == 9 and "folded_turns" not in calls
+    assert sorted(r["tokens"] for r in rows) == sorted(r["prompt_token_ids"] + r["response_token_ids"]
+                                                       for r in synthetic.records_of(folder))
+
+
+def test_slime_masks_a_frozen_turn_and_ends_a_conversation_at_its_last_trainable_turn(tmp_path):
+    pytest.importorskip("torch")
+    folder = synthetic.critique_revise(tmp_path / "cr", frozen_critic=True)
+    a0, a1, b0, b1 = executions_of(folder)
+    summary = convert(folder, "slime", tmp_path / "o")
+    samples = lines(tmp_path / "o" / "slime.jsonl")
+    assert (summary["rows"], summary["skipped_frozen"], summary["folded_turns"]) == (4, 3, 2)
+    ends = [(a1, 0), (b0, 0), (a0, 2), (b1, 2)]  # problem a: solver, reviser; b: solver, reviser
+    order = [(s["metadata"]["agentroll"]["rollout_id"], s["metadata"]["agentroll"]["stage"]) for s in samples]
+    assert order == [(a1[0]["rollout_id"], "solver"), (a0[2]["rollout_id"], "reviser"),
+                     (b0[0]["rollout_id"], "solver"), (b1[2]["rollout_id"], "reviser")]
+    by_key = {(e[i]["rollout_id"], e[i]["stage"]): conversation_of(e, i, frozen=True) for e, i in ends}
+    for sample, key in zip(samples, order, strict=True):
+        want = by_key[key]
+        assert {k: sample[k] for k in want} == want
+    assert samples[1]["loss_mask"][6 + 3: 6 + 3 + 4] == [0, 0, 0, 0]  # the critic's 4 tokens, after 6 + 3
+    everything = convert(folder, "slime", tmp_path / "all", include_frozen=True)
+    assert everything["rows"] == 4 and "skipped_frozen" not in everything  # b0 ends with its critic again
+    kept = lines(tmp_path / "all" / "slime.jsonl")
+    assert kept[1]["loss_mask"][9:13] == [1, 1, 1, 1]
+    assert [s["metadata"]["agentroll"]["stage"] for s in kept] == ["solver", "reviser", "critic", "reviser"]
+
+
+def test_rl_formats_leave_out_frozen_records_and_the_others_keep_them(tmp_path):
+    folder = synthetic.critique_revise(tmp_path / "cr", frozen_critic=True)
+    critics = [r for r in synthetic.records_of(folder) if r["stage"] == "critic"]
+    assert len(critics) == 3 and not any(r["trainable"] for r in critics)
+    trl_rows = convert(folder, "trl", tmp_path / "trl")
+    assert (trl_rows["rows"], trl_rows["skipped_frozen"]) == (6, 3)
+    assert {r["stage"] for r in lines(tmp_path / "trl" / "trl.jsonl")} == {"solver", "reviser"}
+    assert convert(folder, "trl", tmp_path / "trl-all", include_frozen=True)["rows"] == 9
+    mega = convert(folder, "megatron", tmp_path / "m")
+    rollouts = [t for g in lines(tmp_path / "m" / "megatron.jsonl") for t in g["rollouts"]]
+    assert mega["skipped_frozen"] == 3 and len(rollouts) == 6
+    assert {t["env_id"] for t in rollouts} == {"agentroll/solver", "agentroll/reviser"}
+    # a later turn is a one-turn rollout of its own: the earlier turns are its prompt, not generated here
+    reviser = next(r for r in synthetic.records_of(folder) if r["stage"] == "reviser")
+    row = next(t for t in rollouts if t["logprobs"] == [reviser["response_logprobs"]])
+    assert row["generation_mask"] == [[False] * 20 + [True] * 5]
+    sft = convert(folder, "sft", tmp_path / "sft", layout="standard")
+    assert "skipped_frozen" not in sft
+    assert sum(r["stage"] == "critic" for r in lines(tmp_path / "sft" / "sft.jsonl")) == 2  # the correct ones
+    assert convert(folder, "sft", tmp_path / "sft2", layout="standard", include_frozen=False)["skipped_frozen"] == 3
+
+
+def test_stages_are_the_folders_systems(tmp_path):
+    folder = synthetic.critique_revise(tmp_path / "cr")
+    summary = convert(folder, "trl", tmp_path / "o", stages="critic,solver")
+    assert summary["stages"] == ["solver", "critic"]
+    assert [r["stage"] for r in lines(tmp_path / "o" / "trl.jsonl")] == ["solver", "solver", "critic",
+                                                                          "solver", "solver", "critic", "critic"]
+    with pytest.raises(UsageError, match="--stages takes a comma-separated subset of solver, critic, reviser"):
+        convert(folder, "trl", tmp_path / "o2", stages="rewriter")
+    legacy = synthetic.three_stage(tmp_path / "legacy")
+    with pytest.raises(UsageError, match="subset of solver, rewriter, selector, not 'critic'"):
+        convert(legacy, "trl", tmp_path / "o3", stages="critic")
+    assert convert(legacy, "trl", tmp_path / "o4")["stages"] == list(STAGES)
+    blank = synthetic.critique_revise(tmp_path / "blank", system={"name": "f.py:s", "stages": [], "options": {}})
+    assert convert(blank, "trl", tmp_path / "o5", stages="reviser,solver")["rows"] == 6
+    assert convert(blank, "trl", tmp_path / "o6")["stages"] is None
+    with pytest.raises(UsageError, match="trajectories is for --to slime"):
+        convert(folder, "trl", tmp_path / "o7", trajectories=True)

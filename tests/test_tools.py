@@ -23,13 +23,14 @@ from rich.console import Console
 from agentroll.errors import UsageError
 from agentroll.group import Group
 from agentroll.inputs import Problem
-from agentroll.schema import Sample
+from agentroll.schema import SCHEMA_VERSION, STAGES, Sample
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 from agentroll.tools.inspect import inspect
 from agentroll.tools.report import pass_at_k, stats, stats_of_groups, stats_table
 from agentroll.tools.validate import Fault, validate
 
+from . import synthetic
 from .conftest import TOKENIZER, run_cli
 
 DIFFICULTY = ("easy", "hard", None)  # row i has DIFFICULTY[i % 3]; None: the field is absent
@@ -344,7 +345,7 @@ def test_a_shortened_logprob_list_is_a_lengths_fault_at_its_line(folders, tmp_pa
     (lambda r: r.update(surprise=1), "schema", "unknown field surprise"),
     (lambda r: r.pop("endpoint"), "schema", "missing field endpoint"),
     (lambda r: r.update(status="aborted"), "value", "status 'aborted'"),
-    (lambda r: r.update(schema_version=1), "value", "schema_version 1, expected 3"),
+    (lambda r: r.update(schema_version=1), "value", f"schema_version 1, expected {SCHEMA_VERSION}"),
     (lambda r: r["loss_mask"].__setitem__(0, 2), "value", "loss_mask item 0 is 2, not 0 or 1"),
     (lambda r: r.update(group_reward_mean=r["group_reward_mean"] + 0.5), "group",
      "group_reward_mean"),
@@ -610,3 +611,231 @@ def test_inspect_explains_a_stage_that_did_not_run(folders):
     block = next(b for b in blocks(text) if short["rollout_id"] in b.split("\n", 1)[0])
     assert "rewriters: none (no solver gave an answer)" in block
     assert "selector: none (no rewriter gave an answer)" in block
+
+
+# -- other systems: synthetic folders (tests/synthetic.py) ------------------------------------------------------
+
+def _set(index: int, **values: Any) -> Any:
+    return lambda records: records[index].update(values)
+
+
+def _item(index: int, name: str, at: int, value: Any) -> Any:
+    return lambda records: records[index][name].__setitem__(at, value)
+
+
+def test_folders_of_other_systems_validate(tmp_path):
+    for name, make in (("cr", synthetic.critique_revise), ("debate", synthetic.debate),
+                       ("legacy", synthetic.three_stage)):
+        folder = make(tmp_path / name)
+        report = validate(folder)
+        assert report.ok, report.lines()
+        assert report.records == len(synthetic.records_of(folder))
+    frozen = synthetic.critique_revise(tmp_path / "frozen", frozen_critic=True)
+    assert validate(frozen).ok
+    # the checks ran: every later turn of the folder is a real continuation, history and all
+    records = synthetic.records_of(tmp_path / "cr")
+    later = [r for r in records if r["continues"] is not None]
+    assert len(later) == 5 and {r["turn"] for r in later} == {1, 2}
+    # a function system that declares no stages: any non-empty stage name
+    blank = dict(synthetic.CRITIQUE_REVISE, name="mine.py:system", stages=[])
+    assert validate(synthetic.critique_revise(tmp_path / "blank", system=blank)).ok
+    nameless = synthetic.edit(tmp_path / "blank", lambda rs: rs[3].update(stage=""))
+    assert [(f.kind, f.line, f.message) for f in validate(nameless).faults] == [("value", 4, "stage '' is empty")]
+
+
+# the critique-revise folder, flat: shard 0 is a0 solver, critic, reviser (lines 1-3), a1 solver (line 4); shard 1
+# is b0 solver, critic (lines 1-2), b1 solver, critic, reviser (lines 3-5). a0's reviser prompt: 5 prompt tokens,
+# 6 solver tokens (the third outside the solver's loss mask), 3 injected, 4 critic tokens, 2 injected.
+@pytest.mark.parametrize(("change", "faults", "says"), [
+    (_item(2, "prompt_token_ids", 7, 999), [("conversation", 0, 3)],
+     "prompt_token_ids do not start with the prompt and response of the record it continues (line 2): they differ "
+     "at token 7"),
+    (_item(2, "history_mask", 7, 1), [("conversation", 0, 3)],
+     "history_mask item 7 is 1 where the record it continues (line 2) says 0: over its prompt"),
+    (_item(1, "history_mask", 7, 1), [("conversation", 0, 2), ("conversation", 0, 3)],
+     "history_mask item 7 is 1 where the record it continues (line 1) says 0: over its response"),
+    (_item(2, "history_mask", 19, 1), [("conversation", 0, 3)], "over the tokens after it (0)"),
+    (lambda rs: (rs[2]["history_mask"].__setitem__(5, 0), rs[2]["history_logprobs"].__setitem__(5, 0.0)),
+     [("conversation", 0, 3)], "history_mask item 5 is 0 where the record it continues (line 2) says 1"),
+    (_item(2, "history_logprobs", 5, -9.0), [("conversation", 0, 3)],
+     "history_logprobs item 5 is -9.0 where the record it continues (line 2) sampled -0.25"),
+    (_item(2, "history_logprobs", 0, -0.5), [("conversation", 0, 3), ("value", 0, 3)],
+     "history_logprobs item 0 is -0.5 where history_mask is 0"),
+    (lambda rs: rs[2].update(history_mask=rs[2]["history_mask"][:-1]), [("lengths", 0, 3)],
+     "history_mask has 19 entries where prompt_token_ids has 20"),
+    (_item(2, "history_mask", 2, 2), [("conversation", 0, 3), ("value", 0, 3)], "history_mask item 2 is 2, not 0 or 1"),
+    (_set(2, history_mask=None, history_logprobs=None), [("value", 0, 3)],
+     "turn 2, continues 1 without a history_mask"),
+    (_set(2, history_logprobs=None), [("value", 0, 3)], "not both null or both arrays"),
+    (_set(0, turn=1), [("value", 0, 1), ("conversation", 0, 2)], "turn 1, continues None without a history_mask"),
+    (_set(2, continues=2), [("conversation", 0, 3)],
+     "continues 2 is not an earlier record of its execution (this is its record 2"),
+    (_set(2, continues=0), [("conversation", 0, 3)],
+     "turn 2 continues the record it continues (line 1), which is turn 0"),
+    (_set(3, turn=1, continues=0), [("value", 0, 4), ("conversation", 0, 4)],
+     "turn 1, continues 0 without a history_mask"),
+    (_set(3, stage="judge"), [("value", 0, 4)], "stage 'judge' is not one of solver, critic, reviser"),
+    (_set(8, stage="solver"), [("execution", 1, 5)],
+     "a solver record after a critic in execution b-r1 (the critique-revise system's stage order is solver, critic, "
+     "reviser)"),
+    (_set(2, raw_reward=0.5), [("execution", 0, 1)],
+     "final_reward 1.0 is not the raw_reward of the execution's last record (0.5, line 3)"),
+    (lambda rs: [r.update(group_pass_at_k=0.0) for r in rs[4:]], [("group", 1, 1)], "group_pass_at_k 0.0"),
+])
+def test_a_broken_conversation_is_reported_at_its_line(tmp_path, change, faults, says):
+    folder = synthetic.edit(synthetic.critique_revise(tmp_path / "cr"), change)
+    report = validate(folder)
+    names = shard_files(folder)
+    assert sorted({(f.kind, names.index(f.shard), f.line) for f in report.faults}) == sorted(faults), report.lines()
+    assert report.first is not None and says in report.first.message, report.first
+
+
+def test_a_frozen_turn_may_be_left_out_of_the_history(tmp_path):
+    """The tokens of a frozen turn (a judge of another model) are the model's or not, as the system decides:
+    history_mask may say 1 (its loss mask) or 0 there, with its logprobs or 0.0 to match."""
+    folder = synthetic.critique_revise(tmp_path / "frozen", frozen_critic=True)
+
+    def unmark(records: list[dict[str, Any]]) -> None:
+        reviser = records[2]
+        for i in range(14, 18):  # the critic's response, inside the reviser's prompt
+            reviser["history_mask"][i], reviser["history_logprobs"][i] = 0, 0.0
+
+    assert validate(synthetic.edit(folder, unmark)).ok
+    trained = synthetic.edit(synthetic.critique_revise(tmp_path / "trained"), unmark)  # a trainable critic: no
+    assert [(f.kind, f.line) for f in validate(trained).faults] == [("conversation", 3)]
+
+
+def test_the_three_stage_checks_hold_only_for_three_stage(tmp_path):
+    legacy = synthetic.three_stage(tmp_path / "legacy")  # no system in the manifest: three-stage
+    assert "system" not in manifest_of(legacy)["settings"]
+    bad = synthetic.edit(legacy, lambda rs: rs[8].update(raw_reward=0.5))  # the rewrite the selector picked
+    assert [(f.kind, f.line) for f in validate(bad).faults] == [("execution", 10)]
+    assert validate(bad).faults[0].message == ("selector raw_reward 1.0 is not the raw_reward of the rewrite listed "
+                                                "as 2: 0.5")
+    odd = synthetic.edit(synthetic.three_stage(tmp_path / "odd"), lambda rs: rs[0].update(stage="critic"))
+    assert validate(odd).faults[0].message == "stage 'critic' is not one of solver, rewriter, selector"
+    # a user system's judge may end an execution that scores something else than its own raw reward: only
+    # the final reward's agreement within the execution is checked
+    debate = synthetic.debate(tmp_path / "debate")
+    for r in synthetic.records_of(debate):
+        assert r["stage"] in ("proposer", "judge")
+    ends_elsewhere = synthetic.edit(debate, lambda rs: rs[2].update(raw_reward=0.25))
+    assert validate(ends_elsewhere).ok
+    split = synthetic.edit(synthetic.debate(tmp_path / "split"), lambda rs: rs[1].update(final_reward=0.5))
+    assert [(f.kind, f.line) for f in validate(split).faults] == [("execution", 2)]
+    # a system without a "solver" stage: group_pass_at_k is its own business
+    free = synthetic.edit(synthetic.debate(tmp_path / "free"), lambda rs: [r.update(group_pass_at_k=None) for r in rs])
+    assert validate(free).ok
+
+
+def test_a_single_system_execution_is_one_record(tmp_path):
+    executions = [synthetic.execution([synthetic.call("s", f"s-{k}", k, 2, "solver", [1], [5, 2], raw=float(k))],
+                                      final=float(k)) for k in range(2)]
+    folder = synthetic.write(tmp_path / "single", [[synthetic.group(executions)]], synthetic.SINGLE)
+    assert validate(folder).ok
+    wrong = synthetic.edit(folder, lambda rs: [r.update(final_reward=0.0) for r in rs])
+    assert ("execution", 2) in [(f.kind, f.line) for f in validate(wrong).faults]
+
+
+@pytest.mark.parametrize(("system", "says"), [
+    ({"name": "x", "stages": "solver"}, "settings.system.stages is not a list of non-empty strings"),
+    ({"name": "", "stages": ["a"]}, "settings.system.name is not a non-empty string"),
+    ({"name": "x", "stages": ["a", "a"]}, "names a stage twice"),
+    ({"name": "three-stage", "stages": ["solver"]}, "the three-stage system's are"),
+    ([], "settings.system is not an object"),
+])
+def test_a_bad_system_in_the_manifest_is_a_manifest_fault(tmp_path, system, says):
+    folder = synthetic.debate(tmp_path / "d")
+    manifest = manifest_of(folder)
+    manifest["settings"]["system"] = system
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    report = validate(folder)
+    assert report.faults[0].kind == "manifest" and says in report.faults[0].message
+    manifest["settings"]["system"] = synthetic.DEBATE
+    manifest["settings"]["stage_settings"] = {"critic": {"model": "m"}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert [f.message for f in validate(folder).faults] == [
+        "settings.stage_settings names 'critic', not a stage of the system"]
+
+
+def wide(renderable: Any) -> str:
+    console = Console(record=True, width=400, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_stats_of_another_system_follow_its_stages(tmp_path):
+    folder = synthetic.critique_revise(tmp_path / "cr", frozen_critic=True)
+    data = stats(folder)
+    assert data["system"] == {"name": "critique-revise", "stages": ["solver", "critic", "reviser"]}
+    section = data["all"]
+    assert list(section["stages"]) == ["solver", "critic", "reviser"]
+    # a0: solver 1, critic 0, reviser 1 (final 1); a1: solver 0; b0: solver 1, critic 1 (final 1);
+    # b1: solver 0, critic 1, reviser 0
+    assert {s: (v["samples"], v["mean_raw_reward"], v["trainable"]) for s, v in section["stages"].items()} == {
+        "solver": (4, 0.5, True), "critic": (3, pytest.approx(2 / 3), False), "reviser": (2, 0.5, True)}
+    assert (section["problems"], section["executions"], section["records"]) == (2, 4, 9)
+    report = section["report"]
+    assert report["system_accuracy"] == 0.5 and report["solver_accuracy"] == 0.5
+    assert "rewriter_accuracy" not in report and "selector_pick_accuracy" not in report
+    assert [(e["k"], e["value"]) for e in section["pass_at_k"]] == [(1, 0.5), (2, 1.0)]  # each problem: n 2, c 1
+    assert section["tokens"]["prompt"] == sum(len(r["prompt_token_ids"]) for r in synthetic.records_of(folder))
+    text = wide(stats_table(data))
+    assert "(critique-revise system)" in text
+    assert "critic samples (not trainable)" in text and "solver samples (not trainable)" not in text
+    assert "reviser mean raw reward" in text and "rewriter" not in text and "selector" not in text
+    assert "pass@2 (solvers)" in text
+
+
+def test_stats_of_a_system_without_solvers_and_without_a_manifest(tmp_path):
+    from agentroll.readers import read_groups
+
+    folder = synthetic.debate(tmp_path / "debate")
+    data = stats(folder)
+    assert list(data["all"]["stages"]) == ["proposer", "judge"] and data["all"]["pass_at_k"] == []
+    assert data["all"]["stages"]["judge"]["trainable"] is False
+    text = wide(stats_table(data))
+    assert "judge samples (not trainable)" in text and "pass@" not in text and "solver" not in text
+    # groups in hand, no manifest: the stages as first seen (not three-stage), or as the system says
+    inferred = stats_of_groups(read_groups(folder))
+    assert inferred["system"] == {"name": "?", "stages": ["proposer", "judge"]}
+    assert inferred["all"] == data["all"]
+    told = stats_of_groups(read_groups(folder), system=synthetic.DEBATE)
+    assert told["system"]["name"] == "debate.py:Debate" and told["all"] == data["all"]
+
+    # a stage seen in one --by column only (here one the system does not declare): every column shows it
+    def jury(records: list[dict[str, Any]]) -> None:
+        for r in records:
+            r["metadata"] = {"difficulty": "easy" if r["problem_id"] == "p" else "hard"}
+            if r["problem_id"] == "q" and r["stage"] == "judge":
+                r["stage"] = "jury"
+
+    odd = synthetic.edit(synthetic.debate(tmp_path / "odd"), jury)
+    split = stats(odd, by="difficulty")
+    assert list(split["all"]["stages"]) == ["proposer", "judge", "jury"]
+    assert {k: list(v["stages"]) for k, v in split["split"].items()} == {
+        "easy": ["proposer", "judge", "jury"], "hard": ["proposer", "judge", "jury"]}
+    assert split["split"]["easy"]["stages"]["jury"]["samples"] == 0
+    assert split["split"]["hard"]["stages"]["jury"]["samples"] == 2
+    assert "jury samples (not trainable)" in wide(stats_table(split))
+    guessed = stats_of_groups(read_groups(odd), by="difficulty")
+    assert guessed["system"]["stages"] == ["proposer", "judge", "jury"]
+    assert list(guessed["split"]["easy"]["stages"]) == ["proposer", "judge", "jury"]
+    # a folder made before systems: three-stage
+    legacy = stats(synthetic.three_stage(tmp_path / "legacy"))
+    assert legacy["system"]["name"] == "three-stage" and list(legacy["all"]["stages"]) == list(STAGES)
+    assert legacy["all"]["report"]["selector_pick_accuracy"] == 0.5
+
+
+def test_inspect_draws_another_system_stage_by_stage_with_its_turns(tmp_path):
+    folder = synthetic.critique_revise(tmp_path / "cr", frozen_critic=True)
+    text = wide(inspect(folder, problem_id="a"))
+    first, second = blocks(text)
+    assert "solver (1)" in first and "critic (1)" in first and "reviser (1)" in first
+    critic = next(line for line in first.splitlines() if "critic 0 · record 1" in line)
+    assert "turn 1, continues record 0" in critic and "frozen (trainable: false)" in critic
+    reviser = next(line for line in first.splitlines() if "reviser 0 · record 2" in line)
+    assert "turn 2, continues record 1" in reviser and "frozen" not in reviser
+    assert "solver 0 · record 0 · completed" in first and "turn 0" not in first
+    assert "critic: none (no call made)" in second and "reviser: none (no call made)" in second
+    assert "rewriters" not in text and "selector" not in text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from . import synthetic
 from .conftest import TOKENIZER, run_cli
 
 
@@ -54,3 +55,19 @@ def test_convert_on_the_command_line(sim, problems, tmp_path):
     assert wrong.returncode == 2 and wrong.stderr.decode().count("\n") == 1
     again = run_cli("convert", str(out), "--to", "trl", "-o", str(tmp_path / "trl"))
     assert again.returncode != 0 and b"--overwrite" in again.stderr  # never replaced silently
+
+
+def test_the_tools_on_another_systems_folder(tmp_path):
+    folder = synthetic.critique_revise(tmp_path / "cr", frozen_critic=True)
+    good = run_cli("validate", str(folder))
+    assert good.returncode == 0 and b": ok (2 shards, 9 records" in good.stdout
+    figures = json.loads(run_cli("stats", str(folder), "--json").stdout)
+    assert figures["system"]["stages"] == ["solver", "critic", "reviser"]
+    assert figures["all"]["stages"]["critic"]["trainable"] is False
+    tree = run_cli("inspect", str(folder), "--problem", "b")
+    assert tree.returncode == 0 and b"critic 0" in tree.stdout and b"rewriters" not in tree.stdout
+    broken = synthetic.edit(folder, lambda rs: rs[2]["prompt_token_ids"].__setitem__(7, 999))
+    bad = run_cli("validate", str(broken))
+    assert bad.returncode == 6
+    first = next(line for line in bad.stdout.decode().splitlines() if line.startswith("first fault"))
+    assert first.startswith("first fault: rollouts-00000.jsonl:3: conversation: prompt_token_ids do not start")

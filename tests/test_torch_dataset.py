@@ -26,6 +26,7 @@ from agentroll.sim.script import Script  # noqa: E402
 from agentroll.sim.server import SimServer  # noqa: E402
 from agentroll.torch import RolloutDataset, collate  # noqa: E402
 
+from . import synthetic  # noqa: E402
 from .conftest import TOKENIZER, run_cli, write_problems  # noqa: E402
 
 # a hint about this machine's core count, not a fault: CI runners may have fewer cores than the 2 workers here
@@ -234,3 +235,109 @@ def test_agentroll_never_imports_torch_and_its_absence_says_how_to_install():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "pip install 'agentroll[torch]'" in result.stdout
+
+
+# -- other systems, multi-turn trajectories (synthetic folders, tests/synthetic.py) ------------------------------
+
+def flat(item: dict) -> tuple:
+    return (item["stage"], item["rollout_id"], item["input_ids"].tolist(), item["loss_mask"].tolist(),
+            [round(x, 5) for x in item["logprobs"].tolist()], item["reward"].item())
+
+
+def spelled_out(records: list[dict], last: int, frozen: set[int] = frozenset()) -> tuple:
+    """The trajectory ending at records[last], built here turn by turn from the responses (not from the history
+    fields): each turn's prompt adds to the previous turn's tokens what the template injected (mask 0), then
+    the turn's response: its loss mask, and its logprobs where that is 1 (0 for a turn in `frozen`); the last
+    turn's logprobs as the server gave them, as for a single record."""
+    chain = [last]
+    while records[chain[-1]]["continues"] is not None:
+        chain.append(records[chain[-1]]["continues"])
+    tokens: list = []
+    mask: list = []
+    logprobs: list = []
+    for i in reversed(chain):
+        r = records[i]
+        injected = r["prompt_token_ids"][len(tokens):]
+        masked = i in frozen
+        tokens += injected + r["response_token_ids"]
+        mask += [0] * len(injected) + ([0] * len(r["loss_mask"]) if masked else r["loss_mask"])
+        logprobs += [0.0] * len(injected) + (r["response_logprobs"] if i == last else [
+            0.0 if masked or not m else x for x, m in zip(r["response_logprobs"], r["loss_mask"], strict=True)])
+    r = records[last]
+    assert tokens == r["prompt_token_ids"] + r["response_token_ids"]
+    return (r["stage"], r["rollout_id"], tokens, mask, [round(f32(x), 5) for x in logprobs], f32(r["reward"]))
+
+
+def executions_of(folder: Path) -> list[list[dict]]:
+    out: list[list[dict]] = []
+    for r in synthetic.records_of(folder):
+        if not out or out[-1][0]["rollout_id"] != r["rollout_id"]:
+            out.append([])
+        out[-1].append(r)
+    return out
+
+
+def test_trajectories_are_whole_conversations_token_exact(tmp_path):
+    folder = synthetic.critique_revise(tmp_path / "cr")
+    a0, a1, b0, b1 = executions_of(folder)
+    got = [flat(item) for item in RolloutDataset(folder, trajectory=True)]
+    # each conversation once, from its last turn; the conversation that stopped after the solver is that call
+    assert got == [spelled_out(a0, 2), spelled_out(a1, 0), spelled_out(b0, 1), spelled_out(b1, 2)]
+    assert got[1] == flat(agentroll_torch.to_tensors(a1[0]))
+    # the model's tokens of every turn are trained, the third solver token (outside its loss mask) and what the
+    # template injected are not
+    stage, _, tokens, mask, _, _ = got[0]
+    assert stage == "reviser" and len(tokens) == 5 + 6 + 3 + 4 + 2 + 5
+    assert mask == [0] * 5 + [1, 1, 0, 1, 1, 1] + [0] * 3 + [1] * 4 + [0] * 2 + [1] * 5
+    # per record (the default): every call, its earlier turns in its prompt (mask 0)
+    records = [flat(item) for item in RolloutDataset(folder)]
+    assert len(records) == 9 and records[2][3][:20] == [0] * 20
+    # the stage filter picks conversations by their last turn; collate pads them like any item
+    last = [flat(item) for item in RolloutDataset(folder, trajectory=True, stages="reviser")]
+    assert last == [got[0], got[3]]
+    batch = collate(list(RolloutDataset(folder, trajectory=True)))
+    assert batch["input_ids"].shape == (4, len(tokens)) and batch["loss_mask"].sum() == sum(sum(g[3]) for g in got)
+
+
+def test_a_frozen_turn_is_masked_and_a_frozen_record_left_out(tmp_path):
+    folder = synthetic.critique_revise(tmp_path / "cr", frozen_critic=True)
+    a0, a1, b0, b1 = executions_of(folder)
+    per_record = [flat(item) for item in RolloutDataset(folder)]
+    assert len(per_record) == 6 and all(stage != "critic" for stage, *_ in per_record)
+    assert len(list(RolloutDataset(folder, include_frozen=True))) == 9
+    got = [flat(item) for item in RolloutDataset(folder, trajectory=True)]
+    # the critic's tokens are in the reviser's conversation but not trained; b0 ended on the frozen critic: its
+    # conversation is the solver's call alone
+    assert got == [spelled_out(a0, 2, {1}), spelled_out(a1, 0), spelled_out(b0, 0), spelled_out(b1, 2, {1})]
+    assert got[0][3][14:18] == [0, 0, 0, 0] and spelled_out(a0, 2)[3][14:18] == [1, 1, 1, 1]
+    everything = [flat(item) for item in RolloutDataset(folder, trajectory=True, include_frozen=True)]
+    assert everything == [spelled_out(a0, 2), spelled_out(a1, 0), spelled_out(b0, 1), spelled_out(b1, 2)]
+
+
+def test_a_three_stage_folder_gives_the_same_items_as_trajectories(folder):
+    assert [key(i) for i in RolloutDataset(folder, trajectory=True)] == [key(i) for i in RolloutDataset(folder)]
+
+
+def test_stages_are_the_systems(tmp_path):
+    folder = synthetic.critique_revise(tmp_path / "cr")
+    assert {flat(i)[0] for i in RolloutDataset(folder, stages=["critic"])} == {"critic"}
+    with pytest.raises(UsageError, match="the critique-revise system's stages are solver, critic, reviser"):
+        RolloutDataset(folder, stages=["rewriter"])
+    debate = synthetic.debate(tmp_path / "debate")
+    assert len(list(RolloutDataset(debate, stages="proposer"))) == 8
+    assert list(RolloutDataset(debate, stages="judge")) == []  # frozen
+    assert len(list(RolloutDataset(debate, stages="judge", include_frozen=True))) == 4
+    legacy = synthetic.three_stage(tmp_path / "legacy")  # no system in its manifest: three-stage
+    with pytest.raises(UsageError, match="the three-stage system's stages are solver, rewriter, selector"):
+        RolloutDataset(legacy, stages="critic")
+
+
+def test_a_conversation_whose_history_does_not_fit_is_refused_with_its_shard_and_line(tmp_path):
+    folder = synthetic.edit(synthetic.critique_revise(tmp_path / "cr"),
+                            lambda rs: rs[8].update(history_mask=rs[8]["history_mask"][:-1]))
+    shard = RolloutDataset(folder).shards[1]
+    with pytest.raises(OutputError, match=rf"{shard.name}:3: .*record 2 \(reviser\) has a history_mask"):
+        list(RolloutDataset(folder, trajectory=True))
+    broken = synthetic.edit(synthetic.critique_revise(tmp_path / "cr2"), lambda rs: rs[2].update(continues=5))
+    with pytest.raises(OutputError, match=r"rollouts-00000.jsonl:1: .*continues 5, not an earlier record"):
+        list(RolloutDataset(broken, trajectory=True))

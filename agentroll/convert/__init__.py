@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..tools.system import system_of
 from . import dpo, megatron, sft, slime, trl
 from .common import (
     ADVANTAGES,
@@ -36,24 +37,39 @@ FORMATS = ("dpo", "sft", "trl", "slime", "megatron")
 _FILES = {"dpo": dpo.FILE, "sft": sft.FILE, "trl": trl.FILE, "slime": slime.FILE, "megatron": megatron.FILE}
 
 
+RL_FORMATS = ("trl", "slime", "megatron")  # a frozen stage's samples are not the policy's: skipped by default
+
+
 def convert(src: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *, advantage: str = "none",
             max_pairs_per_group: int | None = None, stages: list[str] | str | None = None,
             layout: str | None = None, tokenizer: str | None = None, groups_per_file: int | None = None,
+            include_frozen: bool | None = None, trajectories: bool | None = None,
             overwrite: bool = False) -> dict[str, Any]:
     """Converts the folder `src` into `out` (a folder) and returns a summary: format, records read, rows
-    written, files. Every option is checked before anything is read or written (`UsageError`, one line).
+    written, files (and, for trl, slime and megatron, `skipped_frozen`; for slime, `folded_turns`). Every
+    option is checked before anything is written (`UsageError`, one line).
 
     `advantage` (trl, slime, megatron): `none`, `grpo` (reward minus its (problem, stage) group's mean, over
     the group's population std when that is not 0) or `mean` (minus the mean only). `stages`: the stages
-    converted (all by default). `max_pairs_per_group` (dpo): most pairs per (problem, stage) group.
-    `layout` (dpo, sft): `conversational` (default: chat messages, recovered from the rendered prompt with
-    `tokenizer`, by default the run's) or `standard` (the prompt as text). `groups_per_file` (slime): problems
-    per .pt file, one file per training step. `overwrite`: replace this format's files already in `out`.
+    converted (all of the folder's system's by default). `max_pairs_per_group` (dpo): most pairs per (problem,
+    stage) group. `layout` (dpo, sft): `conversational` (default: chat messages, recovered from the rendered
+    prompt with `tokenizer`, by default the run's) or `standard` (the prompt as text). `groups_per_file`
+    (slime): problems per .pt file, one file per training step. `include_frozen`: convert the records marked
+    `trainable: false` too (default: no for trl, slime and megatron, yes for dpo and sft). `trajectories`
+    (slime, default on): a multi-turn conversation is one sample, from its last turn (docs/convert.md).
+    `overwrite`: replace this format's files already in `out`.
     """
     src_path, out_path = Path(src), Path(out)
     _check_options(to, advantage, max_pairs_per_group, layout, tokenizer, groups_per_file)
-    chosen_stages = check_stages(stages)
+    if trajectories is not None and to != "slime":
+        raise UsageError(f"trajectories is for --to slime, not {to}")
+    if stages is not None:
+        check_stages(stages, None)  # the names' form, before anything is read
     manifest = check_source(src_path, out_path)
+    system = system_of(manifest)
+    chosen_stages = check_stages(stages, system.stages)
+    keep_frozen = include_frozen if include_frozen is not None else to not in RL_FORMATS
+    whole = to == "slime" and trajectories is not False
     if to == "slime":
         slime.require_torch()
     chat = None
@@ -62,7 +78,8 @@ def convert(src: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *
     prepare_out(out_path, [_FILES[to]], slime.PT_PATTERN if to == "slime" else None, overwrite)
 
     counts: dict[str, int] = {}
-    problems = read_problems(src_path, chosen_stages, advantage, counts)
+    problems = read_problems(src_path, chosen_stages, advantage, counts, include_frozen=keep_frozen,
+                             whole_conversations=whole)
     files = [out_path / _FILES[to]]
     if to == "dpo":
         rows = dpo.write(problems, out_path, chat, max_pairs_per_group)
@@ -74,9 +91,11 @@ def convert(src: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *
         rows = megatron.write(problems, out_path)
     else:
         rows, files = slime.write(problems, out_path, groups_per_file)
-    return {"format": to, "source": str(src_path), "complete": bool(manifest.get("complete")),
-            "records": counts.get("records", 0), "rows": rows, "files": [str(f) for f in files],
-            "stages": list(chosen_stages), "advantage": advantage}
+    summary = {"format": to, "source": str(src_path), "complete": bool(manifest.get("complete")),
+               "records": counts.get("records", 0), "rows": rows, "files": [str(f) for f in files],
+               "stages": None if chosen_stages is None else list(chosen_stages), "advantage": advantage}
+    summary.update({key: counts[key] for key in ("skipped_frozen", "folded_turns") if key in counts})
+    return summary
 
 
 def _check_options(to: str, advantage: str, max_pairs: int | None, layout: str | None, tokenizer: str | None,

@@ -1,5 +1,6 @@
 """Shared by every converter: a folder read as (problem, stage) groups, GRPO baselines, atomic JSONL output and
-the chat messages behind a rendered prompt (for the conversational layouts)."""
+the chat messages behind a rendered prompt (for the conversational layouts). Stage names and their order are the
+folder's system's (`settings.system.stages`; a folder without one is three-stage)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import orjson
 
 from ..errors import UsageError
 from ..schema import STAGES
+from .trajectory import Trajectory, executions, trainable, trajectories
 
 ADVANTAGES = ("none", "grpo", "mean")
 LAYOUTS = ("conversational", "standard")
@@ -25,12 +27,14 @@ Record = dict[str, Any]
 @dataclass(slots=True)
 class StageGroup:
     """The samples of one stage of one problem over its K executions: the GRPO group. The solver samples of K
-    executions are one group, the rewriter samples another; `advantages` is aligned with `records`."""
+    executions are one group, the rewriter samples another; `advantages` is aligned with `records`, and so is
+    `trajectories` when the converter asked for whole conversations (each record the last turn of its own)."""
 
     problem_id: str
     stage: str
     records: list[Record]
     advantages: list[float] | None = None
+    trajectories: list[Trajectory] | None = None
 
 
 @dataclass(slots=True)
@@ -61,33 +65,69 @@ def advantages(rewards: list[float], kind: str) -> list[float] | None:
     return [r - mean for r in rewards]
 
 
-def check_stages(stages: Iterable[str] | str | None) -> tuple[str, ...]:
-    """`--stages solver,rewriter` as a tuple in pipeline order; all stages when not given."""
+def check_stages(stages: Iterable[str] | str | None,
+                 system_stages: tuple[str, ...] | None = STAGES) -> tuple[str, ...] | None:
+    """`--stages solver,rewriter` as a tuple in the system's stage order (`system_stages`, the manifest's; None:
+    a system that names none, whose stages are taken as given); None (every stage) when not given."""
     if stages is None:
-        return STAGES
+        return system_stages
     names = [s.strip() for s in (stages.split(",") if isinstance(stages, str) else stages)]
-    unknown = [s for s in names if s not in STAGES]
-    if unknown or not names or not any(names):
-        raise UsageError(f"--stages takes a comma-separated subset of {', '.join(STAGES)}, not {','.join(names)!r}")
-    return tuple(s for s in STAGES if s in names)
+    unknown = [s for s in names if system_stages is not None and s not in system_stages]
+    if unknown or not names or not all(names):
+        subset = f"subset of {', '.join(system_stages)}" if system_stages is not None else "list of stage names"
+        raise UsageError(f"--stages takes a comma-separated {subset}, not {','.join(names)!r}")
+    if system_stages is None:
+        return tuple(dict.fromkeys(names))
+    return tuple(s for s in system_stages if s in names)
 
 
-def read_problems(src: Path, stages: tuple[str, ...], advantage: str, counts: dict[str, int]) -> Iterator[Problem]:
+def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, counts: dict[str, int], *,
+                  include_frozen: bool = True, whole_conversations: bool = False) -> Iterator[Problem]:
     """The folder's problems in manifest order (whole groups, by `agentroll.readers.read_groups`), each split
-    into stage groups. Baselines are computed over the whole stage group before anything is filtered out, so
-    `--stages` or a converter's own filter never changes another sample's advantage. `counts["records"]`
-    counts what was read."""
+    into stage groups (`stages` in order; None: every stage, as first seen). Baselines are computed over the
+    whole stage group before anything is filtered out, so `--stages` or a converter's own filter never changes
+    another sample's advantage. `counts["records"]` counts what was read.
+
+    Unless `include_frozen`, records marked `trainable: false` are left out after the baselines
+    (`counts["skipped_frozen"]`). With `whole_conversations`, a group keeps only the records that end a
+    conversation, each with its `Trajectory` (`convert.trajectory`); the turns folded into a later one are
+    counted in `counts["folded_turns"]`."""
     from ..readers import read_groups
 
+    counts.setdefault("records", 0)
+    if not include_frozen:
+        counts.setdefault("skipped_frozen", 0)
+    if whole_conversations:
+        counts.setdefault("folded_turns", 0)
     for index, group in enumerate(read_groups(src)):
         records = group.records()
-        counts["records"] = counts.get("records", 0) + len(records)
+        counts["records"] += len(records)
+        ends: dict[int, Trajectory] = {}
+        if whole_conversations:
+            for execution in executions(records):
+                try:
+                    found = trajectories(execution, include_frozen)
+                except ValueError as exc:
+                    raise UsageError(f"{src}: problem {group.problem_id}: {exc} (run agentroll validate)") from None
+                ends.update((id(t.record), t) for t in found)
         problem = Problem(index, group.problem_id)
-        for stage in stages:
+        for stage in stages if stages is not None else dict.fromkeys(r["stage"] for r in records):
             members = [r for r in records if r["stage"] == stage]
-            if members:
-                problem.groups.append(StageGroup(group.problem_id, stage, members,
-                                                 advantages([float(r["reward"]) for r in members], advantage)))
+            if not members:
+                continue
+            found_advantages = advantages([float(r["reward"]) for r in members], advantage)
+            keep = [i for i, r in enumerate(members) if include_frozen or trainable(r)]
+            if not include_frozen:
+                counts["skipped_frozen"] += len(members) - len(keep)
+            if whole_conversations:
+                counts["folded_turns"] += sum(id(members[i]) not in ends for i in keep)
+                keep = [i for i in keep if id(members[i]) in ends]
+            if not keep:
+                continue
+            problem.groups.append(StageGroup(
+                group.problem_id, stage, [members[i] for i in keep],
+                None if found_advantages is None else [found_advantages[i] for i in keep],
+                [ends[id(members[i])] for i in keep] if whole_conversations else None))
         yield problem
 
 

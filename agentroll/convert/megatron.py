@@ -11,6 +11,9 @@ response tokens): Megatron's sparse `(start token index, epoch)` boundaries over
 stamped with the version that made the first response token. A version must be a whole number ("default", what
 vLLM names weights never updated, is 0). Without weight versions (/v1/completions) every token is epoch 0.
 `kv_cache_epoch` follows `policy_epoch`: vLLM does not say when a cached prefix was computed. No evictions.
+
+Records marked `trainable: false` (a frozen stage's) are left out unless `include_frozen`. A later turn of a
+multi-turn conversation is a rollout of its own: its prompt holds the earlier turns (`generation_mask` false).
 """
 
 from __future__ import annotations

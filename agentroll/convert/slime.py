@@ -11,6 +11,15 @@ slime normalises rewards itself by reshaping them into rows of `--n-samples-per-
 our per-stage groups (K*N solvers, up to K*N rewriters, K selectors per problem). With `--advantage grpo` the
 per-stage advantage is written as `reward` and the reward itself as `metadata["raw_reward"]` (which slime logs
 as the raw reward): run slime with `--disable-rewards-normalization` then.
+
+A multi-turn conversation is one slime sample, as slime's own multi-turn rollouts make it (slime/utils/types.py
+`Sample.append_response_tokens`, examples/search-r1): `tokens` = the first turn's prompt + everything after it
+(each turn's model tokens and the tokens injected between turns), `response_length` what follows the first
+prompt, `loss_mask` 1 on the model's tokens and 0 on the injected ones over that response part, and
+`rollout_log_probs` the sampled logprobs there (0.0 on injected tokens). It is built from the conversation's
+last turn (`history_mask` + `loss_mask` from the first prompt's end); the turns it holds are not written again.
+`trajectories=False` writes every call as its own sample instead. Frozen records (`trainable: false`) are left
+out, and their tokens inside a conversation masked, unless `include_frozen`.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .common import JsonlWriter, Problem, Record
+from .trajectory import Trajectory
 
 FILE = "slime.jsonl"
 PT_PATTERN = r"rollout_\d+\.pt"
@@ -34,14 +44,17 @@ def require_torch() -> Any:
     return torch
 
 
-def sample(record: Record, reward: float, index: int, group_index: int, rollout_id: int) -> dict[str, Any]:
+def sample(record: Record, reward: float, index: int, group_index: int, rollout_id: int,
+           conversation: Trajectory | None = None) -> dict[str, Any]:
+    """One slime sample: the record's call, or with `conversation` (of several turns) the whole conversation
+    that the record ends."""
     metadata = dict(record.get("metadata") or {})
     metadata.setdefault("source_name", f"agentroll/{record['stage']}")  # slime's per-source metrics: per stage
     metadata["raw_reward"] = record["reward"]
     metadata["agentroll"] = {k: record[k] for k in ("problem_id", "rollout_id", "sample_index", "stage", "worker",
                                                      "raw_reward", "reward", "final_reward")}
     label = record.get("label")
-    return {
+    out = {
         "group_index": group_index,
         "index": index,
         "rollout_id": rollout_id,
@@ -56,6 +69,26 @@ def sample(record: Record, reward: float, index: int, group_index: int, rollout_
         "status": record["status"],  # completed / truncated: values of slime's Sample.Status
         "metadata": metadata,
     }
+    if conversation is not None and conversation.turns > 1:
+        start = conversation.start
+        metadata["agentroll"]["turns"] = conversation.turns
+        out.update(tokens=conversation.tokens, response_length=len(conversation.tokens) - start,
+                   loss_mask=conversation.mask[start:], rollout_log_probs=conversation.logprobs[start:],
+                   prompt=_first_prompt(record, conversation), response=_response_text(record, conversation))
+    return out
+
+
+def _first_prompt(record: Record, conversation: Trajectory) -> str:
+    """The first turn's prompt text (the record's own when the conversation is a single turn)."""
+    return str(conversation.first.get("prompt", "")) if conversation.first is not record else record["prompt"]
+
+
+def _response_text(record: Record, conversation: Trajectory) -> str:
+    """Everything after the first prompt, as text: what the last turn's prompt adds to it, then its response
+    (informative only: slime trains on `tokens`)."""
+    first = _first_prompt(record, conversation)
+    prompt = record["prompt"]
+    return (prompt[len(first):] if prompt.startswith(first) else "") + record["response"]
 
 
 def write(problems: Iterable[Problem], out: Path, groups_per_file: int | None) -> tuple[int, list[Path]]:
@@ -78,7 +111,8 @@ def write(problems: Iterable[Problem], out: Path, groups_per_file: int | None) -
                 for i, record in enumerate(group.records):
                     rollout_id = executions.setdefault(record["rollout_id"], len(executions))
                     reward = record["reward"] if group.advantages is None else group.advantages[i]
-                    item = sample(record, reward, index, group_index, rollout_id)
+                    item = sample(record, reward, index, group_index, rollout_id,
+                                  None if group.trajectories is None else group.trajectories[i])
                     writer.write(item)
                     batch.append(item)
                     index += 1

@@ -26,7 +26,7 @@ log = logging.getLogger("agentroll")
 
 
 def load_function(spec: str) -> Callable[..., Any]:
-    function = load_object(spec, "reward", RewardError)
+    function = load_object(spec, "reward", RewardError, "function")
     if not callable(function):
         raise RewardError(f"reward {spec!r}: {spec.rpartition(':')[0]}'s {spec.rpartition(':')[2]!r} is not a function")
     return function

@@ -7,7 +7,9 @@ solutions together, the answer is \\boxed{V}.". The pipeline lists solver conten
 rewriter contents in selector prompts, so a prompt quoting a rewriter sentence is a selector prompt, one
 quoting a solver sentence a rewriter prompt, and any other a solver prompt; the order in which the rewriter
 sentences appear is the 1-based numbering the selector's `Judgment: K` refers to. Being stateless, this keeps
-working across a server restart mid-run (a resumed run's prompts quote answers an earlier server wrote).
+working across a server restart mid-run (a resumed run's prompts quote answers an earlier server wrote). In a
+multi-turn prompt only its last user turn says the stage (earlier turns hold the model's own earlier answers), so
+a follow-up turn such as critique-revise's is answered like a solver, from the problem it still contains.
 
 The answer key (problem statement -> label) decides right and wrong, and `Behavior` mixes in what the pipeline
 must handle: no closing think tag, nothing after it, truncation, wrong answers, answers in an equal but
@@ -65,6 +67,12 @@ def wrong(label: str) -> str:
     return f"{label}+1"
 
 
+def last_turn(prompt: str) -> str:
+    """The text from a ChatML prompt's last user turn on: a multi-turn prompt is answered as its last request."""
+    at = prompt.rfind("<|im_start|>user")
+    return prompt[at:] if at > 0 else prompt
+
+
 def quoted_values(prompt: str, says: str) -> list[str]:
     """The boxed values of every quoted `says` sentence, in order of appearance (braces balanced)."""
     values = []
@@ -120,7 +128,7 @@ class Script:
 
     def answer(self, prompt: str, rng: random.Random, request: dict[str, Any] | None = None) -> Scripted:
         """The text for one completion. `request` is the raw body, for scripts that key on its fields."""
-        stage = self.stage(prompt)
+        stage = self.stage(last_turn(prompt))  # a conversation's earlier turns quote earlier answers
         if stage == "selector":
             return self._select(prompt, rng)
         return self._solve(prompt, stage, rng)

@@ -71,7 +71,7 @@ def load_system(spec: str, options: dict[str, Any] | None = None) -> System:
         return known[spec](**options)
     if ":" not in spec:
         raise UsageError(f"--system {spec!r}: not a built-in ({', '.join(known)}) nor FILE.py:CLASS or MODULE:CLASS")
-    target = load_object(spec, "system", UsageError)
+    target = load_object(spec, "system", UsageError, "class or function")
     if inspect.isclass(target) and issubclass(target, System):
         system = target(**options)
         if not system.name:

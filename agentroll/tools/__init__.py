@@ -6,4 +6,7 @@ are not re-exported here, so that `agentroll.tools.validate` and `agentroll.tool
     from agentroll.tools.validate import validate
     from agentroll.tools.report import stats, stats_table
     from agentroll.tools.inspect import inspect
+
+`agentroll.tools.system` reads which agent system made a folder (its manifest's `settings.system`): the tools,
+the converters and `agentroll.torch` take stage names, their order and system-specific checks from it.
 """

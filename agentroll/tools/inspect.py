@@ -1,16 +1,19 @@
-"""`agentroll inspect DIR [--problem ID]`: one rollout drawn as a tree, to see what the three stages did and why
-each sample got its reward, without reading JSON by eye.
+"""`agentroll inspect DIR [--problem ID]`: one rollout drawn as a tree, to see what the stages did and why each
+sample got its reward, without reading JSON by eye.
 
-The tree is solvers -> rewriters -> selector per execution: each sample with its status (truncations marked),
-raw reward / shaped reward, an excerpt of its answer content, its boxed answer and `reward_info`; each rewrite
-with the number it was listed as; the selector with its judgment and the rewrite it picked; the shape of a
-sample's routed experts when it has them. A stage that did not run says why. It is a rich renderable: the CLI
-prints it, a test exports it as text.
+For the three-stage system the tree is solvers -> rewriters -> selector per execution: each sample with its
+status (truncations marked), raw reward / shaped reward, an excerpt of its answer content, its boxed answer and
+`reward_info`; each rewrite with the number it was listed as; the selector with its judgment and the rewrite it
+picked; the shape of a sample's routed experts when it has them. A stage that did not run says why. Any other
+system (the manifest's `settings.system`) is drawn stage by stage in the system's order, each call with its
+turn and the call it continues; a stage without a call says so. A sample marked `trainable: false` says
+"frozen". It is a rich renderable: the CLI prints it, a test exports it as text.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -21,6 +24,7 @@ from ..errors import OutputError, UsageError
 from ..group import Group
 from ..parsing import last_boxed
 from ..schema import Sample
+from .system import LEGACY, SystemInfo, coerce
 
 EXCERPT = 160  # characters of content shown: the head and, where the answer usually is, the tail
 
@@ -50,6 +54,10 @@ def _sample_label(sample: Sample, name: str, picked: bool = False) -> Text:
     label.append(f" · raw {_num(sample.raw_reward)} / reward {_num(sample.reward)}",
                  style="bold green" if sample.raw_reward == 1.0 else None)
     label.append(f" · {len(sample.response_token_ids)} tokens")
+    if sample.turn or sample.continues is not None:
+        label.append(f" · turn {sample.turn}, continues record {sample.continues}", style="cyan")
+    if not sample.trainable:
+        label.append(" · frozen (trainable: false)", style="yellow")
     shape = routes_shape(sample.routed_experts)
     if shape is not None:
         label.append(f" · routes {shape}", style="dim")
@@ -85,11 +93,30 @@ def _add_sample(parent: Tree, sample: Sample, name: str, picked: bool = False) -
         node.add(Text.assemble(("reward_info: ", "dim"), sample.reward_info))
 
 
-def _execution_tree(parent: Tree, samples: list[Sample]) -> None:
+def _execution_node(parent: Tree, samples: list[Sample]) -> Tree:
     head = samples[0]
-    node = parent.add(Text.assemble((f"execution {head.sample_index}", "bold cyan"),
+    return parent.add(Text.assemble((f"execution {head.sample_index}", "bold cyan"),
                                     f" · rollout {head.rollout_id} · final reward {_num(head.final_reward)}"
                                     f" · {len(samples)} records"))
+
+
+def _system_tree(parent: Tree, samples: list[Sample], stages: tuple[str, ...]) -> None:
+    """Any system's execution: its stages in order (then any stage it does not declare), each call as written,
+    numbered by its position in the execution (what `continues` refers to)."""
+    node = _execution_node(parent, samples)
+    position = {id(s): i for i, s in enumerate(samples)}
+    for stage in (*stages, *dict.fromkeys(s.stage for s in samples if s.stage not in stages)):
+        members = [s for s in samples if s.stage == stage]
+        if not members:
+            node.add(Text(f"{stage}: none (no call made)", style="dim"))
+            continue
+        branch = node.add(Text(f"{stage} ({len(members)})", style="bold"))
+        for s in members:
+            _add_sample(branch, s, f"{stage} {s.worker} · record {position[id(s)]}")
+
+
+def _execution_tree(parent: Tree, samples: list[Sample]) -> None:
+    node = _execution_node(parent, samples)
     solvers = [s for s in samples if s.stage == "solver"]
     rewriters = [s for s in samples if s.stage == "rewriter"]
     selector = next((s for s in samples if s.stage == "selector"), None)
@@ -126,8 +153,11 @@ def _execution_tree(parent: Tree, samples: list[Sample]) -> None:
         node.add(Text(f"selector: none ({why})", style="dim"))
 
 
-def rollout_tree(group: Group, executions: list[list[Sample]] | None = None) -> Tree:
-    """A group's executions (all, or those given) as a tree rooted at the problem."""
+def rollout_tree(group: Group, executions: list[list[Sample]] | None = None,
+                 system: SystemInfo | dict[str, Any] | None = None) -> Tree:
+    """A group's executions (all, or those given) as a tree rooted at the problem. `system` (a manifest's
+    `settings.system`, or a `SystemInfo`): which system drew them; three-stage when not given."""
+    info = LEGACY if system is None else coerce(system)
     executions = group.executions if executions is None else executions
     first = group.executions[0][0]
     figures = (f" · group reward mean {_num(first.group_reward_mean)} (std {_num(first.group_reward_std)})"
@@ -136,7 +166,10 @@ def rollout_tree(group: Group, executions: list[list[Sample]] | None = None) -> 
                               f" · label {_label(first.label)} · group of {len(group.executions)} executions"
                               + figures))
     for samples in executions:
-        _execution_tree(root, samples)
+        if info.three_stage:
+            _execution_tree(root, samples)
+        else:
+            _system_tree(root, samples, info.stages or ())
     return root
 
 
@@ -149,15 +182,17 @@ def inspect(folder: str | os.PathLike[str], problem_id: str | None = None) -> Tr
 
     Raises `UsageError` (exit 2) when the problem is not in the folder, `OutputError` (exit 6) when the folder
     holds no rollouts or cannot be read."""
-    from ..readers import as_group, stored_groups
+    from ..readers import as_group, load_manifest, stored_groups
+    from .system import system_of
 
+    system = system_of(load_manifest(Path(folder)))
     for records, sidecar in stored_groups(folder):  # only the group shown has its routes read
         if problem_id is None or str(records[0]["problem_id"]) == problem_id:
             try:
                 group = as_group(sidecar.resolve(records))
             except OSError as exc:
                 raise OutputError(str(exc)) from exc
-            return rollout_tree(group, group.executions[:1] if problem_id is None else None)
+            return rollout_tree(group, group.executions[:1] if problem_id is None else None, system)
     if problem_id is None:
         raise OutputError(f"{folder} holds no rollouts")
     raise UsageError(f"problem {problem_id!r} is not in {folder}")

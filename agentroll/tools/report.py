@@ -1,16 +1,19 @@
 """`agentroll stats DIR`: the system's report recomputed from the records, so that it describes the data as it is
 on disk (a merged folder, several resumed runs) rather than the last run, which is all `manifest.last_run` knows.
 
-The figures are `agentroll.stats.RunStats`'s own, fed the folder's executions: the same accuracy definitions as
-the run summary, by construction. Two differences from a run's report: only written groups count (a run also
-counts the groups it filtered out), and calls that failed or were never made leave no record, so
-`failed_calls` and `skipped_calls` are not known here.
+The stages are the folder's system's (`settings.system.stages` in the manifest; a folder without one is
+three-stage), in its order. The figures are `agentroll.stats.RunStats`'s own, fed the folder's executions: the
+same accuracy definitions as the run summary, by construction. Two differences from a run's report: only
+written groups count (a run also counts the groups it filtered out), and calls that failed or were never made
+leave no record, so `failed_calls` and `skipped_calls` are not known here. Each stage also says whether it is
+`trainable` (False when its samples are marked `trainable: false`: a frozen model's).
 
 pass@k is the unbiased estimator of the Codex paper, per problem, over the problem's solver samples (N per
 execution, K executions: n = N * K when no call was skipped): pass@k = 1 - C(n - c, k) / C(n, k), c the
 solver samples with raw_reward 1. It is reported for k = 1 .. the largest n of any problem; the figure for k
 is the mean over the problems with at least k solver samples (`problems` says how many; all of them when
-every problem has its N * K samples). pass@n is the mean of the records' `group_pass_at_k`.
+every problem has its N * K samples); a system without a "solver" stage has none. pass@n is the mean of the
+records' `group_pass_at_k`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -25,7 +29,8 @@ from rich.table import Table
 
 from ..group import Group
 from ..schema import STAGES
-from ..stats import RunStats
+from ..stats import RunStats, StageStats
+from .system import LEGACY, SystemInfo, coerce, system_of
 
 NONE_KEY = "(none)"  # the --by value of a group whose metadata lacks the field (or holds null)
 
@@ -47,12 +52,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 class _Section:
     """The figures of one set of groups (the whole folder, or one value of --by)."""
 
+    stages: tuple[str, ...]
     run: RunStats = field(default_factory=RunStats)
     solver_counts: list[tuple[int, int]] = field(default_factory=list)  # per problem: (n, c)
+    frozen: dict[str, int] = field(default_factory=dict)  # per stage: samples marked trainable: false
     records: int = 0
+
+    def __post_init__(self) -> None:
+        self.run.stages = {name: StageStats() for name in self.stages}
 
     def add(self, group: Group) -> None:
         for samples in group.executions:
+            for s in samples:
+                if s.stage not in self.run.stages:  # not one of the system's (validate says so): shown after them
+                    self.run.stages[s.stage] = StageStats()
+                if not s.trainable:
+                    self.frozen[s.stage] = self.frozen.get(s.stage, 0) + 1
             self.run.add_execution(samples)
             self.records += len(samples)
         solvers = [s for samples in group.executions for s in samples if s.stage == "solver"]
@@ -60,9 +75,10 @@ class _Section:
 
     def to_dict(self) -> dict[str, Any]:
         run = self.run.to_dict()
-        stages = {name: {key: run["stages"][name][key] for key in
-                         ("samples", "mean_raw_reward", "truncated", "with_content", "prompt_tokens",
-                          "response_tokens")} for name in STAGES}
+        stages = {name: {**{key: run["stages"][name][key] for key in
+                            ("samples", "mean_raw_reward", "truncated", "with_content", "prompt_tokens",
+                             "response_tokens")}, "trainable": not self.frozen.get(name)}
+                  for name in run["stages"]}
         top = max((n for n, _ in self.solver_counts), default=0)
         passes = []
         for k in range(1, top + 1):
@@ -90,30 +106,48 @@ def split_key(metadata: Any, by: str) -> str:
     return value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def stats_of_groups(groups: Iterable[Group], by: str | None = None) -> dict[str, Any]:
-    """`stats` over groups already in hand (a trainer's `Generator.stream`, a follower's `read_groups`)."""
-    whole = _Section()
+def stats_of_groups(groups: Iterable[Group], by: str | None = None,
+                    system: SystemInfo | dict[str, Any] | None = None) -> dict[str, Any]:
+    """`stats` over groups already in hand (a trainer's `Generator.stream`, a follower's `read_groups`).
+
+    `system`: the system that made them, as a manifest's `settings.system` (a `Generator`'s
+    `settings["system"]`) or a `SystemInfo`. Without it: three-stage when every stage seen is one of its own,
+    else the stages seen, in the order first seen."""
+    info = LEGACY if system is None else coerce(system)
+    stages = info.stages or ()
+    whole = _Section(stages)
     parts: dict[str, _Section] = {}
     for group in groups:
         whole.add(group)
         if by is not None:
             first = group.executions[0][0] if group.executions and group.executions[0] else None
             key = split_key(first.metadata if first is not None else None, by)
-            parts.setdefault(key, _Section()).add(group)
+            parts.setdefault(key, _Section(stages)).add(group)
+    if system is None and any(name not in STAGES for name in whole.run.stages):  # not three-stage after all
+        empty = [name for name in STAGES if not whole.run.stages[name].samples]
+        for section in (whole, *parts.values()):
+            for name in empty:
+                section.run.stages.pop(name, None)
+        info = SystemInfo("?", tuple(whole.run.stages))
+    for section in parts.values():  # every column has the same stages, in the same order
+        section.run.stages = {name: section.run.stages.get(name) or StageStats() for name in whole.run.stages}
     order = sorted(parts, key=lambda key: (key == NONE_KEY, key))
-    return {"by": by, "all": whole.to_dict(), "split": {key: parts[key].to_dict() for key in order}}
+    return {"by": by, "system": {"name": info.name, "stages": list(whole.run.stages)}, "all": whole.to_dict(),
+            "split": {key: parts[key].to_dict() for key in order}}
 
 
 def stats(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
     """The system's report for a folder (or a merged one), from its records; split by `metadata[by]` if given.
 
-    Returns {"folder", "by", "all": figures, "split": {value: figures}} (split is empty without `by`); figures
-    are problems, executions, records, stages, report (RunStats.report's keys), pass_at_k, truncation_rate,
-    tokens. A damaged folder raises `OutputError` (run `agentroll validate` to see where).
+    Returns {"folder", "by", "system": {"name", "stages"}, "all": figures, "split": {value: figures}} (split is
+    empty without `by`); figures are problems, executions, records, stages, report (RunStats.report's keys),
+    pass_at_k, truncation_rate, tokens. A damaged folder raises `OutputError` (run `agentroll validate` to see
+    where).
     """
-    from ..readers import read_groups  # the folder layout (merged folders, compression) is the readers' business
+    from ..readers import load_manifest, read_groups  # the folder layout is the readers' business
 
-    return {"folder": str(folder), **stats_of_groups(read_groups(folder), by)}
+    system = system_of(load_manifest(Path(folder)))
+    return {"folder": str(folder), **stats_of_groups(read_groups(folder), by, system)}
 
 
 # -- the table the CLI prints -------------------------------------------------------------------------------------
@@ -128,10 +162,16 @@ def _shown_ks(top: int) -> list[int]:
     return ks if not top or ks[-1] == top else [*ks, top]
 
 
+_LABELS = {"majority_vote_accuracy": "majority vote accuracy", "best_of_n_accuracy": "best of N accuracy",
+           "selector_pick_accuracy": "selector (its pick) accuracy"}
+
+
 def stats_table(data: dict[str, Any]) -> Table:
     """`stats`'s result as one table: a row per figure, a column for the folder and one per --by value."""
     columns = {"all": data["all"], **data["split"]}
-    title = f"agentroll stats: {data.get('folder', '')}" + (f" by {data['by']}" if data.get("by") else "")
+    system = data.get("system") or {}
+    shown = f" ({system['name']} system)" if system.get("name") not in (None, "three-stage") else ""
+    title = (f"agentroll stats: {data.get('folder', '')}{shown}" + (f" by {data['by']}" if data.get("by") else ""))
     table = Table(title=title)
     table.add_column("figure")
     for name in columns:
@@ -143,18 +183,19 @@ def stats_table(data: dict[str, Any]) -> Table:
     row("problems", lambda c: str(c["problems"]))
     row("executions", lambda c: str(c["executions"]))
     row("records", lambda c: str(c["records"]), end=True)
-    for stage in STAGES:
-        row(f"{stage} samples", lambda c, s=stage: str(c["stages"][s]["samples"]))
+    stages = list(data["all"]["stages"])
+    for stage in stages:
+        frozen = "" if data["all"]["stages"][stage].get("trainable", True) else " (not trainable)"
+        row(f"{stage} samples{frozen}", lambda c, s=stage: str(c["stages"][s]["samples"]))
         row(f"{stage} mean raw reward", lambda c, s=stage: _fmt(c["stages"][s]["mean_raw_reward"]))
         row(f"{stage} truncated", lambda c, s=stage: str(c["stages"][s]["truncated"]))
         row(f"{stage} tokens (prompt/response)",
             lambda c, s=stage: f"{c['stages'][s]['prompt_tokens']}/{c['stages'][s]['response_tokens']}",
-            end=stage == STAGES[-1])
-    for label, key in (("solver accuracy", "solver_accuracy"), ("majority vote accuracy", "majority_vote_accuracy"),
-                       ("best of N accuracy", "best_of_n_accuracy"), ("rewriter accuracy", "rewriter_accuracy"),
-                       ("selector (its pick) accuracy", "selector_pick_accuracy"),
-                       ("system accuracy", "system_accuracy")):
-        row(label, lambda c, k=key: _fmt(c["report"][k]), end=key == "system_accuracy")
+            end=stage == stages[-1])
+    accuracies = [key for key in data["all"]["report"] if key.endswith("_accuracy")]
+    for key in accuracies:
+        label = _LABELS.get(key, key.removesuffix("_accuracy") + " accuracy")
+        row(label, lambda c, k=key: _fmt(c["report"].get(k)), end=key == accuracies[-1])
     top = max((len(c["pass_at_k"]) for c in columns.values()), default=0)
     for k in _shown_ks(top):
         def cell(c: dict[str, Any], k: int = k) -> str:

@@ -8,12 +8,22 @@ its whole-file ones (size, sha256, counts, keys), so the first fault points at a
 - the manifest: readable, our format and schema version, counts that add up, no shard listed twice;
 - each shard: present, its byte size and sha256 as the manifest says, whole lines; a compressed one
   (`.jsonl.zst`) decompresses, its frames holding whole groups (line numbers count its decompressed lines);
+- the system (`settings.system`; a folder without one is three-stage): a name, its stage names, per-stage
+  settings only for those stages;
 - each record: exactly the fields of `agentroll.schema.Sample`, each of its JSON type; values the writer can
-  write (stage, status, 0/1 loss mask, schema_version); as many logprobs and mask entries as response tokens;
-- executions: `rollout_size` consecutive records of one rollout, stages in order, one `final_reward` that is
-  the selector's pick;
+  write (a stage of the system, status, 0/1 loss mask, schema_version); as many logprobs and mask entries as
+  response tokens; a multi-turn record's history mask and logprobs as long as its prompt, 0/1, logprob 0.0
+  where the mask is 0, present exactly when it continues an earlier call (turn >= 1);
+- executions: `rollout_size` consecutive records of one rollout, stages in the system's order, one
+  `final_reward`: for three-stage the selector's pick (one selector at most, its raw reward the listed
+  rewrite's), for single and critique-revise the last record's raw reward (single: one record);
+- conversations: a record that `continues` another continues an earlier record of its execution, by one turn,
+  token for token (that record's prompt + response start its prompt), its history mask and logprobs exactly
+  that record's model tokens (its history over its prompt, its loss mask and logprobs over its response; a
+  frozen record's may be 0), 0 on what was injected after;
 - groups (as `writer.scan_groups` defines them): `group_size` executions of one problem, sample indexes
-  0..K-1, group figures that describe exactly those executions, no problem twice in the folder;
+  0..K-1, group figures that describe exactly those executions (pass@k when the system has solvers), no
+  problem twice in the folder;
 - the shard's record, execution and group counts against its manifest entry, and its keys file (resume
   trusts it) against the groups found;
 - routed experts: each reference within its shard's routes sidecar, each blob a `.npy` integer array, the
@@ -41,6 +51,7 @@ import orjson
 from .. import routes
 from ..schema import SCHEMA_VERSION, STAGES, Sample
 from ..writer import MANIFEST, STATE_DIR
+from .system import CRITIQUE_REVISE, LEGACY, SINGLE, SystemInfo, system_fault, system_of
 
 SHARD_PREFIX = "rollouts-"  # the writer's names (agentroll.shards), restated: validate shares no code with it
 PARTIAL = ".partial"
@@ -57,8 +68,8 @@ class Fault:
     """One thing wrong. `shard` is the shard's path as the manifest names it (None: the manifest itself);
     `line` is 1-based (None: the shard or manifest as a whole)."""
 
-    kind: str  # manifest, missing, bytes, sha256, json, schema, value, lengths, execution, group, duplicate,
-    #            count, keys, zstd, routes
+    kind: str  # manifest, missing, bytes, sha256, json, schema, value, lengths, execution, conversation, group,
+    #            duplicate, count, keys, zstd, routes
     message: str
     shard: str | None = None
     line: int | None = None
@@ -229,8 +240,9 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
 _CHECKS: dict[str, tuple[Check, str]] = {name: (_check_for(_HINTS[name]), _describe(_HINTS[name])) for name in FIELDS}
 
 
-def record_faults(record: dict[str, Any]) -> list[tuple[str, str]]:
-    """(kind, message) for everything wrong with one record on its own: fields, types, values, lengths."""
+def record_faults(record: dict[str, Any], stages: tuple[str, ...] | None = STAGES) -> list[tuple[str, str]]:
+    """(kind, message) for everything wrong with one record on its own: fields, types, values, lengths.
+    `stages`: the system's stage names (None: any non-empty name)."""
     faults: list[tuple[str, str]] = []
     missing = [name for name in FIELDS if name not in record]
     extra = [name for name in record if name not in _CHECKS]
@@ -254,7 +266,10 @@ def record_faults(record: dict[str, Any]) -> list[tuple[str, str]]:
     r = record
     value("schema_version", r.get("schema_version") == SCHEMA_VERSION,
           f"schema_version {r.get('schema_version')!r}, expected {SCHEMA_VERSION}")
-    value("stage", r.get("stage") in STAGES, f"stage {r.get('stage')!r} is not one of {', '.join(STAGES)}")
+    if stages is not None:
+        value("stage", r.get("stage") in stages, f"stage {r.get('stage')!r} is not one of {', '.join(stages)}")
+    else:
+        value("stage", r.get("stage") != "", "stage '' is empty")
     value("status", r.get("status") in WRITTEN_STATUSES,
           f"status {r.get('status')!r}: the writer only writes {' or '.join(WRITTEN_STATUSES)}")
     if "loss_mask" in typed:
@@ -288,7 +303,45 @@ def record_faults(record: dict[str, Any]) -> list[tuple[str, str]]:
                      for x in spans) and spans[0]["start"] == 0 and spans[-1]["end"] == n and all(
                 a["end"] == b["start"] for a, b in itertools.pairwise(spans))
             value("weight_versions", ok, f"weight_versions do not cover the {n} response tokens in order")
+    _history_faults(r, typed, faults)
     return faults
+
+
+def _history_faults(r: dict[str, Any], typed: set[str], faults: list[tuple[str, str]]) -> None:
+    """A multi-turn record's own consistency: `history_mask` and `history_logprobs` both null (a first turn:
+    `turn` 0, `continues` null) or both as long as the prompt, the mask 0/1, the logprobs 0.0 where it is 0."""
+    if not {"turn", "continues", "history_mask", "history_logprobs", "prompt_token_ids"} <= typed:
+        return  # a schema fault, already said
+    turn, continues, mask, logprobs = r["turn"], r["continues"], r["history_mask"], r["history_logprobs"]
+    if turn < 0:
+        faults.append(("value", f"turn {turn} < 0"))
+    if continues is not None and continues < 0:
+        faults.append(("value", f"continues {continues} < 0"))
+    if (mask is None) != (logprobs is None):
+        faults.append(("value", "history_mask and history_logprobs are not both null or both arrays"))
+        return
+    if mask is None:
+        if turn != 0 or continues is not None:
+            faults.append(("value", f"turn {turn}, continues {continues!r} without a history_mask: a record that "
+                                    "continues an earlier one has one, a first turn (turn 0, continues null) none"))
+        return
+    if continues is None or turn == 0:
+        faults.append(("value", f"a history_mask on turn {turn}, continues {continues!r}: only a record that "
+                                "continues an earlier one (turn >= 1) has one"))
+    n = len(r["prompt_token_ids"])
+    wrong = [f"{name} has {len(v)}" for name, v in (("history_mask", mask), ("history_logprobs", logprobs))
+             if len(v) != n]
+    if wrong:
+        faults.append(("lengths", f"{' and '.join(wrong)} entries where prompt_token_ids has {n}"))
+        return
+    bad = next((i for i, m in enumerate(mask) if m not in (0, 1)), None)
+    if bad is not None:
+        faults.append(("value", f"history_mask item {bad} is {mask[bad]}, not 0 or 1"))
+        return
+    bad = next((i for i, (m, x) in enumerate(zip(mask, logprobs, strict=True)) if m == 0 and x != 0), None)
+    if bad is not None:
+        faults.append(("value", f"history_logprobs item {bad} is {logprobs[bad]} where history_mask is 0 (an "
+                                "injected token has logprob 0.0)"))
 
 
 # -- executions and groups -----------------------------------------------------------------------------------
@@ -340,7 +393,7 @@ def _lines(rows: list[_Row]) -> str:
     return f"lines {rows[0].line}-{rows[-1].line}" if len(rows) > 1 else f"line {rows[0].line}"
 
 
-def _check_execution(rows: list[_Row], add: Callable[[int, str, str], None]) -> None:
+def _check_execution(rows: list[_Row], add: Callable[[int, str, str], None], system: SystemInfo = LEGACY) -> None:
     head = rows[0]
     rid = str(head.rollout_id)[:12]
     if head.rollout_size is not None and head.rollout_size != len(rows):
@@ -351,15 +404,32 @@ def _check_execution(rows: list[_Row], add: Callable[[int, str, str], None]) -> 
         if other is not None:
             add(other.line, "execution", f"{name} {getattr(other, name)!r} differs from {getattr(head, name)!r} "
                                          f"at line {head.line}, in execution {rid}")
-    rank = {stage: i for i, stage in enumerate(STAGES)}
-    previous = 0
-    for r in rows:
-        now = rank.get(r.stage, previous)
-        if now < previous:
-            add(r.line, "execution", f"a {r.stage} record after a {STAGES[previous]} in execution {rid} "
-                                     "(solvers, rewriters, selector is the order)")
-            break
-        previous = now
+    order = STAGES if system.three_stage else system.stages
+    if order is not None:
+        rank = {stage: i for i, stage in enumerate(order)}
+        previous = 0
+        for r in rows:
+            now = rank.get(r.stage, previous)
+            if now < previous:
+                said = ("solvers, rewriters, selector is the order" if system.three_stage
+                        else f"the {system.name} system's stage order is {', '.join(order)}")
+                add(r.line, "execution", f"a {r.stage} record after a {order[previous]} in execution {rid} ({said})")
+                break
+            previous = now
+    if system.three_stage:
+        _check_three_stage(rows, rid, add)
+    elif system.name in (SINGLE, CRITIQUE_REVISE):
+        if system.name == SINGLE and len(rows) != 1:
+            add(rows[1].line, "execution", f"execution {rid} has {len(rows)} records: the single system writes one")
+        last = rows[-1]
+        if last.raw_reward is not None and head.final_reward is not None and not _close(head.final_reward,
+                                                                                         last.raw_reward):
+            add(head.line, "execution", f"final_reward {head.final_reward} is not the raw_reward of the execution's "
+                                        f"last record ({last.raw_reward}, line {last.line}) in execution {rid}")
+
+
+def _check_three_stage(rows: list[_Row], rid: str, add: Callable[[int, str, str], None]) -> None:
+    head = rows[0]
     selectors = [r for r in rows if r.stage == "selector"]
     if len(selectors) > 1:
         add(selectors[1].line, "execution", f"a second selector record in execution {rid}")
@@ -377,7 +447,8 @@ def _check_execution(rows: list[_Row], add: Callable[[int, str, str], None]) -> 
             add(selector.line, "execution", f"selector raw_reward {selector.raw_reward} is not {what}: {expected}")
 
 
-def _check_group(execs: list[list[_Row]], k_setting: int | None, add: Callable[[int, str, str], None]) -> None:
+def _check_group(execs: list[list[_Row]], k_setting: int | None, add: Callable[[int, str, str], None],
+                 system: SystemInfo = LEGACY) -> None:
     head = execs[0][0]
     pid = head.problem_id
     rows = [r for e in execs for r in e]
@@ -403,17 +474,21 @@ def _check_group(execs: list[list[_Row]], k_setting: int | None, add: Callable[[
     mean = sum(fs) / len(fs)
     std = (sum((f - mean) ** 2 for f in fs) / len(fs)) ** 0.5
     passed = float(any(r.stage == "solver" and r.raw_reward == 1.0 for r in rows))
+    # group_pass_at_k is over the "solver" stage's samples: a system without one says what it likes there
+    solvers = system.three_stage or "solver" in (system.stages or ())
     for r in rows:
         for name, got, want in zip(("group_reward_mean", "group_reward_std", "group_pass_at_k"), r.figures,
                                    (mean, std, passed), strict=True):
+            if name == "group_pass_at_k" and not solvers:
+                continue
             if not _close(got, want):
                 add(r.line, "group", f"{name} {got} does not describe this group's {len(execs)} executions "
                                      f"(expected {want:.6g})")
                 return
 
 
-def check_structure(rows: list[_Row | None], k_setting: int | None,
-                    add: Callable[[int, str, str], None]) -> list[tuple[list[list[_Row]], int]]:
+def check_structure(rows: list[_Row | None], k_setting: int | None, add: Callable[[int, str, str], None],
+                    system: SystemInfo = LEGACY) -> list[tuple[list[list[_Row]], int]]:
     """Cut a shard's rows into executions (consecutive records of one rollout) and groups (consecutive
     executions of one problem), checking each; an unreadable line ends the execution it is in. Returns the
     groups, each with its number of records."""
@@ -426,7 +501,7 @@ def check_structure(rows: list[_Row | None], k_setting: int | None,
         if row is not None:
             current.append(row)
     for e in execs:
-        _check_execution(e, add)
+        _check_execution(e, add, system)
     groups: list[list[list[_Row]]] = []
     for e in execs:
         if groups and e[0].problem_id == groups[-1][0][0].problem_id:
@@ -434,8 +509,114 @@ def check_structure(rows: list[_Row | None], k_setting: int | None,
         else:
             groups.append([e])
     for g in groups:
-        _check_group(g, k_setting, add)
+        _check_group(g, k_setting, add, system)
     return [(g, sum(len(e) for e in g)) for g in groups]
+
+
+# -- multi-turn conversations -----------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class _Turn:
+    """What a later turn of the same execution is checked against."""
+
+    line: int
+    turn: int
+    trainable: bool
+    prompt: list[int]
+    response: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    history_mask: list[int] | None
+    history_logprobs: list[float] | None
+
+
+def _list(v: Any, item: type) -> typing.TypeGuard[list[Any]]:
+    return type(v) is list and all(type(x) is item or (item is float and type(x) is int) for x in v)
+
+
+class _Conversations:
+    """The records of the execution being read (consecutive records of one rollout_id), so that a record that
+    `continues` an earlier one is checked against it: a valid earlier position, the next turn, its prompt and
+    response a prefix of this prompt token for token, and the history mask and logprobs exactly that earlier
+    record's (its own history over its prompt, its loss mask and logprobs over its response, 0 on what came
+    after). Only the current execution is kept."""
+
+    def __init__(self, add: Callable[[int | None, str, str], None]) -> None:
+        self.add = add
+        self.rollout: Any = None
+        self.turns: list[_Turn | None] = []
+
+    def unreadable(self) -> None:
+        """A line that is no record: it keeps its place in the execution it was in (nothing can continue it)."""
+        if self.turns:
+            self.turns.append(None)
+
+    def record(self, line: int, r: dict[str, Any]) -> None:
+        if r.get("rollout_id") != self.rollout or not self.turns:
+            self.rollout, self.turns = r.get("rollout_id"), []
+        position = len(self.turns)
+        turn = self._turn(line, r)
+        self.turns.append(turn)
+        continues = r.get("continues")
+        if turn is None or type(continues) is not int:
+            return  # a first turn, or a schema fault already said
+        if not 0 <= continues < position:
+            self.add(line, "conversation", f"continues {continues} is not an earlier record of its execution (this "
+                                           f"is its record {position}, counting from 0)")
+            return
+        earlier = self.turns[continues]
+        if earlier is None:
+            return  # unreadable: its own faults are said
+        where = f"the record it continues (line {earlier.line})"
+        if turn.turn != earlier.turn + 1:
+            self.add(line, "conversation", f"turn {turn.turn} continues {where}, which is turn {earlier.turn}")
+        head = earlier.prompt + earlier.response
+        if turn.prompt[:len(head)] != head:
+            diff = next((i for i, (a, b) in enumerate(zip(turn.prompt, head, strict=False)) if a != b),
+                        min(len(turn.prompt), len(head)))
+            self.add(line, "conversation", f"prompt_token_ids do not start with the prompt and response of {where}: "
+                                           f"they differ at token {diff} (of {len(head)})")
+            return
+        if turn.history_mask is None or turn.history_logprobs is None:
+            return  # said by record_faults
+        p, n = len(earlier.prompt), len(earlier.response)
+        mask = list(earlier.history_mask) if earlier.history_mask is not None else [0] * p
+        logprobs = list(earlier.history_logprobs) if earlier.history_logprobs is not None else [0.0] * p
+        model = [*mask, *earlier.loss_mask]
+        sampled = [*logprobs, *(x if m else 0.0 for x, m in zip(earlier.logprobs, earlier.loss_mask, strict=True))]
+        rest = len(turn.prompt) - p - n
+        expected_mask = [*model, *[0] * rest]
+        expected_logprobs = [*sampled, *[0.0] * rest]
+        if turn.history_mask != expected_mask:
+            frozen = [*mask, *[0] * n, *[0] * rest]
+            if earlier.trainable or turn.history_mask != frozen:  # a frozen turn's tokens may be marked 0
+                bad = next(i for i, (a, b) in enumerate(zip(turn.history_mask, expected_mask, strict=True)) if a != b)
+                part = ("its prompt (that record's history_mask)" if bad < p else
+                        "its response (that record's loss_mask)" if bad < p + n else "the tokens after it (0)")
+                self.add(line, "conversation", f"history_mask item {bad} is {turn.history_mask[bad]} where {where} "
+                                               f"says {expected_mask[bad]}: over {part}")
+                return
+            expected_logprobs = [*logprobs, *[0.0] * (n + rest)]
+        wrong = next((i for i, (a, b) in enumerate(zip(turn.history_logprobs, expected_logprobs, strict=True))
+                      if not math.isclose(a, b, rel_tol=_TOLERANCE, abs_tol=_TOLERANCE)), None)
+        if wrong is not None:
+            self.add(line, "conversation", f"history_logprobs item {wrong} is {turn.history_logprobs[wrong]} where "
+                                           f"{where} sampled {expected_logprobs[wrong]}")
+
+    @staticmethod
+    def _turn(line: int, r: dict[str, Any]) -> _Turn | None:
+        prompt, response, loss_mask = r.get("prompt_token_ids"), r.get("response_token_ids"), r.get("loss_mask")
+        logprobs, mask, history = r.get("response_logprobs"), r.get("history_mask"), r.get("history_logprobs")
+        if not (_list(prompt, int) and _list(response, int) and _list(loss_mask, int) and _list(logprobs, float)
+                and type(r.get("turn")) is int and len(loss_mask) == len(logprobs) == len(response)):
+            return None
+        if mask is None and history is None:
+            return _Turn(line, r["turn"], r.get("trainable") is not False, prompt, response, loss_mask,
+                         [float(x) for x in logprobs], None, None)
+        if not (_list(mask, int) and _list(history, float) and len(mask) == len(history) == len(prompt)):
+            return None
+        return _Turn(line, r["turn"], r.get("trainable") is not False, prompt, response, loss_mask,
+                     [float(x) for x in logprobs], mask, [float(x) for x in history])
 
 
 # -- routed experts ----------------------------------------------------------------------------------------------
@@ -632,7 +813,7 @@ def _zstd_lines(data: bytes, frames: set[int], add: Callable[[int | None, str, s
 
 
 def _read_shard(folder: Path, entry: dict[str, Any], k_setting: int | None, seen: dict[str, str],
-                report: ValidationReport) -> None:
+                report: ValidationReport, system: SystemInfo = LEGACY) -> None:
     name = str(entry["file"])
     path = folder / name
     shard_faults: list[Fault] = []
@@ -647,6 +828,7 @@ def _read_shard(folder: Path, entry: dict[str, Any], k_setting: int | None, seen
     if size != entry["bytes"]:
         add(None, "bytes", f"{size} bytes where the manifest says {entry['bytes']}")
     digest = hashlib.sha256()
+    stages = STAGES if system.three_stage else system.stages
     rows: list[_Row | None] = []
     frames: set[int] | None = None  # zstd: the line numbers at which a frame starts, and the one past the end
     with open(path, "rb") as f, _Routes(folder, entry.get("routes"), add) as sidecar:
@@ -657,31 +839,36 @@ def _read_shard(folder: Path, entry: dict[str, Any], k_setting: int | None, seen
             lines: Iterable[bytes] = _zstd_lines(data, frames, add)
         else:
             lines = _hashed(f, digest)
+        conversations = _Conversations(add)
         for number, raw in enumerate(lines, start=1):
             if not raw.endswith(b"\n"):
                 add(number, "json", "the last line has no newline (torn by a crash?)")
             if not raw.strip():
                 add(number, "json", "an empty line")
                 rows.append(None)
+                conversations.unreadable()
                 continue
             try:
                 record = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
                 add(number, "json", f"not JSON ({exc})")
                 rows.append(None)
+                conversations.unreadable()
                 continue
             if not isinstance(record, dict):
                 add(number, "json", f"{_json_type(record)}, not a JSON object")
                 rows.append(None)
+                conversations.unreadable()
                 continue
-            for kind, message in record_faults(record):
+            for kind, message in record_faults(record, stages):
                 add(number, kind, message)
+            conversations.record(number, record)
             sidecar.record(number, record)
             rows.append(_Row.of(number, record))
         sidecar.finish(name, report.warnings)
     if digest.hexdigest() != entry["sha256"]:
         add(None, "sha256", f"sha256 {digest.hexdigest()} where the manifest says {entry['sha256']}")
-    groups = check_structure(rows, k_setting, lambda line, kind, message: add(line, kind, message))
+    groups = check_structure(rows, k_setting, lambda line, kind, message: add(line, kind, message), system)
     if frames is not None:  # frames hold whole groups: one each while written, all of them once finished
         for g, _ in groups:
             first, last = g[0][0].line, g[-1][-1].line
@@ -720,6 +907,10 @@ def validate(folder: str | Path) -> ValidationReport:
     if manifest is None:
         return report
     report.merged = bool(manifest.get("merged_from"))
+    wrong = system_fault(manifest)
+    if wrong is not None:
+        report.add(Fault("manifest", wrong))
+    system = system_of(manifest)
     settings = manifest.get("settings")
     k_setting = _int(settings.get("samples_per_prompt")) if isinstance(settings, dict) else None
     entries: list[dict[str, Any]] = []
@@ -758,7 +949,7 @@ def validate(folder: str | Path) -> ValidationReport:
     for entry in entries:
         report.shards += 1
         try:
-            _read_shard(folder, entry, k_setting, seen, report)
+            _read_shard(folder, entry, k_setting, seen, report, system)
         except OSError as exc:  # unreadable (permissions, I/O error): a fault like a missing shard
             report.add(Fault("missing", f"cannot read {folder / entry['file']}: {exc.strerror or exc}", entry["file"]))
     return report

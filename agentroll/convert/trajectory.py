@@ -1,0 +1,117 @@
+"""Multi-turn conversations as whole trajectories, from the records of one execution.
+
+A record that continues an earlier one (`continues`: its position among the execution's records, in write
+order) holds the whole conversation so far in its `prompt_token_ids`, with `history_mask` 1 on the tokens the
+model sampled in earlier turns and `history_logprobs` their logprobs (docs/schema.md). So a conversation's
+trajectory is its last turn's record: tokens = prompt + response, mask = history_mask + loss_mask, logprobs =
+history_logprobs + response_logprobs. A record no later record continues is its own one-turn trajectory (every
+record of a three-stage folder).
+
+Frozen turns (`trainable: false`, e.g. a judge served by another model) are not the policy's tokens: unless
+`include_frozen`, a trajectory masks their tokens out (mask 0, logprob 0.0), a frozen record is never a
+trajectory's last turn (the trajectory ends at its last trainable turn), and a trajectory contained in a longer
+one is not emitted again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+Record = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One conversation up to its last (trainable) turn, `record`. `start` is the length of the first turn's
+    prompt: the model's part of the conversation begins there. `turns`: records folded in (1: a single call)."""
+
+    record: Record
+    position: int  # of `record` in its execution
+    first: Record  # the conversation's first turn (`record` itself for a single call)
+    start: int
+    turns: int
+    tokens: list[int]
+    mask: list[int]
+    logprobs: list[float]
+
+
+def executions(records: Iterable[Record]) -> Iterator[list[Record]]:
+    """Consecutive records of one `rollout_id`: the executions, in write order."""
+    current: list[Record] = []
+    for record in records:
+        if current and record.get("rollout_id") != current[0].get("rollout_id"):
+            yield current
+            current = []
+        current.append(record)
+    if current:
+        yield current
+
+
+def _parent(execution: list[Record], i: int) -> int | None:
+    record = execution[i]
+    parent = record.get("continues")
+    if parent is None:
+        return None
+    if type(parent) is not int or not 0 <= parent < i:
+        raise ValueError(f"execution {record.get('rollout_id')}: record {i} ({record.get('stage')}) continues "
+                         f"{parent!r}, not an earlier record of its execution")
+    return parent
+
+
+def _chain(execution: list[Record], i: int) -> list[int]:
+    """`i` and the records it continues, back to the first turn: [i, parent, ..., first]."""
+    chain = [i]
+    while (parent := _parent(execution, chain[-1])) is not None:
+        chain.append(parent)
+    return chain
+
+
+def trainable(record: Record) -> bool:
+    return record.get("trainable", True) is not False
+
+
+def ends(execution: list[Record], include_frozen: bool = False) -> list[int]:
+    """Positions of the records that end a trajectory, in write order: the (trainable, unless `include_frozen`)
+    records that no other such record continues, directly or through other turns."""
+    kept = [i for i, r in enumerate(execution) if include_frozen or trainable(r)]
+    inside = {j for i in kept for j in _chain(execution, i)[1:]}
+    return [i for i in kept if i not in inside]
+
+
+def trajectory(execution: list[Record], i: int, include_frozen: bool = False) -> Trajectory:
+    """The conversation that record `i` of the execution ends. Raises ValueError for a record whose history
+    does not fit its prompt, or whose `continues` is no earlier record."""
+    record = execution[i]
+    prompt, response = record["prompt_token_ids"], record["response_token_ids"]
+    history, history_logprobs = record.get("history_mask"), record.get("history_logprobs")
+    whole = history is None and history_logprobs is None
+    if not whole and not (history is not None and history_logprobs is not None
+                          and len(history) == len(history_logprobs) == len(prompt)):
+        raise ValueError(f"execution {record.get('rollout_id')}: record {i} ({record.get('stage')}) has a "
+                         f"history_mask/history_logprobs that does not cover its {len(prompt)} prompt tokens")
+    if not len(response) == len(record["loss_mask"]) == len(record["response_logprobs"]):
+        raise ValueError(f"execution {record.get('rollout_id')}: record {i} ({record.get('stage')}): "
+                         f"{len(response)} response tokens, {len(record['response_logprobs'])} logprobs, "
+                         f"{len(record['loss_mask'])} loss mask entries")
+    mask = [int(m) for m in history] if history is not None else [0] * len(prompt)
+    logprobs = [float(x) for x in history_logprobs] if history_logprobs is not None else [0.0] * len(prompt)
+    mask += record["loss_mask"]
+    logprobs += record["response_logprobs"]
+    chain = _chain(execution, i)
+    if not include_frozen:
+        for j in chain[1:]:
+            earlier = execution[j]
+            if not trainable(earlier):
+                begin = len(earlier["prompt_token_ids"])
+                for k in range(begin, min(begin + len(earlier["response_token_ids"]), len(prompt))):
+                    mask[k], logprobs[k] = 0, 0.0
+    first = execution[chain[-1]]
+    return Trajectory(record, i, first, len(first["prompt_token_ids"]), len(chain), prompt + response, mask,
+                      logprobs)
+
+
+def trajectories(execution: list[Record], include_frozen: bool = False) -> list[Trajectory]:
+    """Every trajectory of an execution (see `ends`), in write order."""
+    return [trajectory(execution, i, include_frozen) for i in ends(execution, include_frozen)]
