@@ -27,7 +27,7 @@ from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages, serv
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
 from .rewards import RewardSet, RewardSettings
 from .stats import RunStats
-from .systems import System, identity, load_system
+from .systems import System, from_object, identity, load_system, spec_of
 from .templates import Templates
 
 log = logging.getLogger("agentroll")
@@ -47,6 +47,10 @@ class Generator:
     """
 
     def __init__(self, **options: Any) -> None:
+        system = options.get("system")
+        self._system_object = None if system is None or isinstance(system, str) else system
+        if self._system_object is not None:  # a class, an instance or a function of the caller's own
+            options["system"] = spec_of(system)
         self.options = GenerateOptions(**options)
         o = self.options
         self.keys = InputKeys(o.prompt_key, o.label_key, o.id_key, o.reward_key)
@@ -255,7 +259,8 @@ class Generator:
     def _load_system(self) -> System:
         """The agent system, its options and per-stage settings checked before any server is asked."""
         o = self.options
-        system = load_system(o.system, o.system_options())
+        system = (load_system(o.system, o.system_options()) if self._system_object is None
+                  else from_object(self._system_object, o.system, o.system_options()))
         unknown = sorted(set(o.stage_settings()) - set(system.stages)) if system.stages else []
         if unknown:
             raise UsageError(f"--stage names {', '.join(unknown)}: system {system.name} has the stages "

@@ -384,3 +384,25 @@ def test_a_frozen_turn_is_injected_in_the_trajectory_and_the_folder_validates_an
            for i, flag in enumerate([[], ["--include-frozen"]])]
     rows = [int(re.search(rb"-> (\d+) trl rows", p.stderr).group(1)) for p in trl]  # type: ignore[union-attr]
     assert rows == [16, 24]
+
+
+def test_the_generator_takes_a_system_object_and_a_builtin_instance_keeps_its_name(served, problems):
+    from agentroll.systems.single import Single
+
+    async def one(ctx):
+        sample = await ctx.complete("solver", await ctx.problem_prompt("solver"), worker=0)
+        await ctx.reward([sample])
+        return [sample]
+
+    one.templates = ("solver",)  # type: ignore[attr-defined]
+    row = json.loads(problems.read_text().splitlines()[0])
+
+    async def go(system):
+        async with Generator(base_url=served.url, tokenizer=TOKENIZER, reward="exact", system=system) as gen:
+            return await gen.run_group(row), gen.settings["system"]
+
+    group, identity = asyncio.run(go(one))
+    assert group.ok and identity["name"].endswith(":test_the_generator_takes_a_system_object_and_a_builtin_"
+                                                  "instance_keeps_its_name.<locals>.one")
+    group, identity = asyncio.run(go(Single()))
+    assert group.ok and identity == {"name": "single", "stages": ["solver"], "options": {}}

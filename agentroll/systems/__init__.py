@@ -71,7 +71,23 @@ def load_system(spec: str, options: dict[str, Any] | None = None) -> System:
         return known[spec](**options)
     if ":" not in spec:
         raise UsageError(f"--system {spec!r}: not a built-in ({', '.join(known)}) nor FILE.py:CLASS or MODULE:CLASS")
-    target = load_object(spec, "system", UsageError, "class or function")
+    return from_object(load_object(spec, "system", UsageError, "class or function"), spec, options)
+
+
+def spec_of(target: Any) -> str:
+    """`MODULE:NAME` of a system given as an object (the library's `Generator(system=MySystem)`)."""
+    kind = target if inspect.isclass(target) or inspect.isfunction(target) else type(target)
+    return f"{kind.__module__}:{kind.__qualname__}"
+
+
+def from_object(target: Any, spec: str, options: dict[str, Any]) -> System:
+    """A System subclass (made with `options`), an instance, or an async function, as a System."""
+    if isinstance(target, System):
+        if options:
+            raise UsageError(f"system {spec!r} is an instance already: it takes no --system-option")
+        if not target.name:
+            target.name = spec  # type: ignore[misc]
+        return target
     if inspect.isclass(target) and issubclass(target, System):
         system = target(**options)
         if not system.name:
@@ -86,5 +102,6 @@ def load_system(spec: str, options: dict[str, Any] | None = None) -> System:
 
 def identity(system: System, spec: str) -> dict[str, Any]:
     """What the settings guard compares: a folder made by one system (or with other options) refuses another."""
-    return {"name": system.name if spec in builtins() else spec, "stages": list(system.stages),
+    builtin = type(system) in builtins().values()
+    return {"name": system.name if builtin else spec, "stages": list(system.stages),
             "options": dict(system.settings), **({"version": system.version} if system.version is not None else {})}
