@@ -136,7 +136,7 @@ class Context:
         self._endpoints: dict[int, Endpoint] = {}  # per client: later calls follow the endpoint that answered
         self._seeds: set[tuple[str, int]] = set()
         self._parents: dict[int, Sample] = {}  # id(sample) -> the sample it continues
-        self._made: set[int] = set()
+        self._made: dict[int, Sample] = {}  # id -> sample: the samples this execution made (kept alive)
 
     # -- prompts ----------------------------------------------------------------------------------------------
     def messages(self, template: str, solutions: list[str] | None = None, **variables: Any) -> list[dict[str, str]]:
@@ -208,8 +208,11 @@ class Context:
         if after is not None:
             if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
                 raise UsageError("ctx.complete(after=...) takes the new chat messages to append")
-            if id(after) not in self._made:
+            if self._made.get(id(after)) is not after:
                 raise UsageError("ctx.complete(after=...) continues a sample of this execution only")
+            if self.engine.stage(after.stage).encoder.tokenizer is not runtime.encoder.tokenizer:
+                raise UsageError(f"a {after.stage} conversation cannot go on as {stage}: their stages use other "
+                                 "tokenizers")
             text, ids, history = await self._continue(after, prompt, runtime)  # type: ignore[arg-type]
         elif isinstance(prompt, tuple):
             text, ids = prompt
@@ -222,7 +225,7 @@ class Context:
             raise UsageError("ctx.complete() takes chat messages, token ids or a (text, ids) pair")
         sample = await self._call(runtime, worker, text, ids, overrides)
         if sample is not None:
-            self._made.add(id(sample))
+            self._made[id(sample)] = sample
             if after is not None and history is not None:
                 self._parents[id(sample)] = after
                 sample.turn = after.turn + 1
@@ -327,7 +330,7 @@ class Context:
         rollout size, final reward."""
         position: dict[int, int] = {}
         for i, sample in enumerate(samples):
-            if not isinstance(sample, Sample) or id(sample) not in self._made:
+            if not isinstance(sample, Sample) or self._made.get(id(sample)) is not sample:
                 raise UsageError("a system must return the Samples its ctx.complete() calls made in this "
                                  f"execution, got {type(sample).__name__}")
             if id(sample) in position:
