@@ -169,6 +169,11 @@ class CompletionClient:
                                            keepalive_timeout=4.0),  # below uvicorn's 5 s: never reuse a closing one
         )
 
+    def share_budget(self, other: CompletionClient) -> None:
+        """Count into `other`'s counters and take `other`'s completion slots: a stage served by another server
+        (`--stage NAME.base_url`) stays inside the run's --concurrency and --max-failures."""
+        self.counters, self._slots = other.counters, other._slots
+
     async def aclose(self) -> None:
         tasks = [*self._probes, *self._adapters]
         for task in tasks:

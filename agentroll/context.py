@@ -8,6 +8,7 @@ trainer relies on (which call continues which, which tokens the model sampled). 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 import zlib
@@ -15,12 +16,15 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import orjson
+
 from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient, Endpoint
 from .errors import InputError, ServerError, UsageError
 from .inputs import Problem
-from .options import GenerateOptions, default_of
+from .options import STAGE_RANGES, GenerateOptions, default_of
 from .parsing import answer_content
+from .provenance import chat_template_sha256, tokenizer_sha256
 from .rewards import RewardRequest, RewardSet
 from .schema import Sample, status_for
 from .stats import RunStats
@@ -88,6 +92,11 @@ def call_seed(seed: int, *parts: object) -> int:
     return (seed * 1_000_003 + zlib.crc32(key)) % (2**31 - 1)
 
 
+def tokenizer_id(encoder: ChatEncoder) -> str:
+    """A conversation only goes on under one tokenizer and chat template: their hashes say which."""
+    return f"{tokenizer_sha256(encoder.tokenizer)}/{chat_template_sha256(encoder.tokenizer)}"
+
+
 @dataclass(slots=True)
 class Stage:
     """Where and how one stage's calls go: its client, model, tokenizer and sampling, and whether it trains."""
@@ -97,6 +106,7 @@ class Stage:
     encoder: ChatEncoder
     config: SystemConfig
     trainable: bool = True
+    tokenizer_id: str = ""  # its tokenizer's and chat template's hashes: a conversation goes on under the same
 
 
 @dataclass(slots=True)
@@ -110,8 +120,11 @@ class Engine:
     stats: RunStats
     options: dict[str, Any] = field(default_factory=dict)  # the system's options
     prompt_key: str = "prompt"
-    # first prompts, rendered once per problem and reused by its K executions
-    prompts: OrderedDict[tuple[str, str, str], tuple[str, list[int]]] = field(default_factory=OrderedDict)
+    declared: tuple[str, ...] = ()  # the system's stages; none: any
+    # first prompts, rendered once per problem and shared by its K executions (a future: they ask at once)
+    prompts: OrderedDict[tuple[str, str, str], asyncio.Future[tuple[str, list[int]]]] = field(
+        default_factory=OrderedDict)
+    separators: OrderedDict[tuple[int, bytes, int | None], list[int]] = field(default_factory=OrderedDict)
 
     def stage(self, name: str) -> Stage:
         found = self.stages.get(name)
@@ -136,6 +149,7 @@ class Context:
         self._endpoints: dict[int, Endpoint] = {}  # per client: later calls follow the endpoint that answered
         self._seeds: set[tuple[str, int]] = set()
         self._parents: dict[int, Sample] = {}  # id(sample) -> the sample it continues
+        self.failure: ExecutionFailed | None = None  # the first call that failed for good, even if caught
         self._made: dict[int, Sample] = {}  # id -> sample: the samples this execution made (kept alive)
 
     # -- prompts ----------------------------------------------------------------------------------------------
@@ -154,7 +168,7 @@ class Context:
             return await self.engine.stage(stage).encoder.render(messages)
         except CallFailed as exc:
             self.engine.stats.stage(stage).failed_calls += 1
-            raise ExecutionFailed(f"rendering a {stage} prompt on the server failed: {exc}") from exc
+            raise self._failed(f"rendering a {stage} prompt on the server failed: {exc}") from exc
         except Exception as exc:  # jinja2 or the tokenizer: "roles must alternate", a raise_exception(...)
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UsageError(f"the chat template rejects the {stage} messages: {detail}") from exc
@@ -165,7 +179,24 @@ class Context:
         row (`InputError` naming the prompt field)."""
         cache, slot = self.engine.prompts, (stage, template, self.problem.content_hash)
         if slot in cache:
-            return cache[slot]
+            return await asyncio.shield(cache[slot])
+        made = cache[slot] = asyncio.get_running_loop().create_future()
+        if len(cache) > 1024:
+            cache.popitem(last=False)
+        try:
+            rendered = await self._first_prompt(stage, template)
+        except BaseException as exc:
+            cache.pop(slot, None)  # a later execution tries again (a cancelled one, a failed render)
+            if isinstance(exc, asyncio.CancelledError):
+                made.cancel()
+            else:
+                made.set_exception(exc)
+                made.exception()  # retrieved: no "never retrieved" warning when nobody else waits
+            raise
+        made.set_result(rendered)
+        return rendered
+
+    async def _first_prompt(self, stage: str, template: str) -> tuple[str, list[int]]:
         key = self.engine.prompt_key
         own = isinstance(self.problem.prompt, list)
         messages = self.problem.prompt if own else self.messages(template)
@@ -179,9 +210,6 @@ class Context:
         if limit is not None and len(rendered[1]) >= limit:
             raise InputError(self.problem.source, self.problem.line, key, f"the rendered prompt has "
                              f"{len(rendered[1])} tokens: no room to generate within a context of {limit}")
-        cache[slot] = rendered
-        if len(cache) > 1024:
-            cache.popitem(last=False)
         return rendered
 
     # -- calls ------------------------------------------------------------------------------------------------
@@ -203,6 +231,12 @@ class Context:
         unknown = set(overrides) - set(SAMPLING_KEYS)
         if unknown:
             raise UsageError(f"ctx.complete() takes {', '.join(SAMPLING_KEYS)} as overrides, not {sorted(unknown)}")
+        for name, value in overrides.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not STAGE_RANGES[name](value):
+                raise UsageError(f"ctx.complete({name}={value!r}): out of range")
+        if self.engine.declared and stage not in self.engine.declared:
+            raise UsageError(f"the system calls stage {stage!r}, which it does not declare (its stages: "
+                             f"{', '.join(self.engine.declared)})")
         runtime = self.engine.stage(stage)
         history: tuple[list[int], list[float]] | None = None
         if after is not None:
@@ -210,7 +244,7 @@ class Context:
                 raise UsageError("ctx.complete(after=...) takes the new chat messages to append")
             if self._made.get(id(after)) is not after:
                 raise UsageError("ctx.complete(after=...) continues a sample of this execution only")
-            if self.engine.stage(after.stage).encoder.tokenizer is not runtime.encoder.tokenizer:
+            if self.engine.stage(after.stage).tokenizer_id != runtime.tokenizer_id:
                 raise UsageError(f"a {after.stage} conversation cannot go on as {stage}: their stages use other "
                                  "tokenizers")
             text, ids, history = await self._continue(after, prompt, runtime)  # type: ignore[arg-type]
@@ -237,15 +271,26 @@ class Context:
         encoder = runtime.encoder
         last = after.response_token_ids[-1] if after.finish_reason == "stop" and after.response_token_ids and (
             not isinstance(after.stop_reason, str)) else None
-        try:
-            injected = await separator(encoder.tokenizer, messages, encoder.kwargs, last, encoder.server_render)
-        except CallFailed as exc:
-            self.engine.stats.stage(runtime.name).failed_calls += 1
-            raise ExecutionFailed(f"rendering a {runtime.name} turn on the server failed: {exc}") from exc
-        # a frozen stage's tokens (another model's) are not the policy's: in the trajectory they count as injected
-        sampled = after.loss_mask if after.trainable else [0] * len(after.response_token_ids)
+        cache = self.engine.separators
+        slot = (id(encoder), orjson.dumps(messages, option=orjson.OPT_SORT_KEYS), last)
+        injected = cache.get(slot)
+        if injected is None:
+            try:
+                injected = await separator(encoder.tokenizer, messages, encoder.kwargs, last, encoder.server_render)
+            except CallFailed as exc:
+                self.engine.stats.stage(runtime.name).failed_calls += 1
+                raise self._failed(f"rendering a {runtime.name} turn on the server failed: {exc}") from exc
+            except UsageError:
+                raise
+            except Exception as exc:  # jinja2 or the tokenizer
+                detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise UsageError(f"the chat template rejects the {runtime.name} turn: {detail}") from exc
+            cache[slot] = injected
+            if len(cache) > 1024:
+                cache.popitem(last=False)
+        # a frozen stage's tokens (another model's: loss mask 0) count as injected in the trajectory
         turn = continue_turn(after.prompt_token_ids, after.history_mask, after.history_logprobs,
-                             after.response_token_ids, after.response_logprobs, sampled, injected)
+                             after.response_token_ids, after.response_logprobs, after.loss_mask, injected)
         text = encoder.tokenizer.decode(turn.ids, skip_special_tokens=False)
         return text, turn.ids, (turn.mask, turn.logprobs)
 
@@ -274,7 +319,7 @@ class Context:
         except CallFailed as exc:
             self.engine.stats.stage(stage).failed_calls += 1
             log.warning("problem %s sample %d %s %d failed: %s", p.id, self.sample_index, stage, worker, exc)
-            raise ExecutionFailed(f"{stage} call failed: {exc}") from exc
+            raise self._failed(f"{stage} call failed: {exc}") from exc
         self._endpoints[id(client)] = client.by_url[done.endpoint]
         if cfg.routes and done.routed_experts is None:
             raise ServerError(f"{done.endpoint} sent no routed_experts: start vLLM with "
@@ -285,7 +330,7 @@ class Context:
             problem_id=p.id, problem_hash=p.content_hash, rollout_id=self.rollout_id,
             sample_index=self.sample_index, group_size=cfg.samples_per_prompt, stage=stage, worker=worker,
             prompt=text, prompt_token_ids=ids, response=response, response_token_ids=done.token_ids,
-            response_logprobs=done.logprobs, loss_mask=[1] * len(done.token_ids),
+            response_logprobs=done.logprobs, loss_mask=[int(runtime.trainable)] * len(done.token_ids),
             status=status_for(done.finish_reason), finish_reason=done.finish_reason, stop_reason=done.stop_reason,
             content=answer_content(response, think=cfg.think), raw_reward=0.0, reward=0.0, label=p.label,
             model=cfg.model, endpoint=done.endpoint, latency_s=round(done.latency_s, 4), attempts=done.attempts,
@@ -323,6 +368,11 @@ class Context:
         weight = self.config.correct_reward_weight if won else self.config.incorrect_reward_weight
         for sample in samples:
             sample.reward = sample.raw_reward * weight
+
+    def _failed(self, why: str) -> ExecutionFailed:
+        failure = ExecutionFailed(why)
+        self.failure = self.failure or failure
+        return failure
 
     # -- the engine's side ------------------------------------------------------------------------------------
     def finish(self, samples: list[Sample]) -> list[Sample]:

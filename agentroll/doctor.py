@@ -12,7 +12,7 @@ from .errors import AgentrollError
 from .parity import check_parity, probe_messages
 from .provenance import logprobs_mode, mode_warning
 from .templates import Templates
-from .turns import prefix_break
+from .turns import SAMPLE_TURNS, prefix_break
 from .wire import WireError, parse_completions
 
 
@@ -77,8 +77,11 @@ def _prefix_property(encoder: ChatEncoder) -> Check:
     """Does rendering a longer conversation keep the earlier turns' text? Where it does not, only a continuation
     by token ids (what agentroll does) keeps multi-turn data exact."""
     try:
-        broken = prefix_break(encoder.tokenizer, encoder.kwargs)
-    except Exception as exc:  # a template that refuses a system message or a second user turn
+        try:
+            broken = prefix_break(encoder.tokenizer, encoder.kwargs)
+        except Exception:  # a template that takes no system message (Gemma): the turns without it
+            broken = prefix_break(encoder.tokenizer, encoder.kwargs, SAMPLE_TURNS[1:])
+    except Exception as exc:  # a template that refuses the turns whatever they are
         return Check("multi-turn", "warn", f"could not render a sample conversation to check the prefix property: "
                                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
     if broken is None:

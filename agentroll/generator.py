@@ -15,10 +15,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from . import provenance
 from .chat import ChatEncoder, load_first, tokenizer_candidates
 from .client import ClientCounters, CompletionClient
-from .context import Stage
+from .context import Stage, tokenizer_id
 from .errors import InputError, ServerError, UsageError
 from .group import Group, annotate
 from .inputs import InputKeys, Problem, problem_from_row
@@ -103,13 +105,15 @@ class Generator:
             server = await self._provenance(client, encoder, templates, config, root)
             if client.adaptive:
                 await client.start_adaptive(start=16, fallback=64, maximum=o.max_concurrency)
-            stages = await self._stages(system, Stage("", client, encoder, config))
+            stages, stage_settings = await self._stages(Stage("", client, encoder, config,
+                                                              tokenizer_id=tokenizer_id(encoder)))
             self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
                                        prompt_key=self.keys.prompt, system=system, stages=stages)
             self.server = server
             self._settings = self._fingerprint(templates, "server" if encoder.server_render else "local", config)
             self._settings["system"] = identity(system, o.system)
-            self._settings["stage_settings"] = o.stage_settings()
+            self._settings["stage_settings"] = stage_settings
+            self._settings = orjson.loads(orjson.dumps(self._settings))  # as a folder's manifest will hold them
         except BaseException:
             await self.aclose()
             raise
@@ -122,8 +126,11 @@ class Generator:
             if rewards is not None:
                 await rewards.aclose()
         finally:
-            for each in [*([client] if client is not None else []), *clients]:
-                await each.aclose()
+            closing = [*([client] if client is not None else []), *clients]
+            results = await asyncio.gather(*(each.aclose() for each in closing), return_exceptions=True)
+            failed = next((r for r in results if isinstance(r, BaseException)), None)
+            if failed is not None:
+                raise failed
 
     @property
     def ceiling(self) -> int:
@@ -228,6 +235,7 @@ class Generator:
                         order[group], started = started, started + 1
                 elif not ordered:  # while the consumer holds a group, nothing new starts
                     pending.discard(task)
+                    del order[task]  # kept, it would hold every finished group: memory growing with the input
                     yield task.result()
                 else:
                     ready[order.pop(task)] = task
@@ -268,40 +276,54 @@ class Generator:
         self.stats.use_stages(system.stages)  # none declared: each stage is added as it first runs
         return system
 
-    async def _stages(self, system: System, main: Stage) -> dict[str, Stage]:
-        """Stages with settings of their own (--stage NAME.KEY=VALUE): another served model or endpoint, with
-        its tokenizer, or other sampling. A stage that runs another model is frozen (trainable false) unless
-        its settings say otherwise: its samples are kept, marked, for analysis."""
+    async def _stages(self, main: Stage) -> tuple[dict[str, Stage], dict[str, dict[str, Any]]]:
+        """Stages with settings of their own (--stage NAME.KEY=VALUE): another served model or server, with its
+        tokenizer and context length, or other sampling. A stage that runs another model is frozen (trainable
+        false) unless its settings say otherwise: its samples are kept, marked, for analysis. Also returns what
+        the settings guard keeps of them: the settings less base_url (where a stage runs is not what it is, as
+        with --base-url), plus the model each one resolved to."""
         o = self.options
         out: dict[str, Stage] = {}
+        guard: dict[str, dict[str, Any]] = {}
         clients: dict[str, CompletionClient] = {}
         for name, settings in o.stage_settings().items():
-            client, encoder, config = main.client, main.encoder, main.config
-            url, model = settings.get("base_url"), settings.get("model")
-            length = config.max_context_len
-            if url or model or settings.get("tokenizer"):
-                if url:
-                    client = clients.get(url) or CompletionClient(
-                        [url], api_key=o.api_key, concurrency=o.concurrency if isinstance(o.concurrency, int)
-                        else 64, timeout_s=o.request_timeout, connect_timeout_s=o.connect_timeout,
-                        max_retries=o.max_retries, down_timeout_s=o.down_timeout, probe_interval_s=o.probe_interval)
-                    if url not in clients:
-                        clients[url] = client
-                        self._stage_clients.append(client)
-                model, served_len, root = await self._discover(client, model or (None if url else self.model))
-                length = o.max_context_len or served_len
-                if settings.get("tokenizer") or model != self.model or url:
-                    candidates = tokenizer_candidates(settings.get("tokenizer"), model, root)
-                    _, tokenizer = await asyncio.to_thread(load_first, candidates)
-                    encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
+            client, encoder, ident = main.client, main.encoder, main.tokenizer_id
+            url, model, tokenizer_name = settings.get("base_url"), settings.get("model"), settings.get("tokenizer")
+            length, root = main.config.max_context_len, None
+            if url:
+                client = clients.get(url) or await self._stage_client(url, main)
+                clients[url] = client
+            if url or model:
+                model, served, root = await self._discover(client, model or (None if url else self.model), name)
+                length = o.max_context_len or served
+            model = model or self.model
+            if tokenizer_name or model != self.model:
+                _, tokenizer = await asyncio.to_thread(load_first, tokenizer_candidates(tokenizer_name, model, root))
+                encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
+                ident = tokenizer_id(encoder)
             overrides = {k: v for k, v in settings.items() if k not in ("base_url", "tokenizer", "trainable")}
-            config = config.with_overrides({**overrides, "model": model or config.model, "max_context_len": length})
-            trainable = settings.get("trainable", config.model == self.model and not url)
-            out[name] = Stage(name, client, encoder, config, trainable)
-        return out
+            config = main.config.with_overrides({**overrides, "model": model, "max_context_len": length})
+            out[name] = Stage(name, client, encoder, config, settings.get("trainable", model == self.model), ident)
+            guard[name] = {**{k: v for k, v in settings.items() if k != "base_url"}, "model": model}
+        return out, guard
 
-    async def _discover(self, client: CompletionClient,
-                        name: str | None = None) -> tuple[str, int | None, str | None]:
+    async def _stage_client(self, url: str, main: Stage) -> CompletionClient:
+        """A client for a stage's own server, inside the run's request budget, on the run's token API."""
+        o = self.options
+        client = CompletionClient([url], api_key=o.api_key, concurrency=1, timeout_s=o.request_timeout,
+                                  connect_timeout_s=o.connect_timeout, max_retries=o.max_retries,
+                                  down_timeout_s=o.down_timeout, probe_interval_s=o.probe_interval)
+        self._stage_clients.append(client)
+        client.share_budget(main.client)
+        if o.api != "auto":
+            client.api = o.api
+        elif main.config.alternatives < VLLM_MAX_LOGPROBS:
+            probe = local_ids(main.encoder, [{"role": "user", "content": PROBE_PROBLEM}])
+            client.api = await client.detect_api(main.config.model, probe)
+        return client
+
+    async def _discover(self, client: CompletionClient, name: str | None = None,
+                        stage: str | None = None) -> tuple[str, int | None, str | None]:
         """Fail fast on a dead server; pick the served model and read its context length. Every endpoint is
         asked; one that does not answer starts out of rotation (and is probed), unless none answers."""
         answers = await asyncio.gather(*(client.get_json("/v1/models", e) for e in client.endpoints),
@@ -323,7 +345,9 @@ class Generator:
         name = name or self.options.model if client is self._client else name
         if name is None:
             if len(names) != 1:
-                raise UsageError(f"the server lists {len(names)} models ({', '.join(map(str, names))}): pass --model")
+                flag = f"--stage {stage}.model" if stage else "--model"
+                raise UsageError(f"{client.endpoints[0].url} lists {len(names)} models ({', '.join(map(str, names))}): "
+                                 f"pass {flag}")
             name = names[0]
         entry = next((m for m in models if m.get("id") == name), None)
         if entry is None:

@@ -8,11 +8,12 @@ which ends the run with one line naming it rather than writing wrong data.
 from __future__ import annotations
 
 import asyncio
+import builtins
 
 from .chat import ChatEncoder
 from .client import CompletionClient
 from .concurrency import gather_or_cancel
-from .context import Context, Engine, ExecutionFailed, Stage, SystemConfig, call_seed
+from .context import Context, Engine, ExecutionFailed, Stage, SystemConfig, call_seed, tokenizer_id
 from .errors import AgentrollError, UsageError
 from .inputs import Problem
 from .rewards import RewardSet
@@ -27,6 +28,28 @@ __all__ = ["AgentSystem", "ExecutionFailed", "SystemConfig", "call_seed", "final
 def final_reward(samples: list[Sample]) -> float:
     """An execution's outcome, as the engine set it on every record."""
     return samples[0].final_reward if samples else 0.0
+
+
+EXCEPTION_GROUPS = tuple(t for t in (getattr(builtins, "BaseExceptionGroup", None),) if t is not None)
+
+
+def _leaf(group: BaseException, system: str, problem: str) -> BaseException:
+    """The exception an exception group stands for: a failed call or an error that ends the run first, else the
+    bug it holds."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop()
+        if isinstance(exc, EXCEPTION_GROUPS):
+            pending.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    for kind in (asyncio.CancelledError, AgentrollError, ExecutionFailed):
+        found = next((e for e in leaves if isinstance(e, kind)), None)
+        if found is not None:
+            return found
+    first = leaves[0]
+    return UsageError(f"system {system} failed on problem {problem}: {type(first).__name__}: {first}")
 
 
 class AgentSystem:
@@ -46,9 +69,9 @@ class AgentSystem:
     ) -> None:
         self.system = system if system is not None else load_system("three-stage")
         self.stats = stats
-        default = Stage("", client, encoder, config)
+        default = Stage("", client, encoder, config, tokenizer_id=tokenizer_id(encoder))
         self.engine = Engine(dict(stages or {}), default, rewards, templates, stats, dict(self.system.settings),
-                             prompt_key)
+                             prompt_key, tuple(self.system.stages))
 
     async def run(self, problem: Problem, sample_index: int, attempt: int = 0) -> list[Sample]:
         """All samples of one execution, rewards shaped, in the order the system returned them.
@@ -60,8 +83,12 @@ class AgentSystem:
         except (ExecutionFailed, AgentrollError, asyncio.CancelledError):
             raise
         except Exception as exc:
+            if EXCEPTION_GROUPS and isinstance(exc, EXCEPTION_GROUPS):  # asyncio.TaskGroup in a system: what
+                raise _leaf(exc, self.system.name, problem.id) from exc  # failed inside is what counts
             raise UsageError(f"system {self.system.name} failed on problem {problem.id}: "
                              f"{type(exc).__name__}: {exc}") from exc
+        if ctx.failure is not None:  # a failed call the system caught: the execution is still not whole
+            raise ctx.failure
         if not isinstance(samples, list):
             raise UsageError(f"system {self.system.name} returned {type(samples).__name__}, not a list of Samples")
         return ctx.finish(samples)

@@ -37,22 +37,42 @@ async def separator(tokenizer: Any, messages: list[dict[str, Any]], kwargs: dict
                     server_render: Callable[[list[dict[str, Any]]], Awaitable[list[int]]] | None = None) -> list[int]:
     """The ids the template adds after an assistant turn whose last sampled token is `last_token` (None: the
     response was cut by max_tokens, so the template's end-of-turn is added in full), up to and including the
-    generation prompt of the next assistant turn."""
+    generation prompt of the next assistant turn. With `server_render` (the server's template differs from
+    ours) they are the server's own ids."""
     probe = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": MARKER}, *messages]
-    if server_render is None:
-        text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **kwargs)
-    else:  # the server's template differs from ours: read its rendering back as text
-        text = tokenizer.decode(await server_render(probe), skip_special_tokens=False)
+    if server_render is not None:
+        return _after_marker_ids(tokenizer, await server_render(probe), last_token)
+    text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **kwargs)
     at = text.find(MARKER)
     if at < 0 or text.find(MARKER, at + 1) >= 0:
-        raise UsageError("the chat template does not render an assistant turn's content verbatim: a conversation "
-                         "cannot be continued by token ids")
+        raise UsageError(VERBATIM)
     after = text[at + len(MARKER):]
     if last_token is not None:
         closing = tokenizer.decode([last_token], skip_special_tokens=False)
-        if closing and after.startswith(closing):
-            after = after[len(closing):]
+        rest = after.lstrip()  # a template may put a space before its end-of-turn (Llama 2: ' ' + eos)
+        if closing and rest.startswith(closing):
+            after = rest[len(closing):]
     return list(tokenizer.encode(after, add_special_tokens=False))
+
+
+VERBATIM = ("the chat template does not render an assistant turn's content verbatim: a conversation cannot be "
+            "continued by token ids")
+
+
+def _after_marker_ids(tokenizer: Any, ids: list[int], last_token: int | None) -> list[int]:
+    """The ids after the marker in a rendering the server made, without the closing token the model sampled."""
+    cut = next((i for i in range(1, len(ids) + 1)
+                if MARKER in tokenizer.decode(ids[:i], skip_special_tokens=False)), None)
+    if cut is None or not tokenizer.decode(ids[:cut], skip_special_tokens=False).endswith(MARKER):
+        raise UsageError(VERBATIM)
+    rest = ids[cut:]
+    if last_token is not None:
+        blank = 0
+        while blank < len(rest) and not tokenizer.decode([rest[blank]], skip_special_tokens=False).strip():
+            blank += 1
+        if blank < len(rest) and rest[blank] == last_token:
+            rest = rest[blank + 1:]
+    return list(rest)
 
 
 def continue_turn(prompt_ids: list[int], history_mask: list[int] | None, history_logprobs: list[float] | None,

@@ -10,6 +10,7 @@ import re
 import signal
 from collections import Counter
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -289,7 +290,7 @@ def test_a_stage_may_sample_otherwise_and_run_on_another_model_and_server(proble
         asked = [e["request"] for e in generations(judge)]
         assert len(asked) == len(selectors) and all(a["model"] == "judge" and a["temperature"] == 0 for a in asked)
         settings = json.loads((out / "manifest.json").read_text())["settings"]
-        assert settings["stage_settings"]["selector"] == {"model": "judge", "base_url": judge.url,
+        assert settings["stage_settings"]["selector"] == {"model": "judge",
                                                           "temperature": 0.0, "max_tokens": 64}
     finally:
         policy.stop()
@@ -406,3 +407,139 @@ def test_the_generator_takes_a_system_object_and_a_builtin_instance_keeps_its_na
                                                   "instance_keeps_its_name.<locals>.one")
     group, identity = asyncio.run(go(Single()))
     assert group.ok and identity == {"name": "single", "stages": ["solver"], "options": {}}
+
+
+# -- what a careful review found --------------------------------------------------------------------------------
+@pytest.mark.parametrize("body", [
+    "    async with asyncio.TaskGroup() as tg:\n"
+    "        calls = [tg.create_task(ctx.complete('solver', prompt, worker=i)) for i in range(3)]\n"
+    "    samples = [c.result() for c in calls]\n",
+    "    samples = []\n"
+    "    for i in range(3):\n"
+    "        try:\n"
+    "            samples.append(await ctx.complete('solver', prompt, worker=i))\n"
+    "        except Exception:\n"
+    "            pass  # the docs say not to: the engine still fails the group\n",
+])
+def test_a_failed_call_fails_its_group_however_the_system_runs_its_calls(problems, tmp_path, body):
+    path = tmp_path / "calls.py"
+    path.write_text("import asyncio\n\nasync def calls(ctx):\n    prompt = await ctx.problem_prompt('solver')\n"
+                    + body + "    await ctx.reward(samples)\n    return samples\ncalls.templates = ('solver',)\n")
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.3))
+    server.start()
+    try:
+        out = tmp_path / "out"
+        proc = run_cli(*args(problems, out, server.url, "--system", f"{path}:calls", "--max-retries", "0"))
+    finally:
+        server.stop()
+    assert proc.returncode == 8, proc.stderr.decode()  # groups missing, a rerun redoes them; never exit 2
+    for rows in by_execution(read_records(out)).values():
+        assert len(rows) == 3  # no group with a call missing
+
+
+def test_critique_revise_with_no_room_to_revise_validates(served, problems, tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli(*args(problems, out, served.url, "--system", "critique-revise", "--max-context-len", "260",
+                         "--samples-per-prompt", "2"))
+    assert proc.returncode == 0, proc.stderr.decode()
+    executions = list(by_execution(read_records(out)).values())
+    short = [rows for rows in executions if len(rows) < 3]
+    assert short and all(rows[0]["final_reward"] == rows[0]["raw_reward"] for rows in short)
+    checked = run_cli("validate", str(out))
+    assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()
+
+
+def test_a_stage_on_a_replica_of_the_policy_is_trainable_and_continues_its_conversation(problems, tmp_path):
+    one, two = (SimServer(script=Script.from_jsonl(problems)) for _ in range(2))
+    one.start()
+    two.start()
+    try:
+        out = tmp_path / "out"
+        proc = run_cli(*args(problems, out, one.url, "--system", "critique-revise", "--max-tokens", "120",
+                             "--stage", f"critic.base_url={two.url}", "--limit", "3"))
+        assert proc.returncode == 0, proc.stderr.decode()
+    finally:
+        one.stop()
+        two.stop()
+    for rows in by_execution(read_records(out)).values():
+        assert [(r["stage"], r["endpoint"], r["trainable"]) for r in rows] == [
+            ("solver", one.url, True), ("critic", two.url, True), ("reviser", one.url, True)]
+        assert sum(rows[2]["history_mask"]) == len(rows[0]["response_token_ids"]) + len(rows[1]["response_token_ids"])
+    settings = json.loads((out / "manifest.json").read_text())["settings"]
+    assert settings["stage_settings"] == {"critic": {"model": one.model}}  # where it ran is not what it is
+
+
+def test_a_stage_served_elsewhere_counts_in_the_runs_failures(problems, tmp_path):
+    policy = SimServer(script=Script.from_jsonl(problems))
+    judge = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=1.0))
+    policy.start()
+    judge.start()
+    try:
+        proc = run_cli(*args(problems, tmp_path / "out", policy.url, "--num-parallel", "2", "--max-retries", "0",
+                             "--stage", f"selector.base_url={judge.url}", "--max-failures", "1"))
+    finally:
+        policy.stop()
+        judge.stop()
+    assert proc.returncode == 7, proc.stderr.decode()
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("    return [await ctx.complete('solver', prompt, worker=0, temperature=-1)]\n", b"temperature=-1"),
+    ("    return [await ctx.complete('judge', prompt, worker=0)]\n", b"does not declare"),
+])
+def test_a_bad_call_is_a_usage_error_not_a_failed_group(served, problems, tmp_path, line, message):
+    path = tmp_path / "bad.py"
+    path.write_text("from agentroll import System\n\nclass Bad(System):\n    stages = ('solver',)\n"
+                    "    templates = ('solver',)\n\n    async def run(self, ctx):\n"
+                    "        prompt = await ctx.problem_prompt('solver')\n    " + line)
+    proc = run_cli(*args(problems, tmp_path / "out", served.url, "--system", f"{path}:Bad"))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr.decode()
+
+
+LLAMA2_LIKE = ("{% for m in messages %}{% if m.role == 'user' %}{{ '[INST] ' + m.content + ' [/INST]' }}"
+               "{% else %}{{ ' ' + m.content | trim + ' ' + '<|im_end|>' }}{% endif %}{% endfor %}")
+
+
+def test_a_space_the_template_puts_before_its_end_of_turn_does_not_double_the_stop_token():
+    tokenizer = load_tokenizer(TOKENIZER)
+    tokenizer.chat_template = LLAMA2_LIKE
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = asyncio.run(separator(tokenizer, [{"role": "user", "content": "Again."}], {}, end))
+    assert tokenizer.decode(ids) == "[INST] Again. [/INST]"
+
+
+def test_with_server_rendering_the_separator_is_the_servers_own_ids():
+    tokenizer = load_tokenizer(TOKENIZER)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    asked = []
+
+    async def server(messages):  # stands for POST /tokenize: the same template, so the same ids
+        asked.append(messages)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    turn = [{"role": "user", "content": "Again."}]
+    for last in (end, None):
+        local = asyncio.run(separator(tokenizer, turn, {}, last))
+        assert asyncio.run(separator(tokenizer, turn, {}, last, server)) == local
+    assert len(asked) == 2
+
+
+def test_system_options_are_kept_as_the_manifest_keeps_them(served, problems):
+    from agentroll import System
+
+    class Sized(System):
+        stages = ("solver",)
+        templates = ("solver",)
+        options: ClassVar[dict] = {"sizes": (1, 2)}
+
+        async def run(self, ctx):
+            sample = await ctx.complete("solver", await ctx.problem_prompt("solver"), worker=0)
+            await ctx.reward([sample])
+            return [sample]
+
+    async def go():
+        async with Generator(base_url=served.url, tokenizer=TOKENIZER, reward="exact", system=Sized) as gen:
+            return gen.settings
+
+    assert asyncio.run(go())["system"]["options"] == {"sizes": [1, 2]}  # a tuple would refuse every resume

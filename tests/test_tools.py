@@ -679,7 +679,7 @@ def test_folders_of_other_systems_validate(tmp_path):
      "a solver record after a critic in execution b-r1 (the critique-revise system's stage order is solver, critic, "
      "reviser)"),
     (_set(2, raw_reward=0.5), [("execution", 0, 1)],
-     "final_reward 1.0 is not the raw_reward of the execution's last record (0.5, line 3)"),
+     "final_reward 1.0 is not the raw_reward of the execution's reviser (0.5, line 3)"),
     (lambda rs: [r.update(group_pass_at_k=0.0) for r in rs[4:]], [("group", 1, 1)], "group_pass_at_k 0.0"),
 ])
 def test_a_broken_conversation_is_reported_at_its_line(tmp_path, change, faults, says):

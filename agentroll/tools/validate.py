@@ -16,7 +16,8 @@ its whole-file ones (size, sha256, counts, keys), so the first fault points at a
   where the mask is 0, present exactly when it continues an earlier call (turn >= 1);
 - executions: `rollout_size` consecutive records of one rollout, stages in the system's order, one
   `final_reward`: for three-stage the selector's pick (one selector at most, its raw reward the listed
-  rewrite's), for single and critique-revise the last record's raw reward (single: one record);
+  rewrite's), for single the record's raw reward (one record), for critique-revise the reviser's (the solver's
+  when no room was left to revise);
 - conversations: a record that `continues` another continues an earlier record of its execution, by one turn,
   token for token (that record's prompt + response start its prompt), its history mask and logprobs exactly
   that record's model tokens (its history over its prompt, its loss mask and logprobs over its response; a
@@ -421,11 +422,12 @@ def _check_execution(rows: list[_Row], add: Callable[[int, str, str], None], sys
     elif system.name in (SINGLE, CRITIQUE_REVISE):
         if system.name == SINGLE and len(rows) != 1:
             add(rows[1].line, "execution", f"execution {rid} has {len(rows)} records: the single system writes one")
-        last = rows[-1]
+        # critique-revise: the reviser's answer, or the solver's when no room was left to revise
+        last = next((r for r in rows if r.stage == "reviser"), rows[0])
         if last.raw_reward is not None and head.final_reward is not None and not _close(head.final_reward,
                                                                                          last.raw_reward):
             add(head.line, "execution", f"final_reward {head.final_reward} is not the raw_reward of the execution's "
-                                        f"last record ({last.raw_reward}, line {last.line}) in execution {rid}")
+                                        f"{last.stage} ({last.raw_reward}, line {last.line}) in execution {rid}")
 
 
 def _check_three_stage(rows: list[_Row], rid: str, add: Callable[[int, str, str], None]) -> None:
