@@ -88,6 +88,14 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+ACCURACY_NAMES = {"majority_vote": "majority vote", "best_of_n": "best of N", "selector_pick": "selector (its pick)"}
+
+
+def _accuracies(report: dict[str, float | None]) -> str:
+    names = [k.removesuffix("_accuracy") for k in report if k.endswith("_accuracy")]
+    return ", ".join(f"{ACCURACY_NAMES.get(n, n)} {_fmt(report[n + '_accuracy'])}" for n in names)
+
+
 def print_summary(result: RunResult) -> None:
     s, r = result.stats, result.requests
     table = Table(title=f"agentroll generate: {result.model} -> {result.output}", show_header=True)
@@ -104,9 +112,7 @@ def print_summary(result: RunResult) -> None:
     err.print(
         f"problems {s.problems} (already done {s.problems_skipped_done}), executions {s.executions}, "
         f"records {s.records_written}, invalid rows {s.invalid_rows}\n"
-        f"accuracy: solver {_fmt(rep['solver_accuracy'])}, majority vote {_fmt(rep['majority_vote_accuracy'])}, "
-        f"best of N {_fmt(rep['best_of_n_accuracy'])}, rewriter {_fmt(rep['rewriter_accuracy'])}, "
-        f"selector (its pick) {_fmt(rep['selector_pick_accuracy'])}, system {_fmt(rep['system_accuracy'])}\n"
+        f"accuracy: {_accuracies(rep)}\n"
         f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}, "
         f"missing {result.missing_groups}; reward timeouts {s.reward_timeouts}, errors {s.reward_errors}, "
         f"refused values {s.reward_invalid}\n"
@@ -160,15 +166,20 @@ def _error(message: str) -> None:
     err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
 
 
-def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool) -> int:
+def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool,
+                 progress: ProgressHook | None = None) -> int:
     """The exit code of a whole run (README: exit codes)."""
     _setup_logging(quiet, debug)
+    if run.get("ray"):
+        return _run_ray(run, generate, quiet, debug)
     try:
         runner = Runner(RunOptions(**run), generate)
     except AgentrollError as exc:
         _error(str(exc))
         return exc.exit_code
-    if not quiet:
+    if progress is not None:
+        runner.progress = progress
+    elif not quiet:
         runner.progress = RichBar() if err.is_terminal else LogLines()
     code: int
     try:
@@ -193,6 +204,50 @@ def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, deb
         _error(str(missing))
         code = missing.exit_code
     return code
+
+
+def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool) -> int:
+    """`generate --ray`: the job on a Ray cluster (docs/ray.md). A first SIGINT/SIGTERM stops every partition
+    cleanly (each folder stays resumable); a second one kills the tasks and exits at once."""
+    from .cluster import RayJob
+
+    job: RayJob | None = None
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        assert job is not None
+        if job.stopped is not None:
+            log.error("second interrupt: stopping at once")
+            job.kill()
+            os._exit(128 + signum)
+        log.warning("%s: stopping every partition; their folders stay resumable (interrupt again to stop at once)",
+                    signal.Signals(signum).name)
+        job.stop(signum)
+
+    previous: dict[int, Any] = {}
+    try:
+        job = RayJob(run, generate, None if quiet else RichBar() if err.is_terminal else LogLines(), debug)
+        job.connect()  # Ray sets its own SIGTERM handler here: ours go in after it
+        previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+        result = job.run()
+    except AgentrollError as exc:
+        if debug:
+            raise
+        _error(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if job is not None:
+            job.close()
+    if not quiet:
+        print_summary(result.run)
+        for line in result.notes():
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
+    if result.code and result.message:
+        _error(result.message)
+    return result.code
 
 
 def _typer_parameter(name: str, spec: Any, annotation: Any, default: Any) -> inspect.Parameter:
@@ -264,6 +319,16 @@ def doctor(
     for check in checks:
         err.print(f"[{colors[check.verdict]}]{check.verdict:4}[/] {check.name}: {check.detail}", highlight=False)
     raise typer.Exit(1 if any(c.verdict == "fail" for c in checks) else 0)
+
+
+@app.command("ray-partition", hidden=True)
+def ray_partition() -> None:
+    """One partition of a `generate --ray` job: its Ray task starts it and sends the spec on stdin."""
+    from .partitions import JsonProgress, partition_spec
+
+    spec = partition_spec(sys.stdin.buffer.read())
+    raise typer.Exit(run_generate(spec["run"], spec["generate"], quiet=False, debug=spec["debug"],
+                                  progress=JsonProgress(sys.stdout.buffer)))
 
 
 @app.command()
@@ -338,6 +403,12 @@ def convert(
     tokenizer: Annotated[str | None, typer.Option(help="dpo, sft: to recover chat messages (default: the run's).")]
     = None,
     groups_per_file: Annotated[int | None, typer.Option(help="slime: problems per .pt file.")] = None,
+    include_frozen: Annotated[bool | None, typer.Option(
+        "--include-frozen/--skip-frozen", help="Keep records of frozen stages (trainable false); trl, slime and "
+                                               "megatron skip them by default.", show_default=False)] = None,
+    trajectories: Annotated[bool | None, typer.Option(
+        "--trajectories/--no-trajectories", help="slime: one sample per multi-turn conversation, from its last "
+                                                 "turn (default), or one per turn.", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace this format's files in OUT.")] = False,
 ) -> None:
     """Turn a folder into what a trainer loads: TRL DPO pairs, SFT data, TRL GRPO rollouts, slime, Megatron."""
@@ -345,9 +416,12 @@ def convert(
 
     summary = _folder_tool(lambda: convert_folder(
         folder, to, output, advantage=advantage, max_pairs_per_group=max_pairs_per_group, stages=stages,
-        layout=layout, tokenizer=tokenizer, groups_per_file=groups_per_file, overwrite=overwrite))
+        layout=layout, tokenizer=tokenizer, groups_per_file=groups_per_file, include_frozen=include_frozen,
+        trajectories=trajectories, overwrite=overwrite))
+    extra = "".join(f", {summary[k]} {k.replace('_', ' ')}" for k in ("skipped_frozen", "folded_turns")
+                    if summary.get(k))
     err.print(f"{summary['records']} records -> {summary['rows']} {to} rows in "
-              f"{', '.join(map(str, summary['files']))}", markup=False, highlight=False, soft_wrap=True)
+              f"{', '.join(map(str, summary['files']))}{extra}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -8,6 +8,7 @@
     ├── OutputError           exit 6  the output folder cannot be written or does not match
     ├── TooManyFailures       exit 7  more failed calls than --max-failures allows
     ├── IncompleteRun         exit 8  the input was read to its end, but some groups could not be produced
+    ├── ClusterError          exit 9  --ray: the cluster is out of reach, or a partition's task was lost for good
     └── PipeClosed            exit 141  `-o -` and the reader closed the pipe (as SIGPIPE would)
 
 Signals: 130 (SIGINT), 143 (SIGTERM). Exit 0 means every problem read has its whole group on disk, or was
@@ -62,6 +63,10 @@ class TooManyFailures(AgentrollError):
 
 class IncompleteRun(AgentrollError):
     exit_code = 8
+
+
+class ClusterError(AgentrollError):
+    exit_code = 9
 
 
 class PipeClosed(AgentrollError):

@@ -48,6 +48,12 @@ class RunOptions:
     ordered: bool = option(False, "Commit groups in input order (a bounded reorder buffer).")
     consumer: str | None = option(None, "Name of a reader (read_groups(consumer=NAME)) that the run waits for.")
     max_ahead: int | None = option(None, "With --consumer: most committed groups it may leave unconsumed.")
+    ray: str | None = option(None, "Run on a Ray cluster: auto, local, or its address (HOST:PORT, ray://HOST:PORT). "
+                                   "One --partition per task into OUT/part-I, merged into OUT (docs/ray.md).")
+    partitions: int | None = option(None, "With --ray: partitions (Ray tasks) [default: the cluster's nodes].")
+    endpoints_per_task: int | None = option(None, "With --ray: each task gets E of the --base-url endpoints, "
+                                                  "round-robin, instead of all.")
+    ray_retries: int = option(3, "With --ray: times Ray reruns a partition whose task was lost (it resumes).")
 
     def __post_init__(self) -> None:
         if not self.output:
@@ -69,6 +75,12 @@ class RunOptions:
                 parse_partition(self.partition)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
+        for name in ("partitions", "endpoints_per_task"):
+            if getattr(self, name) is not None:
+                if self.ray is None:
+                    raise UsageError(f"--{name.replace('_', '-')} goes with --ray")
+                at_least(self, 1, name)
+        at_least(self, 0, "ray_retries")
 
     @property
     def slice(self) -> tuple[int, int] | None:

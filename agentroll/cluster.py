@@ -1,0 +1,418 @@
+"""`agentroll generate --ray`: one job over a Ray cluster, built on `--partition I/P` and `agentroll merge`.
+
+The driver (`RayJob`) splits the input into P partitions (`partitions`), runs each as a Ray task, and merges
+`OUT/part-*` into `OUT` at the end. A task (`run_partition`) starts `agentroll ray-partition` as a child process:
+an ordinary `generate --partition I/P -o OUT/part-I` (`partitions.partition_spec`), so a task that dies with its
+node leaves a folder the writer recovers, and Ray's retry (`max_retries`, `--ray-retries`) runs the same command
+again, which resumes: each problem once. The child streams its counters (`partitions.JsonProgress`) to its task,
+which forwards them to a small actor (`Board`); the driver reads the board for the one progress bar and adds
+every partition's stats for the summary.
+
+Stopping: `stop()` cancels every task (`ray.cancel`); a running task sends its child SIGTERM, which finishes its
+shard and manifest as a normal run does, and the driver waits for them. `kill()` kills the tasks' workers, and
+each child dies with its worker (Ray kills a dead worker's processes; the kernel sends SIGTERM to one it misses,
+`PR_SET_PDEATHSIG`): the folder is then what a `kill -9` leaves, which the next run repairs.
+
+Ray is optional (`pip install 'agentroll[ray]'`): it is imported only here, and only when a job runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from .children import stop_group
+from .client import ClientCounters
+from .errors import ClusterError, OutputError, UsageError
+from .merge import merge
+from .options import GenerateOptions
+from .partitions import (
+    STATE,
+    Outcome,
+    add_requests,
+    add_stats,
+    check_options,
+    job_code,
+    part_dir,
+    plan_tasks,
+    prepare_output,
+    tasks_at_once,
+)
+from .runner import Progress, RunOptions, RunResult, _count_rows
+from .stats import RunStats
+from .writer import MANIFEST, STATE_DIR
+
+log = logging.getLogger("agentroll")
+
+POLL_S = 0.5  # how often the driver looks at its tasks, and a task at its child
+GRACE_S = 60.0  # after a stop: how long a partition has to close its folder before it is killed
+LOCK_WAIT_S = 300.0  # how long a retry waits for a lost attempt's process to let go of its folder
+TASK_CPUS = 1.0
+
+
+class PartitionLost(Exception):
+    """A partition's process died by a signal that no stop of the job sent (OOM killer, node shutdown): Ray
+    retries the task (`retry_exceptions`), and the rerun resumes."""
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise UsageError("--ray needs Ray on this machine and on every node: pip install 'agentroll[ray]'") from exc
+    return ray
+
+
+# -- the Ray task --------------------------------------------------------------------------------------------------
+
+
+class Board:
+    """A Ray actor: each partition's latest counters, from its latest attempt."""
+
+    def __init__(self) -> None:
+        self.parts: dict[int, tuple[int, dict[str, Any]]] = {}
+
+    def report(self, index: int, attempt: int, figures: dict[str, Any]) -> None:
+        if attempt >= self.parts.get(index, (0, {}))[0]:
+            self.parts[index] = (attempt, figures)
+
+    def read(self) -> dict[int, tuple[int, dict[str, Any]]]:
+        return self.parts
+
+
+def run_partition(spec: dict[str, Any], board: Any) -> dict[str, Any]:
+    """A Ray task: partition `spec["index"]` as a child `agentroll ray-partition`, waited for; returns how it
+    ended. Raises `PartitionLost` (Ray retries it) when the child was killed by something other than a stop."""
+    import ray
+
+    index, state = spec["index"], Path(spec["state"])
+    part = Path(spec["run"]["output"])
+    _wait_for_writer(part)
+    attempts = state / f"part-{index}.attempts"
+    attempt = 1 + sum(1 for line in _lines(attempts) if line.get("job") == spec["job"])
+    node = ray.util.get_node_ip_address()
+    with open(state / f"part-{index}.log", "ab") as log_file:
+        log_file.write(f"--- part-{index}, attempt {attempt} of job {spec['job']} on {node}, "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+        log_file.flush()
+        offset = log_file.tell()
+        child = subprocess.Popen([sys.executable, "-m", "agentroll", "ray-partition"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=log_file, start_new_session=True,
+                                 cwd=spec["cwd"] if os.path.isdir(spec["cwd"]) else None)
+    with open(attempts, "ab") as f:
+        f.write(orjson.dumps({"job": spec["job"], "attempt": attempt, "node": node, "pid": os.getpid(),
+                              "child": child.pid, "time": time.time()}) + b"\n")
+    assert child.stdin is not None and child.stdout is not None
+    with contextlib.suppress(BrokenPipeError):  # a child that could not start: its exit code and log say why
+        child.stdin.write(orjson.dumps({**spec, "parent": os.getpid()}))
+        child.stdin.close()
+    last: list[dict[str, Any]] = []
+    relay = threading.Thread(target=_relay, args=(child.stdout, board, index, attempt, last), daemon=True)
+    relay.start()
+    cancelled = False
+    asked = getattr(ray.get_runtime_context(), "is_canceled", lambda: False)  # newer Rays also set a flag
+    try:
+        while child.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=POLL_S)
+            if child.returncode is None and asked():
+                cancelled = True
+                stop_group(child, GRACE_S)
+    except KeyboardInterrupt:  # ray.cancel: the job is being stopped
+        cancelled = True
+    finally:
+        stop_group(child, GRACE_S)  # SIGTERM first: the run closes its folder
+    relay.join(timeout=10)
+    code = child.returncode
+    figures = _last_run(part) if code in (0, 7, 8) else (last[-1] if last else {})
+    outcome = {"index": index, "attempt": attempt, "code": code, "cancelled": cancelled, "node": node,
+               "stats": figures.get("stats"), "requests": figures.get("requests"),
+               "tail": _tail(state / f"part-{index}.log", offset) if code else ""}
+    if not cancelled and (code < 0 or code in (130, 143)):
+        raise PartitionLost(f"part-{index}: its process on {node} was stopped by signal "
+                            f"{-code if code < 0 else code - 128} (attempt {attempt}); Ray runs it again")
+    return outcome
+
+
+def _relay(stream: IO[bytes], board: Any, index: int, attempt: int, last: list[dict[str, Any]]) -> None:
+    for line in stream:
+        try:
+            figures = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        last[:] = [figures]
+        board.report.remote(index, attempt, figures)
+
+
+def _wait_for_writer(part: Path) -> None:
+    """A lost attempt's process may still hold its folder for a moment (closing it, or an NFS lock not yet
+    expired): wait for the writer's lock, so the rerun resumes instead of failing. Past `LOCK_WAIT_S` the run
+    itself says the folder is busy."""
+    lock = part / STATE_DIR / "lock"
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                time.sleep(0.2)  # another process's lock: nothing to wait on but time
+    finally:
+        os.close(fd)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    out = []
+    for line in data.splitlines():
+        with contextlib.suppress(orjson.JSONDecodeError):
+            out.append(orjson.loads(line))
+    return out
+
+
+def _last_run(part: Path) -> dict[str, Any]:
+    try:
+        return dict(orjson.loads((part / MANIFEST).read_bytes()).get("last_run") or {})
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return {}
+
+
+def _tail(path: Path, offset: int, lines: int = 12) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+# -- the driver ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class JobResult:
+    run: RunResult  # the partitions' figures added up, for the usual summary
+    outcomes: list[Outcome]
+    nodes: int
+    at_once: int
+    code: int = 0
+    message: str = ""  # why the code is not 0
+    merged: dict[str, Any] | None = None
+
+    def notes(self) -> list[str]:
+        """Lines for the summary: the job's shape, retries, failed partitions."""
+        out = [f"ray: {len(self.outcomes)} partitions, {self.at_once} at once, on {self.nodes} node(s)"]
+        for o in self.outcomes:
+            if o.cancelled:
+                continue
+            if o.attempts > 1:
+                out.append(f"part-{o.index}: {o.attempts} attempts (Ray ran it again after a loss; it resumed)")
+            if o.code != 0 and (o.code is not None or o.error):
+                out.append(f"part-{o.index}: " + (f"exit {o.code}" if o.code is not None else "lost")
+                           + (f"\n  {o.error.replace(chr(10), chr(10) + '  ')}" if o.error else ""))
+        if self.merged is not None:
+            out.append(f"merged -> {self.run.output}/{MANIFEST}: {self.merged['records']} records, "
+                       f"{self.merged['groups']} groups")
+        return out
+
+
+class RayJob:
+    """`connect()`, then `run()`; `stop(signum)` from a signal handler asks the job to stop, `kill()` stops it at
+    once; `close()` leaves the cluster."""
+
+    def __init__(self, run: dict[str, Any], generate: dict[str, Any], progress: Progress | None = None,
+                 debug: bool = False) -> None:
+        self.options = RunOptions(**run)
+        self.given = generate
+        self.generate = GenerateOptions(**generate)
+        check_options(self.options, self.generate)
+        self.out = Path(os.path.abspath(self.options.output))
+        self.progress = progress or Progress()
+        self.debug = debug
+        self.stopped: int | None = None
+        self._ray: Any = None
+        self._refs: dict[Any, int] = {}
+
+    def connect(self) -> None:
+        ray = import_ray()
+        address = self.options.ray
+        extra = {"include_dashboard": False} if address == "local" else {}
+        try:
+            _reachable(address)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, **extra)
+        except Exception as exc:  # ConnectionError, RuntimeError or ValueError, depending on what failed
+            raise ClusterError(f"cannot reach the Ray cluster ({address}): {exc}") from exc
+        self._ray = ray
+
+    def stop(self, signum: int) -> None:
+        if self.stopped is None:
+            self.stopped = signum
+
+    def kill(self) -> None:
+        for ref in list(self._refs):
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+
+    def close(self) -> None:
+        if self._ray is not None:
+            self._ray.shutdown()
+            self._ray = None
+
+    def run(self) -> JobResult:
+        ray, opts = self._ray, self.options
+        started = time.monotonic()
+        nodes = sum(1 for node in ray.nodes()  # that can run a task: a head started with --num-cpus 0 cannot
+                    if node.get("Alive") and (node.get("Resources") or {}).get("CPU", 0) >= TASK_CPUS)
+        partitions = prepare_output(self.out, opts.partitions, max(1, nodes), opts.overwrite)
+        at_once = tasks_at_once(partitions, ray.cluster_resources().get("CPU", 0.0), TASK_CPUS)
+        tasks = plan_tasks(opts, self.given, self.generate, partitions, at_once)
+        if opts.endpoints_per_task and partitions * opts.endpoints_per_task < len(self.generate.base_url):
+            log.warning("--endpoints-per-task %d over %d partitions leaves some of the %d endpoints unused",
+                        opts.endpoints_per_task, partitions, len(self.generate.base_url))
+        job = uuid.uuid4().hex[:12]
+        board = ray.remote(num_cpus=0)(Board).remote()
+        remote = ray.remote(run_partition).options(
+            num_cpus=TASK_CPUS, max_retries=opts.ray_retries, retry_exceptions=[PartitionLost],
+            scheduling_strategy="SPREAD")
+        log.info("ray: %d partitions (%d at once) on %d node(s) -> %s", partitions, at_once, nodes, self.out)
+        spec = {"job": job, "cwd": os.getcwd(), "state": str(self.out / STATE), "debug": self.debug}
+        self._refs = {remote.remote({**spec, "index": t.index, "run": t.run, "generate": t.generate}, board): t.index
+                      for t in tasks}
+        outcomes = [Outcome(i) for i in range(partitions)]
+        self.progress.start(_count_rows(opts.input, None))
+        try:
+            live = self._wait(board, outcomes)
+        finally:
+            self.progress.stop()
+        stats, requests = self._figures(outcomes, live)
+        result = JobResult(RunResult(stats, requests, time.monotonic() - started, "", str(self.out)), outcomes,
+                           nodes, at_once)
+        if self.stopped is not None:
+            result.code = 128 + self.stopped  # said when the signal came; the folders stay resumable
+            result.run.model = _model(self.out, partitions)
+            return result
+        result.code = job_code(outcomes)
+        result.message = self._why(result.code, outcomes)
+        self._merge(result, partitions)
+        result.run.complete = result.code == 0
+        return result
+
+    def _wait(self, board: Any, outcomes: list[Outcome]) -> dict[int, dict[str, Any]]:
+        """Until every task has ended: settle each, feed the bar, and carry out a stop. Returns each
+        partition's latest streamed counters."""
+        ray = self._ray
+        pending, deadline = list(self._refs), None
+        live: dict[int, dict[str, Any]] = {}
+        while pending:
+            if self.stopped is not None and deadline is None:
+                for ref in pending:
+                    with contextlib.suppress(Exception):
+                        ray.cancel(ref)  # queued tasks are dropped; a running one stops its child (SIGTERM)
+                deadline = time.monotonic() + GRACE_S + 10
+            elif deadline is not None and time.monotonic() > deadline:
+                self.kill()
+                deadline = float("inf")
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            for ref in ready:
+                self._settle(ref, outcomes[self._refs[ref]])
+            live = self._poll(board, live, outcomes)
+        return live
+
+    def _settle(self, ref: Any, outcome: Outcome) -> None:
+        try:
+            got = self._ray.get(ref)
+        except self._ray.exceptions.TaskCancelledError:
+            outcome.cancelled = True
+            return
+        except self._ray.exceptions.RayError as exc:  # lost more often than --ray-retries allows, or killed
+            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+            outcome.error = lines[-1] if lines else type(exc).__name__
+            return
+        outcome.cancelled, outcome.code = got["cancelled"], got["code"]
+        outcome.attempts = max(outcome.attempts, got["attempt"])
+        outcome.stats, outcome.requests, outcome.error = got["stats"], got["requests"], got["tail"]
+
+    def _poll(self, board: Any, live: dict[int, dict[str, Any]], outcomes: list[Outcome]) -> dict[int, Any]:
+        try:
+            parts = self._ray.get(board.read.remote(), timeout=5)
+        except Exception:  # the board's node is gone: the bar waits, the job goes on
+            return live
+        for index, (attempt, figures) in parts.items():
+            outcome = outcomes[index]
+            if attempt > max(outcome.attempts, 1):
+                log.warning("part-%d: attempt %d (the last one was lost with its node or process); it resumes "
+                            "from what %s holds", index, attempt, part_dir(self.out, index))
+            outcome.attempts = max(outcome.attempts, attempt)
+            live[index] = figures
+        stats, requests = self._figures(outcomes, live)
+        self.progress.advance(stats, requests)
+        return live
+
+    @staticmethod
+    def _figures(outcomes: list[Outcome], live: dict[int, dict[str, Any]]) -> tuple[RunStats, ClientCounters]:
+        """Every partition's figures added up: its final ones when it has ended, else its latest streamed."""
+        parts = [(o.stats, o.requests) if o.stats is not None else
+                 (live.get(o.index, {}).get("stats"), live.get(o.index, {}).get("requests")) for o in outcomes]
+        return (add_stats([s for s, _ in parts if s]), add_requests([r for _, r in parts if r]))
+
+    def _why(self, code: int, outcomes: list[Outcome]) -> str:
+        if code == 0:
+            return ""
+        failed = [o for o in outcomes if not o.ok]
+        names = ", ".join(f"part-{o.index}" for o in failed)
+        logs = self.out / STATE / f"part-{failed[0].index}.log"
+        if code == 9:
+            return (f"{names}: lost more often than --ray-retries ({self.options.ray_retries}) allows, or Ray could "
+                    f"not run it; run the same command again to resume (logs: {logs})")
+        return f"{names} did not finish whole (see above, and {logs}); run the same command again to resume"
+
+    def _merge(self, result: JobResult, partitions: int) -> None:
+        folders = [part_dir(self.out, i) for i in range(partitions)]
+        if any(not (folder / MANIFEST).exists() for folder in folders):
+            result.message = result.message or "a partition wrote nothing"
+            return  # a partition that failed before it began writing: nothing to join yet (the code says why)
+        try:
+            result.merged = merge(folders, self.out)
+        except OutputError as exc:
+            result.code = result.code or exc.exit_code
+            result.message = result.message or f"merge: {exc}"
+            return
+        result.run.model = _model(self.out, partitions)
+
+
+def _reachable(address: str | None) -> None:
+    """Ray retries an address that does not answer for minutes: say at once that nothing listens there."""
+    if address is None or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=10):
+        pass
+
+
+def _model(out: Path, partitions: int) -> str:
+    """The served model, as the first partition's folder records it."""
+    for index in range(partitions):
+        with contextlib.suppress(OSError, ValueError, AttributeError, KeyError, TypeError):
+            return str(orjson.loads((part_dir(out, index) / MANIFEST).read_bytes())["settings"].get("model") or "")
+    return ""
