@@ -69,10 +69,18 @@ def tokenizer_candidates(explicit: str | None, model: str, root: str | None) -> 
     return list(dict.fromkeys([*local_root, model, *([root] if root else [])]))
 
 
-def load_first(candidates: list[str]) -> tuple[str, Any]:
-    """The first candidate that loads, with its name; the first candidate's error when none does."""
+def load_first(candidates: list[str], lite: bool = False) -> tuple[str, Any]:
+    """The first candidate that loads, with its name; the first candidate's error when none does. With `lite`,
+    a tokenizer that loads exactly without transformers is a `tokenizer_lite.LiteTokenizer` (no torch import):
+    `check_parity` keeps it only when the server proves its ids."""
     error: UsageError | None = None
     for name in candidates:
+        if lite:
+            from . import tokenizer_lite
+
+            fast = tokenizer_lite.load(name)
+            if fast is not None and getattr(fast, "chat_template", None):
+                return name, fast
         try:
             return name, load_tokenizer(name)
         except UsageError as exc:

@@ -6,6 +6,7 @@ whose template differs from the server's silently trains on prompts the server w
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient
 from .errors import ServerError, UsageError
 from .templates import Templates
+from .tokenizer_lite import LiteTokenizer
 
 PROBE_PROBLEM = "What is 17 + 25?"
 PROBE_ANSWERS = ["The sum is \\boxed{42}.", "It is \\boxed{\\frac{84}{2}}."]
@@ -27,8 +29,8 @@ class Parity:
 
 
 def probe_messages(templates: Templates, problem: str = PROBE_PROBLEM) -> list[list[dict[str, Any]]]:
-    return [templates.messages("solver", problem), templates.messages("rewriter", problem, PROBE_ANSWERS),
-            templates.messages("selector", problem, PROBE_ANSWERS)]
+    """Each of the system's templates, rendered once (the first with no solutions, as a solver sees it)."""
+    return [templates.messages(name, problem, PROBE_ANSWERS if i else None) for i, name in enumerate(templates.names)]
 
 
 # A server that answers these to a chat /tokenize has none (or predates `messages` there): nothing to compare.
@@ -37,21 +39,52 @@ NO_CHAT_TOKENIZE = frozenset({400, 404, 405, 422, 501})
 
 async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: str,
                        conversations: list[list[dict[str, Any]]]) -> Parity:
-    """Compare our ids with the server's, prompt by prompt. A /tokenize that fails for a while (5xx, timeouts)
-    is retried and then ends the run (`ServerError`): taking it for "no /tokenize" would switch the check off."""
-    for i, messages in enumerate(conversations):
-        ours = local_ids(encoder, messages)
-        body = {"model": model, "messages": messages, "add_generation_prompt": True, **(
-            {"chat_template_kwargs": encoder.kwargs} if encoder.kwargs else {})}
-        try:
-            answer = await client.post_with_retries("/tokenize", body, absent=NO_CHAT_TOKENIZE)
-        except CallFailed as exc:
-            raise ServerError(f"the chat-template check could not ask the server: {exc}", exc.status) from exc
-        if answer is None:
+    """Compare our ids with the server's, prompt by prompt (the server is asked for all of them at once). A
+    /tokenize that fails for a while (5xx, timeouts) is retried and then ends the run (`ServerError`): taking it
+    for "no /tokenize" would switch the check off.
+
+    A tokenizer loaded without transformers (`tokenizer_lite.LiteTokenizer`) stays only when the server proves
+    it: otherwise (a difference, or no /tokenize to ask) the encoder gets the transformers tokenizer of the same
+    files, checked again."""
+    answers = await asyncio.gather(*(_server_ids(client, encoder, model, m) for m in conversations),
+                                   return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer
+    served: list[list[int] | None] = answers  # type: ignore[assignment]
+    if not isinstance(encoder.tokenizer, LiteTokenizer):
+        return _compare(encoder, conversations, served)
+    try:
+        parity: Parity | None = _compare(encoder, conversations, served)
+    except UsageError:  # the template rejects the prompts: transformers' verdict is the one to report
+        parity = None
+    if parity is None or parity.mismatch or not parity.supported:
+        encoder.tokenizer = await asyncio.to_thread(encoder.tokenizer.full)
+        parity = _compare(encoder, conversations, served)
+    return parity
+
+
+async def _server_ids(client: CompletionClient, encoder: ChatEncoder, model: str,
+                      messages: list[dict[str, Any]]) -> list[int] | None:
+    body = {"model": model, "messages": messages, "add_generation_prompt": True, **(
+        {"chat_template_kwargs": encoder.kwargs} if encoder.kwargs else {})}
+    try:
+        answer = await client.post_with_retries("/tokenize", body, absent=NO_CHAT_TOKENIZE)
+    except CallFailed as exc:
+        raise ServerError(f"the chat-template check could not ask the server: {exc}", exc.status) from exc
+    if answer is None:
+        return None
+    if not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
+        raise ServerError(f"/tokenize answered 200 without token ids: {str(answer)[:200]}")
+    return list(answer["tokens"])
+
+
+def _compare(encoder: ChatEncoder, conversations: list[list[dict[str, Any]]],
+             answers: list[list[int] | None]) -> Parity:
+    for i, (messages, theirs) in enumerate(zip(conversations, answers, strict=True)):
+        if theirs is None:
             return Parity(i, None, supported=False)
-        if not isinstance(answer, dict) or not isinstance(answer.get("tokens"), list):
-            raise ServerError(f"/tokenize answered 200 without token ids: {str(answer)[:200]}")
-        theirs = answer["tokens"]
+        ours = local_ids(encoder, messages)
         if theirs != ours:
             at = next((j for j, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
                       min(len(ours), len(theirs)))

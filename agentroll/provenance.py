@@ -9,6 +9,7 @@ does not say which mode it runs, so we ask the same question at two temperatures
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
@@ -54,9 +55,13 @@ async def logprobs_mode(client: CompletionClient, model: str, prompt_ids: list[i
     `alternatives` when more than their own 2, so a server that cannot give this run's top-k says so now."""
     values = []
     routes: bool | None = None
-    for temperature in (1.0, 0.5):
-        params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": PROBE_SEED}
-        done = await probe_call(client, model, prompt_ids, params, max(PROBE_ALTERNATIVES, alternatives))
+    # both at once: start-up waits for one round trip, not two
+    answers = await asyncio.gather(*(probe_call(
+        client, model, prompt_ids, {"temperature": t, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": PROBE_SEED},
+        max(PROBE_ALTERNATIVES, alternatives)) for t in (1.0, 0.5)), return_exceptions=True)
+    for done in answers:
+        if isinstance(done, BaseException):
+            raise done
         if done is None or not done.top_token_ids or not done.top_token_ids[0] or done.top_logprobs is None:
             return "unknown", routes
         routes = done.routed_experts is not None

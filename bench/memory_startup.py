@@ -4,7 +4,9 @@
 
 Peak RSS of `agentroll generate --limit 3000` on a 10,000-line and on a 1,000,000-line input (the server answers
 at once): memory must not grow with the input. Start-up: from launching the command to the first completion
-request the server sees (its `agentroll_sim_first_request_unix` gauge).
+request the server sees (its `agentroll_sim_first_request_unix` gauge). The last row loads the tokenizer with
+transformers (`--chat-render local`), as every run did before tokenizer_lite: with torch installed, that imports
+torch.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from pathlib import Path
 from common import TOKENIZER, metrics, spawn, start_sim, stop, write_problems
 
 
-def run(problems: Path, url: str, out: Path, limit: int) -> tuple[float, float]:
+def run(problems: Path, url: str, out: Path, limit: int, extra: tuple[str, ...] = ()) -> tuple[float, float]:
     """(peak RSS in MB, seconds from launch to the first request the server saw)."""
     launched = time.time()
     proc = spawn(
         [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out), "--base-url", url,
-         "--tokenizer", str(TOKENIZER), "--limit", str(limit), "--reward", "exact", "--quiet", "--overwrite"])
+         "--tokenizer", str(TOKENIZER), "--limit", str(limit), "--reward", "exact", "--quiet", "--overwrite", *extra])
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: `stop` must not signal that pid again
     first = metrics(url)["agentroll_sim_first_request_unix"]
@@ -34,14 +36,15 @@ def run(problems: Path, url: str, out: Path, limit: int) -> tuple[float, float]:
 def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     results = {}
-    for lines in (10_000, 1_000_000):
+    for lines, extra in ((10_000, ()), (1_000_000, ()), (10_000, ("--chat-render", "local"))):
         problems = write_problems(tmp / f"p{lines}.jsonl", lines)
         sim, url = start_sim(0.0, 150)
         try:
-            rss, startup = run(problems, url, tmp / f"out{lines}", 3000)
+            rss, startup = run(problems, url, tmp / f"out{lines}", 3000, extra)
         finally:
             stop(sim)
-        results[f"input_{lines}_lines"] = {"peak_rss_mb": round(rss, 1), "startup_s": round(startup, 2)}
+        name = f"input_{lines}_lines" + ("_transformers" if extra else "")
+        results[name] = {"peak_rss_mb": round(rss, 1), "startup_s": round(startup, 2)}
     print(json.dumps(results))
 
 

@@ -10,6 +10,10 @@ python saturation.py --concurrency 64 --latency 0 --window 15
 python saturation.py --auto --capacity 160 --latency 1 --window 30
 python saturation.py --concurrency 64 --capacity 160 --latency 1 --window 20
 python transport.py --concurrency 64 --latency 0.1 --requests 3000
+python ceiling.py --concurrency 64 --latency 0.1 --rounds 100
+python ceiling.py --concurrency 512 --latency 1 --rounds 20
+python ceiling.py --concurrency 2048 --latency 4 --rounds 10
+python ceiling.py --concurrency 64 --latency 0 --rounds 200
 python memory_startup.py
 python openai_baseline.py --concurrency 64 --latency 0.1
 python math_checks.py --checks 20000

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +24,7 @@ from common import TOKENIZER, cpu_seconds, metrics, spawn, start_sim, stop, wait
 
 def measure(concurrency: int, latency: float, window: float, num_parallel: int, words: int,
             reward: str = "math", extra: list[str] | None = None, capacity: int | None = None,
-            auto: bool = False) -> dict:
+            auto: bool = False, profile: str | None = None) -> dict:
     # without --capacity the server runs whatever it is sent (serve-sim's default --max-running is vLLM's 256)
     sim, url = start_sim(latency, words, ["--max-running", str(capacity or max(256, concurrency))])
     tmp = Path(tempfile.mkdtemp())
@@ -37,6 +38,11 @@ def measure(concurrency: int, latency: float, window: float, num_parallel: int, 
         warm = max(2 * concurrency, 200)
         assert wait_for(lambda: metrics(url)["vllm:request_success_total"] >= warm, 600), "no warm-up"
         m0, c0, s0, t0 = metrics(url), cpu_seconds(gen.pid), cpu_seconds(sim.pid), time.monotonic()
+        spy = None
+        if profile:  # sampled stacks of the client over the window (py-spy: pip install py-spy)
+            spy = subprocess.Popen(["py-spy", "record", "--pid", str(gen.pid), "--duration", str(int(window)),
+                                    "--rate", "250", "--format", "raw", "--nonblocking", "--output", profile],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         running, waiting = [], []
         while time.monotonic() - t0 < window:  # sample the server's in-flight and waiting gauges
             time.sleep(0.5)
@@ -44,6 +50,8 @@ def measure(concurrency: int, latency: float, window: float, num_parallel: int, 
             running.append(sample["vllm:num_requests_running"])
             waiting.append(sample["vllm:num_requests_waiting"])
         m1, c1, s1, t1 = metrics(url), cpu_seconds(gen.pid), cpu_seconds(sim.pid), time.monotonic()
+        if spy is not None:
+            spy.wait(timeout=window + 60)
     finally:
         stop(gen)
         stop(sim)
@@ -72,11 +80,12 @@ def main() -> None:
     parser.add_argument("--ordered", action="store_true", help="generate --ordered (groups in input order)")
     parser.add_argument("--capacity", type=int, help="the server decodes at most this many at once (--max-running)")
     parser.add_argument("--auto", action="store_true", help="generate --concurrency auto (ideal: the capacity)")
+    parser.add_argument("--profile", metavar="FILE", help="py-spy's collapsed stacks of the client over the window")
     args = parser.parse_args()
     if args.auto and not args.capacity:
         parser.error("--auto needs --capacity")
     result = measure(args.concurrency, args.latency, args.window, args.num_parallel, args.reasoning_words, args.reward,
-                     ["--ordered"] if args.ordered else [], args.capacity, args.auto)
+                     ["--ordered"] if args.ordered else [], args.capacity, args.auto, args.profile)
     print(json.dumps({"reward": args.reward, "ordered": args.ordered, **result}))
 
 

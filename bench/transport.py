@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import resource
 import time
@@ -58,13 +59,16 @@ def main() -> None:
     sim, url = start_sim(args.latency, 150)
     try:
         for name, run in (("httpx", with_httpx), ("aiohttp", with_aiohttp)):
+            if importlib.util.find_spec(name) is None:
+                print(json.dumps({"transport": name, "skipped": "not installed"}))
+                continue
             before, start = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
             asyncio.run(run(url, args.concurrency, args.requests))
             after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - start
             cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
             print(json.dumps({"transport": name, "concurrency": args.concurrency, "latency_s": args.latency,
                               "requests_per_s": round(args.requests / wall, 1),
-                              "ideal_per_s": args.concurrency / args.latency,
+                              "ideal_per_s": args.concurrency / args.latency if args.latency else None,
                               "cpu_ms_per_request": round(1000 * cpu / args.requests, 3)}))
     finally:
         stop(sim)
