@@ -170,7 +170,7 @@ def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, deb
                  progress: ProgressHook | None = None) -> int:
     """The exit code of a whole run (README: exit codes)."""
     _setup_logging(quiet, debug)
-    if run.get("ray"):
+    if run.get("ray") is not None:  # `--ray ""` too: refused there, not run without Ray
         return _run_ray(run, generate, quiet, debug)
     try:
         runner = Runner(RunOptions(**run), generate)

@@ -9,9 +9,11 @@ which forwards them to a small actor (`Board`); the driver reads the board for t
 every partition's stats for the summary.
 
 Stopping: `stop()` cancels every task (`ray.cancel`); a running task sends its child SIGTERM, which finishes its
-shard and manifest as a normal run does, and the driver waits for them. `kill()` kills the tasks' workers, and
-each child dies with its worker (Ray kills a dead worker's processes; the kernel sends SIGTERM to one it misses,
-`PR_SET_PDEATHSIG`): the folder is then what a `kill -9` leaves, which the next run repairs.
+shard and manifest as a normal run does, and the driver waits for them. `kill()` kills the tasks' workers; a
+child whose worker dies gets SIGTERM from the kernel (`PR_SET_PDEATHSIG`) and closes its folder, or is killed
+with its node, leaving what a `kill -9` leaves, which the next run repairs. A retry waits for the writer's lock
+of an earlier attempt's process that still lives, and the driver holds `OUT/.agentroll/ray/lock`: one writer per
+folder, one driver per job. All of it rests on `flock` holding across the nodes' shared storage (docs/ray.md).
 
 Ray is optional (`pip install 'agentroll[ray]'`): it is imported only here, and only when a job runs.
 """
@@ -36,20 +38,26 @@ import orjson
 
 from .children import stop_group
 from .client import ClientCounters
-from .errors import ClusterError, OutputError, UsageError
+from .errors import AgentrollError, ClusterError, OutputError, UsageError
 from .merge import merge
 from .options import GenerateOptions
 from .partitions import (
+    RAY_RETRIES,
     STATE,
     Outcome,
     add_requests,
     add_stats,
+    check_folder,
     check_options,
     job_code,
+    job_message,
+    lock_job,
     part_dir,
     plan_tasks,
     prepare_output,
+    ray_address,
     tasks_at_once,
+    unseen_parts,
 )
 from .runner import Progress, RunOptions, RunResult, _count_rows
 from .stats import RunStats
@@ -60,6 +68,7 @@ log = logging.getLogger("agentroll")
 POLL_S = 0.5  # how often the driver looks at its tasks, and a task at its child
 GRACE_S = 60.0  # after a stop: how long a partition has to close its folder before it is killed
 LOCK_WAIT_S = 300.0  # how long a retry waits for a lost attempt's process to let go of its folder
+NO_CPU_WAIT_S = 600.0  # how long the job waits for a node that can run a task (an autoscaler adding one)
 TASK_CPUS = 1.0
 
 
@@ -95,16 +104,38 @@ class Board:
 
 def run_partition(spec: dict[str, Any], board: Any) -> dict[str, Any]:
     """A Ray task: partition `spec["index"]` as a child `agentroll ray-partition`, waited for; returns how it
-    ended. Raises `PartitionLost` (Ray retries it) when the child was killed by something other than a stop."""
+    ended. Raises `PartitionLost` (Ray retries it) when the child was killed by something other than a stop. An
+    OS error of the task itself (its log or attempts file on a full disk, a lost mount) ends the partition with
+    exit 6, as it would end a run."""
     import ray
 
     index, state = spec["index"], Path(spec["state"])
-    part = Path(spec["run"]["output"])
-    _wait_for_writer(part)
+    node = ray.util.get_node_ip_address()
     attempts = state / f"part-{index}.attempts"
     attempt = 1 + sum(1 for line in _lines(attempts) if line.get("job") == spec["job"])
-    node = ray.util.get_node_ip_address()
-    with open(state / f"part-{index}.log", "ab") as log_file:
+    outcome: dict[str, Any] = {"index": index, "attempt": attempt, "code": None, "cancelled": False, "node": node,
+                               "stats": None, "requests": None, "tail": ""}
+    try:
+        _attempt(spec, board, outcome, attempts)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        outcome.update(code=OutputError.exit_code, tail=f"the task on {node}: {exc.strerror or exc}{where}")
+    code = outcome["code"]
+    if not outcome["cancelled"] and code is not None and (code < 0 or code in (130, 143)):
+        raise PartitionLost(f"part-{index}: its process on {node} was stopped by signal "
+                            f"{-code if code < 0 else code - 128} (attempt {attempt}); Ray runs it again")
+    return outcome
+
+
+def _attempt(spec: dict[str, Any], board: Any, outcome: dict[str, Any], attempts: Path) -> None:
+    """Run the child and fill in `outcome`. From the moment the child exists, whatever ends this function (a
+    cancel's KeyboardInterrupt, an OS error) first stops the child and waits for it: none runs unsupervised."""
+    import ray
+
+    index, attempt, node = outcome["index"], outcome["attempt"], outcome["node"]
+    part, log_path = Path(spec["run"]["output"]), Path(spec["state"]) / f"part-{index}.log"
+    _wait_for_writer(part, log_path, f"part-{index}, attempt {attempt}")
+    with open(log_path, "ab") as log_file:
         log_file.write(f"--- part-{index}, attempt {attempt} of job {spec['job']} on {node}, "
                        f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
         log_file.flush()
@@ -112,68 +143,84 @@ def run_partition(spec: dict[str, Any], board: Any) -> dict[str, Any]:
         child = subprocess.Popen([sys.executable, "-m", "agentroll", "ray-partition"], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=log_file, start_new_session=True,
                                  cwd=spec["cwd"] if os.path.isdir(spec["cwd"]) else None)
-    with open(attempts, "ab") as f:
-        f.write(orjson.dumps({"job": spec["job"], "attempt": attempt, "node": node, "pid": os.getpid(),
-                              "child": child.pid, "time": time.time()}) + b"\n")
-    assert child.stdin is not None and child.stdout is not None
-    with contextlib.suppress(BrokenPipeError):  # a child that could not start: its exit code and log say why
-        child.stdin.write(orjson.dumps({**spec, "parent": os.getpid()}))
-        child.stdin.close()
     last: list[dict[str, Any]] = []
-    relay = threading.Thread(target=_relay, args=(child.stdout, board, index, attempt, last), daemon=True)
-    relay.start()
-    cancelled = False
-    asked = getattr(ray.get_runtime_context(), "is_canceled", lambda: False)  # newer Rays also set a flag
+    relay: threading.Thread | None = None
     try:
+        assert child.stdin is not None and child.stdout is not None
+        with open(attempts, "ab") as f:
+            f.write(orjson.dumps({"job": spec["job"], "attempt": attempt, "node": node, "pid": os.getpid(),
+                                  "child": child.pid, "time": time.time()}) + b"\n")
+        with contextlib.suppress(BrokenPipeError):  # a child that could not start: its exit code and log say why
+            child.stdin.write(orjson.dumps({**spec, "parent": os.getpid()}))
+            child.stdin.close()
+        relay = threading.Thread(target=_relay, args=(child.stdout, board, index, attempt, last), daemon=True)
+        relay.start()
+        asked = getattr(ray.get_runtime_context(), "is_canceled", lambda: False)  # newer Rays also set a flag
         while child.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=POLL_S)
             if child.returncode is None and asked():
-                cancelled = True
+                outcome["cancelled"] = True
                 stop_group(child, GRACE_S)
     except KeyboardInterrupt:  # ray.cancel: the job is being stopped
-        cancelled = True
+        outcome["cancelled"] = True
     finally:
         stop_group(child, GRACE_S)  # SIGTERM first: the run closes its folder
-    relay.join(timeout=10)
+        if relay is not None:
+            relay.join(timeout=10)
+        for stream in (child.stdin, child.stdout):
+            with contextlib.suppress(OSError, ValueError):
+                if stream is not None:
+                    stream.close()
     code = child.returncode
     figures = _last_run(part) if code in (0, 7, 8) else (last[-1] if last else {})
-    outcome = {"index": index, "attempt": attempt, "code": code, "cancelled": cancelled, "node": node,
-               "stats": figures.get("stats"), "requests": figures.get("requests"),
-               "tail": _tail(state / f"part-{index}.log", offset) if code else ""}
-    if not cancelled and (code < 0 or code in (130, 143)):
-        raise PartitionLost(f"part-{index}: its process on {node} was stopped by signal "
-                            f"{-code if code < 0 else code - 128} (attempt {attempt}); Ray runs it again")
-    return outcome
+    outcome.update(code=code, stats=figures.get("stats"), requests=figures.get("requests"),
+                   tail=_tail(log_path, offset) if code else "")
 
 
 def _relay(stream: IO[bytes], board: Any, index: int, attempt: int, last: list[dict[str, Any]]) -> None:
-    for line in stream:
-        try:
-            figures = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        last[:] = [figures]
-        board.report.remote(index, attempt, figures)
+    """Forward the child's counters to the board. The pipe is drained to its end whatever the board does: a
+    child whose pipe fills up would stop working."""
+    with contextlib.suppress(OSError, ValueError):  # the pipe closed under us: the child is being stopped
+        for line in stream:
+            try:
+                figures = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            last[:] = [figures]
+            try:
+                board.report.remote(index, attempt, figures)
+            except Exception as exc:  # the board's node is gone, Ray is shutting down: the bar waits, not the run
+                log.debug("part-%d: counters not forwarded: %s", index, exc)
 
 
-def _wait_for_writer(part: Path) -> None:
-    """A lost attempt's process may still hold its folder for a moment (closing it, or an NFS lock not yet
-    expired): wait for the writer's lock, so the rerun resumes instead of failing. Past `LOCK_WAIT_S` the run
-    itself says the folder is busy."""
+def _wait_for_writer(part: Path, log_path: Path, who: str) -> None:
+    """A lost attempt's process may still hold its folder for a while (closing it, stopped, or an NFS lock not
+    yet expired): wait for the writer's lock, so the rerun resumes instead of failing, and say so in the
+    partition's log. Past `LOCK_WAIT_S` the run itself says the folder is busy. Storage without locks (ENOLCK,
+    ENOSYS, EOPNOTSUPP) has nothing to wait for: the run's own writer then says what it makes of it."""
     lock = part / STATE_DIR / "lock"
     try:
         fd = os.open(lock, os.O_RDWR)
     except OSError:
         return
     try:
-        deadline = time.monotonic() + LOCK_WAIT_S
+        deadline, said = time.monotonic() + LOCK_WAIT_S, False
         while time.monotonic() < deadline:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
             except BlockingIOError:
+                if not said:
+                    said = True
+                    with contextlib.suppress(OSError), open(log_path, "ab") as f:
+                        f.write(f"--- {who}: waiting up to {LOCK_WAIT_S:.0f} s for {part} to be let go by the "
+                                f"process of a lost attempt ({time.strftime('%H:%M:%S')}) ---\n".encode())
                 time.sleep(0.2)  # another process's lock: nothing to wait on but time
+            except OSError as exc:
+                log.warning("%s: cannot lock %s (%s): not waiting for an earlier attempt", who, lock,
+                            exc.strerror or exc)
+                return
     finally:
         os.close(fd)
 
@@ -239,7 +286,7 @@ class JobResult:
 
 class RayJob:
     """`connect()`, then `run()`; `stop(signum)` from a signal handler asks the job to stop, `kill()` stops it at
-    once; `close()` leaves the cluster."""
+    once; `close()` leaves the cluster and lets go of the job's folder."""
 
     def __init__(self, run: dict[str, Any], generate: dict[str, Any], progress: Progress | None = None,
                  debug: bool = False) -> None:
@@ -247,16 +294,19 @@ class RayJob:
         self.given = generate
         self.generate = GenerateOptions(**generate)
         check_options(self.options, self.generate)
+        self.address = ray_address(self.options.ray)
+        self.retries = RAY_RETRIES if self.options.ray_retries is None else self.options.ray_retries
         self.out = Path(os.path.abspath(self.options.output))
         self.progress = progress or Progress()
         self.debug = debug
         self.stopped: int | None = None
         self._ray: Any = None
         self._refs: dict[Any, int] = {}
+        self._lock: int | None = None
 
     def connect(self) -> None:
         ray = import_ray()
-        address = self.options.ray
+        address = self.address
         extra = {"include_dashboard": False} if address == "local" else {}
         try:
             _reachable(address)
@@ -276,33 +326,62 @@ class RayJob:
 
     def close(self) -> None:
         if self._ray is not None:
-            self._ray.shutdown()
+            try:
+                self._ray.shutdown()
+            except Exception as exc:  # leaving a cluster that is already gone
+                log.debug("ray.shutdown: %s", exc)
             self._ray = None
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def run(self) -> JobResult:
+        """The job, to its end. Ray failing under it (the GCS lost, a call that raises) is a `ClusterError`: one
+        line and exit 9, the folders left resumable."""
+        try:
+            return self._run()
+        except AgentrollError:
+            raise
+        except Exception as exc:
+            if self.debug:
+                raise
+            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+            raise ClusterError(f"Ray failed during the job ({type(exc).__name__}: {lines[-1] if lines else '-'}); "
+                               "the partitions' folders stay resumable: run the same command again") from exc
+
+    def _run(self) -> JobResult:
         ray, opts = self._ray, self.options
         started = time.monotonic()
-        nodes = sum(1 for node in ray.nodes()  # that can run a task: a head started with --num-cpus 0 cannot
-                    if node.get("Alive") and (node.get("Resources") or {}).get("CPU", 0) >= TASK_CPUS)
+        check_folder(self.out)  # before the lock creates anything in a folder the job must not use
+        self._lock = lock_job(self.out)
+        nodes = self._cpu_nodes()
         partitions = prepare_output(self.out, opts.partitions, max(1, nodes), opts.overwrite)
         at_once = tasks_at_once(partitions, ray.cluster_resources().get("CPU", 0.0), TASK_CPUS)
         tasks = plan_tasks(opts, self.given, self.generate, partitions, at_once)
+        outcomes = [Outcome(i) for i in range(partitions)]
+        if self.stopped is not None:  # a signal while the folder was made ready: no task was started
+            for outcome in outcomes:
+                outcome.cancelled = True
+            return JobResult(RunResult(RunStats(), ClientCounters(), time.monotonic() - started, "", str(self.out)),
+                             outcomes, nodes, at_once, code=128 + self.stopped)
         if opts.endpoints_per_task and partitions * opts.endpoints_per_task < len(self.generate.base_url):
             log.warning("--endpoints-per-task %d over %d partitions leaves some of the %d endpoints unused",
                         opts.endpoints_per_task, partitions, len(self.generate.base_url))
+        if not nodes:
+            log.warning("no node of the cluster has a CPU for a task yet: the tasks wait for one (an autoscaler "
+                        "may add it); the job gives up after %.0f s", NO_CPU_WAIT_S)
         job = uuid.uuid4().hex[:12]
         board = ray.remote(num_cpus=0)(Board).remote()
         remote = ray.remote(run_partition).options(
-            num_cpus=TASK_CPUS, max_retries=opts.ray_retries, retry_exceptions=[PartitionLost],
+            num_cpus=TASK_CPUS, max_retries=self.retries, retry_exceptions=[PartitionLost],
             scheduling_strategy="SPREAD")
         log.info("ray: %d partitions (%d at once) on %d node(s) -> %s", partitions, at_once, nodes, self.out)
         spec = {"job": job, "cwd": os.getcwd(), "state": str(self.out / STATE), "debug": self.debug}
         self._refs = {remote.remote({**spec, "index": t.index, "run": t.run, "generate": t.generate}, board): t.index
                       for t in tasks}
-        outcomes = [Outcome(i) for i in range(partitions)]
         self.progress.start(_count_rows(opts.input, None))
         try:
-            live = self._wait(board, outcomes)
+            live = self._wait(board, outcomes, None if nodes else time.monotonic())
         finally:
             self.progress.stop()
         stats, requests = self._figures(outcomes, live)
@@ -313,18 +392,32 @@ class RayJob:
             result.run.model = _model(self.out, partitions)
             return result
         result.code = job_code(outcomes)
-        result.message = self._why(result.code, outcomes)
+        result.message = job_message(result.code, outcomes, self.out, self.retries)
         self._merge(result, partitions)
         result.run.complete = result.code == 0
         return result
 
-    def _wait(self, board: Any, outcomes: list[Outcome]) -> dict[int, dict[str, Any]]:
+    def _cpu_nodes(self) -> int:
+        """Nodes alive that can run a task: a head started with --num-cpus 0 cannot."""
+        return sum(1 for node in self._ray.nodes()
+                   if node.get("Alive") and (node.get("Resources") or {}).get("CPU", 0) >= TASK_CPUS)
+
+    def _wait(self, board: Any, outcomes: list[Outcome], no_cpu_since: float | None) -> dict[int, dict[str, Any]]:
         """Until every task has ended: settle each, feed the bar, and carry out a stop. Returns each
-        partition's latest streamed counters."""
+        partition's latest streamed counters. `no_cpu_since`: when the cluster was seen without a node that can
+        run a task; past `NO_CPU_WAIT_S` without one, the job ends (exit 9)."""
         ray = self._ray
-        pending, deadline = list(self._refs), None
+        pending, deadline, look = list(self._refs), None, 0.0
         live: dict[int, dict[str, Any]] = {}
         while pending:
+            if no_cpu_since is not None and time.monotonic() >= look:
+                look = time.monotonic() + 5
+                if self._cpu_nodes():
+                    no_cpu_since = None
+                elif time.monotonic() - no_cpu_since >= NO_CPU_WAIT_S:
+                    raise ClusterError(f"no node of the Ray cluster had a CPU for a task ({TASK_CPUS:g} CPU each) "
+                                       f"in {NO_CPU_WAIT_S:.0f} s: add a node with CPUs (a head started with "
+                                       "--num-cpus 0 runs no task), then run the same command again")
             if self.stopped is not None and deadline is None:
                 for ref in pending:
                     with contextlib.suppress(Exception):
@@ -376,22 +469,16 @@ class RayJob:
                  (live.get(o.index, {}).get("stats"), live.get(o.index, {}).get("requests")) for o in outcomes]
         return (add_stats([s for s, _ in parts if s]), add_requests([r for _, r in parts if r]))
 
-    def _why(self, code: int, outcomes: list[Outcome]) -> str:
-        if code == 0:
-            return ""
-        failed = [o for o in outcomes if not o.ok]
-        names = ", ".join(f"part-{o.index}" for o in failed)
-        logs = self.out / STATE / f"part-{failed[0].index}.log"
-        if code == 9:
-            return (f"{names}: lost more often than --ray-retries ({self.options.ray_retries}) allows, or Ray could "
-                    f"not run it; run the same command again to resume (logs: {logs})")
-        return f"{names} did not finish whole (see above, and {logs}); run the same command again to resume"
-
     def _merge(self, result: JobResult, partitions: int) -> None:
+        """Join the partitions into OUT when the driver sees each one's manifest as its node wrote it. When every
+        partition exited 0, one it does not see so is exit 6 (the folder is not shared alike); otherwise the
+        partitions' own code already says why nothing is joined."""
+        unseen = unseen_parts(self.out, result.outcomes)
+        if unseen:
+            if result.code == 0:
+                result.code, result.message = OutputError.exit_code, unseen
+            return
         folders = [part_dir(self.out, i) for i in range(partitions)]
-        if any(not (folder / MANIFEST).exists() for folder in folders):
-            result.message = result.message or "a partition wrote nothing"
-            return  # a partition that failed before it began writing: nothing to join yet (the code says why)
         try:
             result.merged = merge(folders, self.out)
         except OutputError as exc:
@@ -401,12 +488,12 @@ class RayJob:
         result.run.model = _model(self.out, partitions)
 
 
-def _reachable(address: str | None) -> None:
+def _reachable(address: str) -> None:
     """Ray retries an address that does not answer for minutes: say at once that nothing listens there."""
-    if address is None or address in ("auto", "local"):
+    if address in ("auto", "local"):
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=10):
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=10):
         pass
 
 

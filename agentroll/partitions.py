@@ -9,6 +9,7 @@ own process (`agentroll ray-partition`) needs: its spec, and its counters as JSO
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
 import re
@@ -27,19 +28,46 @@ from .errors import InputError, OutputError, UsageError
 from .options import GenerateOptions
 from .runner import Progress, RunOptions
 from .stats import RunStats
-from .writer import MANIFEST, _atomic_write
+from .writer import MANIFEST, STATE_DIR, _atomic_write
 
-STATE = Path(".agentroll") / "ray"  # under OUT: the plan, each partition's log and attempts
+STATE = Path(".agentroll") / "ray"  # under OUT: the plan, the driver's lock, each partition's log and attempts
 PLAN = "plan.json"
+LOCK = "lock"  # OUT/.agentroll/ray/lock: held by the job's driver while it runs
 PART = re.compile(r"part-\d+")
+RAY_RETRIES = 3  # --ray-retries when not given
+DEFAULT_PORTS = {"": 6379, "ray://": 10001}  # Ray's own: a GCS address, a Ray Client server
 
 
 def part_dir(out: Path, index: int) -> Path:
     return out / f"part-{index}"
 
 
+def ray_address(text: str | None) -> str:
+    """`--ray` as Ray takes it: auto, local, HOST:PORT or ray://HOST:PORT; a missing port is Ray's default (6379
+    for a cluster's GCS, 10001 for ray://). Anything else is a usage error."""
+    given = (text or "").strip()
+    if given in ("auto", "local"):
+        return given
+    bad = UsageError(f"--ray {given!r}: expected auto, local, HOST[:PORT] or ray://HOST[:PORT]")
+    scheme = "ray://" if given.startswith("ray://") else ""
+    rest = given[len(scheme):]
+    if rest.startswith("["):  # [IPv6]:PORT
+        inside, closed, tail = rest[1:].partition("]")
+        if not (closed and inside) or tail[:1] not in ("", ":"):
+            raise bad
+        host, sep, port = f"[{inside}]", tail[:1], tail[1:]
+    elif rest.count(":") > 1:
+        raise UsageError(f"--ray {given!r}: write an IPv6 address in brackets, [ADDRESS]:PORT")
+    else:
+        host, sep, port = rest.partition(":")
+    if not host or "/" in host or (sep and not (port.isdigit() and 0 < int(port) < 65536)):
+        raise bad
+    return f"{scheme}{host}:{port if sep else DEFAULT_PORTS[scheme]}"
+
+
 def check_options(run: RunOptions, generate: GenerateOptions) -> None:
     """What a `--ray` job cannot do, said before anything starts."""
+    ray_address(run.ray)
     if run.output == "-":
         raise UsageError("--ray writes into a folder (each partition into OUT/part-I), not -o -")
     if run.input == "-":
@@ -92,10 +120,11 @@ def plan_tasks(run: RunOptions, given: dict[str, Any], generate: GenerateOptions
     per_task = run.endpoints_per_task
     sharing = at_once if per_task is None else max(1, math.ceil(at_once * per_task / len(urls)))
     tasks = []
+    given = absolute_paths(given)
     for index in range(partitions):
         options = replace(run, input=os.path.abspath(run.input), output=str(part_dir(out, index)),
                           partition=f"{index}/{partitions}", overwrite=False, ray=None, partitions=None,
-                          endpoints_per_task=None)
+                          endpoints_per_task=None, ray_retries=None)
         mine = {**given, "base_url": endpoints(urls, index, per_task)}
         if generate.api_key:  # as found on the driver (flag or environment): a node's environment may differ
             mine["api_key"] = generate.api_key
@@ -107,24 +136,154 @@ def plan_tasks(run: RunOptions, given: dict[str, Any], generate: GenerateOptions
     return tasks
 
 
-def prepare_output(out: Path, requested: int | None, default: int, overwrite: bool) -> int:
-    """Make `out` ready for a job and return its number of partitions: the one recorded by an earlier run of the
-    job (a rerun resumes, on a cluster of any size), else `requested`, else `default`. The merged manifest of an
-    earlier run goes: it is written again at the end."""
-    state = out / STATE
+def _stage_path(item: str) -> str:
+    head, eq, raw = item.partition("=")
+    if eq and head.strip().rpartition(".")[2] == "tokenizer" and raw.strip() and os.path.exists(raw.strip()):
+        return f"{head}={os.path.abspath(raw.strip())}"
+    return item
+
+
+def _code_path(spec: Any) -> Any:
+    """FILE.py:NAME with FILE made absolute; anything else as it is."""
+    if not isinstance(spec, str):
+        return spec
+    target, colon, name = spec.rpartition(":")
+    return f"{os.path.abspath(target)}:{name}" if colon and target.endswith(".py") else spec
+
+
+def absolute_paths(given: dict[str, Any]) -> dict[str, Any]:
+    """The job's generate options with their relative paths made absolute on the driver: a partition runs on
+    another node, whose working directory is the driver's only when that exists there. `--prompts`,
+    `--system FILE.py:CLASS`, `--reward FILE.py:FUNCTION`, and `--tokenizer` / `--stage X.tokenizer=` when they
+    name an existing path (else they are hub ids). A row's own `reward` field is used as written: when it names
+    the run's `--reward` as given, it stays allowed."""
+    out = dict(given)
+    if out.get("prompts") is not None:
+        out["prompts"] = os.path.abspath(str(out["prompts"]))
+    tokenizer = out.get("tokenizer")
+    if isinstance(tokenizer, str) and tokenizer and os.path.exists(tokenizer):
+        out["tokenizer"] = os.path.abspath(tokenizer)
+    if "system" in out:
+        out["system"] = _code_path(out["system"])
+    reward = out.get("reward")
+    if _code_path(reward) != reward:
+        out["reward"] = _code_path(reward)
+        allowed = out.get("allow_reward") or []
+        allowed = [allowed] if isinstance(allowed, str) else list(allowed)
+        out["allow_reward"] = allowed if reward in allowed else [*allowed, reward]
+    stages = out.get("stage")
+    if stages:
+        out["stage"] = [_stage_path(item) for item in ([stages] if isinstance(stages, str) else stages)]
+    return out
+
+
+def _is_part(out: Path, entry: Any) -> bool:
+    """An entry of a merged manifest's `merged_from` that is one of `out`'s partitions."""
+    folder = entry.get("folder") if isinstance(entry, dict) else None
+    if not isinstance(folder, str) or not PART.fullmatch(Path(folder).name):
+        return False
+    parent, home = Path(folder).parent, os.path.realpath(out)
+    return os.path.realpath(parent) == home or os.path.realpath(out / parent) == home
+
+
+def check_folder(out: Path) -> dict[str, Any] | None:
+    """The merged manifest an earlier run of the job left in `out`, or None. A folder that holds anything else
+    (a run without --ray, a merged view of other folders) is refused: the job would delete or mix it."""
+    path = out / MANIFEST
     try:
-        manifest = orjson.loads((out / MANIFEST).read_bytes()) if (out / MANIFEST).exists() else None
+        manifest = orjson.loads(path.read_bytes()) if path.exists() else None
     except (OSError, orjson.JSONDecodeError) as exc:
-        raise OutputError(f"{out / MANIFEST} is not a manifest agentroll can read ({exc})") from exc
+        raise OutputError(f"{path} is not a manifest agentroll can read ({exc})") from exc
     if (manifest is not None and not (isinstance(manifest, dict) and manifest.get("merged_from"))) or any(
             out.glob("rollouts-*")):
         raise OutputError(f"{out} holds the rollouts of a run without --ray; give the --ray job a folder of its own")
+    if manifest is not None:
+        sources = manifest["merged_from"] if isinstance(manifest["merged_from"], list) else [manifest["merged_from"]]
+        foreign = [str(m.get("folder") if isinstance(m, dict) else m) for m in sources if not _is_part(out, m)]
+        if foreign:
+            raise OutputError(f"{path} is a merged view of other folders ({', '.join(foreign[:3])}), not of "
+                              f"{out}/part-*: move it away, or give the --ray job a folder of its own")
+    return manifest
+
+
+def lock_job(out: Path) -> int:
+    """Hold `OUT/.agentroll/ray/lock` for the driver's lifetime and return its descriptor (closing it lets go):
+    one driver per job folder. A second one (the same command run again while the first runs, a requeued batch
+    job) is refused at once instead of running, or with --overwrite deleting, partitions the first is writing."""
+    path = out / STATE / LOCK
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise OutputError(f"output folder {out}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OutputError(f"{out} is in use by another agentroll generate --ray (it holds {path}): wait for it to "
+                          "end, or stop it") from None
+    except OSError as exc:
+        os.close(fd)
+        raise OutputError(f"cannot lock {path} ({exc.strerror or exc}): --ray needs shared storage whose locks "
+                          "hold across nodes (docs/ray.md)") from None
+    return fd
+
+
+def _take_parts(out: Path) -> list[tuple[Path, int | None]]:
+    """Each partition folder of `out` with its writer's lock taken (None: it has no lock file): --overwrite
+    deletes none while a process still writes one."""
+    taken: list[tuple[Path, int | None]] = []
+    try:
+        for path in sorted(out.glob("part-*")):
+            if not (PART.fullmatch(path.name) and path.is_dir()):
+                continue
+            try:
+                fd: int | None = os.open(path / STATE_DIR / "lock", os.O_RDWR)
+            except FileNotFoundError:
+                fd = None
+            taken.append((path, fd))
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise OutputError(f"{path} is being written by another agentroll process: --overwrite deletes "
+                                      "no partition while it runs; stop it first") from None
+    except BaseException:
+        _let_go(taken)
+        raise
+    return taken
+
+
+def _let_go(taken: list[tuple[Path, int | None]]) -> None:
+    for _, fd in taken:
+        if fd is not None:
+            os.close(fd)
+
+
+def prepare_output(out: Path, requested: int | None, default: int, overwrite: bool) -> int:
+    """Make `out` ready for a job and return its number of partitions: the one recorded by an earlier run of the
+    job (a rerun resumes, on a cluster of any size), else `requested`, else `default`. The merged manifest of an
+    earlier run goes: it is written again at the end. The caller holds the job's lock (`lock_job`)."""
+    state = out / STATE
+    manifest = check_folder(out)
     try:
         if overwrite:
-            for path in out.glob("part-*"):
-                if PART.fullmatch(path.name) and path.is_dir():
+            taken = _take_parts(out)
+            try:
+                if manifest is not None:  # first: no merged view outlives the folders it points at
+                    (out / MANIFEST).unlink()
+                    manifest = None
+                for path, _ in taken:
                     shutil.rmtree(path)
-            shutil.rmtree(state, ignore_errors=True)
+            finally:
+                _let_go(taken)
+            for entry in state.iterdir() if state.is_dir() else []:
+                if entry.name == LOCK:  # the driver's own: it is held
+                    continue
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         recorded = None
         if (state / PLAN).exists():
             recorded = int(orjson.loads((state / PLAN).read_bytes())["partitions"])
@@ -188,6 +347,45 @@ def job_code(outcomes: list[Outcome]) -> int:
         return 9
     codes = [o.code for o in outcomes if o.code]
     return next((c for c in codes if c != 8), 8) if codes else 0
+
+
+RERUN_HELPS = (4, 7, 8, 9)  # a server back, calls that may succeed, a lost task: the same command again helps
+
+
+def job_message(code: int, outcomes: list[Outcome], out: Path, retries: int) -> str:
+    """Why the job's code is not 0, in one line; "run the same command again" only where that can help."""
+    failed = [o for o in outcomes if not o.ok]
+    if code == 0 or not failed:
+        return ""
+    names = ", ".join(f"part-{o.index}" for o in failed)
+    logs = out / STATE / f"part-{failed[0].index}.log"
+    if code == 9:
+        return (f"{names}: lost more often than --ray-retries ({retries}) allows, or Ray could not run it; run "
+                f"the same command again to resume (logs: {logs})")
+    if code in RERUN_HELPS:
+        return f"{names} did not finish whole (see above, and {logs}); run the same command again to resume"
+    return (f"{names} failed with exit {code} (see above, and {logs}); the same command would fail the same way: "
+            "fix the cause, then run it again to resume")
+
+
+def unseen_parts(out: Path, outcomes: list[Outcome]) -> str:
+    """Why the driver cannot merge what the partitions wrote, or "": a partition's manifest that the driver does
+    not see, or sees older than the one its node wrote (the figures its task read there differ). Both mean that
+    the driver and the nodes do not share `out` alike."""
+    for o in outcomes:
+        path = part_dir(out, o.index) / MANIFEST
+        try:
+            manifest = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            return (f"{path} is not there for the driver: the driver and every node must see {out} at the same "
+                    "path, on shared storage (docs/ray.md)")
+        except (OSError, orjson.JSONDecodeError) as exc:
+            return f"{path}: the driver cannot read it ({exc}); the nodes and the driver must share {out}"
+        seen = manifest.get("last_run") if isinstance(manifest, dict) else None
+        if o.stats is not None and (seen or {}).get("stats") != o.stats:
+            return (f"{path} as the driver reads it is not what part-{o.index} wrote on its node (an older copy): "
+                    f"the driver and every node must share {out} on storage they all see alike (docs/ray.md)")
+    return ""
 
 
 class JsonProgress(Progress):

@@ -53,7 +53,8 @@ class RunOptions:
     partitions: int | None = option(None, "With --ray: partitions (Ray tasks) [default: the cluster's nodes].")
     endpoints_per_task: int | None = option(None, "With --ray: each task gets E of the --base-url endpoints, "
                                                   "round-robin, instead of all.")
-    ray_retries: int = option(3, "With --ray: times Ray reruns a partition whose task was lost (it resumes).")
+    ray_retries: int | None = option(None, "With --ray: times Ray reruns a partition whose task was lost (it "
+                                           "resumes) [default: 3].")
 
     def __post_init__(self) -> None:
         if not self.output:
@@ -75,12 +76,11 @@ class RunOptions:
                 parse_partition(self.partition)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-        for name in ("partitions", "endpoints_per_task"):
+        for name, least in (("partitions", 1), ("endpoints_per_task", 1), ("ray_retries", 0)):
             if getattr(self, name) is not None:
                 if self.ray is None:
                     raise UsageError(f"--{name.replace('_', '-')} goes with --ray")
-                at_least(self, 1, name)
-        at_least(self, 0, "ray_retries")
+                at_least(self, least, name)
 
     @property
     def slice(self) -> tuple[int, int] | None:
@@ -132,6 +132,7 @@ class Runner:
             raise UsageError("--return-routed-experts needs an output folder (routes go to a sidecar), not -o -")
         self.progress = progress or Progress()
         self.result: RunResult | None = None  # set before `run` returns or raises: the CLI's summary reads it
+        self.valid_elsewhere = False  # under --partition: a row of another slice was valid
 
     @property
     def stats(self) -> RunStats:
@@ -162,7 +163,8 @@ class Runner:
                 async with contextlib.aclosing(gen.stream(rows, max_ahead=ahead, ordered=opts.ordered)) as groups:
                     async for group in groups:
                         self._commit(writer, group)
-                if opts.skip_invalid and self.stats.problems and self.stats.invalid_rows == self.stats.problems:
+                if (opts.skip_invalid and self.stats.problems and self.stats.invalid_rows == self.stats.problems
+                        and not self.valid_elsewhere):  # a slice's rows may all be bad; the input's may not
                     raise InputError(source_name(opts.input), 0, None, f"every row read ({self.stats.problems}) "
                                      "was invalid: check --prompt-key, --label-key and the warnings above")
                 result.complete = result.missing_groups == 0
@@ -203,6 +205,10 @@ class Runner:
         taken = 0
         async for problem in aread_problems(opts.input, gen.keys, self._skip_unread if on_invalid else None):
             if opts.slice is not None and not in_partition(problem.id, *opts.slice):
+                if not self.valid_elsewhere:
+                    with contextlib.suppress(InputError):
+                        gen.problem(problem)
+                        self.valid_elsewhere = True
                 continue
             if opts.limit is not None and taken >= opts.limit:
                 break
@@ -242,7 +248,10 @@ class Runner:
         log.warning("skipping invalid row: %s", exc)
 
     def _skip_unread(self, exc: InputError) -> None:
-        """A row that could not even be parsed: it counts as read, and as skipped."""
+        """A row that could not even be parsed: it counts as read, and as skipped. Under --partition it has no id
+        to place it in a slice: slice 0 counts it and the others pass it over, so a split job counts it once."""
+        if self.run_options.slice is not None and self.run_options.slice[0] != 0:
+            return
         self.stats.problems += 1
         self._skip(exc)
 

@@ -107,3 +107,29 @@ def test_merge_reads_folders_copied_without_their_keys_and_with_a_torn_filtered_
     assert {r["problem_id"] for r in shard_records(tmp_path / "all")} == {f"p{i:03d}" for i in range(8)}
     twice = run_cli("merge", str(tmp_path / "part0"), str(tmp_path / "part0"), "-o", str(tmp_path / "bad"))
     assert twice.returncode == 6 and b"is in both" in twice.stderr  # found from the shards themselves
+
+
+def test_a_row_that_cannot_be_read_is_counted_by_one_slice_and_no_slice_fails_for_it(sim, problems, tmp_path):
+    """Under --skip-invalid a row that is not even JSON has no id to place it in a slice: slice 0 counts it, the
+    others pass it over, and a slice whose own rows are all bad is no error while the input has good rows (the
+    run over the whole input would exit 0 too). An input of bad rows only is exit 3, as without --partition."""
+    base = ["generate", "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "1", "--reward", "exact",
+            "--skip-invalid"]
+    rows = problems.read_text().splitlines()
+    mine = [row for row in rows if in_partition(json.loads(row)["id"], 1, 2)]  # every good row in slice 1
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("\n".join([mine[0], "{not json", *mine[1:]]) + "\n")
+    stats = []
+    for k in range(2):
+        for _ in range(2):  # and the same again: a rerun of a slice ends as the first run did
+            proc = run_cli(*base, str(data), "-o", str(tmp_path / f"part{k}"), "--partition", f"{k}/2")
+            assert proc.returncode == 0, proc.stderr.decode()
+        stats.append(json.loads((tmp_path / f"part{k}" / "manifest.json").read_text())["last_run"]["stats"])
+    assert [s["invalid_rows"] for s in stats] == [1, 0] and [s["problems"] for s in stats] == [1, len(mine)]
+    assert b"malformed JSON" not in proc.stderr  # slice 1 passed the row over without a word
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n[1, 2]\n")
+    codes = [run_cli(*base, str(bad), "-o", str(tmp_path / f"bad{k}"), "--partition", f"{k}/2").returncode
+             for k in range(2)]
+    assert codes == [3, 0]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import io
 import json
+import os
 import socket
 import sys
 import time
@@ -14,9 +17,10 @@ from typing import Any
 import orjson
 import pytest
 
+from agentroll import cluster
 from agentroll.client import ClientCounters
-from agentroll.cluster import import_ray
-from agentroll.errors import InputError, OutputError, UsageError
+from agentroll.cluster import RayJob, import_ray, run_partition
+from agentroll.errors import ClusterError, InputError, OutputError, UsageError
 from agentroll.options import GenerateOptions
 from agentroll.partitions import (
     JsonProgress,
@@ -26,10 +30,14 @@ from agentroll.partitions import (
     check_options,
     endpoints,
     job_code,
+    job_message,
+    lock_job,
     plan_tasks,
     prepare_output,
+    ray_address,
     share,
     tasks_at_once,
+    unseen_parts,
 )
 from agentroll.runner import RunOptions
 from agentroll.stats import RunStats, StageStats
@@ -224,3 +232,277 @@ def test_a_cluster_that_does_not_answer_is_exit_9_at_once(tmp_path):
     proc = run_cli("generate", str(data), "-o", str(tmp_path / "o"), "--base-url", URLS[0], "--ray", address)
     assert proc.returncode == 9 and f"cannot reach the Ray cluster ({address})".encode() in proc.stderr
     assert time.monotonic() - started < 30 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("given", "address"), [
+    ("auto", "auto"), ("local", "local"), ("10.0.0.5", "10.0.0.5:6379"), ("head:6380", "head:6380"),
+    ("ray://head", "ray://head:10001"), ("ray://head:10002", "ray://head:10002"), ("[::1]", "[::1]:6379"),
+    ("[::1]:7000", "[::1]:7000"), (" head ", "head:6379"),
+])
+def test_a_ray_address_without_a_port_gets_rays_default_one(given, address):
+    assert ray_address(given) == address
+
+
+@pytest.mark.parametrize("given", ["", "  ", "head:", "head:x", "head:70000", "ray://", "::1", "[::1", "[::1]x",
+                                   "http://head:8265", ":6379"])
+def test_a_ray_address_ray_could_not_take_is_a_usage_error(given):
+    with pytest.raises(UsageError, match="--ray"):
+        ray_address(given)
+
+
+def test_ray_options_without_ray_and_an_empty_ray_are_refused_by_the_cli(tmp_path):
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"prompt": "1+1?", "label": "2"}\n')
+    base = ["generate", str(data), "-o", str(tmp_path / "o"), "--base-url", URLS[0]]
+    for extra, message in ((["--ray-retries", "2"], b"--ray-retries goes with --ray"),
+                           (["--endpoints-per-task", "1"], b"--endpoints-per-task goes with --ray"),
+                           (["--ray", ""], b"expected auto, local, HOST[:PORT]"),
+                           (["--ray", "head:x"], b"expected auto, local, HOST[:PORT]")):
+        proc = run_cli(*base, *extra)
+        assert proc.returncode == 2 and message in proc.stderr, (extra, proc.stderr)
+        assert len(proc.stderr.decode().strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_relative_paths_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
+    """A partition runs on another node, in the driver's working directory only when that exists there."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("tok", "templates", "stage_tok"):
+        (tmp_path / name).mkdir()
+    run = options(tmp_path, input="in.jsonl", output="out")
+    given = {"base_url": URLS, "tokenizer": "tok", "prompts": "templates", "system": "sys.py:Mine",
+             "reward": "rewards.py:score", "allow_reward": ["math"],
+             "stage": ["solver.tokenizer=stage_tok", "judge.tokenizer=Qwen/Qwen3-8B", "solver.max_tokens=64"]}
+    task = plan_tasks(run, given, GenerateOptions(base_url=URLS), partitions=2, at_once=2)[1]
+    assert task.run["input"] == str(tmp_path / "in.jsonl") and task.run["output"] == str(tmp_path / "out" / "part-1")
+    mine = task.generate
+    assert (mine["tokenizer"], mine["prompts"]) == (str(tmp_path / "tok"), str(tmp_path / "templates"))
+    assert mine["system"] == f"{tmp_path / 'sys.py'}:Mine" and mine["reward"] == f"{tmp_path / 'rewards.py'}:score"
+    assert mine["allow_reward"] == ["math", "rewards.py:score"]  # a row naming the run's reward as given still may
+    assert mine["stage"] == [f"solver.tokenizer={tmp_path / 'stage_tok'}", "judge.tokenizer=Qwen/Qwen3-8B",
+                             "solver.max_tokens=64"]
+    hub = {"base_url": URLS, "tokenizer": "Qwen/Qwen3-8B", "system": "single", "reward": "mylib.rewards:score"}
+    task = plan_tasks(run, hub, GenerateOptions(base_url=URLS), partitions=1, at_once=1)[0]
+    assert {k: task.generate[k] for k in hub if k != "base_url"} == {  # hub ids and modules as they are
+        "tokenizer": "Qwen/Qwen3-8B", "system": "single", "reward": "mylib.rewards:score"}
+    assert "allow_reward" not in task.generate
+
+
+def test_one_driver_per_job_folder(tmp_path):
+    out = tmp_path / "out"
+    fd = lock_job(out)
+    try:
+        with pytest.raises(OutputError, match="in use by another agentroll generate --ray"):
+            lock_job(out)
+        assert prepare_output(out, 2, default=1, overwrite=True) == 2  # --overwrite keeps the held lock...
+        with pytest.raises(OutputError, match="in use by another"):
+            lock_job(out)  # ...so a second driver is still refused
+    finally:
+        os.close(fd)
+    os.close(lock_job(out))  # let go: the next driver takes it
+
+
+def test_overwrite_deletes_no_partition_that_a_process_still_writes(tmp_path):
+    out = tmp_path / "out"
+    for k in range(2):
+        (out / f"part-{k}" / ".agentroll").mkdir(parents=True)
+        (out / f"part-{k}" / ".agentroll" / "lock").touch()
+        (out / f"part-{k}" / "rollouts-00000.jsonl").write_text("{}\n")
+    (out / "manifest.json").write_text(json.dumps({"merged_from": [{"folder": str(out / "part-0")},
+                                                                   {"folder": str(out / "part-1")}]}))
+    writer = os.open(out / "part-1" / ".agentroll" / "lock", os.O_RDWR)
+    fcntl.flock(writer, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a partition's run holds its folder
+    try:
+        with pytest.raises(OutputError, match="part-1 is being written by another agentroll process"):
+            prepare_output(out, 2, default=1, overwrite=True)
+        assert (out / "part-0" / "rollouts-00000.jsonl").exists() and (out / "manifest.json").exists()
+    finally:
+        os.close(writer)
+    assert prepare_output(out, 2, default=1, overwrite=True) == 2
+    assert not (out / "part-0").exists() and not (out / "part-1").exists() and not (out / "manifest.json").exists()
+
+
+def test_a_merged_manifest_of_other_folders_is_not_deleted(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    elsewhere = {"merged_from": [{"folder": str(out / "part-0")}, {"folder": str(tmp_path / "other" / "part-1")}]}
+    (out / "manifest.json").write_text(json.dumps(elsewhere))
+    for overwrite in (False, True):
+        with pytest.raises(OutputError, match=r"is a merged view of other folders .*other/part-1"):
+            prepare_output(out, None, default=1, overwrite=overwrite)
+    assert json.loads((out / "manifest.json").read_text()) == elsewhere
+
+
+def manifest(folder: Path, stats: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "manifest.json").write_text(json.dumps({"last_run": {"stats": stats}}))
+
+
+def test_the_driver_must_see_every_partitions_manifest_as_its_node_wrote_it(tmp_path):
+    out = tmp_path / "out"
+    done = [Outcome(k, code=0, stats={"problems": 5 + k}) for k in range(2)]
+    manifest(out / "part-0", {"problems": 5})
+    assert "part-1/manifest.json is not there for the driver" in unseen_parts(out, done)
+    assert "shared storage" in unseen_parts(out, done)
+    manifest(out / "part-1", {"problems": 3})  # an older copy than the one part-1's node read
+    assert "part-1/manifest.json as the driver reads it is not what part-1 wrote" in unseen_parts(out, done)
+    manifest(out / "part-1", {"problems": 6})
+    assert unseen_parts(out, done) == ""
+    assert unseen_parts(out, [Outcome(0, code=0), Outcome(1, code=4)]) == ""  # nothing read on the node: no check
+
+
+def test_the_jobs_message_says_rerun_only_where_a_rerun_helps(tmp_path):
+    def said(*codes: int | None) -> str:
+        outcomes = [Outcome(k, code=c) for k, c in enumerate(codes)]
+        return job_message(job_code(outcomes), outcomes, tmp_path, 3)
+
+    assert said(0, 0) == ""
+    for code in (4, 7, 8):
+        assert "run the same command again to resume" in said(0, code)
+    assert "--ray-retries (3)" in said(None, 0) and "run the same command again" in said(None, 0)
+    for code in (1, 2, 3, 5, 6):
+        message = said(0, code)
+        assert f"part-1 failed with exit {code}" in message and "fix the cause" in message
+        assert "part-1.log" in message
+
+
+class FakeRay:
+    """What a driver calls of Ray, without a cluster: every task stays pending."""
+
+    class exceptions:  # as Ray names it
+        class RayError(Exception):
+            pass
+
+        class TaskCancelledError(RayError):
+            pass
+
+    class Handle:
+        def __init__(self, ray: FakeRay) -> None:
+            self.ray = ray
+            self.read = SimpleNamespace(remote=lambda: "read")
+
+        def options(self, **_: Any) -> FakeRay.Handle:
+            return self
+
+        def remote(self, *args: Any) -> FakeRay.Handle:
+            self.ray.submitted.append(args)
+            return FakeRay.Handle(self.ray)
+
+    def __init__(self, cpus: float, wait_error: Exception | None = None) -> None:
+        self.cpus, self.wait_error, self.submitted = cpus, wait_error, []
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [{"Alive": True, "Resources": {"CPU": self.cpus} if self.cpus else {}}]
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": self.cpus}
+
+    def remote(self, *args: Any, **_: Any) -> Any:
+        return FakeRay.Handle(self) if args else (lambda _f: FakeRay.Handle(self))
+
+    def wait(self, pending: list[Any], num_returns: int, timeout: float) -> tuple[list[Any], list[Any]]:
+        if self.wait_error is not None:
+            raise self.wait_error
+        return [], pending
+
+    def get(self, ref: Any, timeout: float | None = None) -> Any:
+        return {}
+
+    def cancel(self, ref: Any, force: bool = False) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+def fake_job(tmp_path: Path, ray: FakeRay) -> RayJob:
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"prompt": "1+1?", "label": "2"}\n')
+    job = RayJob({"input": str(data), "output": str(tmp_path / "out"), "ray": "127.0.0.1"}, {"base_url": URLS})
+    job._ray = ray
+    return job
+
+
+def test_ray_failing_under_the_job_is_one_line_and_exit_9(tmp_path):
+    job = fake_job(tmp_path, FakeRay(2, wait_error=RuntimeError("GCS unreachable\nGcsRpcClient: lost")))
+    try:
+        with pytest.raises(ClusterError, match=r"Ray failed during the job \(RuntimeError: GcsRpcClient: lost\)"):
+            job.run()
+    finally:
+        job.close()
+    os.close(lock_job(tmp_path / "out"))  # close() let go of the folder
+
+
+def test_a_cluster_with_no_cpu_for_a_task_ends_the_job_with_exit_9(tmp_path, monkeypatch):
+    monkeypatch.setattr(cluster, "NO_CPU_WAIT_S", 0.0)
+    job = fake_job(tmp_path, FakeRay(0))
+    try:
+        with pytest.raises(ClusterError, match="no node of the Ray cluster had a CPU for a task"):
+            job.run()
+    finally:
+        job.close()
+
+
+def test_a_signal_before_the_tasks_are_submitted_submits_none(tmp_path):
+    ray = FakeRay(2)
+    job = fake_job(tmp_path, ray)
+    job.stop(15)
+    try:
+        result = job.run()
+    finally:
+        job.close()
+    assert result.code == 143 and ray.submitted == [] and all(o.cancelled for o in result.outcomes)
+    assert (tmp_path / "out" / ".agentroll" / "ray" / "plan.json").exists()
+
+
+def fake_ray_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = SimpleNamespace(is_canceled=lambda: False)
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(
+        util=SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"), get_runtime_context=lambda: runtime))
+
+
+def test_an_os_error_in_the_task_is_the_partitions_exit_6_and_leaves_no_process(tmp_path, monkeypatch):
+    psutil = pytest.importorskip("psutil")
+    fake_ray_module(monkeypatch)
+    state = tmp_path / "out" / ".agentroll" / "ray"
+    state.mkdir(parents=True)
+    (state / "part-0.attempts").mkdir()  # the attempts line cannot be written: after the child has started
+    spec = {"job": "j", "index": 0, "state": str(state), "cwd": str(tmp_path), "debug": False,
+            "run": {"output": str(tmp_path / "out" / "part-0")}, "generate": {}}
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    outcome = run_partition(spec, board=None)
+    assert outcome["code"] == 6 and not outcome["cancelled"] and "part-0.attempts" in outcome["tail"]
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before  # the child was stopped and reaped
+    assert "--- part-0, attempt 1 of job j" in (state / "part-0.log").read_text()
+
+    spec["state"] = str(tmp_path / "gone")  # no log can be opened: no child is started at all
+    outcome = run_partition(spec, board=None)
+    assert outcome["code"] == 6 and "No such file or directory" in outcome["tail"]
+
+
+def test_the_relay_drains_the_childs_pipe_when_the_board_fails():
+    class Board:
+        calls = 0
+
+        def remote(self, *_: Any) -> None:
+            Board.calls += 1
+            raise RuntimeError("the board's node is gone")
+
+    stream = io.BytesIO(b"".join(orjson.dumps({"stats": {"problems": k}}) + b"\n" for k in range(500)) + b"noise\n")
+    last: list[dict[str, Any]] = []
+    cluster._relay(stream, SimpleNamespace(report=Board()), 0, 1, last)
+    assert stream.read() == b"" and Board.calls == 500 and last == [{"stats": {"problems": 499}}]
+
+
+def test_a_retry_does_not_wait_on_storage_without_locks(tmp_path, monkeypatch):
+    part = tmp_path / "part-0"
+    (part / ".agentroll").mkdir(parents=True)
+    (part / ".agentroll" / "lock").touch()
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(cluster.fcntl, "flock", no_locks)
+    started = time.monotonic()
+    cluster._wait_for_writer(part, tmp_path / "part-0.log", "part-0, attempt 2")
+    assert time.monotonic() - started < 5

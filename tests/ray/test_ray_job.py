@@ -3,6 +3,7 @@ merged output holds every problem exactly once, and Ctrl-C stops every partition
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -88,27 +89,57 @@ def mid_work(out: Path, job: subprocess.Popen[bytes], skip: set[int]) -> tuple[i
     pytest.fail(f"no partition was caught in the middle of its work (job exit {job.poll()})")
 
 
+def wait_for(what: str, found: Callable[[], bool], job: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not found():
+        if job.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{what}: not seen (job exit {job.poll()})")
+        time.sleep(0.05)  # other processes' progress: files to look at again
+
+
 def test_a_partition_lost_twice_over_is_retried_by_ray_and_every_problem_is_written_once(ray_cluster, slow_sim,
                                                                                           tmp_path):
     problems, url = slow_sim
     out = tmp_path / "out"
     started = time.monotonic()
     job = start_job(ray_cluster, problems, url, out)
+    first: dict = {}
     try:
-        # a node lost: the task's worker and its partition's process die at once
-        node_lost, first = mid_work(out, job, set())
-        os.kill(first["pid"], signal.SIGKILL)
-        os.kill(first["child"], signal.SIGKILL)
         # only the partition's process killed (say, by the OOM killer): its task raises, Ray retries it
-        process_lost, second = mid_work(out, job, {node_lost})
+        process_lost, second = mid_work(out, job, set())
         os.kill(second["child"], signal.SIGKILL)
+        # the task's worker lost (Ray's memory monitor, a crash), its partition's process still alive and still
+        # holding the folder: stopped first, so it cannot finish on its own meanwhile (nor can the job)
+        worker_lost, first = mid_work(out, job, {process_lost})
+        os.kill(first["child"], signal.SIGSTOP)
+        os.kill(first["pid"], signal.SIGKILL)
+        log = out / ".agentroll" / "ray" / f"part-{worker_lost}.log"
+        wait_for("the retry waiting for the lost attempt's lock", lambda: b"waiting up to" in log.read_bytes(), job)
+        assert running(first["child"]) and len(attempts(out, worker_lost)) == 1  # the retry has not started a run
+        # meanwhile a second driver on the same folder (the command run again, a requeue) is refused at once,
+        # even with --overwrite, and deletes nothing
+        second_driver = subprocess.run(
+            [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out), "--base-url", url,
+             "--tokenizer", TOKENIZER, "--ray", ray_cluster.address, "--overwrite"], env=ray_cluster.env,
+            capture_output=True, timeout=120)
+        assert second_driver.returncode == 6, second_driver.stderr.decode(errors="replace")[-2000:]
+        assert b"is in use by another agentroll generate --ray" in second_driver.stderr
+        assert (out / f"part-{worker_lost}" / "manifest.json").exists()
+        os.kill(first["child"], signal.SIGCONT)  # its parent's death sent it SIGTERM: it closes its folder now
+        wait_for("the retry's run", lambda: len(attempts(out, worker_lost)) == 2, job)
+        # the retry's run began only once the lost attempt's process had taken its SIGTERM and let go
+        text = log.read_text(errors="replace")
+        assert text.index("waiting up to") < text.index("SIGTERM: finishing up") < text.index(", attempt 2 of job")
         code, stderr = finish(job, out)
     finally:
         job.kill()
+        if first:  # never leave it stopped: it takes its SIGTERM and ends
+            with contextlib.suppress(OSError):
+                os.kill(first["child"], signal.SIGCONT)
     wall = time.monotonic() - started
     assert code == 0, stderr[-3000:]
 
-    for index, killed in ((node_lost, first), (process_lost, second)):
+    for index, killed in ((worker_lost, first), (process_lost, second)):
         tried = attempts(out, index)
         assert [a["attempt"] for a in tried] == [1, 2] and tried[1]["job"] == killed["job"]
         assert tried[1]["child"] != killed["child"]
@@ -116,7 +147,7 @@ def test_a_partition_lost_twice_over_is_retried_by_ray_and_every_problem_is_writ
         last_run = json.loads((out / f"part-{index}" / "manifest.json").read_text())["last_run"]["stats"]
         # the retry found the lost attempt's groups on disk and did only the rest
         assert last_run["problems_skipped_done"] >= 1 and last_run["groups_written"] >= 1
-    assert attempts(out, node_lost)[1]["pid"] != first["pid"]  # the lost worker's task ran in another worker
+    assert attempts(out, worker_lost)[1]["pid"] != first["pid"]  # the lost worker's task ran in another worker
 
     ids = Counter(group.problem_id for group in agentroll.read_groups(out))
     assert set(ids) == {f"p{i:03d}" for i in range(PROBLEMS)} and set(ids.values()) == {1}
@@ -213,4 +244,20 @@ def test_ray_local_starts_a_cluster_for_the_job_with_one_partition_per_node(sim,
     merged = json.loads((out / "manifest.json").read_text())
     assert [m["folder"] for m in merged["merged_from"]] == [str(out / "part-0")]  # one node: one partition
     assert merged["complete"] and merged["groups"] == 8
+    assert sorted(g.problem_id for g in agentroll.read_groups(out)) == [f"p{i:03d}" for i in range(8)]
+
+
+def test_a_row_that_is_not_json_is_skipped_once_and_the_job_ends_0_every_time(ray_cluster, sim, problems, tmp_path):
+    """Under --skip-invalid an unreadable row has no id: one partition counts it, and no partition fails for it."""
+    rows = problems.read_text().splitlines()
+    problems.write_text("\n".join([rows[0], "{not json", *rows[1:]]) + "\n")
+    out = tmp_path / "out"
+    for _ in range(2):  # and the same command again
+        proc = subprocess.run([sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out),
+                               "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "1", "--reward",
+                               "exact", "--skip-invalid", "--ray", ray_cluster.address, "--partitions", "3"],
+                              env=ray_cluster.env, capture_output=True, timeout=240)
+        stderr = proc.stderr.decode(errors="replace")
+        assert proc.returncode == 0, stderr[-3000:]
+    assert "problems 9 (already done 8)" in stderr and "invalid rows 1" in stderr
     assert sorted(g.problem_id for g in agentroll.read_groups(out)) == [f"p{i:03d}" for i in range(8)]
