@@ -50,7 +50,7 @@ class GenerateOptions:
     num_parallel: int = option(4, "Parallel calls per stage where the system has them (three-stage: solvers, "
                                   "and rewriters, per execution).")
     samples_per_prompt: int = option(1, "Executions per prompt (one group).")
-    concurrency: int | str = option(64, "Most completion requests in flight over the run; or auto: per endpoint, "
+    concurrency: int | str = option("auto", "Most completion requests in flight over the run; or auto: per endpoint, "
                                         "following its vLLM /metrics (queue, KV cache, preemptions).", cli_type=str)
     max_concurrency: int = option(1024, "With --concurrency auto: most requests in flight per endpoint.")
     max_tokens: int = option(4096, "Most tokens per response (capped to the context left).")
