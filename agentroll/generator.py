@@ -308,13 +308,17 @@ class Generator:
         return out, guard
 
     async def _stage_client(self, url: str, main: Stage) -> CompletionClient:
-        """A client for a stage's own server, inside the run's request budget, on the run's token API."""
+        """A client for a stage's own server, inside the run's request budget and counters (under auto, with a cap
+        of its own that follows its /metrics), on the run's token API."""
         o = self.options
-        client = CompletionClient([url], api_key=o.api_key, concurrency=1, timeout_s=o.request_timeout,
-                                  connect_timeout_s=o.connect_timeout, max_retries=o.max_retries,
-                                  down_timeout_s=o.down_timeout, probe_interval_s=o.probe_interval)
+        client = CompletionClient([url], api_key=o.api_key, concurrency=1, adaptive=o.concurrency == "auto",
+                                  timeout_s=o.request_timeout, connect_timeout_s=o.connect_timeout,
+                                  max_retries=o.max_retries, down_timeout_s=o.down_timeout,
+                                  probe_interval_s=o.probe_interval)
         self._stage_clients.append(client)
         client.share_budget(main.client)
+        if client.adaptive:  # under auto its server gets a cap of its own, following its /metrics
+            await client.start_adaptive(start=16, fallback=64, maximum=o.max_concurrency)
         if o.api != "auto":
             client.api = o.api
         elif main.config.alternatives < VLLM_MAX_LOGPROBS:

@@ -289,7 +289,9 @@ def test_a_stage_may_sample_otherwise_and_run_on_another_model_and_server(proble
         assert {r["sampling"]["temperature"] for r in others if r["stage"] == "solver"} == {1.0}
         asked = [e["request"] for e in generations(judge)]
         assert len(asked) == len(selectors) and all(a["model"] == "judge" and a["temperature"] == 0 for a in asked)
-        settings = json.loads((out / "manifest.json").read_text())["settings"]
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert set(manifest["last_run"]["requests"]["concurrency"]) == {policy.url, judge.url}  # auto: each its own
+        settings = manifest["settings"]
         assert settings["stage_settings"]["selector"] == {"model": "judge",
                                                           "temperature": 0.0, "max_tokens": 64}
     finally:
