@@ -92,9 +92,11 @@ def call_seed(seed: int, *parts: object) -> int:
     return (seed * 1_000_003 + zlib.crc32(key)) % (2**31 - 1)
 
 
-def tokenizer_id(encoder: ChatEncoder) -> str:
-    """A conversation only goes on under one tokenizer and chat template: their hashes say which."""
-    return f"{tokenizer_sha256(encoder.tokenizer)}/{chat_template_sha256(encoder.tokenizer)}"
+def same_tokens(a: ChatEncoder, b: ChatEncoder) -> bool:
+    """A conversation only goes on under one tokenizer and chat template: the same encoder, or equal hashes
+    (worked out only when a conversation crosses encoders)."""
+    return a is b or (tokenizer_sha256(a.tokenizer), chat_template_sha256(a.tokenizer)) == (
+        tokenizer_sha256(b.tokenizer), chat_template_sha256(b.tokenizer))
 
 
 @dataclass(slots=True)
@@ -106,7 +108,6 @@ class Stage:
     encoder: ChatEncoder
     config: SystemConfig
     trainable: bool = True
-    tokenizer_id: str = ""  # its tokenizer's and chat template's hashes: a conversation goes on under the same
 
 
 @dataclass(slots=True)
@@ -244,7 +245,7 @@ class Context:
                 raise UsageError("ctx.complete(after=...) takes the new chat messages to append")
             if self._made.get(id(after)) is not after:
                 raise UsageError("ctx.complete(after=...) continues a sample of this execution only")
-            if self.engine.stage(after.stage).tokenizer_id != runtime.tokenizer_id:
+            if not same_tokens(self.engine.stage(after.stage).encoder, runtime.encoder):
                 raise UsageError(f"a {after.stage} conversation cannot go on as {stage}: their stages use other "
                                  "tokenizers")
             text, ids, history = await self._continue(after, prompt, runtime)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ import orjson
 from . import provenance
 from .chat import ChatEncoder, load_first, tokenizer_candidates
 from .client import ClientCounters, CompletionClient
-from .context import Stage, tokenizer_id
+from .context import Stage
 from .errors import InputError, ServerError, UsageError
 from .group import Group, annotate
 from .inputs import InputKeys, Problem, problem_from_row
@@ -105,8 +105,7 @@ class Generator:
             server = await self._provenance(client, encoder, templates, config, root)
             if client.adaptive:
                 await client.start_adaptive(start=16, fallback=64, maximum=o.max_concurrency)
-            stages, stage_settings = await self._stages(Stage("", client, encoder, config,
-                                                              tokenizer_id=tokenizer_id(encoder)))
+            stages, stage_settings = await self._stages(Stage("", client, encoder, config))
             self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
                                        prompt_key=self.keys.prompt, system=system, stages=stages)
             self.server = server
@@ -287,7 +286,7 @@ class Generator:
         guard: dict[str, dict[str, Any]] = {}
         clients: dict[str, CompletionClient] = {}
         for name, settings in o.stage_settings().items():
-            client, encoder, ident = main.client, main.encoder, main.tokenizer_id
+            client, encoder = main.client, main.encoder
             url, model, tokenizer_name = settings.get("base_url"), settings.get("model"), settings.get("tokenizer")
             length, root = main.config.max_context_len, None
             if url:
@@ -300,10 +299,9 @@ class Generator:
             if tokenizer_name or model != self.model:
                 _, tokenizer = await asyncio.to_thread(load_first, tokenizer_candidates(tokenizer_name, model, root))
                 encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
-                ident = tokenizer_id(encoder)
             overrides = {k: v for k, v in settings.items() if k not in ("base_url", "tokenizer", "trainable")}
             config = main.config.with_overrides({**overrides, "model": model, "max_context_len": length})
-            out[name] = Stage(name, client, encoder, config, settings.get("trainable", model == self.model), ident)
+            out[name] = Stage(name, client, encoder, config, settings.get("trainable", model == self.model))
             guard[name] = {**{k: v for k, v in settings.items() if k != "base_url"}, "model": model}
         return out, guard
 

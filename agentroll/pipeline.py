@@ -13,7 +13,7 @@ import builtins
 from .chat import ChatEncoder
 from .client import CompletionClient
 from .concurrency import gather_or_cancel
-from .context import Context, Engine, ExecutionFailed, Stage, SystemConfig, call_seed, tokenizer_id
+from .context import Context, Engine, ExecutionFailed, Stage, SystemConfig, call_seed
 from .errors import AgentrollError, UsageError
 from .inputs import Problem
 from .rewards import RewardSet
@@ -69,7 +69,7 @@ class AgentSystem:
     ) -> None:
         self.system = system if system is not None else load_system("three-stage")
         self.stats = stats
-        default = Stage("", client, encoder, config, tokenizer_id=tokenizer_id(encoder))
+        default = Stage("", client, encoder, config)
         self.engine = Engine(dict(stages or {}), default, rewards, templates, stats, dict(self.system.settings),
                              prompt_key, tuple(self.system.stages))
 
