@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from .errors import UsageError
+from .errors import UsageError, first_line
 
 
 def _hub_reachable(timeout_s: float = 1.5) -> str | None:
@@ -46,7 +46,7 @@ def load_tokenizer(name_or_path: str) -> Any:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, HF hub errors...
         if os.path.exists(name_or_path) or name_or_path.startswith(("/", "./", "../", "~")):
-            raise UsageError(f"cannot load tokenizer {name_or_path!r}: {_first_line(exc)} ({hint})") from exc
+            raise UsageError(f"cannot load tokenizer {name_or_path!r}: {first_line(exc)} ({hint})") from exc
         offline = _hub_reachable()
         if offline is not None:
             raise UsageError(f"cannot load tokenizer {name_or_path!r}: not on disk, and the hub is out of reach: "
@@ -54,7 +54,7 @@ def load_tokenizer(name_or_path: str) -> Any:
         try:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         except Exception as exc2:
-            raise UsageError(f"cannot load tokenizer {name_or_path!r}: {_first_line(exc2)} ({hint})") from exc2
+            raise UsageError(f"cannot load tokenizer {name_or_path!r}: {first_line(exc2)} ({hint})") from exc2
     if not getattr(tokenizer, "chat_template", None):
         raise UsageError(f"tokenizer {name_or_path!r} has no chat template")
     return tokenizer
@@ -87,10 +87,6 @@ def load_first(candidates: list[str], lite: bool = False) -> tuple[str, Any]:
             error = error or exc
     assert error is not None
     raise error
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 class ChatEncoder:

@@ -20,7 +20,7 @@ import orjson
 
 from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient, Endpoint
-from .errors import InputError, ServerError, UsageError
+from .errors import InputError, ServerError, UsageError, first_line
 from .inputs import Problem
 from .options import STAGE_RANGES, GenerateOptions, default_of
 from .parsing import answer_content
@@ -171,8 +171,7 @@ class Context:
             self.engine.stats.stage(stage).failed_calls += 1
             raise self._failed(f"rendering a {stage} prompt on the server failed: {exc}") from exc
         except Exception as exc:  # jinja2 or the tokenizer: "roles must alternate", a raise_exception(...)
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UsageError(f"the chat template rejects the {stage} messages: {detail}") from exc
+            raise UsageError(f"the chat template rejects the {stage} messages: {first_line(exc)}") from exc
 
     async def problem_prompt(self, stage: str = "solver", template: str = "solver") -> tuple[str, list[int]]:
         """The problem as a first prompt: the row's own messages, or its statement in `template`; rendered once
@@ -284,8 +283,7 @@ class Context:
             except UsageError:
                 raise
             except Exception as exc:  # jinja2 or the tokenizer
-                detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise UsageError(f"the chat template rejects the {runtime.name} turn: {detail}") from exc
+                raise UsageError(f"the chat template rejects the {runtime.name} turn: {first_line(exc)}") from exc
             cache[slot] = injected
             if len(cache) > 1024:
                 cache.popitem(last=False)

@@ -21,6 +21,11 @@ failed and left for a rerun, and the run goes on (ending with IncompleteRun).
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception as one line: its message's first line, or its type when it says nothing."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 class AgentrollError(Exception):
     exit_code = 1
 

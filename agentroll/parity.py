@@ -13,7 +13,7 @@ from typing import Any
 
 from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient
-from .errors import ServerError, UsageError
+from .errors import ServerError, UsageError, first_line
 from .templates import Templates
 from .tokenizer_lite import LiteTokenizer
 
@@ -98,8 +98,7 @@ def local_ids(encoder: ChatEncoder, messages: list[dict[str, Any]]) -> list[int]
     try:
         return encoder.encode(messages)[1]
     except Exception as exc:  # jinja2 or the tokenizer: the bundled stage prompts cannot be rendered at all
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"the chat template rejects the stage prompts: {detail} (see --prompts, --tokenizer, "
+        raise UsageError(f"the chat template rejects the stage prompts: {first_line(exc)} (see --prompts, --tokenizer, "
                          "--chat-template-kwargs)") from exc
 
 
