@@ -393,7 +393,7 @@ class JsonProgress(Progress):
     more at the end."""
 
     def __init__(self, stream: IO[bytes], every_s: float = 0.5) -> None:
-        self.stream, self.every_s, self.last = stream, every_s, 0.0
+        self.stream, self.every_s, self.last = stream, every_s, -math.inf  # the first at once, even just after boot
         self.seen: tuple[RunStats, ClientCounters] | None = None
 
     def advance(self, stats: RunStats, requests: ClientCounters) -> None:
