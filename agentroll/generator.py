@@ -211,6 +211,13 @@ class Generator:
         problem = self.problem(row)
         group = self._admitted
         self._admitted += 1
+        try:
+            return await self._executions(system, problem, group)
+        finally:
+            if self._budget is not None:
+                self._budget.finished(group)  # it wants no more room
+
+    async def _executions(self, system: AgentSystem, problem: Problem, group: int) -> Group:
         o = self.options
         attempts = 1 + (o.resample_uniform if o.filter_uniform_groups else 0)
         executions: list[list[Any]] = []

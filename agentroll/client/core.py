@@ -147,11 +147,11 @@ class CompletionClient:
             raise self._dead
         budget = self.budget
         budget.started(priority[0])
-        waiter = Waiter(asyncio.get_running_loop().create_future(), prefer, avoid, key)
+        waiter = Waiter(asyncio.get_running_loop().create_future(), prefer, avoid, key, priority[0])
         if self.queue.head() is None and not budget.full():
             endpoint = self._choose(waiter)
             if endpoint is not None:
-                budget.take(endpoint)
+                budget.take(endpoint, waiter.group)
                 return endpoint
         budget.enqueue(self.queue, priority, waiter)
         budget.dispatch()
@@ -159,7 +159,7 @@ class CompletionClient:
             return await waiter.future
         except asyncio.CancelledError:
             if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
-                budget.release(waiter.future.result())  # granted, then cancelled: the slot goes to the next
+                budget.release(waiter.future.result(), waiter.group)  # granted, then cancelled: the slot goes on
             raise
 
     async def live(self, prefer: Endpoint | None = None, avoid: Endpoint | None = None) -> Endpoint:
@@ -418,7 +418,11 @@ class CompletionClient:
                     raise
                 self.counters.retries += 1
                 avoid = exc.endpoint
-                await asyncio.sleep(self._backoff(attempt))
+                self.budget.rest(priority[0], True)  # its group wants no room meanwhile: another may start
+                try:
+                    await asyncio.sleep(self._backoff(attempt))
+                finally:
+                    self.budget.rest(priority[0], False)
                 continue
             done.endpoint, done.latency_s, done.attempts = endpoint.url, time.monotonic() - started, attempt
             return done
@@ -433,6 +437,7 @@ class CompletionClient:
         """One attempt, in a slot: the endpoint is chosen when the slot is granted, so the in-flight counts it
         compares are current, not those of when the call started waiting."""
         endpoint = await self._slot(priority, prefer, avoid, key)
+        group = priority[0]
         self.counters.requests += 1
         try:
             status, body = await self.transport.request("POST", endpoint.url + path, payload,
@@ -441,7 +446,7 @@ class CompletionClient:
             self._failed(endpoint, str(exc))
             raise CallFailed(f"{endpoint.url}: {exc}", retryable=True, endpoint=endpoint) from None
         finally:
-            self.budget.release(endpoint)
+            self.budget.release(endpoint, group)
         if status == 200:
             endpoint.record(ok=True)
             try:

@@ -44,6 +44,7 @@ class Waiter:
     prefer: Endpoint | None
     avoid: Endpoint | None
     key: str | None
+    group: int = -1
 
 
 class Queue:
@@ -68,6 +69,13 @@ class Budget:
         self.queues: list[Queue] = []
         self.endpoints: list[Endpoint] = []  # every client's, for the capacity
         self.newest_group = -1  # the highest group number a call has asked with
+        # per group in flight: its calls holding slots now, and the most it has held at once. A group holding
+        # none (between two stages: rendering, scoring) will soon want about as many again: `spare` keeps that
+        # room for it rather than let a new group take it
+        self.active: dict[int, int] = {}
+        self.width: dict[int, int] = {}
+        self.resting: dict[int, int] = {}  # calls of the group waiting out a retry's backoff: it wants no room yet
+        self.between = 0  # the widths of the groups between two stages now (no slot held, none resting), added up
         self.listeners: list[Callable[[], None]] = []  # told of a free slot nobody waits for, or a new group
         self._order = itertools.count()
 
@@ -90,9 +98,38 @@ class Budget:
         return sum(len(q.heap) for q in self.queues)
 
     def spare(self) -> bool:
-        """A slot is free and no call waits for one: the groups in flight do not fill the servers."""
-        idle = all(q.head() is None for q in self.queues)
-        return idle and not self.full() and self.counters.in_flight < self.capacity
+        """A slot is free and no call waits for one, beyond the room the groups between two stages will want
+        back: the groups in flight do not fill the servers."""
+        if self.full() or not all(q.head() is None for q in self.queues):
+            return False
+        return self.counters.in_flight + self.between < self.capacity
+
+    def _between(self, group: int) -> bool:
+        return group in self.width and not self.active.get(group) and not self.resting.get(group)
+
+    def _change(self, group: int, active: int = 0, resting: int = 0) -> None:
+        """Move a group's counts, keeping `between` the sum of the widths of the groups between two stages."""
+        if self._between(group):
+            self.between -= self.width[group]
+        if active:
+            self.active[group] = self.active.get(group, 0) + active
+            self.width[group] = max(self.width.get(group, 0), self.active[group])
+        if resting:
+            self.resting[group] = self.resting.get(group, 0) + resting
+        if self._between(group):
+            self.between += self.width[group]
+
+    def rest(self, group: int, resting: bool) -> None:
+        """A call of `group` starts (or ends) waiting out its backoff: the room it would take waits too."""
+        if group >= 0 and (resting or self.resting.get(group)):  # a settled group's end of rest: nothing to undo
+            self._change(group, resting=1 if resting else -1)
+
+    def finished(self, group: int) -> None:
+        """The group is settled: it wants no more room."""
+        if self._between(group):
+            self.between -= self.width[group]
+        for counts in (self.width, self.active, self.resting):
+            counts.pop(group, None)
 
     def enqueue(self, queue: Queue, priority: Priority, waiter: Waiter) -> None:
         heapq.heappush(queue.heap, (priority, next(self._order), waiter))
@@ -118,21 +155,25 @@ class Budget:
                 break
             (_, _, waiter), queue, endpoint = best
             heapq.heappop(queue.heap)
-            self.take(endpoint)
+            self.take(endpoint, waiter.group)
             waiter.future.set_result(endpoint)
         self.counters.queued = self.waiting()
         if self.spare():
             self._tell()
 
-    def take(self, endpoint: Endpoint) -> None:
+    def take(self, endpoint: Endpoint, group: int = -1) -> None:
         c = self.counters
         c.in_flight += 1
         c.peak_in_flight = max(c.peak_in_flight, c.in_flight)
         endpoint.in_flight += 1
+        if group >= 0:
+            self._change(group, active=1)
 
-    def release(self, endpoint: Endpoint) -> None:
+    def release(self, endpoint: Endpoint, group: int = -1) -> None:
         self.counters.in_flight -= 1
         endpoint.in_flight -= 1
+        if group >= 0 and self.active.get(group):
+            self._change(group, active=-1)
         self.dispatch()
 
     def _tell(self) -> None:
