@@ -1,0 +1,99 @@
+"""The layout shows the data flow: cli -> runner -> generator -> systems -> context -> client / rewards, and
+runner -> folder (the only code that touches the output files). No module reaches back up; no import cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "agentroll"
+
+# a module's imports may not reach these (upward in the flow)
+ABOVE = {
+    "agentroll.folder": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.context",
+                         "agentroll.client", "agentroll.systems", "agentroll.pipeline", "agentroll.cluster"),
+    "agentroll.client": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.context",
+                         "agentroll.systems", "agentroll.pipeline", "agentroll.folder"),
+    "agentroll.context": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.systems",
+                          "agentroll.pipeline", "agentroll.folder"),
+    "agentroll.systems": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.pipeline",
+                          "agentroll.folder"),
+    "agentroll.rewards": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.context",
+                          "agentroll.folder"),
+    "agentroll.generator": ("agentroll.cli", "agentroll.runner"),
+    "agentroll.runner": ("agentroll.cli",),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, lazy: bool) -> set[str]:
+    """The agentroll modules `path` imports: at module level (outside `if TYPE_CHECKING:`), or anywhere."""
+    tree = ast.parse(path.read_text())
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            inner = top and not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import | ast.ImportFrom) and (inner or lazy):
+                if isinstance(child, ast.Import):
+                    found.update(a.name for a in child.names if a.name.startswith("agentroll"))
+                else:
+                    base = child.module or ""
+                    if child.level:
+                        base = ".".join(package.split(".")[: len(package.split(".")) - child.level + 1]
+                                        + ([base] if base else []))
+                    if base.startswith("agentroll"):
+                        if child.module:  # `from . import x` imports the submodule x, not the package
+                            found.add(base)
+                        found.update(f"{base}.{a.name}" for a in child.names
+                                     if (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).exists()
+                                     or (PACKAGE.parent / (f"{base}.{a.name}".replace(".", "/") + ".py")).exists())
+            visit(child, inner)
+
+    visit(tree, True)
+    return found - {name}
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py") if "_data" not in p.parts}
+
+
+def graph(lazy: bool) -> dict[str, set[str]]:
+    return {name: {m for m in imports(path, lazy) if m in MODULES} for name, path in MODULES.items()}
+
+
+def test_there_is_no_import_cycle():
+    edges = graph(lazy=False)
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def walk(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*trail[trail.index(nxt):], nxt] if nxt in trail else [node, nxt])
+            elif nxt not in state:
+                walk(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            walk(node, [node])
+    assert not cycles, cycles[:5]
+
+
+def test_no_module_reaches_back_up_the_flow():
+    edges = graph(lazy=True)
+    wrong = []
+    for name, targets in edges.items():
+        for layer, forbidden in ABOVE.items():
+            if name == layer or name.startswith(layer + "."):
+                wrong += [(name, t) for t in targets if any(t == f or t.startswith(f + ".") for f in forbidden)]
+    assert not wrong, wrong
