@@ -39,11 +39,9 @@ class InputError(AgentrollError):
 
     def __init__(self, source: str, line: int, field: str | None, reason: str) -> None:
         self.source, self.line, self.field, self.reason = source, line, field, reason
-        what = f", field '{field}'" if field else ""
-        if line > 0:
-            super().__init__(f"{source}:{line}: line {line}{what}: {reason}")
-        else:
-            super().__init__(f"{source}{what}: {reason}")
+        what = f"field '{field}': " if field else ""
+        where = f"{source}:{line}" if line > 0 else source  # FILE:LINE, as compilers and editors read it
+        super().__init__(f"{where}: {what}{reason}")
 
 
 class ServerError(AgentrollError):

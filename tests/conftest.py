@@ -41,12 +41,35 @@ def sim(problems: Path) -> Iterator[SimServer]:
     server.stop()
 
 
-def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
-    """`agentroll ...` in a real subprocess, as a user runs it."""
+def run_process(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    """`agentroll ...` in a real subprocess, as a user runs it: where the process is the point (fds, signals)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
     env["HF_HUB_OFFLINE"] = "1"  # a test never reaches for the hub
     return subprocess.run([sys.executable, "-m", "agentroll", *args], input=stdin, capture_output=True,
                           timeout=timeout, env=env)
+
+
+def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    """`agentroll ...` in this process (typer's CliRunner), with the environment a user's shell would give it
+    (no AGENTROLL_/OPENAI_ variables, the hub offline); the result as a subprocess's. Input on stdin goes through a
+    real process: the reader reads file descriptor 0 itself."""
+    if stdin is not None:
+        return run_process(*args, stdin=stdin, timeout=timeout)
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from agentroll.cli import app
+
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("AGENTROLL_", "OPENAI_"))}
+    env["HF_HUB_OFFLINE"] = "1"
+    result = CliRunner().invoke(app, list(args), env=env)
+    stderr = result.stderr_bytes or b""
+    code = result.exit_code
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception)).encode()  # a crash, as Python prints it
+        code = 1
+    return subprocess.CompletedProcess(["agentroll", *args], code, result.stdout_bytes, stderr)
 
 
 def generations(server: SimServer) -> list[dict]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from rich.markup import escape
 
 import agentroll
 from agentroll.folder import ShardWriter
@@ -48,7 +49,7 @@ def test_the_generator_takes_the_cli_options_with_the_same_defaults():
         assert option.opts[0] == "--" + spec.name.replace("_", "-")
         default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()  # type: ignore[misc]
         assert option.default == (None if isinstance(default, list | dict) else default), spec.name
-        assert option.help == spec.metadata["help"]
+        assert option.help == escape(spec.metadata["help"])  # as written (typer reads help as markup)
     with pytest.raises(TypeError, match="unexpected keyword argument 'num_paralel'"):
         agentroll.Generator(base_url="http://127.0.0.1:1", num_paralel=3)
 

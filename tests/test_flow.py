@@ -201,7 +201,7 @@ def test_log_lines_say_done_total_rates_and_eta_from_start_to_end(caplog, monkey
 
 def test_the_terminal_bar_shows_rates_eta_calls_and_named_failures(monkeypatch):
     out = io.StringIO()
-    monkeypatch.setattr("agentroll.cli.err", Console(file=out, width=160, force_terminal=True))
+    monkeypatch.setattr("agentroll.cli.progress.err", Console(file=out, width=160, force_terminal=True))
     bar = RichBar()
     bar.start(40)
     bar.advance(*figures(8))

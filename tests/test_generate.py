@@ -182,7 +182,7 @@ def test_a_bad_line_stops_with_one_line_naming_it_and_keeps_what_was_written(sim
                    TOKENIZER, "--num-parallel", "1", "--reward", "exact")
     message = proc.stderr.decode()
     assert proc.returncode == 3
-    assert f"{bad}:4: line 4: malformed JSON" in message and "Traceback" not in message
+    assert f"{bad}:4: malformed JSON" in message and "Traceback" not in message
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["complete"] is False
     assert manifest["records"] == len(read_records(tmp_path / "o"))

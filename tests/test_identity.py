@@ -65,7 +65,7 @@ def test_an_id_already_done_with_another_prompt_or_label_is_refused_with_file_an
     later = write(tmp_path / "b.jsonl", [*rows(10, 1), {"id": "q7", "prompt": "What is 1 plus 1?", "label": "3"}])
     refused = generate(sim.url, later, out)
     assert refused.returncode == 3
-    assert f"{later}:2: line 2, field 'id': id 'q7' is already in the output folder".encode() in refused.stderr
+    assert f"{later}:2: field 'id': id 'q7' is already in the output folder".encode() in refused.stderr
     assert b"Traceback" not in refused.stderr
     skipped = generate(sim.url, later, out, "--skip-invalid")
     assert skipped.returncode == 0, skipped.stderr.decode()

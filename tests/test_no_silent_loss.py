@@ -155,7 +155,7 @@ def test_a_chat_row_that_the_template_rejects_is_a_bad_row(sim, tmp_path):
             "--reward", "exact", "--chat-render", "local"]
     refused = run_cli(*base, "-o", str(tmp_path / "a"))
     assert refused.returncode == 3, refused.stderr.decode()
-    assert f"{source}:2: line 2, field 'prompt': the chat template rejects".encode() in refused.stderr
+    assert f"{source}:2: field 'prompt': the chat template rejects".encode() in refused.stderr
     assert b"no tool turns here" in refused.stderr and b"Traceback" not in refused.stderr
     skipped = run_cli(*base, "-o", str(tmp_path / "b"), "--skip-invalid")
     assert skipped.returncode == 0, skipped.stderr.decode()

@@ -142,7 +142,7 @@ def test_a_call_that_fails_for_good_fails_the_execution_instead_of_shaping_it(fa
 
 def test_a_solver_prompt_that_leaves_no_room_is_a_bad_row_and_is_not_sent():
     stats = RunStats()
-    with pytest.raises(InputError, match=r"line 1, field 'prompt': the rendered prompt has \d+ tokens: no room"):
+    with pytest.raises(InputError, match=r":1: field 'prompt': the rendered prompt has \d+ tokens: no room"):
         run(solvers(RIGHT, RIGHT, RIGHT), max_context_len=10, stats=stats)
     assert stats.stages["solver"].skipped_calls == 0
 

@@ -261,7 +261,7 @@ def test_skip_invalid_counts_bad_rows_and_goes_on(tmp_path, sim, problems):
     bad.write_text("\n".join(lines) + "\n")
     proc = run_cli(*generate_args(bad, tmp_path / "out", sim.url, "--skip-invalid", "--num-parallel", "1"))
     assert proc.returncode == 0, proc.stderr.decode()
-    assert b"bad.jsonl:2: line 2, field 'label': missing" in proc.stderr and b"duplicate id 'p000'" in proc.stderr
+    assert b"bad.jsonl:2: field 'label': missing" in proc.stderr and b"duplicate id 'p000'" in proc.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["last_run"]["stats"]["invalid_rows"] == 2 and manifest["executions"] == 7
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 from rich.table import Table
+from rich.text import Text
 
 from ..group import Group
 from ..schema import STAGES
@@ -172,13 +173,13 @@ def stats_table(data: dict[str, Any]) -> Table:
     system = data.get("system") or {}
     shown = f" ({system['name']} system)" if system.get("name") not in (None, "three-stage") else ""
     title = (f"agentroll stats: {data.get('folder', '')}{shown}" + (f" by {data['by']}" if data.get("by") else ""))
-    table = Table(title=title)
-    table.add_column("figure")
+    table = Table(title=Text(title))  # data (a --by value, a stage name) is never read as markup; a cell is
+    table.add_column(Text("figure"), overflow="fold")  # folded onto more lines, never cut
     for name in columns:
-        table.add_column(name if name == "all" else f"{data['by']}={name}", justify="right")
+        table.add_column(Text(name if name == "all" else f"{data['by']}={name}"), justify="right", overflow="fold")
 
     def row(label: str, get: Any, end: bool = False) -> None:
-        table.add_row(label, *(get(c) for c in columns.values()), end_section=end)
+        table.add_row(Text(label), *(Text(get(c)) for c in columns.values()), end_section=end)
 
     row("problems", lambda c: str(c["problems"]))
     row("executions", lambda c: str(c["executions"]))

@@ -1,0 +1,133 @@
+"""The folder tools: merge, validate, stats, inspect, convert. Each error is one line and exit 6 on a broken
+folder (the folder package says what is wrong)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.text import Text
+
+from ..errors import OutputError
+from .console import err, folder_tool, log, out
+from .help import Command, help_text
+
+FOLDER = typer.Argument(help="An output folder, or a merged one.", metavar="DIR", show_default=False)
+
+
+def opt(*decls: str, help: str, metavar: str = "", **kwargs: object) -> typer.models.OptionInfo:
+    """An option with our help kept as written, and a metavar only when it takes a value."""
+    return typer.Option(*decls, help=help_text(help), metavar=metavar, **kwargs)  # type: ignore[arg-type]
+
+
+def register(app: typer.Typer) -> None:
+    for command in (merge, validate, stats, convert):
+        app.command(cls=Command)(command)
+    app.command("inspect", cls=Command)(inspect_command)
+
+
+def merge(
+    folders: Annotated[list[Path], typer.Argument(help="Output folders of a split job.", metavar="DIR...",
+                                                  show_default=False)],
+    output: Annotated[Path, opt("--output", "-o", help="Folder for the merged manifest.", metavar="DIR")],
+    copy: Annotated[bool, opt("--copy", help="Copy the shards in, instead of pointing at them.")] = False,
+    verify: Annotated[bool, opt("--verify", help="Check every shard's sha256 first.")] = False,
+    allow_incomplete: Annotated[bool, opt("--allow-incomplete", help="Merge a folder whose run did not complete "
+                                                                     "(the merged manifest says which).")] = False,
+    overwrite: Annotated[bool, opt("--overwrite", help="Replace an earlier merge in OUT.")] = False,
+) -> None:
+    """Join the manifests of several output folders (e.g. --partition slices) into one dataset."""
+    from ..folder import merge as merge_folders
+
+    merged = folder_tool(lambda: merge_folders(folders, output, copy=copy, verify=verify,
+                                               allow_incomplete=allow_incomplete, overwrite=overwrite))
+    for part in merged.merged_from or []:
+        if not part.get("complete"):
+            log.warning("%s: its run did not complete; the merged folder says so (complete: false)", part["folder"])
+    err.print(Text(f"merged {len(folders)} folders: {len(merged.shards)} shards, {merged.records} records, "
+                   f"{merged.executions} executions -> {output / 'manifest.json'}"))
+
+
+def validate(
+    folder: Annotated[Path, FOLDER],
+    max_faults: Annotated[int, opt("--max-faults", help="Faults listed after the first.", metavar="N")] = 20,
+    json_: Annotated[bool, opt("--json", help="The whole report as JSON.")] = False,
+) -> None:
+    """Check a folder: sha256 and sizes, every record's schema, aligned lengths, whole groups (exit 6 on a fault)."""
+    from ..tools.validate import validate as validate_folder
+
+    report = validate_folder(folder)
+    if json_:
+        sys.stdout.buffer.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        console = out()
+        for line in report.lines(max_faults):
+            console.print(Text(line), soft_wrap=True)
+    raise typer.Exit(0 if report.ok else OutputError.exit_code)
+
+
+def stats(
+    folder: Annotated[Path, FOLDER],
+    by: Annotated[str | None, opt("--by", help="Split the report by this metadata field.", metavar="FIELD")] = None,
+    json_: Annotated[bool, opt("--json", help="JSON instead of a table.")] = False,
+) -> None:
+    """The system's report recomputed from the records: per stage, accuracies, pass@k, truncation, tokens."""
+    from ..tools.report import stats as folder_stats
+    from ..tools.report import stats_table
+
+    data = folder_tool(lambda: folder_stats(folder, by))
+    if json_:
+        sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        out().print(stats_table(data))
+
+
+def inspect_command(
+    folder: Annotated[Path, FOLDER],
+    problem: Annotated[str | None, opt("--problem", help="This problem's executions (default: the first group's "
+                                                         "first).", metavar="ID")] = None,
+) -> None:
+    """Draw a rollout as a tree: the system's stages, with rewards, truncations and the judgment."""
+    from ..tools.inspect import inspect as inspect_folder
+
+    out().print(folder_tool(lambda: inspect_folder(folder, problem)))
+
+
+def convert(
+    folder: Annotated[Path, FOLDER],
+    to: Annotated[str, opt("--to", help="dpo | sft | trl | slime | megatron", metavar="FORMAT")],
+    output: Annotated[Path, opt("--output", "-o", help="Folder for the converted files.", metavar="DIR")],
+    advantage: Annotated[str, opt("--advantage", help="trl, slime, megatron: none | grpo | mean, per (problem, "
+                                                      "stage).", metavar="KIND")] = "none",
+    stages: Annotated[str | None, opt("--stages", help="Comma-separated stages (default: all).",
+                                      metavar="STAGES")] = None,
+    max_pairs_per_group: Annotated[int | None, opt("--max-pairs-per-group", help="dpo: most pairs per (problem, "
+                                                                                 "stage).", metavar="N")] = None,
+    layout: Annotated[str | None, opt("--layout", help="dpo, sft: conversational (default) | standard.",
+                                      metavar="LAYOUT")] = None,
+    tokenizer: Annotated[str | None, opt("--tokenizer", help="dpo, sft: to recover chat messages (default: the "
+                                                             "run's).", metavar="PATH|ID")] = None,
+    groups_per_file: Annotated[int | None, opt("--groups-per-file", help="slime: problems per .pt file.",
+                                               metavar="N")] = None,
+    include_frozen: Annotated[bool | None, opt(
+        "--include-frozen/--skip-frozen", help="Keep records of frozen stages (trainable false); trl, slime and "
+                                               "megatron skip them by default.", show_default=False)] = None,
+    trajectories: Annotated[bool | None, opt(
+        "--trajectories/--no-trajectories", help="slime: one sample per multi-turn conversation, from its last "
+                                                 "turn (default), or one per turn.", show_default=False)] = None,
+    overwrite: Annotated[bool, opt("--overwrite", help="Replace this format's files in OUT.")] = False,
+) -> None:
+    """Turn a folder into what a trainer loads: TRL DPO pairs, SFT data, TRL GRPO rollouts, slime, Megatron."""
+    from ..convert import convert as convert_folder
+
+    summary = folder_tool(lambda: convert_folder(
+        folder, to, output, advantage=advantage, max_pairs_per_group=max_pairs_per_group, stages=stages,
+        layout=layout, tokenizer=tokenizer, groups_per_file=groups_per_file, include_frozen=include_frozen,
+        trajectories=trajectories, overwrite=overwrite))
+    extra = "".join(f", {summary[k]} {k.replace('_', ' ')}" for k in ("skipped_frozen", "folded_turns")
+                    if summary.get(k))
+    err.print(Text(f"{summary['records']} records -> {summary['rows']} {to} rows in "
+                   f"{', '.join(map(str, summary['files']))}{extra}"), soft_wrap=True)

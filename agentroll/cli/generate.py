@@ -1,0 +1,240 @@
+"""`agentroll generate`: its options made from `RunOptions` and `GenerateOptions` (one place for names, defaults
+and help, shared with `agentroll.Generator`), shown in panels; the run, its signals and its exit code."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import time
+from dataclasses import fields as dataclass_fields
+from typing import Annotated, Any, get_type_hints
+
+import typer
+from rich.text import Text
+
+from ..errors import AgentrollError, IncompleteRun, PipeClosed
+from ..options import GenerateOptions, default_of
+from ..progress import Progress as ProgressHook
+from ..runner import RUN_OPTION_NAMES, Runner, RunOptions
+from .console import REPEATS, err, error, log, run_async, setup_logging
+from .help import Command, help_text, metavar
+from .progress import LogLines, RichBar
+from .summary import print_summary
+
+PANELS = {
+    "Input and output": ("output", "prompt_key", "label_key", "id_key", "reward_key", "overwrite", "skip_invalid",
+                         "limit", "ordered", "consumer", "max_ahead", "quiet", "debug"),
+    "Servers": ("base_url", "api_key", "model", "tokenizer", "api", "concurrency", "max_concurrency",
+                "server_priority", "chat_render", "max_context_len"),
+    "Sampling": ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "no_think"),
+    "System": ("system", "system_option", "stage", "num_parallel", "prompts", "chat_template_kwargs"),
+    "Rewards": ("reward", "reward_timeout", "reward_url", "reward_workers", "reward_concurrency", "allow_reward",
+                "correct_reward_weight", "incorrect_reward_weight"),
+    "Groups": ("samples_per_prompt", "filter_uniform_groups", "resample_uniform"),
+    "Reliability": ("max_retries", "request_timeout", "connect_timeout", "down_timeout", "probe_interval",
+                    "max_failures"),
+    "Scale-out": ("partition", "ray", "partitions", "endpoints_per_task", "ray_retries"),
+    "Formats": ("shard_size", "compression", "return_routed_experts"),
+}
+PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
+OTHER = "More options"  # an option no panel lists yet
+METAVARS = {
+    "output": "DIR", "base_url": "URL", "api_key": "KEY", "model": "NAME", "tokenizer": "PATH|ID", "prompts": "DIR",
+    "prompt_key": "FIELD", "label_key": "FIELD", "id_key": "FIELD", "reward_key": "FIELD",
+    "system": "NAME|FILE.py:CLASS", "system_option": "KEY=VALUE", "stage": "STAGE.KEY=VALUE",
+    "concurrency": "N|auto", "api": "auto|completions|generate", "chat_render": "auto|local|server",
+    "server_priority": "auto|on|off", "reward": "SPEC", "reward_url": "URL", "allow_reward": "SPEC",
+    "chat_template_kwargs": "JSON", "compression": "none|zstd", "partition": "I/N", "ray": "ADDRESS",
+    "consumer": "NAME", "seed": "N",
+}
+
+
+def _parameter(name: str, spec: Any, annotation: Any, default: Any) -> inspect.Parameter:
+    meta = spec.metadata
+    decls = [f"--{name.replace('_', '-')}", *([meta["short"]] if "short" in meta else [])]
+    info = typer.Option(*decls, help=help_text(meta.get("help")), envvar=meta.get("envvar"),
+                        show_default=not isinstance(default, list | dict), metavar=metavar(name, annotation, METAVARS),
+                        rich_help_panel=PANEL_OF.get(name, OTHER))
+    kind = meta.get("cli_type", annotation)
+    value = None if isinstance(default, list | dict) else default
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value,
+                             annotation=Annotated[kind | None if value is None else kind, info])
+
+
+def flag(name: str, short: str | None, text: str) -> inspect.Parameter:
+    info = typer.Option(f"--{name}", *([short] if short else []), help=text, metavar="",
+                        rich_help_panel=PANEL_OF[name])
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, info])
+
+
+def build() -> Any:
+    params = [inspect.Parameter("input", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
+        str, typer.Argument(metavar="INPUT", help="Prompt JSONL file, or - for stdin.", show_default=False)])]
+    for cls in (RunOptions, GenerateOptions):
+        hints = get_type_hints(cls)
+        for spec in dataclass_fields(cls):
+            if spec.name != "input":
+                params.append(_parameter(spec.name, spec, hints[spec.name], default_of(spec)))
+    params += [flag("quiet", "-q", "No progress, no summary."), flag("debug", None, "Tracebacks and debug logs.")]
+    order = [*PANELS, OTHER]  # the panels in their order; within one, the options as declared
+    params[1:] = sorted(params[1:], key=lambda p: order.index(PANEL_OF.get(p.name, OTHER)))
+
+    def generate(**kwargs: Any) -> None:
+        """Run the agent system (three-stage by default) on every prompt; write rewarded, token-exact rollouts."""
+        quiet, debug = kwargs.pop("quiet"), kwargs.pop("debug")
+        run = {k: kwargs.pop(k) for k in RUN_OPTION_NAMES}
+        options = {k: v for k, v in kwargs.items() if v is not None}
+        raise typer.Exit(run_generate(run, options, quiet, debug))
+
+    generate.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    generate.__annotations__ = {p.name: p.annotation for p in params}
+    return generate
+
+
+class GenerateCommand(Command):
+    help_panel = next(iter(PANELS))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate", cls=GenerateCommand)(build())
+
+
+DOUBLE_S = 1.0  # two interrupts this close are one said twice (a terminal's, `timeout -s INT`'s)
+
+
+async def _supervised(runner: Runner) -> int | None:
+    """Run, turning the first SIGINT/SIGTERM into a cancellation (the runner closes the folder cleanly); a
+    second one, a second or more later, exits at once (the next run repairs the partial shard). Returns the
+    signal number, if any."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(runner.run())
+    received: list[int] = []
+    first = 0.0
+
+    def on_signal(signum: int) -> None:
+        nonlocal first
+        if received:
+            if time.monotonic() - first < DOUBLE_S:
+                log.debug("%s again within %.0fs: taken as the same interrupt", signal.Signals(signum).name,
+                          DOUBLE_S)
+                return
+            log.error("second interrupt: stopping at once")
+            os._exit(128 + signum)
+        received.append(signum)
+        first = time.monotonic()
+        log.warning("%s: finishing up; the output folder stays resumable (interrupt again to stop at once)",
+                    signal.Signals(signum).name)
+        task.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not received:
+            raise
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    return received[0] if received else None
+
+
+def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool,
+                 progress: ProgressHook | None = None, demo: bool = False) -> int:
+    """The exit code of a whole run (README: exit codes)."""
+    restore = setup_logging(quiet, debug)
+    try:
+        if run.get("ray") is not None:  # `--ray ""` too: refused there, not run without Ray
+            return _run_ray(run, generate, quiet, debug)
+        return _generate(run, generate, quiet, debug, progress, demo)
+    finally:  # an in-process caller's logging is its own again
+        restore()
+
+
+def _generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool,
+              progress: ProgressHook | None, demo: bool) -> int:
+    try:
+        runner = Runner(RunOptions(**run), generate, demo=demo)
+    except AgentrollError as exc:
+        error(str(exc))
+        return exc.exit_code
+    if progress is not None:
+        runner.progress = progress
+    elif not quiet:
+        runner.progress = RichBar() if err.is_terminal else LogLines()
+    code: int
+    try:
+        signum = run_async(_supervised(runner))
+        code = 128 + signum if signum is not None else 0
+        if signum is not None and runner.result is not None and runner.result.committed:
+            log.info("%s came after the run had written everything (complete: true): exit 0",
+                     signal.Signals(signum).name)
+            code = 0
+    except PipeClosed:
+        return PipeClosed.exit_code
+    except AgentrollError as exc:
+        if debug:
+            raise
+        error(str(exc))
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    result = runner.result
+    for line in REPEATS.said():
+        log.warning(line)
+    if result is not None and not quiet:
+        print_summary(result)
+    if code == 0 and result is not None and not result.complete:
+        missing = IncompleteRun(f"{result.missing_groups} of {result.stats.problems} groups could not be produced "
+                                "(calls failed for good; see the warnings above): run the same command again to "
+                                "redo them")
+        error(str(missing))
+        code = missing.exit_code
+    return code
+
+
+def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool) -> int:
+    """`generate --ray`: the job on a Ray cluster (docs/ray.md). A first SIGINT/SIGTERM stops every partition
+    cleanly (each folder stays resumable); a second one kills the tasks and exits at once."""
+    from ..cluster import RayJob
+
+    job: RayJob | None = None
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        assert job is not None
+        if job.stopped is not None:
+            log.error("second interrupt: stopping at once")
+            job.kill()
+            os._exit(128 + signum)
+        log.warning("%s: stopping every partition; their folders stay resumable (interrupt again to stop at once)",
+                    signal.Signals(signum).name)
+        job.stop(signum)
+
+    previous: dict[int, Any] = {}
+    try:
+        job = RayJob(run, generate, None if quiet else RichBar() if err.is_terminal else LogLines(), debug)
+        job.connect()  # Ray sets its own SIGTERM handler here: ours go in after it
+        previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+        result = job.run()
+    except AgentrollError as exc:
+        if debug:
+            raise
+        error(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if job is not None:
+            job.close()
+    if not quiet:
+        print_summary(result.run)
+        for line in result.notes():
+            err.print(Text(line), soft_wrap=True)
+    if result.code and result.message:
+        error(result.message)
+    return result.code

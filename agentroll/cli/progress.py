@@ -1,0 +1,81 @@
+"""Progress on a terminal (a rich bar and a status line) or in a log (a timestamped line every 10 seconds)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from rich.console import Group as RenderGroup
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from ..client import ClientCounters
+from ..progress import Progress as ProgressHook
+from ..progress import Rates, counts, done_line, duration
+from ..stats import RunStats
+from .console import err, log
+
+
+class RichBar(ProgressHook):
+    """On a terminal: a bar of groups settled (written, filtered, failed, invalid or already done) out of the rows
+    to read, with rates and ETA, and under it the calls in flight, the running reward and the failures."""
+
+    interval_s = 0.5
+
+    def __init__(self) -> None:
+        self.bar = Progress(TextColumn("groups"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[rates]}", markup=False), TimeElapsedColumn(), console=err)
+        self.task = self.bar.add_task("gen", total=None, rates="")
+        self.status = Text("")
+        self.live = Live(RenderGroup(self.bar, self.status), console=err, transient=True, refresh_per_second=2)
+        self.rates = Rates()
+        self.total: int | None = None
+
+    def start(self, total: int | None) -> None:
+        self.total = total
+        self.bar.update(self.task, total=total)
+        self.live.start()
+
+    def advance(self, stats: RunStats, requests: ClientCounters) -> None:
+        self.rates.add(stats.groups_settled, requests.requests)
+        eta = duration(self.rates.eta_s(self.total, stats.groups_settled))
+        rates = (f"{self.rates.groups_per_s:.2f} groups/s  {self.rates.requests_per_s:.1f} req/s  ETA {eta}")
+        self.bar.update(self.task, completed=stats.groups_settled, rates=rates)
+        self.status.plain = counts(stats, requests)
+
+    def stop(self) -> None:
+        self.live.stop()
+
+
+class LogLines(ProgressHook):
+    """No terminal (cron, CI): a timestamped line at the start, at least every `every_s` seconds, and at the end,
+    each with done/total, rates and ETA."""
+
+    interval_s = 1.0
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s, self.last = every_s, -math.inf
+        self.rates = Rates()
+        self.total: int | None = None
+        self.seen: tuple[RunStats, ClientCounters] | None = None
+
+    def start(self, total: int | None) -> None:
+        self.total = total
+        self.advance(RunStats(), ClientCounters())
+
+    def advance(self, stats: RunStats, requests: ClientCounters) -> None:
+        self.seen = (stats, requests)
+        self.rates.add(stats.groups_settled, requests.requests)
+        if time.monotonic() - self.last >= self.every_s:
+            self._say()
+
+    def _say(self) -> None:
+        assert self.seen is not None
+        self.last = time.monotonic()
+        stats, requests = self.seen
+        log.info("progress: %s; %s", done_line(stats, requests, self.total, self.rates), counts(stats, requests))
+
+    def stop(self) -> None:
+        if self.seen is not None:
+            self._say()
