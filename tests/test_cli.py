@@ -1,0 +1,91 @@
+"""The command line as a user meets it: help that reads at 80 and 160 columns, our own one-line errors."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from agentroll import __version__
+from agentroll.cli import app
+from agentroll.cli.generate import PANEL_OF, PANELS
+
+from .conftest import TOKENIZER, run_cli
+
+runner = CliRunner()
+
+
+def help_of(*args: str, columns: int) -> str:
+    return runner.invoke(app, [*args, "-h"], env={"COLUMNS": str(columns)}, terminal_width=columns).output
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_generate_help_groups_its_options_in_panels_and_shows_values_only_where_taken(columns):
+    text = help_of("generate", columns=columns)
+    assert re.search(r"Usage: .* generate \[OPTIONS\] INPUT\b", text)
+    panels = re.findall(r"╭─ (.+?) ─", text)
+    assert panels[0] == "Arguments" and panels[1:] == list(PANELS)
+    assert "<bool>" not in text and "{INPUT}" not in text
+    assert re.search(r"--overwrite\s{2,}Delete", text)  # a flag: no value after it
+    assert re.search(r"--base-url\s+URL\s", text) and re.search(r"--top-k\s+N\s", text)
+    assert "[default: the cluster's" in text and "(Ray tasks) ." not in text  # our brackets survive typer's markup
+    assert max(len(line) for line in text.splitlines()) <= columns
+
+
+def test_every_generate_option_has_a_panel():
+    from typer.main import get_command
+
+    command = get_command(app).commands["generate"]  # type: ignore[attr-defined]
+    names = {p.name for p in command.params} - {"input", "help"}
+    assert names <= set(PANEL_OF), sorted(names - set(PANEL_OF))
+
+
+def test_version_and_short_help():
+    assert runner.invoke(app, ["--version"]).output.strip() == f"agentroll {__version__}"
+    assert "Usage:" in runner.invoke(app, ["-h"]).output
+    assert "<bool>" not in runner.invoke(app, ["-h"]).output
+
+
+def test_data_in_an_error_is_never_read_as_markup_or_emoji(sim, tmp_path):
+    path = tmp_path / "l100.jsonl"
+    path.write_text("\n" * 99 + "{not json [red]x[/red] :100:\n")
+    proc = run_cli("generate", str(path), "-o", str(tmp_path / "out"), "--base-url", sim.url,
+                   "--tokenizer", TOKENIZER)
+    assert proc.returncode == 3
+    assert f"{path}:100: malformed JSON".encode() in proc.stderr
+    assert "💯".encode() not in proc.stderr
+
+
+def test_a_folder_tools_table_never_cuts_a_figure_at_80_columns(sim, problems, tmp_path):
+    assert run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
+                   TOKENIZER, "--reward", "exact", "-q").returncode == 0
+    result = runner.invoke(app, ["stats", str(tmp_path / "out"), "--by", "topic"], terminal_width=80,
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert "…" not in result.output
+
+
+def test_a_base_url_without_a_scheme_is_a_usage_error(problems, tmp_path):
+    proc = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", "localhost:8000")
+    assert proc.returncode == 2 and b"expected http://HOST[:PORT]" in proc.stderr
+
+
+def test_serve_sim_says_a_port_in_use_and_a_missing_answers_file_in_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_cli("serve-sim", "--port", str(port))
+    assert proc.returncode == 2 and b"in use" in proc.stderr and b"Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = run_cli("serve-sim", "--answers", str(tmp_path / "missing.jsonl"))
+    assert proc.returncode == 2 and b"no such file" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_doctor_names_a_model_that_is_not_served(sim):
+    proc = run_cli("doctor", "--base-url", sim.url, "--model", "nope", "--tokenizer", TOKENIZER)
+    assert proc.returncode == 1
+    assert b"model 'nope' is not served (available: agentroll-sim)" in proc.stderr
+    assert b"pass --model" not in proc.stderr
