@@ -79,6 +79,7 @@ class Generator:
         self._settings: dict[str, Any] = {}
         self._stage_clients: list[CompletionClient] = []  # stages served elsewhere (--stage NAME.base_url=...)
         self.client_settings = self.options.client_settings()
+        self._length = self.options.length_shaping()
         self._admitted = 0  # groups started: each one's number is its calls' priority (older first)
         self._budget: Budget | None = None
         self._rewards_ready: asyncio.Future[None] | None = None
@@ -235,6 +236,9 @@ class Generator:
                 return Group(problem, [], "invalid", str(exc), attempt + 1, cause=exc)
             if self._rewards_ready is not None:
                 await asyncio.shield(self._rewards_ready)
+            if self._length.active:  # after the system's shaping, before the group's figures
+                for samples in executions:
+                    self._length.apply(samples)
             finals = [final_reward(e) for e in executions]
             if not o.filter_uniform_groups or len(set(finals)) > 1:
                 annotate(executions, finals)
@@ -525,6 +529,7 @@ class Generator:
             "resample_uniform": o.resample_uniform, "keys": asdict(self.keys),
             "chat_template_kwargs": o.chat_template_kwargs, "chat_render": o.chat_render,
             "prompt_rendering": rendering,  # where prompts actually became ids: --chat-render auto may switch
+            **({"length_shaping": self._length.settings()} if self._length.active else {}),
         }
 
 

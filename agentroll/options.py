@@ -21,6 +21,7 @@ from .rewards import RewardSettings
 from .sampling import DEFAULT as DEFAULT_SAMPLING
 from .sampling import KEYS as SAMPLING_KEYS
 from .sampling import Sampling
+from .shaping import LengthShaping
 
 TIMEOUTS, RETRIES, HEALTH, CONCURRENCY, REWARDS = Timeouts(), Retries(), Health(), Concurrency(), RewardSettings()
 CHAT_RENDER = ("auto", "local", "server")
@@ -88,6 +89,12 @@ class GenerateOptions:
                                                           "function threads.")
     allow_reward: list[str] = option([], "A reward a row's own reward field may name besides math and exact "
                                          "(repeatable). Rows cannot import code otherwise.")
+    overlong_buffer: int = option(0, "DAPO's soft overlong punishment: a response within this many tokens of its "
+                                     "max_tokens loses up to --overlong-penalty, linearly (0: off).")
+    overlong_penalty: float = option(1.0, "What a response that uses its whole max_tokens loses, with "
+                                          "--overlong-buffer.")
+    overlong_filter: str = option("none", "none | mask | drop: truncated samples get loss mask 0 (mask), and are "
+                                          "also marked trainable false so converters leave them out (drop).")
     filter_uniform_groups: bool = option(False, "Leave out groups whose outcomes are all alike.")
     resample_uniform: int = option(0, "Re-run a uniform group up to N more times.")
     chat_template_kwargs: dict[str, Any] = option({}, 'JSON object for the chat template, e.g. {"enable_thinking": '
@@ -147,6 +154,7 @@ class GenerateOptions:
         if self.max_context_len is not None and self.max_context_len < 2:
             raise UsageError("--max-context-len must be at least 2")
         set_(self, "top_k", self.sampling().top_k)  # checked, once, by the value object; 0 is -1 (off)
+        self.length_shaping()
         if not 0 <= self.logprobs <= 100:
             raise UsageError("--logprobs must be a whole number from 0 to 100")
         if self.api not in API:
@@ -209,6 +217,9 @@ class GenerateOptions:
         workers = self.reward_workers or max(1, (os.cpu_count() or 1) // 4)
         return RewardSettings(self.reward, self.reward_timeout, self.reward_url, self.reward_concurrency,
                               self.max_retries, workers)
+
+    def length_shaping(self) -> LengthShaping:
+        return LengthShaping(buffer=self.overlong_buffer, penalty=self.overlong_penalty, filter=self.overlong_filter)
 
     def client_settings(self) -> ClientSettings:
         """How the run's clients talk to servers, as the client's value objects."""

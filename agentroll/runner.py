@@ -42,6 +42,9 @@ class RunOptions:
     overwrite: bool = option(False, "Delete earlier rollouts in the output folder.")
     skip_invalid: bool = option(False, "Log and count bad input rows instead of stopping.")
     limit: int | None = option(None, "Only the first N problems.")
+    target_groups: int | None = option(None, "Stop once N groups are on disk (with --filter-uniform-groups: N "
+                                             "informative ones), reading only as many prompts as that takes; a "
+                                             "rerun goes on to N.")
     partition: str | None = option(None, "I/N: only problems whose id hashes to slice I of N.")
     max_failures: int | None = option(None, "Stop (exit 7) past this many calls failed for good.")
     ordered: bool = option(False, "Commit groups in input order (a bounded reorder buffer).")
@@ -59,7 +62,7 @@ class RunOptions:
         if not self.output:
             raise UsageError("--output is required (a folder, or - for stdout)")
         at_least(self, 1, "shard_size")
-        for name in ("limit", "max_failures"):
+        for name in ("limit", "max_failures", "target_groups"):
             if getattr(self, name) is not None:
                 at_least(self, 0, name)
         if self.compression not in COMPRESSIONS:
@@ -101,7 +104,8 @@ class RunResult:
         """Rows read whose group is neither on disk nor filtered, and that were not skipped as asked (already
         done, or invalid under --skip-invalid): failed groups, and those a signal or an error cut short."""
         s = self.stats
-        return max(0, s.problems - s.groups_written - s.groups_filtered - s.problems_skipped_done - s.invalid_rows)
+        return max(0, s.problems - s.groups_written - s.groups_filtered - s.problems_skipped_done - s.invalid_rows
+                   - s.problems_beyond_target)
 
 
 def _count_rows(path: str, limit: int | None) -> int | None:
@@ -129,6 +133,7 @@ class Runner:
         self.result: RunResult | None = None  # set before `run` returns or raises: the CLI's summary reads it
         self.valid_elsewhere = False  # under --partition: a row of another slice was valid
         self.rows_seen = 0  # rows in the input, of any slice, valid or not
+        self.target_reached = False
 
     @property
     def stats(self) -> RunStats:
@@ -159,10 +164,18 @@ class Runner:
                 self.progress.start(None if opts.partition else _count_rows(opts.input, opts.limit))
                 ticker = asyncio.create_task(self._tick())
                 rows = self._todo(done, writer)
-                async with contextlib.aclosing(gen.stream(rows, ordered=opts.ordered)) as groups:
-                    async for group in groups:
-                        self._commit(writer, group)
-                if self.rows_seen == 0:
+                if self._reached(writer):
+                    log.info("--target-groups %d: that many groups are on disk already, nothing to do",
+                             opts.target_groups)
+                else:
+                    async with contextlib.aclosing(gen.stream(rows, ordered=opts.ordered)) as groups:
+                        async for group in groups:
+                            self._commit(writer, group)
+                            if self._reached(writer):
+                                break  # the groups still in flight are cancelled; their calls stay in the journal
+                if self.target_reached:
+                    self.stats.problems_beyond_target = max(0, self.stats.problems - self.stats.groups_settled)
+                elif self.rows_seen == 0:
                     raise InputError(source_name(opts.input), 0, None, "no rows to generate from: the input is "
                                      "empty (or holds only blank lines)")
                 if (opts.skip_invalid and self.stats.problems and self.stats.invalid_rows == self.stats.problems
@@ -188,6 +201,15 @@ class Runner:
         while True:
             await asyncio.sleep(self.progress.interval_s)
             self.progress.advance(self.stats, self.generator.counters)
+
+    def _reached(self, writer: ShardWriter | StdoutWriter) -> bool:
+        """--target-groups: are that many groups on disk (this run's and earlier ones')?"""
+        target = self.run_options.target_groups
+        if target is None:
+            return False
+        on_disk = writer.groups_committed if isinstance(writer, ShardWriter) else self.stats.groups_written
+        self.target_reached = self.target_reached or on_disk >= target
+        return self.target_reached
 
     def _commit(self, writer: ShardWriter | StdoutWriter, group: Group) -> None:
         stats = self.stats
@@ -217,6 +239,8 @@ class Runner:
         on_invalid = self._skip if opts.skip_invalid else None
         taken = 0
         async for problem in aread_problems(opts.input, gen.keys, self._skip_unread if on_invalid else None):
+            if self.target_reached:
+                break  # --target-groups: no more prompts than it takes
             self.rows_seen += 1
             if opts.slice is not None and not in_partition(problem.id, *opts.slice):
                 if not self.valid_elsewhere:

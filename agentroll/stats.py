@@ -81,6 +81,7 @@ class RunStats:
     reward_errors: int = 0
     reward_invalid: int = 0  # NaN or infinite rewards refused
     calls_replayed: int = 0  # answered from the call journal of an earlier, stopped run (not asked again)
+    problems_beyond_target: int = 0  # read, but left when --target-groups was reached (a rerun with more goes on)
     # the system's own report, over every execution generated (written or filtered)
     final_reward_sum: float = 0.0
     majority_correct: int = 0

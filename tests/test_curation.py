@@ -1,0 +1,82 @@
+"""Curating the data as it is made: --target-groups (informative groups, as many prompts as it takes) and
+length shaping (DAPO's soft overlong punishment and overlong filter)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentroll.folder import Manifest, read_records
+from agentroll.sim.script import Script
+from agentroll.sim.server import SimServer
+
+from .conftest import TOKENIZER, generations, run_cli
+from .test_groups import Outcomes, write
+
+
+def test_target_groups_stops_at_n_informative_groups_and_a_rerun_goes_on(tmp_path):
+    names = [f"{kind}-{i}" for i in range(12) for kind in ("right", "mixed", "wrong")]
+    problems = write(tmp_path / "p.jsonl", names)
+    server = SimServer(script=Outcomes())  # type: ignore[arg-type]
+    server.start()
+    out = tmp_path / "out"
+
+    def run(target: int):
+        return run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
+                       "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", "--concurrency", "4",
+                       "--filter-uniform-groups", "--target-groups", str(target))
+
+    try:
+        first = run(3)
+        assert first.returncode == 0, first.stderr.decode()
+        manifest = Manifest.load(out)
+        assert manifest.complete and manifest.groups == 3
+        assert {r["problem_id"].split("-")[0] for r in read_records(out)} == {"mixed"}
+        read_first = manifest.last_run["stats"]["problems"]
+        assert read_first < len(names)  # only as many prompts as it took
+        second = run(5)
+        assert second.returncode == 0, second.stderr.decode()
+        assert Manifest.load(out).groups == 5
+        calls = len(generations(server))
+        third = run(5)
+        assert third.returncode == 0 and b"nothing to do" in third.stderr
+        assert len(generations(server)) == calls  # not one call more
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("overlong_filter", ["none", "mask", "drop"])
+def test_length_shaping_punishes_long_answers_softly_and_filters_truncated_ones(problems, tmp_path, overlong_filter):
+    server = SimServer(script=Script.from_jsonl(problems))
+    server.start()
+    try:
+        proc = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url,
+                       "--tokenizer", TOKENIZER, "--reward", "exact", "--num-parallel", "2", "--max-tokens", "20",
+                       "--overlong-buffer", "12", "--overlong-penalty", "0.5", "--overlong-filter", overlong_filter)
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = list(read_records(tmp_path / "out"))
+    budgets = {r["sampling"]["max_tokens"] for r in records}
+    assert all(b <= 20 for b in budgets)
+    shaped = 0
+    for r in records:
+        length, budget = len(r["response_token_ids"]), r["sampling"]["max_tokens"]
+        start = budget - 12
+        expected = 0.0 if length <= start else -0.5 * min(1.0, (length - start) / 12)
+        assert r["reward"] == pytest.approx(r["raw_reward"] + expected), r
+        shaped += expected != 0
+        if expected:
+            assert "overlong" in (r["reward_info"] or "")
+        truncated = r["status"] == "truncated"
+        assert (not any(r["loss_mask"])) == (truncated and overlong_filter != "none")
+        assert r["trainable"] == (not (truncated and overlong_filter == "drop"))
+    assert shaped and any(r["status"] == "truncated" for r in records)
+    settings = Manifest.load(tmp_path / "out").settings["length_shaping"]
+    assert settings == {"buffer": 12, "penalty": 0.5, "filter": overlong_filter}
+
+
+def test_length_shaping_values_are_checked(problems, tmp_path, sim):
+    for flag, value, message in (("--overlong-buffer", "-1", b"--overlong-buffer must be"),
+                                 ("--overlong-filter", "cut", b"--overlong-filter must be one of none, mask, drop")):
+        proc = run_cli("generate", str(problems), "-o", str(tmp_path / "o"), "--base-url", sim.url, flag, value)
+        assert proc.returncode == 2 and message in proc.stderr
