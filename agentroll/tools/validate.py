@@ -49,6 +49,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from ..folder import raw as folder_files
 from ..folder import routes
 from ..folder.layout import MANIFEST, ZSTD, Layout
 from ..schema import SCHEMA_VERSION, STAGES, Sample
@@ -629,7 +630,7 @@ class _Routes:
         self.prompts: dict[routes.Span, tuple[int, str, tuple[int, ...]] | str] = {}  # decoded once per shard
         if info is not None:
             try:
-                self.fd = os.open(folder / info["file"], os.O_RDONLY)
+                self.fd = folder_files.open_sidecar(folder / info["file"])
                 self.size = os.fstat(self.fd).st_size
             except OSError as exc:
                 add(None, "missing", f"routes sidecar {info['file']}: {exc.strerror or exc}")
@@ -647,7 +648,7 @@ class _Routes:
         got = self.prompts.get(span)
         if got is None:
             try:
-                array = routes.decode(os.pread(self.fd, span[1], span[0]))
+                array = routes.decode(folder_files.pread(self.fd, span[1], span[0]))
                 got = (array.shape[0], array.dtype.str, array.shape[1:])
             except ValueError as exc:
                 got = str(exc)
@@ -707,7 +708,7 @@ class _Routes:
         if self.fd is None or self.info is None:
             return
         digest, offset = hashlib.sha256(), 0
-        while block := os.pread(self.fd, 1 << 20, offset):
+        while block := folder_files.pread(self.fd, 1 << 20, offset):
             digest.update(block)
             offset += len(block)
         name = self.info["file"]
@@ -732,7 +733,7 @@ _ENTRY_FIELDS = {"file": str, "records": int, "executions": int, "groups": int, 
 def _load_manifest(folder: Path, report: ValidationReport) -> dict[str, Any] | None:
     path = folder / MANIFEST
     try:
-        manifest = orjson.loads(path.read_bytes())
+        manifest = orjson.loads(folder_files.manifest_bytes(folder))
     except FileNotFoundError:
         report.add(Fault("manifest", f"no {MANIFEST} in {folder}: not an agentroll output folder"))
         return None
@@ -753,17 +754,13 @@ def _load_manifest(folder: Path, report: ValidationReport) -> dict[str, Any] | N
     return manifest
 
 
-def _keys_file(shard: Path) -> Path:
-    return Layout(shard.parent).keys(shard.name)
-
-
 def _check_keys(shard: Path, name: str, found: list[list[str]], faults: list[Fault]) -> None:
     """The keys file is what a resumed run believes the shard holds: it must list exactly its groups."""
-    path = _keys_file(shard)
-    if not path.exists():
+    path = Layout(shard.parent).keys(shard.name)
+    if not folder_files.keys_exist(shard):
         return  # not copied along (merge --copy, rsync of dot-folders): the writer rebuilds it from the shard
     try:
-        listed = orjson.loads(path.read_bytes())
+        listed = orjson.loads(folder_files.keys_bytes(shard))
     except (OSError, orjson.JSONDecodeError) as exc:
         faults.append(Fault("keys", f"{path.name} is unreadable ({exc}); resume trusts it", name))
         return
@@ -828,7 +825,7 @@ def _read_shard(folder: Path, entry: dict[str, Any], k_setting: int | None, seen
     stages = STAGES if system.three_stage else system.stages
     rows: list[_Row | None] = []
     frames: set[int] | None = None  # zstd: the line numbers at which a frame starts, and the one past the end
-    with open(path, "rb") as f, _Routes(folder, entry.get("routes"), add) as sidecar:
+    with folder_files.open_shard(path) as f, _Routes(folder, entry.get("routes"), add) as sidecar:
         if name.endswith(ZSTD):
             data = f.read()
             digest.update(data)
