@@ -481,6 +481,12 @@ def inspect_command(
     Console().print(_folder_tool(lambda: inspect_folder(folder, problem)))
 
 
+# `agentroll audit`: its body is agentroll/audit/command.py (torch is imported only when it runs)
+from .audit.command import audit_command  # noqa: E402
+
+app.command("audit")(audit_command)
+
+
 @app.command("serve-sim")
 def serve_sim(
     port: int = 8000,
