@@ -22,11 +22,10 @@ torch = pytest.importorskip("torch")
 from agentroll.audit import logprobs as lp  # noqa: E402
 
 
-def oracle(logits: list[float], token: int, temperature: float, top_k: int, top_p: float,
-           min_p: float) -> float | None:
-    """vLLM's processed logprob of `token`, said the plain way (most likely first): min-p keeps a token whose
-    probability is at least min_p times the top one's; top-k keeps the k largest logits; top-p keeps a token
-    while the mass of the tokens more likely than it is below top_p. None: the token is not kept."""
+def oracle(logits: list[float], temperature: float, top_k: int, top_p: float, min_p: float) -> dict[int, float]:
+    """vLLM's processed logprobs, said the plain way (most likely first), of the tokens its filters keep: min-p
+    keeps a token whose probability is at least min_p times the top one's; top-k keeps the k largest logits;
+    top-p keeps a token while the mass of the tokens more likely than it is below top_p."""
     s = [x / temperature for x in logits]
     kept = set(range(len(s)))
     if min_p > 0:
@@ -42,9 +41,9 @@ def oracle(logits: list[float], token: int, temperature: float, top_k: int, top_
                 nucleus.add(i)
             above += math.exp(s[i]) / z
         kept = nucleus
-    if token not in kept:
-        return None
-    return s[token] - math.log(sum(math.exp(s[i]) for i in kept))
+    top = max(s[i] for i in kept)
+    log_z = top + math.log(sum(math.exp(s[i] - top) for i in kept))
+    return {i: s[i] - log_z for i in kept}
 
 
 SAMPLINGS = [(1.0, -1, 1.0, 0.0), (0.7, -1, 1.0, 0.0), (1.0, 5, 1.0, 0.0), (0.5, 8, 0.9, 0.0), (1.3, -1, 0.8, 0.0),
@@ -61,8 +60,9 @@ def test_processed_logprobs_are_vllms_rules(temperature, top_k, top_p, min_p):
         row_logits = logits[row].tolist()
         tokens = torch.arange(50)
         values, codes = lp.processed(logits[row].expand(50, -1), tokens, sampling, cut_noise=0.0, ambiguity=1e-6)
+        kept = oracle(row_logits, temperature, top_k, top_p, min_p)
         for t in range(50):
-            want = oracle(row_logits, t, temperature, top_k, top_p, min_p)
+            want = kept.get(t)
             if want is None:
                 assert codes[t] == lp.OUTSIDE and values[t] == -math.inf, (row, t)
                 outside += 1
