@@ -46,8 +46,15 @@ def oracle(logits: list[float], temperature: float, top_k: int, top_p: float, mi
     return {i: s[i] - log_z for i in kept}
 
 
-SAMPLINGS = [(1.0, -1, 1.0, 0.0), (0.7, -1, 1.0, 0.0), (1.0, 5, 1.0, 0.0), (0.5, 8, 0.9, 0.0), (1.3, -1, 0.8, 0.0),
-             (1.0, -1, 1.0, 0.05), (0.6, 20, 0.95, 0.02)]
+SAMPLINGS = [
+    (1.0, -1, 1.0, 0.0),
+    (0.7, -1, 1.0, 0.0),
+    (1.0, 5, 1.0, 0.0),
+    (0.5, 8, 0.9, 0.0),
+    (1.3, -1, 0.8, 0.0),
+    (1.0, -1, 1.0, 0.05),
+    (0.6, 20, 0.95, 0.02),
+]
 
 
 @pytest.mark.parametrize(("temperature", "top_k", "top_p", "min_p"), SAMPLINGS)
@@ -101,32 +108,43 @@ def test_greedy_with_filters_is_not_compared_without_them_it_is_raw():
     _, codes = lp.processed(logits, tokens, lp.Sampling(0.0, 0.9, -1, 0.0), 1e-4, 1e-4)
     assert codes.eq(lp.UNCOMPARABLE).all()
     values, codes = lp.processed(logits, tokens, lp.Sampling(0.0), 1e-4, 1e-4)
-    assert codes.eq(lp.OK).all() and torch.allclose(values, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
+    assert codes.eq(lp.OK).all() and torch.allclose(
+        values, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
+    )
 
 
 def ended(ids: list[int], finish: str, stop: object = None, max_tokens: int = 8, prompt: int = 4) -> dict:
     record = synthetic.call("p", "r", 0, 1, "solver", list(range(prompt)), ids)
-    record.update(finish_reason=finish, stop_reason=stop, status={"stop": "completed", "length": "truncated"}[finish],
-                  sampling={"max_tokens": max_tokens})
+    record.update(
+        finish_reason=finish,
+        stop_reason=stop,
+        status={"stop": "completed", "length": "truncated"}[finish],
+        sampling={"max_tokens": max_tokens},
+    )
     return record
 
 
 EOS = frozenset({2})
 
 
-@pytest.mark.parametrize(("record", "kinds"), [
-    (ended([5, 6, 2], "stop"), []),
-    (ended([5, 6, 7], "stop"), ["eos"]),  # stop, no stop_reason: must end on EOS
-    (ended([5, 2, 7, 2], "stop"), ["eos"]),  # an EOS before the end
-    (ended([5, 6, 9], "stop", stop=9), []),  # a stop token id
-    (ended([5, 6, 8], "stop", stop=9), ["eos"]),
-    (ended([5, 6], "stop", stop="###"), []),  # a stop string: its tokens are not in the ids
-    (ended([5] * 8, "length"), []),
-    (ended([5] * 5, "length"), ["length"]),  # cut short of max_tokens with room left
-    (ended([5] * 4, "length", max_tokens=8, prompt=12), []),  # ...but the context (16) is full
-    (ended([5] * 7 + [2], "length"), ["eos"]),  # vLLM says stop on EOS
-    (ended([5, 6, 2], "length", max_tokens=3) | {"status": "completed"}, ["eos", "status"]),
-], ids=lambda x: "" if isinstance(x, list) else None)
+@pytest.mark.parametrize(
+    ("record", "kinds"),
+    [
+        (ended([5, 6, 2], "stop"), []),
+        (ended([5, 6, 7], "stop"), ["eos"]),  # stop, no stop_reason: must end on EOS
+        (ended([5, 2, 7, 2], "stop"), ["eos"]),  # an EOS before the end
+        (ended([5, 6, 9], "stop", stop=9), []),  # a stop token id
+        (ended([5, 6, 8], "stop", stop=9), ["eos"]),
+        (ended([5, 6], "stop", stop="###"), []),  # a stop string: its tokens are not in the ids
+        (ended([5] * 8, "length"), []),
+        (ended([5] * 5, "length"), ["length"]),  # cut short of max_tokens with room left
+        (ended([5] * 4, "length", max_tokens=8, prompt=12), []),  # ...but the context (16) is full
+        (ended([5] * 7 + [2], "length"), ["eos"]),  # vLLM says stop on EOS
+        (ended([5, 6, 2], "length", max_tokens=3) | {"status": "completed"}, ["eos", "status"]),
+        (ended([5, 6, 2], "stop", prompt=0), ["lengths"]),  # no logit predicts the first token
+    ],
+    ids=lambda x: "" if isinstance(x, list) else None,
+)
 def test_how_a_response_ended_is_checked_against_its_tokens(record, kinds):
     assert sorted(kind for kind, _ in record_faults(record, EOS, 16)) == kinds
 
@@ -141,16 +159,18 @@ def test_the_template_check_recovers_the_messages_and_compares_ids():
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
-    text, ids = ChatEncoder(tokenizer).encode([{"role": "system", "content": "Be brief."},
-                                               {"role": "user", "content": "What is 2 plus 3?"}])
+    text, ids = ChatEncoder(tokenizer).encode(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 plus 3?"}]
+    )
     check = TemplateCheck(tokenizer, {})
     assert check.check({"prompt": text, "prompt_token_ids": ids}) == (MATCH, None)
     # the same text in other ids (a word split in two pieces): what a foreign tokenizer or template would give
     split = ids.copy()
     at = next(i for i, t in enumerate(ids) if len(tokenizer.decode([t])) > 2)
     piece = tokenizer.decode([ids[at]])
-    split[at:at + 1] = tokenizer.encode(piece[:1], add_special_tokens=False) + tokenizer.encode(
-        piece[1:], add_special_tokens=False)
+    split[at : at + 1] = tokenizer.encode(piece[:1], add_special_tokens=False) + tokenizer.encode(
+        piece[1:], add_special_tokens=False
+    )
     assert tokenizer.decode(split) == tokenizer.decode(ids) and split != ids
     verdict, detail = check.check({"prompt": text, "prompt_token_ids": split})
     assert verdict == MISMATCH and f"at token {at}" in detail
@@ -162,8 +182,12 @@ def test_a_multi_turn_folder_is_one_unit_per_conversation(tmp_path):
     selection = Selection(None, False, None)
     listed = index(folder, selection)
     # a: a 3-turn and a 1-turn execution; b: a 2-turn and a 3-turn one
-    assert [(n, end, stage) for n, end, stage in listed] == [(0, 2, "reviser"), (1, 0, "solver"), (2, 1, "critic"),
-                                                            (3, 2, "reviser")]
+    assert [(n, end, stage) for n, end, stage in listed] == [
+        (0, 2, "reviser"),
+        (1, 0, "solver"),
+        (2, 1, "critic"),
+        (3, 2, "reviser"),
+    ]
     units = list(build(folder, listed, selection))
     assert [len(u.turns) for u in units] == [3, 1, 2, 3]
     for unit in units:
@@ -171,7 +195,7 @@ def test_a_multi_turn_folder_is_one_unit_per_conversation(tmp_path):
         assert unit.tokens == last["prompt_token_ids"] + last["response_token_ids"]
         for turn in unit.turns:  # each turn's response sits at its place in the conversation
             ids = turn.record["response_token_ids"]
-            assert unit.tokens[turn.begin: turn.begin + len(ids)] == ids
+            assert unit.tokens[turn.begin : turn.begin + len(ids)] == ids
             assert turn.faults == []
 
 
@@ -181,6 +205,9 @@ def test_frozen_turns_are_context_only_and_counted(tmp_path):
     units = list(build(folder, index(folder, selection), selection))
     assert all(t.record["stage"] != "critic" for u in units for t in u.turns)
     assert selection.skipped == {"critic": {"frozen (trainable: false)": 3}}  # one per execution that got that far
+    everything = Selection(None, True, None)  # --include-frozen
+    units = list(build(folder, index(folder, everything), everything))
+    assert sum(t.record["stage"] == "critic" for u in units for t in u.turns) == 3 and everything.skipped == {}
 
 
 def test_a_history_that_disagrees_with_its_turn_is_a_fault(tmp_path):
@@ -212,8 +239,11 @@ def test_a_conversation_that_does_not_extend_its_turns_is_split(tmp_path):
 
 
 def test_the_sample_is_stratified_by_stage_and_deterministic():
-    units = [(i, 0, "solver") for i in range(60)] + [(60 + i, 0, "rewriter") for i in range(30)] + [
-        (90 + i, 0, "selector") for i in range(3)]
+    units = (
+        [(i, 0, "solver") for i in range(60)]
+        + [(60 + i, 0, "rewriter") for i in range(30)]
+        + [(90 + i, 0, "selector") for i in range(3)]
+    )
     chosen = stratified(units, 10, seed=5)
     assert chosen == stratified(units, 10, seed=5) != stratified(units, 10, seed=6)
     by_stage = {s: sum(u[2] == s for u in chosen) for s in ("solver", "rewriter", "selector")}

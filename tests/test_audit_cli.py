@@ -32,9 +32,19 @@ def tiny(tmp_path_factory) -> Path:
     tokenizer = transformers.AutoTokenizer.from_pretrained(TOKENIZER)
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=512, bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
     out = tmp_path_factory.mktemp("tiny")
     transformers.LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -70,28 +80,49 @@ class Engine:
         return out, logprobs, "length", None
 
 
-def record(engine: Engine, pid: str, k: int, stage: str, worker: int, messages: list[dict] | None, sampling: dict,
-           max_tokens: int, earlier: dict | None = None, position: int | None = None) -> dict:
+def record(
+    engine: Engine,
+    pid: str,
+    k: int,
+    stage: str,
+    worker: int,
+    messages: list[dict] | None,
+    sampling: dict,
+    max_tokens: int,
+    earlier: dict | None = None,
+    position: int | None = None,
+) -> dict:
     if earlier is None:
         assert messages is not None
         text, prompt = engine.encoder.encode(messages)
     else:  # the next turn, by ids: earlier prompt + response + the template's separator and a user message
-        injected = engine.tokenizer.encode("\n<|im_start|>user\nCheck it.<|im_end|>\n<|im_start|>assistant\n",
-                                           add_special_tokens=False)
+        injected = engine.tokenizer.encode(
+            "\n<|im_start|>user\nCheck it.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+        )
         prompt = earlier["prompt_token_ids"] + earlier["response_token_ids"] + injected
         text = engine.tokenizer.decode(prompt)
     ids, logprobs, finish, stop = engine.sample(prompt, sampling, max_tokens)
     r = synthetic.call(pid, f"{pid}-r{k}", k, 2, stage, prompt, ids, worker=worker)
-    r.update(prompt=text, response=engine.tokenizer.decode(ids), response_logprobs=logprobs, model="tiny",
-             finish_reason=finish, stop_reason=stop, status="completed" if finish == "stop" else "truncated",
-             sampling={**sampling, "seed": None, "max_tokens": max_tokens})
+    r.update(
+        prompt=text,
+        response=engine.tokenizer.decode(ids),
+        response_logprobs=logprobs,
+        model="tiny",
+        finish_reason=finish,
+        stop_reason=stop,
+        status="completed" if finish == "stop" else "truncated",
+        sampling={**sampling, "seed": None, "max_tokens": max_tokens},
+    )
     if earlier is not None:
         before = earlier["history_mask"] or [0] * len(earlier["prompt_token_ids"])
         before_lp = earlier["history_logprobs"] or [0.0] * len(earlier["prompt_token_ids"])
         pad = len(prompt) - len(before) - len(earlier["response_token_ids"])
-        r.update(turn=earlier["turn"] + 1, continues=position,
-                 history_mask=before + earlier["loss_mask"] + [0] * pad,
-                 history_logprobs=before_lp + earlier["response_logprobs"] + [0.0] * pad)
+        r.update(
+            turn=earlier["turn"] + 1,
+            continues=position,
+            history_mask=before + earlier["loss_mask"] + [0] * pad,
+            history_logprobs=before_lp + earlier["response_logprobs"] + [0.0] * pad,
+        )
     return r
 
 
@@ -107,10 +138,14 @@ def folder(path: Path, tiny: Path, mode: str, sampling: dict, system: str = "thr
             user = [{"role": "user", "content": f"What is {i} plus {k + 3}?"}]
             if system == "three-stage":
                 records = [record(engine, pid, k, "solver", w, user, sampling, 10) for w in range(2)]
-                records.append(record(engine, pid, k, "rewriter", 0, [{"role": "system", "content": "Rewrite."}, *user],
-                                      sampling, 8))
-                records.append(record(engine, pid, k, "selector", 0, [{"role": "user", "content": f"Pick {i}."}],
-                                      sampling, 6))
+                records.append(
+                    record(
+                        engine, pid, k, "rewriter", 0, [{"role": "system", "content": "Rewrite."}, *user], sampling, 8
+                    )
+                )
+                records.append(
+                    record(engine, pid, k, "selector", 0, [{"role": "user", "content": f"Pick {i}."}], sampling, 6)
+                )
             else:
                 solver = record(engine, pid, k, "solver", 0, user, sampling, 8)
                 critic = record(engine, pid, k, "critic", 0, None, sampling, 6, earlier=solver, position=0)
@@ -121,9 +156,12 @@ def folder(path: Path, tiny: Path, mode: str, sampling: dict, system: str = "thr
     stages = {"three-stage": ["solver", "rewriter", "selector"], "critique-revise": ["solver", "critic", "reviser"]}
     out = synthetic.write(path, [groups], {"name": system, "stages": stages[system], "options": {}})
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["settings"].update(model="tiny", sampling={**sampling, "presence_penalty": 0.0,
-                                                        "frequency_penalty": 0.0, "repetition_penalty": 1.0},
-                                max_context_len=512, chat_template_kwargs={})
+    manifest["settings"].update(
+        model="tiny",
+        sampling={**sampling, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0},
+        max_context_len=512,
+        chat_template_kwargs={},
+    )
     manifest["servers"] = [{"api": "generate", "logprobs_mode": mode}]
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
@@ -155,8 +193,11 @@ def shift(path: Path, picks: list[tuple[str, int, str, int]], by: float = 0.5) -
 
     def change(records):
         for pid, k, stage, worker in picks:
-            r = next(r for r in records if (r["problem_id"], r["sample_index"], r["stage"], r["worker"]) == (
-                pid, k, stage, worker))
+            r = next(
+                r
+                for r in records
+                if (r["problem_id"], r["sample_index"], r["stage"], r["worker"]) == (pid, k, stage, worker)
+            )
             r["response_logprobs"][len(r["response_logprobs"]) // 2] += by
             named.append((r["problem_id"], r["rollout_id"], r["stage"], r["turn"]))
 
@@ -195,8 +236,11 @@ def test_the_logprobs_mode_decides_what_is_compared(raw_folder, processed_folder
     """Sampled at temperature 0.7 with top-k, top-p and min-p: raw values are not processed ones, and the other way
     round; told the wrong mode, the audit fails every record."""
     code, report = audit(raw_folder, tiny, "--logprobs-mode", "processed_logprobs")
-    assert code == 10 and report["overall"]["records_failed"] == 24 and report["logprobs_mode_source"] == (
-        "--logprobs-mode")
+    assert (
+        code == 10
+        and report["overall"]["records_failed"] == 24
+        and report["logprobs_mode_source"] == ("--logprobs-mode")
+    )
     code, report = audit(processed_folder, tiny, "--logprobs-mode", "raw_logprobs")
     assert code == 10 and report["overall"]["records_failed"] == 24
 
@@ -275,3 +319,38 @@ def test_an_unknown_logprobs_mode_or_model_is_a_usage_error(raw_folder, tiny, tm
     assert result.exit_code == 2 and "pass --logprobs-mode" in result.stderr
     result = CliRunner().invoke(app, ["audit", str(raw_folder), "--model", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "cannot load model" in result.stderr
+
+
+def test_batches_of_any_size_give_the_same_figures_and_the_bar_counts_every_conversation(raw_folder, tiny):
+    import io
+
+    from rich.console import Console
+
+    from agentroll.audit import AuditOptions
+    from agentroll.audit import audit as run_audit
+    from agentroll.audit.command import Bar
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    bar = Bar(console)
+    one = run_audit(raw_folder, AuditOptions(model=str(tiny), device="cpu", batch_tokens=1), bar)
+    assert bar.bar.tasks[0].total == bar.bar.tasks[0].completed == 24
+    whole = run_audit(raw_folder, AuditOptions(model=str(tiny), device="cpu", batch_tokens=100_000))
+    assert one["ok"] and whole["ok"]
+    assert one["overall"]["tokens"] == whole["overall"]["tokens"] > 0
+    assert abs(one["overall"]["mean_abs"] - whole["overall"]["mean_abs"]) < 1e-6  # padding moves float noise only
+
+
+def test_a_tokenizer_other_than_the_runs_is_a_warning_and_a_missing_folder_exit_6(raw_folder, tiny, tmp_path):
+    path = tmp_path / "copy"
+    path.mkdir()
+    for f in raw_folder.iterdir():
+        (path / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["servers"][-1]["tokenizer_sha256"] = "0" * 64
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    code, report = audit(path, tiny)
+    assert code == 0 and report["warnings"] == [
+        "the model's tokenizer is not the run's (tokenizer_sha256 differs from the manifest's)"
+    ]
+    result = CliRunner().invoke(app, ["audit", str(tmp_path / "nothing"), "--model", str(tiny)])
+    assert result.exit_code == 6 and "manifest" in result.stderr

@@ -94,8 +94,16 @@ class TurnResult:
 class TeacherForcing:
     """Recomputes the logprobs of units' turns with `model`, in batches of at most `batch_tokens` padded tokens."""
 
-    def __init__(self, model: Any, device: torch.device, mode: str, cut_noise: float, ambiguity: float,
-                 batch_tokens: int, pad_id: int = 0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        device: torch.device,
+        mode: str,
+        cut_noise: float,
+        ambiguity: float,
+        batch_tokens: int,
+        pad_id: int = 0,
+    ) -> None:
         self.model, self.device, self.mode = model, device, mode
         self.cut_noise, self.ambiguity = cut_noise, ambiguity
         self.batch_tokens, self.pad_id = batch_tokens, pad_id
@@ -133,7 +141,7 @@ class TeacherForcing:
         for row, unit in enumerate(batch):
             ids[row, : len(unit.tokens)] = torch.tensor(unit.tokens, dtype=torch.long)
             mask[row, : len(unit.tokens)] = 1
-        starts = [t.begin - 1 for u in batch for t in u.turns if t.record["response_token_ids"]]
+        starts = [t.begin - 1 for u in batch for t in u.turns if t.record["response_token_ids"] and t.begin > 0]
         first = max(0, min(starts, default=width - 1))
         kwargs = {"logits_to_keep": width - first} if self.keep else {}
         logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs).logits
@@ -142,10 +150,10 @@ class TeacherForcing:
             for i, turn in enumerate(unit.turns):
                 record = turn.record
                 tokens = record["response_token_ids"]
-                if not tokens:
+                if not tokens or turn.begin < 1:  # nothing to compare, or no logit predicts the first token
                     on_turn(unit, i, TurnResult([], [], []))
                     continue
-                rows = logits[row, turn.begin - 1 - offset: turn.begin - 1 - offset + len(tokens)]
+                rows = logits[row, turn.begin - 1 - offset : turn.begin - 1 - offset + len(tokens)]
                 target = torch.tensor(tokens, dtype=torch.long, device=rows.device)
                 values, codes = self._logprobs(rows, target, Sampling.of(record))
                 on_turn(unit, i, TurnResult([float(x) for x in record["response_logprobs"]], values, codes))
@@ -155,8 +163,14 @@ class TeacherForcing:
         values: list[float] = []
         codes: list[int] = []
         for begin in range(0, rows.shape[0], step):
-            v, c = sampled_logprobs(rows[begin: begin + step], target[begin: begin + step], self.mode, sampling,
-                                    self.cut_noise, self.ambiguity)
+            v, c = sampled_logprobs(
+                rows[begin : begin + step],
+                target[begin : begin + step],
+                self.mode,
+                sampling,
+                self.cut_noise,
+                self.ambiguity,
+            )
             values += v.double().cpu().tolist()
             codes += c.cpu().tolist()
         return values, codes

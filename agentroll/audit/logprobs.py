@@ -44,8 +44,12 @@ class Sampling:
     @classmethod
     def of(cls, record: dict[str, Any]) -> Sampling:
         s = record.get("sampling") or {}
-        return cls(float(s.get("temperature", 1.0)), float(s.get("top_p", 1.0)), int(s.get("top_k", -1)),
-                   float(s.get("min_p", 0.0)))
+        return cls(
+            float(s.get("temperature", 1.0)),
+            float(s.get("top_p", 1.0)),
+            int(s.get("top_k", -1)),
+            float(s.get("min_p", 0.0)),
+        )
 
     def filters(self, vocab: int) -> bool:
         return self.top_p < 1.0 or 0 < self.top_k < vocab or self.min_p > 0.0
@@ -87,8 +91,9 @@ def _kept(s: torch.Tensor, sampling: Sampling, edge: int, delta: float) -> torch
     return keep
 
 
-def processed(logits: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, cut_noise: float,
-              ambiguity: float) -> tuple[torch.Tensor, torch.Tensor]:
+def processed(
+    logits: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, cut_noise: float, ambiguity: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, codes) per row: the processed logprob of each token and whether it can be compared (`OK`),
     was at the edge of a cut (`AMBIGUOUS`), lies outside what the filters keep (`OUTSIDE`, value -inf), or
     cannot be reproduced (`UNCOMPARABLE`: greedy with filters)."""
@@ -117,8 +122,9 @@ def processed(logits: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, cu
     return nominal, codes
 
 
-def sampled_logprobs(logits: torch.Tensor, tokens: torch.Tensor, mode: str, sampling: Sampling, cut_noise: float,
-                     ambiguity: float) -> tuple[torch.Tensor, torch.Tensor]:
+def sampled_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, mode: str, sampling: Sampling, cut_noise: float, ambiguity: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, codes) as `processed`, for either logprobs mode (raw: every token comparable)."""
     if mode == "raw_logprobs":
         return raw(logits, tokens), torch.full_like(tokens, OK)

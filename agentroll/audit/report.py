@@ -18,10 +18,16 @@ from .logprobs import AMBIGUOUS, MASKED, OK, OUTSIDE, PENALTIES, UNCOMPARABLE
 from .options import Tolerance
 from .units import identity
 
-SKIP_REASONS = {AMBIGUOUS: "ambiguous cut", UNCOMPARABLE: "greedy with top-k/top-p/min-p",
-                PENALTIES: "penalties", MASKED: "outside the loss mask"}
-KL_ESTIMATOR = ("k3 = mean(exp(-d) - 1 + d), d = recorded - recomputed logprob of each compared sampled token: "
-                "KL(server || trainer)")
+SKIP_REASONS = {
+    AMBIGUOUS: "ambiguous cut",
+    UNCOMPARABLE: "greedy with top-k/top-p/min-p",
+    PENALTIES: "penalties",
+    MASKED: "outside the loss mask",
+}
+KL_ESTIMATOR = (
+    "k3 = mean(exp(-d) - 1 + d), d = recorded - recomputed logprob of each compared sampled token: "
+    "KL(server || trainer)"
+)
 
 
 @dataclass(slots=True)
@@ -68,11 +74,19 @@ class Figures:
 
     def to_dict(self) -> dict[str, Any]:
         n = self.tokens
-        return {"records": self.records, "records_failed": self.records_failed, "tokens": n,
-                "mean_abs": self.mean_abs(), "max_abs": self.max_abs if n else None,
-                "kl_k3": self.sum_k3 / n if n else None, "kl_k1": self.sum_d / n if n else None,
-                "share_over": self.share_over(), "tokens_over": self.over, "tokens_outside": self.outside,
-                "tokens_skipped": dict(sorted(self.skipped.items()))}
+        return {
+            "records": self.records,
+            "records_failed": self.records_failed,
+            "tokens": n,
+            "mean_abs": self.mean_abs(),
+            "max_abs": self.max_abs if n else None,
+            "kl_k3": self.sum_k3 / n if n else None,
+            "kl_k1": self.sum_d / n if n else None,
+            "share_over": self.share_over(),
+            "tokens_over": self.over,
+            "tokens_outside": self.outside,
+            "tokens_skipped": dict(sorted(self.skipped.items())),
+        }
 
 
 @dataclass(slots=True)
@@ -85,9 +99,17 @@ class RecordResult:
 
     def to_dict(self) -> dict[str, Any]:
         f = self.figures
-        return {**self.who, "tokens": f.tokens, "mean_abs": f.mean_abs(), "max_abs": f.max_abs if f.tokens else None,
-                "share_over": f.share_over(), "tokens_outside": f.outside, "worst_token": self.worst,
-                "faults": [{"kind": k, "message": m} for k, m in self.faults], "fails": self.reasons}
+        return {
+            **self.who,
+            "tokens": f.tokens,
+            "mean_abs": f.mean_abs(),
+            "max_abs": f.max_abs if f.tokens else None,
+            "share_over": f.share_over(),
+            "tokens_outside": f.outside,
+            "worst_token": self.worst,
+            "faults": [{"kind": k, "message": m} for k, m in self.faults],
+            "fails": self.reasons,
+        }
 
 
 def judge(figures: Figures, faults: list[tuple[str, str]], tolerance: Tolerance) -> list[str]:
@@ -122,8 +144,14 @@ class Collector:
         bucket = self.templates.setdefault(stage, {"match": 0, "mismatch": 0, "unrecoverable": 0})
         bucket[verdict] += 1
 
-    def add(self, record: dict[str, Any], faults: list[tuple[str, str]], recorded: list[float] | None = None,
-            recomputed: list[float] | None = None, codes: list[int] | None = None) -> RecordResult:
+    def add(
+        self,
+        record: dict[str, Any],
+        faults: list[tuple[str, str]],
+        recorded: list[float] | None = None,
+        recomputed: list[float] | None = None,
+        codes: list[int] | None = None,
+    ) -> RecordResult:
         """One audited record: its tokens (None: not compared, say for a fault that makes them meaningless)."""
         figures = Figures(records=1)
         worst = None
@@ -136,8 +164,13 @@ class Collector:
             else:
                 d = a - b
                 if worst is None or abs(d) > abs(worst["delta"]):
-                    worst = {"position": j, "token": record["response_token_ids"][j], "recorded": a,
-                             "recomputed": b, "delta": d}
+                    worst = {
+                        "position": j,
+                        "token": record["response_token_ids"][j],
+                        "recorded": a,
+                        "recomputed": b,
+                        "delta": d,
+                    }
                 figures.add(d if math.isfinite(d) else math.copysign(1e300, d), self.tolerance.threshold)
         reasons = judge(figures, faults, self.tolerance)
         figures.records_failed = int(bool(reasons))
@@ -176,24 +209,29 @@ class Collector:
 
 def lines(report: dict[str, Any]) -> list[str]:
     """The report's verdict and lists, for a terminal (the stage table is drawn by the CLI)."""
-    out = [f"model {report['model']} ({report['dtype']} on {report['device']}); logprobs mode "
-           f"{report['logprobs_mode']} (from {report['logprobs_mode_source']}); tolerance {report['precision']}: "
-           + ", ".join(f"{k} {v:g}" for k, v in report["tolerance"].items())]
+    out = [
+        f"model {report['model']} ({report['dtype']} on {report['device']}); logprobs mode "
+        f"{report['logprobs_mode']} (from {report['logprobs_mode_source']}); tolerance {report['precision']}: "
+        + ", ".join(f"{k} {v:g}" for k, v in report["tolerance"].items())
+    ]
     out += [f"warning: {w}" for w in report["warnings"]]
     units = report["units"]
-    out.append(f"audited {units['audited']} of {units['total']} conversations"
-               + (f" (--sample {report['sample']}, seed {report['seed']}, stratified by stage)" if report["sample"]
-                  else ""))
+    out.append(
+        f"audited {units['audited']} of {units['total']} conversations"
+        + (f" (--sample {report['sample']}, seed {report['seed']}, stratified by stage)" if report["sample"] else "")
+    )
     for stage, reasons in report["skipped_records"].items():
         out.append(f"not audited ({stage}): " + ", ".join(f"{n} {why}" for why, n in reasons.items()))
     for stage, t in report["templates"].items():
-        out.append(f"chat template ({stage}): {t['match']} first-turn prompts match a fresh rendering, "
-                   f"{t['mismatch']} differ, {t['unrecoverable']} could not be re-rendered")
+        out.append(
+            f"chat template ({stage}): {t['match']} first-turn prompts match a fresh rendering, "
+            f"{t['mismatch']} differ, {t['unrecoverable']} could not be re-rendered"
+        )
     if report["faults"]:
         out.append("faults: " + ", ".join(f"{n} {kind}" for kind, n in report["faults"].items()))
     if report["failed"]:
         out.append(f"{report['overall']['records_failed']} records out of tolerance; the worst:")
-        out += [f"  {_name(r)}: {'; '.join(r['fails'])}" for r in report["failed"]]
+        out += [f"  {_name(r)}: {'; '.join(r['fails'])}{_token(r)}" for r in report["failed"]]
     elif report["worst"]:
         out.append("largest differences (within tolerance):")
         out += [f"  {_name(r)}: max |Δ| {r['max_abs']:.3g}, mean |Δ| {r['mean_abs']:.3g}" for r in report["worst"]]
@@ -205,6 +243,18 @@ def lines(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def _token(r: dict[str, Any]) -> str:
+    w = r.get("worst_token")
+    if not w or abs(w["delta"]) == 0:
+        return ""
+    return (
+        f" (worst: response token {w['position']}, id {w['token']}: recorded {w['recorded']:.6g}, "
+        f"recomputed {w['recomputed']:.6g})"
+    )
+
+
 def _name(r: dict[str, Any]) -> str:
-    return (f"problem {r['problem_id']} rollout {r['rollout_id']} {r['stage']} turn {r['turn']} worker {r['worker']} "
-            f"sample {r['sample_index']}")
+    return (
+        f"problem {r['problem_id']} rollout {r['rollout_id']} {r['stage']} turn {r['turn']} worker {r['worker']} "
+        f"sample {r['sample_index']}"
+    )

@@ -32,23 +32,29 @@ def logprobs_mode(manifest: dict[str, Any], asked: str) -> tuple[str, str, list[
     modes = list(dict.fromkeys(str(s.get("logprobs_mode")) for s in servers))
     warnings = []
     if len(modes) > 1:
-        warnings.append(f"the folder's runs met servers with logprobs modes {', '.join(modes)}: records of earlier "
-                        "runs may mean another mode than the last one's (pass --logprobs-mode to choose)")
+        warnings.append(
+            f"the folder's runs met servers with logprobs modes {', '.join(modes)}: records of earlier "
+            "runs may mean another mode than the last one's (pass --logprobs-mode to choose)"
+        )
     if asked != "auto":
         return asked, "--logprobs-mode", warnings
     last = servers[-1].get("logprobs_mode") if servers else None
     if last not in (RAW, PROCESSED):
-        raise UsageError(f"the manifest's servers[-1].logprobs_mode is {last!r}, not raw_logprobs or "
-                         "processed_logprobs: pass --logprobs-mode with what the server ran")
+        raise UsageError(
+            f"the manifest's servers[-1].logprobs_mode is {last!r}, not raw_logprobs or "
+            "processed_logprobs: pass --logprobs-mode with what the server ran"
+        )
     return str(last), "manifest servers[-1]", warnings
 
 
 def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     """The ids vLLM stops on without a stop_reason: the tokenizer's EOS and the generation config's."""
     found: set[int] = set()
-    for value in (getattr(tokenizer, "eos_token_id", None),
-                  getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-                  getattr(model.config, "eos_token_id", None)):
+    for value in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+    ):
         for x in value if isinstance(value, list | tuple) else [value]:
             if isinstance(x, int):
                 found.add(x)
@@ -60,12 +66,16 @@ def provenance_warnings(manifest: dict[str, Any], tokenizer: Any) -> list[str]:
     if not servers:
         return []
     out = []
-    for key, ours in (("tokenizer_sha256", provenance.tokenizer_sha256(tokenizer)),
-                      ("chat_template_sha256", provenance.chat_template_sha256(tokenizer))):
+    for key, ours in (
+        ("tokenizer_sha256", provenance.tokenizer_sha256(tokenizer)),
+        ("chat_template_sha256", provenance.chat_template_sha256(tokenizer)),
+    ):
         theirs = servers[-1].get(key)
         if theirs and theirs != ours:
-            out.append(f"the model's {key.removesuffix('_sha256').replace('_', ' ')} is not the run's ({key} "
-                       f"differs from the manifest's)")
+            out.append(
+                f"the model's {key.removesuffix('_sha256').replace('_', ' ')} is not the run's ({key} "
+                f"differs from the manifest's)"
+            )
     return out
 
 
@@ -77,8 +87,10 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
     system = system_of(manifest)
     known = system.stages
     if options.stages is not None and known is not None and not options.stages <= set(known):
-        raise UsageError(f"--stages {','.join(sorted(options.stages - set(known)))}: the {system.name} system's "
-                         f"stages are {', '.join(known)}")
+        raise UsageError(
+            f"--stages {','.join(sorted(options.stages - set(known)))}: the {system.name} system's "
+            f"stages are {', '.join(known)}"
+        )
     selection = Selection(options.stages, options.include_frozen, settings.get("model"))
     listed = index(path, selection)
     chosen = stratified(listed, options.sample, options.seed)
@@ -95,8 +107,9 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
     check = TemplateCheck(tokenizer, settings.get("chat_template_kwargs")) if options.templates else None
     eos, max_context = eos_ids(model, tokenizer), settings.get("max_context_len")
     pad = tokenizer.pad_token_id if isinstance(tokenizer.pad_token_id, int) else 0
-    forcing = forward.TeacherForcing(model, device, mode, tolerance.cut_noise, tolerance.threshold / 2,
-                                     options.batch_tokens, pad)
+    forcing = forward.TeacherForcing(
+        model, device, mode, tolerance.cut_noise, tolerance.threshold / 2, options.batch_tokens, pad
+    )
     collector = Collector(tolerance, options.worst)
 
     def faults_of(unit: Unit, i: int) -> list[tuple[str, str]]:
@@ -126,8 +139,13 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
             bad = [t for t in unit.tokens if not 0 <= t < forcing.vocab]
             if bad:  # the model cannot embed them: nothing of this unit can be compared
                 for i, turn in enumerate(unit.turns):
-                    collector.add(turn.record, [*faults_of(unit, i), (
-                        "vocabulary", f"token id {bad[0]} is outside the model's {forcing.vocab} logits")])
+                    collector.add(
+                        turn.record,
+                        [
+                            *faults_of(unit, i),
+                            ("vocabulary", f"token id {bad[0]} is outside the model's {forcing.vocab} logits"),
+                        ],
+                    )
                 if progress:
                     progress.advance(1)
                 continue
@@ -146,16 +164,31 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
     overall = collector.overall()
     order = system.ordered(collector.stages)
     return {
-        "folder": str(path), "model": options.model, "dtype": dtype, "device": str(device),
-        "logprobs_mode": mode, "logprobs_mode_source": source, "precision": options.preset(dtype),
-        "tolerance": {"threshold": tolerance.threshold, "max_abs": tolerance.max_abs, "mean_abs": tolerance.mean_abs,
-                      "share": tolerance.share, "cut_noise": tolerance.cut_noise},
-        "kl_estimator": KL_ESTIMATOR, "sample": options.sample, "seed": options.seed,
+        "folder": str(path),
+        "model": options.model,
+        "dtype": dtype,
+        "device": str(device),
+        "logprobs_mode": mode,
+        "logprobs_mode_source": source,
+        "precision": options.preset(dtype),
+        "tolerance": {
+            "threshold": tolerance.threshold,
+            "max_abs": tolerance.max_abs,
+            "mean_abs": tolerance.mean_abs,
+            "share": tolerance.share,
+            "cut_noise": tolerance.cut_noise,
+        },
+        "kl_estimator": KL_ESTIMATOR,
+        "sample": options.sample,
+        "seed": options.seed,
         "units": {"total": len(listed), "audited": len(chosen)},
-        "overall": overall.to_dict(), "stages": {s: collector.stages[s].to_dict() for s in order},
+        "overall": overall.to_dict(),
+        "stages": {s: collector.stages[s].to_dict() for s in order},
         "templates": {s: collector.templates[s] for s in system.ordered(collector.templates)},
         "skipped_records": {s: dict(sorted(selection.skipped[s].items())) for s in system.ordered(selection.skipped)},
         "faults": dict(sorted(collector.faults.items())),
-        "failed": [r.to_dict() for r in collector.failed()], "worst": [r.to_dict() for r in collector.worst()],
-        "warnings": warnings, "ok": overall.records_failed == 0,
+        "failed": [r.to_dict() for r in collector.failed()],
+        "worst": [r.to_dict() for r in collector.worst()],
+        "warnings": warnings,
+        "ok": overall.records_failed == 0,
     }

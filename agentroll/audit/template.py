@@ -36,8 +36,11 @@ class TemplateCheck:
                 self._ids.clear()
                 self.messages._cache.clear()
             messages = self.messages(prompt)
-            self._ids[prompt] = None if messages is None else list(
-                self.tokenizer.encode(self.messages.render(messages), add_special_tokens=False))
+            self._ids[prompt] = (
+                None
+                if messages is None
+                else list(self.tokenizer.encode(self.messages.render(messages), add_special_tokens=False))
+            )
         return self._ids[prompt]
 
     def check(self, record: dict[str, Any]) -> tuple[str, str | None]:
@@ -50,6 +53,8 @@ class TemplateCheck:
         if fresh == ids:
             return MATCH, None
         at = next((i for i, (a, b) in enumerate(zip(fresh, ids, strict=False)) if a != b), min(len(fresh), len(ids)))
-        return MISMATCH, (f"prompt_token_ids differ from the model's chat template at token {at} "
-                          f"({len(ids)} recorded, {len(fresh)} rendered; recorded {ids[at:at + 3]}, rendered "
-                          f"{fresh[at:at + 3]})")
+        return MISMATCH, (
+            f"prompt_token_ids differ from the model's chat template at token {at} "
+            f"({len(ids)} recorded, {len(fresh)} rendered; recorded {ids[at : at + 3]}, rendered "
+            f"{fresh[at : at + 3]})"
+        )

@@ -162,8 +162,12 @@ def build(folder: str | os.PathLike[str], chosen: list[tuple[int, int, str]], se
             turns = [Turn(execution[j], len(execution[j]["prompt_token_ids"])) for j in fresh]
             for turn in turns:
                 turn.faults += history_faults(last, turn) if turn.record is not last else []
-            yield Unit(last["prompt_token_ids"] + last["response_token_ids"], turns, str(last.get("stage")),
-                       execution[chain[0]])
+            yield Unit(
+                last["prompt_token_ids"] + last["response_token_ids"],
+                turns,
+                str(last.get("stage")),
+                execution[chain[0]],
+            )
 
 
 def history_faults(last: Record, turn: Turn) -> list[tuple[str, str]]:
@@ -171,21 +175,40 @@ def history_faults(last: Record, turn: Turn) -> list[tuple[str, str]]:
     conversation): the turn's loss mask, and its logprob wherever the mask is 1 (a frozen turn may be 0)."""
     mask, logprobs = last.get("history_mask"), last.get("history_logprobs")
     if mask is None or logprobs is None:
-        return [("history", f"turn {last.get('turn')} continues turn {turn.record.get('turn')} but has no "
-                            "history_mask / history_logprobs")]
+        return [
+            (
+                "history",
+                f"turn {last.get('turn')} continues turn {turn.record.get('turn')} but has no "
+                "history_mask / history_logprobs",
+            )
+        ]
     frozen = turn.record.get("trainable", True) is False
     own, loss = turn.record["response_logprobs"], turn.record["loss_mask"]
     for j, (value, m) in enumerate(zip(own, loss, strict=False)):
         p = turn.begin + j
         if p >= len(mask) or p >= len(logprobs):
-            return [("history", f"turn {last.get('turn')}'s history is shorter than turn "
-                                f"{turn.record.get('turn')}'s response")]
+            return [
+                (
+                    "history",
+                    f"turn {last.get('turn')}'s history is shorter than turn {turn.record.get('turn')}'s response",
+                )
+            ]
         if mask[p] != m and not (frozen and mask[p] == 0):
-            return [("history", f"turn {last.get('turn')}'s history_mask is {mask[p]} on token {j} of turn "
-                                f"{turn.record.get('turn')}'s response, whose loss_mask is {m}")]
+            return [
+                (
+                    "history",
+                    f"turn {last.get('turn')}'s history_mask is {mask[p]} on token {j} of turn "
+                    f"{turn.record.get('turn')}'s response, whose loss_mask is {m}",
+                )
+            ]
         if mask[p] == 1 and logprobs[p] != value:
-            return [("history", f"turn {last.get('turn')}'s history_logprobs hold {logprobs[p]} for token {j} of "
-                                f"turn {turn.record.get('turn')}'s response, whose record holds {value}")]
+            return [
+                (
+                    "history",
+                    f"turn {last.get('turn')}'s history_logprobs hold {logprobs[p]} for token {j} of "
+                    f"turn {turn.record.get('turn')}'s response, whose record holds {value}",
+                )
+            ]
     return []
 
 
@@ -196,6 +219,8 @@ def record_faults(record: Record, eos: frozenset[int], max_context: int | None) 
     ids, logprobs = record["response_token_ids"], record["response_logprobs"]
     if len(logprobs) != len(ids):
         return [("lengths", f"{len(ids)} response tokens but {len(logprobs)} logprobs")]
+    if not record["prompt_token_ids"]:
+        return [("lengths", "an empty prompt: no logit predicts the first response token")]
     finish, stop, status = record.get("finish_reason"), record.get("stop_reason"), record.get("status")
     expected = {"stop": "completed", "length": "truncated"}.get(str(finish))
     if expected is None or status != expected:
@@ -203,14 +228,20 @@ def record_faults(record: Record, eos: frozenset[int], max_context: int | None) 
     max_tokens = (record.get("sampling") or {}).get("max_tokens")
     early = [j for j, t in enumerate(ids[:-1]) if t in eos]
     if early:
-        faults.append(("eos", f"EOS token {ids[early[0]]} at response position {early[0]} of {len(ids)}: vLLM "
-                              "stops at the first"))
+        faults.append(
+            ("eos", f"EOS token {ids[early[0]]} at response position {early[0]} of {len(ids)}: vLLM stops at the first")
+        )
     if finish == "stop":
         if not ids and not isinstance(stop, str):
             faults.append(("eos", "finish_reason stop with an empty response (the stop token is kept in the ids)"))
         elif stop is None and eos and ids[-1] not in eos:
-            faults.append(("eos", f"finish_reason stop, stop_reason null, but the last token {ids[-1]} is not an "
-                                  f"EOS token ({', '.join(map(str, sorted(eos)))})"))
+            faults.append(
+                (
+                    "eos",
+                    f"finish_reason stop, stop_reason null, but the last token {ids[-1]} is not an "
+                    f"EOS token ({', '.join(map(str, sorted(eos)))})",
+                )
+            )
         elif isinstance(stop, int) and not isinstance(stop, bool) and ids and ids[-1] != stop:
             faults.append(("eos", f"stop_reason {stop} but the last token is {ids[-1]}"))
         if isinstance(max_tokens, int) and len(ids) > max_tokens:
@@ -221,6 +252,11 @@ def record_faults(record: Record, eos: frozenset[int], max_context: int | None) 
         total = len(record["prompt_token_ids"]) + len(ids)
         full = max_context is not None and total >= max_context
         if isinstance(max_tokens, int) and len(ids) != max_tokens and not full:
-            faults.append(("length", f"finish_reason length after {len(ids)} tokens, but max_tokens is "
-                                     f"{max_tokens} and the context ({total} of {max_context}) is not full"))
+            faults.append(
+                (
+                    "length",
+                    f"finish_reason length after {len(ids)} tokens, but max_tokens is "
+                    f"{max_tokens} and the context ({total} of {max_context}) is not full",
+                )
+            )
     return faults

@@ -21,8 +21,7 @@ SHAPED = ("--temperature", "0.7", "--top-k", "20", "--top-p", "0.9", "--min-p", 
 
 
 def audit(folder: Path, model: Path, *flags: str) -> tuple[int, dict]:
-    result = CliRunner().invoke(app, ["audit", str(folder), "--model", str(model), "--json", "--device", "cpu",
-                                      *flags])
+    result = CliRunner().invoke(app, ["audit", str(folder), "--model", str(model), "--json", "--device", "cpu", *flags])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     return result.exit_code, json.loads(result.stdout)
 
@@ -33,8 +32,11 @@ def folders(real_vllm, processed_vllm, tmp_path_factory) -> dict[str, Path]:
     logprobs, so compared at temperature 1); critique-revise (multi-turn) with shaped sampling on the processed
     server."""
     inputs = problems(tmp_path_factory.mktemp("in") / "p.jsonl", 4)
-    runs = {"raw": (real_vllm, ()), "raw-shaped": (real_vllm, SHAPED),
-            "processed-multiturn": (processed_vllm, (*SHAPED, "--system", "critique-revise"))}
+    runs = {
+        "raw": (real_vllm, ()),
+        "raw-shaped": (real_vllm, SHAPED),
+        "processed-multiturn": (processed_vllm, (*SHAPED, "--system", "critique-revise")),
+    }
     out = {}
     for name, (url, flags) in runs.items():
         path = tmp_path_factory.mktemp(name) / "out"
@@ -57,9 +59,11 @@ def test_real_vllm_records_pass_the_audit_with_the_same_model(name, folders, tin
     first = next(iter(report["templates"].values()))
     assert first["mismatch"] == 0 and first["match"] > 0
     skipped = sum(overall["tokens_skipped"].values())
-    SUMMARY.append(f"audit {name}: {overall['records']} records, {overall['tokens']} tokens compared ({skipped} "
-                   f"skipped: {overall['tokens_skipped']}), vLLM CPU float32 vs transformers float32: mean |Δ| "
-                   f"{overall['mean_abs']:.3g}, max |Δ| {overall['max_abs']:.3g}, KL k3 {overall['kl_k3']:.3g}")
+    SUMMARY.append(
+        f"audit {name}: {overall['records']} records, {overall['tokens']} tokens compared ({skipped} "
+        f"skipped: {overall['tokens_skipped']}), vLLM CPU float32 vs transformers float32: mean |Δ| "
+        f"{overall['mean_abs']:.3g}, max |Δ| {overall['max_abs']:.3g}, KL k3 {overall['kl_k3']:.3g}"
+    )
 
 
 @pytest.mark.parametrize("name", ["raw", "processed-multiturn"])
@@ -90,6 +94,8 @@ def test_a_bfloat16_audit_of_float32_records_is_within_the_bfloat16_tolerance(fo
     assert report["dtype"] == "bfloat16" and report["precision"] == "bfloat16"
     assert code == 0, report["failed"]
     assert overall["max_abs"] > 1e-5  # bfloat16 arithmetic shows, far beyond float32's agreement
-    SUMMARY.append(f"audit raw, transformers bfloat16 vs vLLM CPU float32: mean |Δ| {overall['mean_abs']:.3g}, "
-                   f"max |Δ| {overall['max_abs']:.3g}, KL k3 {overall['kl_k3']:.3g}, share over "
-                   f"{report['tolerance']['threshold']:g}: {overall['share_over']:.3g}")
+    SUMMARY.append(
+        f"audit raw, transformers bfloat16 vs vLLM CPU float32: mean |Δ| {overall['mean_abs']:.3g}, "
+        f"max |Δ| {overall['max_abs']:.3g}, KL k3 {overall['kl_k3']:.3g}, share over "
+        f"{report['tolerance']['threshold']:g}: {overall['share_over']:.3g}"
+    )
