@@ -267,3 +267,14 @@ def test_bad_options_are_usage_errors():
     options = AuditOptions(model="m", overrides={"threshold": 0.5})
     assert options.tolerance("bfloat16").threshold == 0.5 and options.preset("bfloat16") == "bfloat16"
     assert AuditOptions(model="m", precision="bfloat16").preset("float32") == "bfloat16"
+
+
+def test_an_audit_of_nothing_is_refused_before_any_model_loads(tmp_path):
+    from agentroll.audit import audit
+
+    folder = synthetic.critique_revise(tmp_path / "cr", frozen_critic=True)
+    with pytest.raises(UsageError, match=r"no record to audit \(.*critic: 3 frozen \(trainable: false\)"):
+        audit(
+            folder,
+            AuditOptions(model=str(tmp_path / "no-model"), stages=frozenset({"critic"}), logprobs_mode="raw_logprobs"),
+        )

@@ -93,6 +93,12 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
         )
     selection = Selection(options.stages, options.include_frozen, settings.get("model"))
     listed = index(path, selection)
+    if not listed:  # passing an audit of nothing would say the folder is fine
+        why = "; ".join(
+            f"{stage}: " + ", ".join(f"{n} {reason}" for reason, n in reasons.items())
+            for stage, reasons in selection.skipped.items()
+        )
+        raise UsageError(f"{path}: no record to audit" + (f" ({why})" if why else " (the folder holds none)"))
     chosen = stratified(listed, options.sample, options.seed)
 
     device = forward.pick_device(options.device)
