@@ -353,4 +353,4 @@ def test_a_tokenizer_other_than_the_runs_is_a_warning_and_a_missing_folder_exit_
         "the model's tokenizer is not the run's (tokenizer_sha256 differs from the manifest's)"
     ]
     result = CliRunner().invoke(app, ["audit", str(tmp_path / "nothing"), "--model", str(tiny)])
-    assert result.exit_code == 6 and "manifest" in result.stderr
+    assert result.exit_code == 6 and "nothing" in result.stderr

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from .. import provenance
 from ..errors import UsageError
-from ..readers import load_manifest
+from ..folder import Manifest, load_manifest
 from ..tools.system import system_of
 from . import forward
 from .logprobs import MASKED, PENALTIES
@@ -26,9 +26,9 @@ class Progress(Protocol):
     def stop(self) -> None: ...
 
 
-def logprobs_mode(manifest: dict[str, Any], asked: str) -> tuple[str, str, list[str]]:
+def logprobs_mode(manifest: Manifest, asked: str) -> tuple[str, str, list[str]]:
     """(mode, where it comes from, warnings): `--logprobs-mode`, else the manifest's last server's."""
-    servers = [s for s in manifest.get("servers") or [] if isinstance(s, dict)]
+    servers = manifest.servers
     modes = list(dict.fromkeys(str(s.get("logprobs_mode")) for s in servers))
     warnings = []
     if len(modes) > 1:
@@ -61,8 +61,8 @@ def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(found)
 
 
-def provenance_warnings(manifest: dict[str, Any], tokenizer: Any) -> list[str]:
-    servers = [s for s in manifest.get("servers") or [] if isinstance(s, dict)]
+def provenance_warnings(manifest: Manifest, tokenizer: Any) -> list[str]:
+    servers = manifest.servers
     if not servers:
         return []
     out = []
@@ -82,7 +82,7 @@ def provenance_warnings(manifest: dict[str, Any], tokenizer: Any) -> list[str]:
 def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progress | None = None) -> dict[str, Any]:
     path = Path(folder)
     manifest = load_manifest(path)
-    settings = manifest.get("settings") or {}
+    settings = manifest.settings
     mode, source, warnings = logprobs_mode(manifest, options.logprobs_mode)
     system = system_of(manifest)
     known = system.stages

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..convert.trajectory import executions
-from ..readers import read_records
+from ..folder import read_records
 
 Record = dict[str, Any]
 IDENTITY = ("problem_id", "rollout_id", "stage", "turn", "worker", "sample_index")
