@@ -9,6 +9,7 @@
     ├── TooManyFailures       exit 7  more failed calls than --max-failures allows
     ├── IncompleteRun         exit 8  the input was read to its end, but some groups could not be produced
     ├── ClusterError          exit 9  --ray: the cluster is out of reach, or a partition's task was lost for good
+    ├── AuditFailed           exit 10 `agentroll audit`: records out of tolerance, or with a fault (docs/audit.md)
     └── PipeClosed            exit 141  `-o -` and the reader closed the pipe (as SIGPIPE would)
 
 Signals: 130 (SIGINT), 143 (SIGTERM). Exit 0 means every problem read has its whole group on disk, or was
@@ -70,6 +71,10 @@ class IncompleteRun(AgentrollError):
 
 class ClusterError(AgentrollError):
     exit_code = 9
+
+
+class AuditFailed(AgentrollError):
+    exit_code = 10
 
 
 class PipeClosed(AgentrollError):

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from .. import __version__
-from . import folders, generate, servers
+from . import audit, folders, generate, servers
 from .console import REPEATS, err
 from .generate import run_generate
 from .help import HELP_OPTIONS, Group
@@ -33,6 +33,7 @@ def _root(version: Annotated[bool, typer.Option("--version", help="Show the vers
 generate.register(app)
 folders.register(app)
 servers.register(app)
+audit.register(app)
 
 
 def main() -> Any:

@@ -1,0 +1,200 @@
+"""`audit(folder, options)`: the whole audit, from a folder to its report (a dict; `ok` says the verdict)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from .. import provenance
+from ..errors import UsageError
+from ..folder import Manifest, load_manifest
+from ..tools.system import system_of
+from . import forward
+from .logprobs import MASKED, PENALTIES
+from .options import PROCESSED, RAW, AuditOptions
+from .report import KL_ESTIMATOR, Collector
+from .template import TemplateCheck
+from .units import Selection, Unit, build, index, record_faults, stratified
+
+NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
+
+class Progress(Protocol):
+    def start(self, total: int) -> None: ...
+    def advance(self, units: int) -> None: ...
+    def stop(self) -> None: ...
+
+
+def logprobs_mode(manifest: Manifest, asked: str) -> tuple[str, str, list[str]]:
+    """(mode, where it comes from, warnings): `--logprobs-mode`, else the manifest's last server's."""
+    servers = manifest.servers
+    modes = list(dict.fromkeys(str(s.get("logprobs_mode")) for s in servers))
+    warnings = []
+    if len(modes) > 1:
+        warnings.append(
+            f"the folder's runs met servers with logprobs modes {', '.join(modes)}: records of earlier "
+            "runs may mean another mode than the last one's (pass --logprobs-mode to choose)"
+        )
+    if asked != "auto":
+        return asked, "--logprobs-mode", warnings
+    last = servers[-1].get("logprobs_mode") if servers else None
+    if last not in (RAW, PROCESSED):
+        raise UsageError(
+            f"the manifest's servers[-1].logprobs_mode is {last!r}, not raw_logprobs or "
+            "processed_logprobs: pass --logprobs-mode with what the server ran"
+        )
+    return str(last), "manifest servers[-1]", warnings
+
+
+def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The ids vLLM stops on without a stop_reason: the tokenizer's EOS and the generation config's."""
+    found: set[int] = set()
+    for value in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+    ):
+        for x in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(x, int):
+                found.add(x)
+    return frozenset(found)
+
+
+def provenance_warnings(manifest: Manifest, tokenizer: Any) -> list[str]:
+    servers = manifest.servers
+    if not servers:
+        return []
+    out = []
+    for key, ours in (
+        ("tokenizer_sha256", provenance.tokenizer_sha256(tokenizer)),
+        ("chat_template_sha256", provenance.chat_template_sha256(tokenizer)),
+    ):
+        theirs = servers[-1].get(key)
+        if theirs and theirs != ours:
+            out.append(
+                f"the model's {key.removesuffix('_sha256').replace('_', ' ')} is not the run's ({key} "
+                f"differs from the manifest's)"
+            )
+    return out
+
+
+def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progress | None = None) -> dict[str, Any]:
+    path = Path(folder)
+    manifest = load_manifest(path)
+    settings = manifest.settings
+    mode, source, warnings = logprobs_mode(manifest, options.logprobs_mode)
+    system = system_of(manifest)
+    known = system.stages
+    if options.stages is not None and known is not None and not options.stages <= set(known):
+        raise UsageError(
+            f"--stages {','.join(sorted(options.stages - set(known)))}: the {system.name} system's "
+            f"stages are {', '.join(known)}"
+        )
+    selection = Selection(options.stages, options.include_frozen, settings.get("model"))
+    listed = index(path, selection)
+    if not listed:  # passing an audit of nothing would say the folder is fine
+        why = "; ".join(
+            f"{stage}: " + ", ".join(f"{n} {reason}" for reason, n in reasons.items())
+            for stage, reasons in selection.skipped.items()
+        )
+        raise UsageError(f"{path}: no record to audit" + (f" ({why})" if why else " (the folder holds none)"))
+    chosen = stratified(listed, options.sample, options.seed)
+
+    device = forward.pick_device(options.device)
+    model = forward.load_model(options.model, options.dtype, device)
+    tokenizer = forward.load_tokenizer(options.tokenizer or options.model)
+    dtype = str(model.dtype).removeprefix("torch.")
+    tolerance = options.tolerance(dtype)
+    warnings += provenance_warnings(manifest, tokenizer)
+    penalties = {k: v for k, v in (settings.get("sampling") or {}).items() if k in NEUTRAL and v != NEUTRAL[k]}
+    if penalties and mode == PROCESSED:
+        warnings.append(f"penalties {penalties}: processed logprobs are not compared")
+    check = TemplateCheck(tokenizer, settings.get("chat_template_kwargs")) if options.templates else None
+    eos, max_context = eos_ids(model, tokenizer), settings.get("max_context_len")
+    pad = tokenizer.pad_token_id if isinstance(tokenizer.pad_token_id, int) else 0
+    forcing = forward.TeacherForcing(
+        model, device, mode, tolerance.cut_noise, tolerance.threshold / 2, options.batch_tokens, pad
+    )
+    collector = Collector(tolerance, options.worst)
+
+    def faults_of(unit: Unit, i: int) -> list[tuple[str, str]]:
+        turn = unit.turns[i]
+        record = turn.record
+        found = turn.faults + record_faults(record, eos, max_context)
+        if check is not None and record.get("continues") is None and record is unit.first:
+            verdict, detail = check.check(record)
+            collector.template(str(record.get("stage")), verdict)
+            if detail:
+                found.append(("template", detail))
+        return found
+
+    def on_turn(unit: Unit, i: int, result: forward.TurnResult) -> None:
+        found = faults_of(unit, i)
+        if any(kind == "lengths" for kind, _ in found):
+            collector.add(unit.turns[i].record, found)
+            return
+        record = unit.turns[i].record
+        codes = [PENALTIES] * len(result.codes) if penalties and mode == PROCESSED else result.codes
+        if record.get("trainable", True) is not False:  # a trainer reads only the loss mask's tokens
+            codes = [c if m else MASKED for c, m in zip(codes, record["loss_mask"], strict=False)]
+        collector.add(record, found, result.recorded, result.recomputed, codes)
+
+    def comparable(units: Any) -> Any:
+        for unit in units:
+            bad = [t for t in unit.tokens if not 0 <= t < forcing.vocab]
+            if bad:  # the model cannot embed them: nothing of this unit can be compared
+                for i, turn in enumerate(unit.turns):
+                    collector.add(
+                        turn.record,
+                        [
+                            *faults_of(unit, i),
+                            ("vocabulary", f"token id {bad[0]} is outside the model's {forcing.vocab} logits"),
+                        ],
+                    )
+                if progress:
+                    progress.advance(1)
+                continue
+            yield unit
+
+    if progress:
+        progress.start(len(chosen))
+    try:
+        for batch in forcing.batches(comparable(build(path, chosen, selection))):
+            forcing.run(batch, on_turn)
+            if progress:
+                progress.advance(len(batch))
+    finally:
+        if progress:
+            progress.stop()
+    overall = collector.overall()
+    order = system.ordered(collector.stages)
+    return {
+        "folder": str(path),
+        "model": options.model,
+        "dtype": dtype,
+        "device": str(device),
+        "logprobs_mode": mode,
+        "logprobs_mode_source": source,
+        "precision": options.preset(dtype),
+        "tolerance": {
+            "threshold": tolerance.threshold,
+            "max_abs": tolerance.max_abs,
+            "mean_abs": tolerance.mean_abs,
+            "share": tolerance.share,
+            "cut_noise": tolerance.cut_noise,
+        },
+        "kl_estimator": KL_ESTIMATOR,
+        "sample": options.sample,
+        "seed": options.seed,
+        "units": {"total": len(listed), "audited": len(chosen)},
+        "overall": overall.to_dict(),
+        "stages": {s: collector.stages[s].to_dict() for s in order},
+        "templates": {s: collector.templates[s] for s in system.ordered(collector.templates)},
+        "skipped_records": {s: dict(sorted(selection.skipped[s].items())) for s in system.ordered(selection.skipped)},
+        "faults": dict(sorted(collector.faults.items())),
+        "failed": [r.to_dict() for r in collector.failed()],
+        "worst": [r.to_dict() for r in collector.worst()],
+        "warnings": warnings,
+        "ok": overall.records_failed == 0,
+    }
