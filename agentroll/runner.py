@@ -22,7 +22,7 @@ from .client import ClientCounters
 from .errors import InputError, TooManyFailures, UsageError
 from .generator import Generator
 from .group import Group
-from .inputs import Problem, aread_problems, in_partition, parse_partition, source_name
+from .inputs import Problem, aread_problems, count_rows, in_partition, parse_partition, source_name
 from .options import at_least, option
 from .readers import consumed
 from .shards import COMPRESSIONS
@@ -113,14 +113,14 @@ class Progress:
 
 
 def _count_rows(path: str, limit: int | None) -> int | None:
-    """Rows in a regular file of reasonable size, for the progress bar; None (unknown) otherwise."""
+    """Rows in a regular file where counting is cheap (Parquet's footer, a JSONL of reasonable size), for the
+    progress bar; else the limit, or None (unknown)."""
     try:
-        if path == "-" or not os.path.isfile(path) or os.path.getsize(path) > 256 * 2**20:
-            return limit
-        with open(path, "rb") as f:
-            rows = sum(1 for line in f if line.strip())
+        rows = count_rows(path)
     except OSError as exc:
         raise InputError(path, 0, None, f"cannot read: {exc.strerror or exc}") from exc
+    if rows is None:
+        return limit
     return min(rows, limit) if limit is not None else rows
 
 
