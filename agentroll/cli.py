@@ -469,6 +469,19 @@ def stats(
         Console().print(stats_table(data))
 
 
+@app.command()
+def report(
+    folder: Annotated[Path, typer.Argument(help="An output folder, or a merged one.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")],
+    by: Annotated[str | None, typer.Option(help="Split the figures by this metadata field.")] = None,
+) -> None:
+    """One self-contained HTML page of charts (no network): rewards, accuracies, lengths, pass@k, throughput."""
+    from .tools.html import report as html_report
+
+    made = _folder_tool(lambda: html_report(folder, output, by))
+    err.print(f"{made['charts']} charts -> {made['output']} ({made['bytes']:,} bytes)", markup=False, highlight=False)
+
+
 @app.command("inspect")
 def inspect_command(
     folder: Annotated[Path, typer.Argument(help="An output folder, or a merged one.")],
