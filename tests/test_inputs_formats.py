@@ -249,3 +249,16 @@ def test_count_rows_for_the_progress_bar(tmp_path):
     assert (count_rows(str(plain)), count_rows(str(gz))) == (5, 5)
     assert count_rows(str(gz), most_compressed=10) is None  # past the cap: not worth decompressing twice
     assert count_rows("-") is None and _count_rows("-", 3) == 3
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, zstandard.ZstdCompressor().compress], ids=["gzip", "zstd"])
+def test_a_highly_compressed_file_is_handed_on_in_bounded_pieces(tmp_path, compress):
+    from agentroll.inputs.read import items
+
+    line = json.dumps({"prompt": "x" * 2000, "label": 1}).encode() + b"\n"
+    plain = line * 12_000  # 24 MB that compress to a few hundred KB
+    path = tmp_path / "big.jsonl.x"
+    path.write_bytes(compress(plain))
+    assert path.stat().st_size * 40 < len(plain)
+    sizes = [len(piece) for piece in items(str(path))]
+    assert sum(sizes) == len(plain) and max(sizes) < 4 * 2**20  # the reader thread's 8 pieces stay small

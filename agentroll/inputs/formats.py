@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import InputError
 
 CHUNK = 1 << 16
+PIECE = 1 << 20  # plain bytes decoded at a time, about (see Decoder.feed)
 PARQUET_MAGIC = b"PAR1"
 MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", PARQUET_MAGIC: "parquet"}
 SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".parquet": "parquet", ".pq": "parquet"}
@@ -75,6 +76,7 @@ class Decoder:
         self.kind, self.source = kind, source
         self.obj: Any = None
         self.consumed = 0
+        self.size = 64  # compressed bytes of the next slice
 
     def _new(self) -> Any:
         if self.kind == "gzip":
@@ -83,7 +85,22 @@ class Decoder:
 
         return zstandard.ZstdDecompressor().decompressobj()
 
-    def feed(self, data: bytes) -> bytes:
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """The plain bytes of `data`, in pieces of about `PIECE` bytes: neither zlib's nor zstd's decompressobj
+        bounds what one call returns, so the compressed bytes go in by slices that start small and at most double
+        while the plain bytes they give stay under `PIECE`. The reader thread reads a few pieces ahead, so memory
+        stays small even for a file that compresses ten-thousandfold."""
+        pos = 0
+        while pos < len(data):
+            piece = data[pos : pos + self.size]
+            out = self._decode(piece)
+            pos += len(piece)
+            self.consumed += len(piece)
+            fits = PIECE * len(piece) // len(out) if out else CHUNK  # the slice that would give PIECE bytes
+            self.size = max(64, min(CHUNK, 2 * self.size, fits))
+            yield out
+
+    def _decode(self, data: bytes) -> bytes:
         out = []
         while data:
             if self.obj is None:
@@ -133,8 +150,7 @@ def byte_chunks(path: str, source: str) -> Iterator[bytes]:
             if decoder is None:
                 yield data
             else:
-                yield decoder.feed(data)
-                decoder.consumed += len(data)
+                yield from decoder.feed(data)
             data = _read(fd, source)
         if decoder is not None:
             decoder.finish()
