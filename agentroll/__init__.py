@@ -16,10 +16,10 @@ from .errors import (
     TooManyFailures,
     UsageError,
 )
+from .folder import read_groups, read_records
 from .generator import Generator
 from .group import Group
 from .options import GenerateOptions
-from .readers import read_groups, read_records
 from .schema import Sample
 from .systems import System
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import os
 import signal
 import sys
@@ -17,17 +18,22 @@ from typing import Annotated, Any, get_type_hints
 import orjson
 import typer
 from rich.console import Console
+from rich.console import Group as RenderGroup
+from rich.highlighter import NullHighlighter
+from rich.live import Live
 from rich.logging import RichHandler
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .client import ClientCounters
 from .errors import AgentrollError, IncompleteRun, OutputError, PipeClosed
 from .options import GenerateOptions, default_of
+from .progress import Progress as ProgressHook
+from .progress import Rates, counts, done_line, duration
 from .resources import samples_dir, sim_tokenizer_dir
 from .runner import RUN_OPTION_NAMES, Runner, RunOptions, RunResult
-from .runner import Progress as ProgressHook
 from .stats import RunStats
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -36,52 +42,110 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 log = logging.getLogger("agentroll")
 
 
+class Repeats(logging.Filter):
+    """A warning said again is said once more at 10, 100, 1000... times, with its count, and summed up at the end:
+    one line per event, never a screenful of the same line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        text = record.getMessage()
+        n = self.counts[text] = self.counts.get(text, 0) + 1
+        if n == 1:
+            return True
+        if math.log10(n).is_integer():
+            record.msg, record.args = f"{text} (said {n} times so far)", ()
+            return True
+        return False
+
+    def said(self) -> list[str]:
+        return [f"said {n} times in all: {text}" for text, n in self.counts.items() if n > 1]
+
+
+REPEATS = Repeats()
+
+
 def _setup_logging(quiet: bool, debug: bool) -> None:
     level = logging.DEBUG if debug else logging.ERROR if quiet else logging.INFO
     if err.is_terminal:
-        handler: logging.Handler = RichHandler(console=err, show_path=False, show_time=False)
+        handler: logging.Handler = RichHandler(console=err, show_path=False, show_time=False, markup=False,
+                                               highlighter=NullHighlighter())
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s agentroll %(levelname)s %(message)s"))
+    REPEATS.counts.clear()
+    handler.addFilter(REPEATS)
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False
 
 
 class RichBar(ProgressHook):
-    """Problems settled (written, filtered, failed, invalid or already done) out of the rows to read."""
+    """On a terminal: a bar of groups settled (written, filtered, failed, invalid or already done) out of the rows
+    to read, with rates and ETA, and under it the calls in flight, the running reward and the failures."""
+
+    interval_s = 0.5
 
     def __init__(self) -> None:
-        self.bar = Progress(TextColumn("[bold]groups"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err, transient=True)
-        self.task = self.bar.add_task("gen", total=None, info="")
+        self.bar = Progress(TextColumn("groups"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[rates]}", markup=False), TimeElapsedColumn(), console=err)
+        self.task = self.bar.add_task("gen", total=None, rates="")
+        self.status = Text("")
+        self.live = Live(RenderGroup(self.bar, self.status), console=err, transient=True, refresh_per_second=2)
+        self.rates = Rates()
+        self.total: int | None = None
 
     def start(self, total: int | None) -> None:
+        self.total = total
         self.bar.update(self.task, total=total)
-        self.bar.start()
+        self.live.start()
 
     def advance(self, stats: RunStats, requests: ClientCounters) -> None:
-        info = (f"failed {stats.groups_failed} req {requests.requests} retry {requests.retries} "
-                f"fail {requests.failures}")
-        self.bar.update(self.task, completed=stats.groups_settled, info=info)
+        self.rates.add(stats.groups_settled, requests.requests)
+        eta = duration(self.rates.eta_s(self.total, stats.groups_settled))
+        rates = (f"{self.rates.groups_per_s:.2f} groups/s  {self.rates.requests_per_s:.1f} req/s  ETA {eta}")
+        self.bar.update(self.task, completed=stats.groups_settled, rates=rates)
+        self.status.plain = counts(stats, requests)
 
     def stop(self) -> None:
-        self.bar.stop()
+        self.live.stop()
 
 
 class LogLines(ProgressHook):
-    """No TTY (cron, CI): a plain progress line at most every `every_s` seconds."""
+    """No terminal (cron, CI): a timestamped line at the start, at least every `every_s` seconds, and at the end,
+    each with done/total, rates and ETA."""
+
+    interval_s = 1.0
 
     def __init__(self, every_s: float = 10.0) -> None:
-        self.every_s, self.last = every_s, time.monotonic()
+        self.every_s, self.last = every_s, -math.inf
+        self.rates = Rates()
+        self.total: int | None = None
+        self.seen: tuple[RunStats, ClientCounters] | None = None
+
+    def start(self, total: int | None) -> None:
+        self.total = total
+        self.advance(RunStats(), ClientCounters())
 
     def advance(self, stats: RunStats, requests: ClientCounters) -> None:
-        now = time.monotonic()
-        if now - self.last >= self.every_s:
-            self.last = now
-            log.info("groups written %d, failed %d; records %d, requests %d, retries %d, failures %d",
-                     stats.groups_written, stats.groups_failed, stats.records_written, requests.requests,
-                     requests.retries, requests.failures)
+        self.seen = (stats, requests)
+        self.rates.add(stats.groups_settled, requests.requests)
+        if time.monotonic() - self.last >= self.every_s:
+            self._say()
+
+    def _say(self) -> None:
+        assert self.seen is not None
+        self.last = time.monotonic()
+        stats, requests = self.seen
+        log.info("progress: %s; %s", done_line(stats, requests, self.total, self.rates), counts(stats, requests))
+
+    def stop(self) -> None:
+        if self.seen is not None:
+            self._say()
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -133,18 +197,29 @@ def run_async(coroutine: Any) -> Any:
     return uvloop.run(coroutine)
 
 
+DOUBLE_S = 1.0  # two interrupts this close are one said twice (a terminal's, `timeout -s INT`'s)
+
+
 async def _supervised(runner: Runner) -> int | None:
     """Run, turning the first SIGINT/SIGTERM into a cancellation (the runner closes the folder cleanly); a
-    second one exits at once (the next run repairs the partial shard). Returns the signal number, if any."""
+    second one, a second or more later, exits at once (the next run repairs the partial shard). Returns the
+    signal number, if any."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(runner.run())
     received: list[int] = []
+    first = 0.0
 
     def on_signal(signum: int) -> None:
+        nonlocal first
         if received:
+            if time.monotonic() - first < DOUBLE_S:
+                log.debug("%s again within %.0fs: taken as the same interrupt", signal.Signals(signum).name,
+                          DOUBLE_S)
+                return
             log.error("second interrupt: stopping at once")
             os._exit(128 + signum)
         received.append(signum)
+        first = time.monotonic()
         log.warning("%s: finishing up; the output folder stays resumable (interrupt again to stop at once)",
                     signal.Signals(signum).name)
         task.cancel()
@@ -167,13 +242,22 @@ def _error(message: str) -> None:
 
 
 def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool,
-                 progress: ProgressHook | None = None) -> int:
+                 progress: ProgressHook | None = None, demo: bool = False) -> int:
     """The exit code of a whole run (README: exit codes)."""
+    before = log.handlers[:], log.level, log.propagate
     _setup_logging(quiet, debug)
+    try:
+        return _generate(run, generate, quiet, debug, progress, demo)
+    finally:  # an in-process caller's logging is its own again
+        log.handlers[:], log.level, log.propagate = before[0], before[1], before[2]
+
+
+def _generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool,
+              progress: ProgressHook | None, demo: bool) -> int:
     if run.get("ray") is not None:  # `--ray ""` too: refused there, not run without Ray
         return _run_ray(run, generate, quiet, debug)
     try:
-        runner = Runner(RunOptions(**run), generate)
+        runner = Runner(RunOptions(**run), generate, demo=demo)
     except AgentrollError as exc:
         _error(str(exc))
         return exc.exit_code
@@ -185,6 +269,10 @@ def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, deb
     try:
         signum = run_async(_supervised(runner))
         code = 128 + signum if signum is not None else 0
+        if signum is not None and runner.result is not None and runner.result.committed:
+            log.info("%s came after the run had written everything (complete: true): exit 0",
+                     signal.Signals(signum).name)
+            code = 0
     except PipeClosed:
         return PipeClosed.exit_code
     except AgentrollError as exc:
@@ -195,6 +283,8 @@ def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, deb
     except KeyboardInterrupt:
         code = 130
     result = runner.result
+    for line in REPEATS.said():
+        log.warning(line)
     if result is not None and not quiet:
         print_summary(result)
     if code == 0 and result is not None and not result.complete:
@@ -337,17 +427,20 @@ def merge(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the merged manifest.")],
     copy: Annotated[bool, typer.Option(help="Copy the shards in, instead of pointing at them.")] = False,
     verify: Annotated[bool, typer.Option(help="Check every shard's sha256 first.")] = False,
+    allow_incomplete: Annotated[bool, typer.Option(help="Merge a folder whose run did not complete (the merged "
+                                                        "manifest says which).")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an earlier merge in OUT.")] = False,
 ) -> None:
     """Join the manifests of several output folders (e.g. --partition slices) into one dataset."""
-    from .merge import merge as merge_folders
+    from .folder import merge as merge_folders
 
-    try:
-        merged = merge_folders(folders, output, copy=copy, verify=verify)
-    except AgentrollError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(exc.exit_code) from None
-    err.print(f"merged {len(folders)} folders: {len(merged['shards'])} shards, {merged['records']} records, "
-              f"{merged['executions']} executions -> {output / 'manifest.json'}", markup=False, highlight=False)
+    merged = _folder_tool(lambda: merge_folders(folders, output, copy=copy, verify=verify,
+                                                allow_incomplete=allow_incomplete, overwrite=overwrite))
+    for part in merged.merged_from or []:
+        if not part.get("complete"):
+            log.warning("%s: its run did not complete; the merged folder says so (complete: false)", part["folder"])
+    err.print(f"merged {len(folders)} folders: {len(merged.shards)} shards, {merged.records} records, "
+              f"{merged.executions} executions -> {output / 'manifest.json'}", markup=False, highlight=False)
 
 
 @app.command()
@@ -360,16 +453,13 @@ def demo(
     """Run the whole pipeline on the bundled samples against the built-in SIMULATED vLLM server (no GPU).
 
     It starts over in its folder each time, so it refuses a folder that holds anything but an earlier demo."""
+    from .folder import Layout
     from .sim.script import Script
-    from .sim.server import DEFAULT_MODEL, SimServer
+    from .sim.server import SimServer
 
     folder = Path(output)
-    if output != "-" and folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        try:
-            earlier = orjson.loads((folder / "manifest.json").read_bytes())["settings"]["model"]
-        except (OSError, ValueError, KeyError, TypeError):
-            earlier = None
-        if earlier != DEFAULT_MODEL:
+    if output != "-" and folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and (
+            not Layout(folder).demo_marker.exists()):
             _error(f"{output} holds something other than an earlier demo's output; demo writes only into a new or "
                    "empty folder (-o DIR)")
             raise typer.Exit(OutputError.exit_code)
@@ -382,7 +472,7 @@ def demo(
         code = run_generate({"input": str(samples), "output": output, "overwrite": True},
                             {"base_url": [url], "tokenizer": str(sim_tokenizer_dir()), "num_parallel": num_parallel,
                              "samples_per_prompt": samples_per_prompt, "max_tokens": 512, "seed": 0},
-                            quiet, debug=False)
+                            quiet, debug=False, demo=True)
     finally:
         server.stop()
     if not quiet and code == 0:
@@ -513,6 +603,8 @@ def serve_sim(
                                                         "this flag.")] = False,
     logprobs_mode: Annotated[str, typer.Option(help="raw_logprobs | processed_logprobs, as vLLM's flag.")] = (
         "raw_logprobs"),
+    scheduling_policy: Annotated[str, typer.Option(help="fcfs | priority, as vLLM's flag: requests' `priority` "
+                                                        "orders the queue (lower first).")] = "fcfs",
     moe: Annotated[str | None, typer.Option(help="LAYERS,EXPERTS,PER_TOKEN: a MoE model, for routed "
                                                  "experts.")] = None,
     enable_return_routed_experts: Annotated[bool, typer.Option(help="Return routed_experts (needs --moe).")] = False,
@@ -533,7 +625,7 @@ def serve_sim(
             raise ValueError("--enable-return-routed-experts needs a MoE model: pass --moe")
         server = SimServer(script=script, model=model, max_model_len=max_model_len, seed=seed, record=False,
                            faults=faults, max_running=max_running, enable_scale_out=enable_scale_out,
-                           logprobs_mode=logprobs_mode, moe=shape,
+                           logprobs_mode=logprobs_mode, moe=shape, scheduling_policy=scheduling_policy,
                            return_routed_experts=enable_return_routed_experts)
     except ValueError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)

@@ -21,7 +21,6 @@ Ray is optional (`pip install 'agentroll[ray]'`): it is imported only here, and 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import socket
@@ -39,29 +38,28 @@ import orjson
 from .children import stop_group
 from .client import ClientCounters
 from .errors import AgentrollError, ClusterError, OutputError, UsageError
-from .merge import merge
+from .folder import job as folder_job
+from .folder import lock as folder_lock
+from .folder.layout import Layout
+from .folder.manifest import Manifest
+from .folder.merge import merge
 from .options import GenerateOptions
 from .partitions import (
     RAY_RETRIES,
-    STATE,
     Outcome,
     add_requests,
     add_stats,
-    check_folder,
     check_options,
     job_code,
     job_message,
-    lock_job,
-    part_dir,
     plan_tasks,
-    prepare_output,
     ray_address,
     tasks_at_once,
     unseen_parts,
 )
-from .runner import Progress, RunOptions, RunResult, _count_rows
+from .progress import Progress
+from .runner import RunOptions, RunResult, _count_rows
 from .stats import RunStats
-from .writer import MANIFEST, STATE_DIR
 
 log = logging.getLogger("agentroll")
 
@@ -109,14 +107,14 @@ def run_partition(spec: dict[str, Any], board: Any) -> dict[str, Any]:
     exit 6, as it would end a run."""
     import ray
 
-    index, state = spec["index"], Path(spec["state"])
+    index = spec["index"]
     node = ray.util.get_node_ip_address()
-    attempts = state / f"part-{index}.attempts"
-    attempt = 1 + sum(1 for line in _lines(attempts) if line.get("job") == spec["job"])
+    files = folder_job.PartitionState(Path(spec["state"]), index)
+    attempt = 1 + files.attempts_of(spec["job"])
     outcome: dict[str, Any] = {"index": index, "attempt": attempt, "code": None, "cancelled": False, "node": node,
                                "stats": None, "requests": None, "tail": ""}
     try:
-        _attempt(spec, board, outcome, attempts)
+        _attempt(spec, board, outcome, files)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         outcome.update(code=OutputError.exit_code, tail=f"the task on {node}: {exc.strerror or exc}{where}")
@@ -127,15 +125,15 @@ def run_partition(spec: dict[str, Any], board: Any) -> dict[str, Any]:
     return outcome
 
 
-def _attempt(spec: dict[str, Any], board: Any, outcome: dict[str, Any], attempts: Path) -> None:
+def _attempt(spec: dict[str, Any], board: Any, outcome: dict[str, Any], files: folder_job.PartitionState) -> None:
     """Run the child and fill in `outcome`. From the moment the child exists, whatever ends this function (a
     cancel's KeyboardInterrupt, an OS error) first stops the child and waits for it: none runs unsupervised."""
     import ray
 
     index, attempt, node = outcome["index"], outcome["attempt"], outcome["node"]
-    part, log_path = Path(spec["run"]["output"]), Path(spec["state"]) / f"part-{index}.log"
-    _wait_for_writer(part, log_path, f"part-{index}, attempt {attempt}")
-    with open(log_path, "ab") as log_file:
+    part = Path(spec["run"]["output"])
+    _wait_for_writer(part, files, f"part-{index}, attempt {attempt}")
+    with files.open_log() as log_file:
         log_file.write(f"--- part-{index}, attempt {attempt} of job {spec['job']} on {node}, "
                        f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
         log_file.flush()
@@ -147,9 +145,8 @@ def _attempt(spec: dict[str, Any], board: Any, outcome: dict[str, Any], attempts
     relay: threading.Thread | None = None
     try:
         assert child.stdin is not None and child.stdout is not None
-        with open(attempts, "ab") as f:
-            f.write(orjson.dumps({"job": spec["job"], "attempt": attempt, "node": node, "pid": os.getpid(),
-                                  "child": child.pid, "time": time.time()}) + b"\n")
+        files.add_attempt({"job": spec["job"], "attempt": attempt, "node": node, "pid": os.getpid(),
+                           "child": child.pid, "time": time.time()})
         with contextlib.suppress(BrokenPipeError):  # a child that could not start: its exit code and log say why
             child.stdin.write(orjson.dumps({**spec, "parent": os.getpid()}))
             child.stdin.close()
@@ -175,7 +172,7 @@ def _attempt(spec: dict[str, Any], board: Any, outcome: dict[str, Any], attempts
     code = child.returncode
     figures = _last_run(part) if code in (0, 7, 8) else (last[-1] if last else {})
     outcome.update(code=code, stats=figures.get("stats"), requests=figures.get("requests"),
-                   tail=_tail(log_path, offset) if code else "")
+                   tail=files.tail(offset) if code else "")
 
 
 def _relay(stream: IO[bytes], board: Any, index: int, attempt: int, last: list[dict[str, Any]]) -> None:
@@ -194,64 +191,23 @@ def _relay(stream: IO[bytes], board: Any, index: int, attempt: int, last: list[d
                 log.debug("part-%d: counters not forwarded: %s", index, exc)
 
 
-def _wait_for_writer(part: Path, log_path: Path, who: str) -> None:
+def _wait_for_writer(part: Path, files: folder_job.PartitionState, who: str) -> None:
     """A lost attempt's process may still hold its folder for a while (closing it, stopped, or an NFS lock not
     yet expired): wait for the writer's lock, so the rerun resumes instead of failing, and say so in the
-    partition's log. Past `LOCK_WAIT_S` the run itself says the folder is busy. Storage without locks (ENOLCK,
-    ENOSYS, EOPNOTSUPP) has nothing to wait for: the run's own writer then says what it makes of it."""
-    lock = part / STATE_DIR / "lock"
-    try:
-        fd = os.open(lock, os.O_RDWR)
-    except OSError:
-        return
-    try:
-        deadline, said = time.monotonic() + LOCK_WAIT_S, False
-        while time.monotonic() < deadline:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if not said:
-                    said = True
-                    with contextlib.suppress(OSError), open(log_path, "ab") as f:
-                        f.write(f"--- {who}: waiting up to {LOCK_WAIT_S:.0f} s for {part} to be let go by the "
-                                f"process of a lost attempt ({time.strftime('%H:%M:%S')}) ---\n".encode())
-                time.sleep(0.2)  # another process's lock: nothing to wait on but time
-            except OSError as exc:
-                log.warning("%s: cannot lock %s (%s): not waiting for an earlier attempt", who, lock,
-                            exc.strerror or exc)
-                return
-    finally:
-        os.close(fd)
+    partition's log. Past `LOCK_WAIT_S` the run itself says the folder is busy."""
 
+    def note() -> None:
+        files.note(f"--- {who}: waiting up to {LOCK_WAIT_S:.0f} s for {part} to be let go by the process of a "
+                   f"lost attempt ({time.strftime('%H:%M:%S')}) ---")
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return []
-    out = []
-    for line in data.splitlines():
-        with contextlib.suppress(orjson.JSONDecodeError):
-            out.append(orjson.loads(line))
-    return out
+    folder_lock.wait_until_free(Layout(part).lock, LOCK_WAIT_S, note)
 
 
 def _last_run(part: Path) -> dict[str, Any]:
     try:
-        return dict(orjson.loads((part / MANIFEST).read_bytes()).get("last_run") or {})
-    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return dict(Manifest.load(part).last_run)
+    except OutputError:
         return {}
-
-
-def _tail(path: Path, offset: int, lines: int = 12) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 # -- the driver ----------------------------------------------------------------------------------------------------
@@ -265,7 +221,7 @@ class JobResult:
     at_once: int
     code: int = 0
     message: str = ""  # why the code is not 0
-    merged: dict[str, Any] | None = None
+    merged: Manifest | None = None
 
     def notes(self) -> list[str]:
         """Lines for the summary: the job's shape, retries, failed partitions."""
@@ -279,8 +235,8 @@ class JobResult:
                 out.append(f"part-{o.index}: " + (f"exit {o.code}" if o.code is not None else "lost")
                            + (f"\n  {o.error.replace(chr(10), chr(10) + '  ')}" if o.error else ""))
         if self.merged is not None:
-            out.append(f"merged -> {self.run.output}/{MANIFEST}: {self.merged['records']} records, "
-                       f"{self.merged['groups']} groups")
+            out.append(f"merged -> {Layout(Path(self.run.output)).manifest}: {self.merged.records} records, "
+                       f"{self.merged.groups} groups")
         return out
 
 
@@ -352,10 +308,10 @@ class RayJob:
     def _run(self) -> JobResult:
         ray, opts = self._ray, self.options
         started = time.monotonic()
-        check_folder(self.out)  # before the lock creates anything in a folder the job must not use
-        self._lock = lock_job(self.out)
+        folder_job.check_folder(self.out)  # before the lock creates anything in a folder the job must not use
+        self._lock = folder_job.lock_job(self.out)
         nodes = self._cpu_nodes()
-        partitions = prepare_output(self.out, opts.partitions, max(1, nodes), opts.overwrite)
+        partitions = folder_job.prepare_output(self.out, opts.partitions, max(1, nodes), opts.overwrite)
         at_once = tasks_at_once(partitions, ray.cluster_resources().get("CPU", 0.0), TASK_CPUS)
         tasks = plan_tasks(opts, self.given, self.generate, partitions, at_once)
         outcomes = [Outcome(i) for i in range(partitions)]
@@ -376,7 +332,7 @@ class RayJob:
             num_cpus=TASK_CPUS, max_retries=self.retries, retry_exceptions=[PartitionLost],
             scheduling_strategy="SPREAD")
         log.info("ray: %d partitions (%d at once) on %d node(s) -> %s", partitions, at_once, nodes, self.out)
-        spec = {"job": job, "cwd": os.getcwd(), "state": str(self.out / STATE), "debug": self.debug}
+        spec = {"job": job, "cwd": os.getcwd(), "state": str(Layout(self.out).ray), "debug": self.debug}
         self._refs = {remote.remote({**spec, "index": t.index, "run": t.run, "generate": t.generate}, board): t.index
                       for t in tasks}
         self.progress.start(_count_rows(opts.input, None))
@@ -455,7 +411,7 @@ class RayJob:
             outcome = outcomes[index]
             if attempt > max(outcome.attempts, 1):
                 log.warning("part-%d: attempt %d (the last one was lost with its node or process); it resumes "
-                            "from what %s holds", index, attempt, part_dir(self.out, index))
+                            "from what %s holds", index, attempt, folder_job.part_dir(self.out, index))
             outcome.attempts = max(outcome.attempts, attempt)
             live[index] = figures
         stats, requests = self._figures(outcomes, live)
@@ -478,9 +434,9 @@ class RayJob:
             if result.code == 0:
                 result.code, result.message = OutputError.exit_code, unseen
             return
-        folders = [part_dir(self.out, i) for i in range(partitions)]
+        folders = [folder_job.part_dir(self.out, i) for i in range(partitions)]
         try:
-            result.merged = merge(folders, self.out)
+            result.merged = merge(folders, self.out, allow_incomplete=True)
         except OutputError as exc:
             result.code = result.code or exc.exit_code
             result.message = result.message or f"merge: {exc}"
@@ -500,6 +456,6 @@ def _reachable(address: str) -> None:
 def _model(out: Path, partitions: int) -> str:
     """The served model, as the first partition's folder records it."""
     for index in range(partitions):
-        with contextlib.suppress(OSError, ValueError, AttributeError, KeyError, TypeError):
-            return str(orjson.loads((part_dir(out, index) / MANIFEST).read_bytes())["settings"].get("model") or "")
+        with contextlib.suppress(OutputError):
+            return str(folder_job.part_manifest(out, index).settings.get("model") or "")
     return ""

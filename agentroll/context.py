@@ -9,12 +9,13 @@ trainer relies on (which call continues which, which tokens the model sampled). 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import uuid
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -22,14 +23,20 @@ from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient, Endpoint
 from .errors import InputError, ServerError, UsageError, first_line
 from .inputs import Problem
-from .options import STAGE_RANGES, GenerateOptions, default_of
 from .parsing import answer_content
 from .provenance import chat_template_sha256, tokenizer_sha256
 from .rewards import RewardRequest, RewardSet
+from .sampling import DEFAULT as DEFAULT_SAMPLING
+from .sampling import KEYS as SAMPLING_KEYS
+from .sampling import Sampling
 from .schema import Sample, status_for
 from .stats import RunStats
 from .templates import Templates
 from .turns import continue_turn, separator
+from .wire import Completion
+
+if TYPE_CHECKING:
+    from .folder.journal import Journal
 
 log = logging.getLogger("agentroll")
 
@@ -38,52 +45,29 @@ class ExecutionFailed(Exception):
     """A call or a render of this execution failed for good: the execution (and its group) is not written."""
 
 
-def _default(name: str) -> Any:
-    return default_of(GenerateOptions.__dataclass_fields__[name])
-
-
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p")
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SystemConfig:
-    """How a stage samples and how rewards are shaped (the defaults are `GenerateOptions`'). Per-stage settings
-    (`--stage NAME.KEY=VALUE`) are this with some fields replaced."""
+    """How a stage samples and how rewards are shaped, made once from the run's options
+    (`GenerateOptions.system_config`). Per-stage settings (`--stage NAME.KEY=VALUE`) are this with some fields
+    replaced (`with_overrides`)."""
 
     model: str
-    num_parallel: int = _default("num_parallel")
-    samples_per_prompt: int = _default("samples_per_prompt")
-    max_tokens: int = _default("max_tokens")
+    sampling: Sampling = DEFAULT_SAMPLING
+    num_parallel: int = 4
+    samples_per_prompt: int = 1
     max_context_len: int | None = None
-    temperature: float = _default("temperature")
-    top_p: float = _default("top_p")
-    top_k: int = _default("top_k")
-    min_p: float = _default("min_p")
     seed: int | None = None
     alternatives: int = 0  # --logprobs K
     routes: bool = False  # --return-routed-experts
-    correct_reward_weight: float = _default("correct_reward_weight")
-    incorrect_reward_weight: float = _default("incorrect_reward_weight")
+    correct_reward_weight: float = 1.0
+    incorrect_reward_weight: float = 1.0
     think: bool = True
 
-    @classmethod
-    def from_options(cls, options: GenerateOptions, model: str, max_context_len: int | None) -> SystemConfig:
-        return cls(model=model, num_parallel=options.num_parallel, samples_per_prompt=options.samples_per_prompt,
-                   max_tokens=options.max_tokens, max_context_len=max_context_len, temperature=options.temperature,
-                   top_p=options.top_p, top_k=options.top_k, min_p=options.min_p, seed=options.seed,
-                   alternatives=options.logprobs, routes=options.return_routed_experts,
-                   correct_reward_weight=options.correct_reward_weight,
-                   incorrect_reward_weight=options.incorrect_reward_weight, think=not options.no_think)
-
-    def sampling(self) -> dict[str, Any]:
-        """Every sampling parameter that shapes the distribution, sent explicitly: vLLM fills a missing one from
-        the model's generation_config.json, which would make the recorded values wrong."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-                "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
-
-    def with_overrides(self, overrides: dict[str, Any]) -> SystemConfig:
-        known = {f.name for f in fields(self)}
-        return replace(self, **{k: v for k, v in overrides.items() if k in known})
+    def with_overrides(self, overrides: dict[str, Any], where: str = "") -> SystemConfig:
+        """This config with `overrides`: sampling keys (checked by `Sampling`), `model`, `max_context_len`."""
+        sampled = {k: v for k, v in overrides.items() if k in SAMPLING_KEYS}
+        rest = {k: v for k, v in overrides.items() if k in ("model", "max_context_len")}
+        return replace(self, sampling=self.sampling.with_(sampled, where) if sampled else self.sampling, **rest)
 
 
 def call_seed(seed: int, *parts: object) -> int:
@@ -126,6 +110,7 @@ class Engine:
     prompts: OrderedDict[tuple[str, str, str], asyncio.Future[tuple[str, list[int]]]] = field(
         default_factory=OrderedDict)
     separators: OrderedDict[tuple[int, bytes, int | None], list[int]] = field(default_factory=OrderedDict)
+    journal: Journal | None = None  # finished calls of earlier runs, replayed; this run's, kept
 
     def stage(self, name: str) -> Stage:
         found = self.stages.get(name)
@@ -138,10 +123,11 @@ class Context:
     """One execution of a system. `problem`, `sample_index` (0..K-1 in the group), `attempt` (>0: a re-run of
     a uniform group), `rollout_id`, `config` (the run's sampling and shaping), `options` (the system's)."""
 
-    def __init__(self, engine: Engine, problem: Problem, sample_index: int, attempt: int = 0) -> None:
+    def __init__(self, engine: Engine, problem: Problem, sample_index: int, attempt: int = 0, group: int = 0) -> None:
         self.engine = engine
         self.problem = problem
         self.sample_index = sample_index
+        self.group = group  # the group's admission number: its calls' priority (older first)
         self.attempt = attempt
         self.rollout_id = uuid.uuid4().hex
         self.config = engine.default.config
@@ -231,9 +217,6 @@ class Context:
         unknown = set(overrides) - set(SAMPLING_KEYS)
         if unknown:
             raise UsageError(f"ctx.complete() takes {', '.join(SAMPLING_KEYS)} as overrides, not {sorted(unknown)}")
-        for name, value in overrides.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or not STAGE_RANGES[name](value):
-                raise UsageError(f"ctx.complete({name}={value!r}): out of range")
         if self.engine.declared and stage not in self.engine.declared:
             raise UsageError(f"the system calls stage {stage!r}, which it does not declare (its stages: "
                              f"{', '.join(self.engine.declared)})")
@@ -295,9 +278,9 @@ class Context:
 
     async def _call(self, runtime: Stage, worker: int, text: str, ids: list[int],
                     overrides: dict[str, Any]) -> Sample | None:
-        cfg = runtime.config.with_overrides(overrides) if overrides else runtime.config
-        stage, p = runtime.name, self.problem
-        max_tokens = cfg.max_tokens
+        cfg = runtime.config.with_overrides(overrides, "ctx.complete()") if overrides else runtime.config
+        stage, p, sampling = runtime.name, self.problem, cfg.sampling
+        max_tokens = sampling.max_tokens
         if cfg.max_context_len is not None:
             max_tokens = min(max_tokens, cfg.max_context_len - len(ids))
         if max_tokens <= 0:
@@ -305,21 +288,26 @@ class Context:
             log.debug("%s/%s %s %d: prompt of %d tokens leaves no room", p.id, self.sample_index, stage, worker,
                       len(ids))
             return None
-        params = {**cfg.sampling(), "max_tokens": max_tokens}
+        params = {**sampling.params(), "max_tokens": max_tokens}
         seed = None
         if cfg.seed is not None:
             parts: tuple[object, ...] = (p.id, self.sample_index, stage, worker)
             params["seed"] = seed = call_seed(cfg.seed, *parts, *((self.attempt,) if self.attempt else ()))
         client = runtime.client
-        prefer = self._endpoints.get(id(client))
-        try:
-            done = await client.complete(ids, params, cfg.model, cfg.alternatives, prefer=prefer,
-                                         key=p.content_hash)
-        except CallFailed as exc:
-            self.engine.stats.stage(stage).failed_calls += 1
-            log.warning("problem %s sample %d %s %d failed: %s", p.id, self.sample_index, stage, worker, exc)
-            raise self._failed(f"{stage} call failed: {exc}") from exc
-        self._endpoints[id(client)] = client.by_url[done.endpoint]
+        client.budget.started(self.group)  # its group has placed a call: the stream may admit the next
+        done = self._replayed(stage, worker, ids, params, cfg.model, cfg.alternatives)
+        if done is None:
+            prefer = self._endpoints.get(id(client))
+            try:
+                done = await client.complete(ids, params, cfg.model, cfg.alternatives, prefer=prefer,
+                                             key=p.content_hash, priority=(self.group, self._rank(stage)))
+            except CallFailed as exc:
+                self.engine.stats.stage(stage).failed_calls += 1
+                log.warning("problem %s sample %d %s %d failed: %s", p.id, self.sample_index, stage, worker, exc)
+                raise self._failed(f"{stage} call failed: {exc}") from exc
+            self._journal(stage, worker, ids, params, cfg.model, cfg.alternatives, done)
+        if done.endpoint in client.by_url:
+            self._endpoints[id(client)] = client.by_url[done.endpoint]
         if cfg.routes and done.routed_experts is None:
             raise ServerError(f"{done.endpoint} sent no routed_experts: start vLLM with "
                               "--enable-return-routed-experts, or drop --return-routed-experts")
@@ -334,12 +322,44 @@ class Context:
             content=answer_content(response, think=cfg.think), raw_reward=0.0, reward=0.0, label=p.label,
             model=cfg.model, endpoint=done.endpoint, latency_s=round(done.latency_s, 4), attempts=done.attempts,
             metadata=p.metadata,
-            sampling={"seed": seed, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
-                      "min_p": cfg.min_p, "max_tokens": max_tokens},
+            sampling={"seed": seed, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                      "top_k": sampling.top_k, "min_p": sampling.min_p, "max_tokens": max_tokens},
             response_ranks=done.ranks, top_token_ids=done.top_token_ids, top_logprobs=done.top_logprobs,
             weight_versions=done.weight_versions, routed_experts=done.routed_experts if cfg.routes else None,
             trainable=runtime.trainable,
         )
+
+    def _rank(self, stage: str) -> int:
+        declared = self.engine.declared
+        return declared.index(stage) if stage in declared else len(declared)
+
+    def _call_key(self, stage: str, worker: int, ids: list[int], params: dict[str, Any], model: str,
+                  alternatives: int) -> tuple[str, str]:
+        """A call's identity (problem, execution, attempt, stage, worker: what makes its seed) and a digest of
+        what it sends: a journaled answer is replayed only for exactly this request."""
+        p = self.problem
+        key = "\x1f".join(map(str, (p.id, p.content_hash, self.sample_index, self.attempt, stage, worker)))
+        sent = orjson.dumps([ids, params, model, alternatives], option=orjson.OPT_SORT_KEYS)
+        return key, hashlib.blake2b(sent, digest_size=12).hexdigest()
+
+    def _replayed(self, stage: str, worker: int, ids: list[int], params: dict[str, Any], model: str,
+                  alternatives: int) -> Completion | None:
+        """This call's answer from an earlier run's journal, when it asked exactly this."""
+        journal = self.engine.journal
+        if journal is None:
+            return None
+        found = journal.get(*self._call_key(stage, worker, ids, params, model, alternatives))
+        if found is None:
+            return None
+        self.engine.stats.calls_replayed += 1
+        return Completion.from_json(found)
+
+    def _journal(self, stage: str, worker: int, ids: list[int], params: dict[str, Any], model: str,
+                 alternatives: int, done: Completion) -> None:
+        journal = self.engine.journal
+        if journal is not None:
+            key, digest = self._call_key(stage, worker, ids, params, model, alternatives)
+            journal.put(key, digest, (self.problem.id, self.problem.content_hash), done.to_json())
 
     # -- rewards ----------------------------------------------------------------------------------------------
     async def reward(self, samples: list[Sample]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .chat import ChatEncoder, load_first, tokenizer_candidates
-from .client import CompletionClient
+from .client import ClientSettings, CompletionClient, Concurrency, Retries, Timeouts
 from .errors import AgentrollError
 from .parity import check_parity, probe_messages
 from .provenance import logprobs_mode, mode_warning
@@ -26,7 +26,9 @@ class Check:
 async def diagnose(base_url: str, api_key: str | None = None, model: str | None = None,
                    tokenizer: str | None = None, prompts: Path | None = None,
                    sampling: dict[str, Any] | None = None) -> list[Check]:
-    client = CompletionClient([base_url], api_key=api_key, concurrency=4, timeout_s=120, max_retries=1)
+    settings = ClientSettings(api_key=api_key, concurrency=Concurrency(fixed=4), timeouts=Timeouts(request_s=120),
+                              retries=Retries(max_retries=1))
+    client = CompletionClient([base_url], settings)
     checks: list[Check] = []
     try:
         try:
@@ -34,8 +36,10 @@ async def diagnose(base_url: str, api_key: str | None = None, model: str | None 
             names = [m.get("id") for m in listing.get("data", [])]
             name = model or (names[0] if len(names) == 1 else None)
             entry = next((m for m in listing.get("data", []) if m.get("id") == name), None)
+            if entry is None and model is not None:
+                raise AgentrollError(f"model {model!r} is not served (available: {', '.join(map(str, names))})")
             if entry is None:
-                raise AgentrollError(f"serves {names}; pass --model to pick one")
+                raise AgentrollError(f"serves {', '.join(map(str, names))}; pass --model to pick one")
         except AgentrollError as exc:
             return [Check("server", "fail", str(exc))]
         try:

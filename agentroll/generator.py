@@ -13,13 +13,13 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from . import provenance
 from .chat import ChatEncoder, load_first, tokenizer_candidates
-from .client import ClientCounters, CompletionClient
+from .client import Budget, ClientCounters, CompletionClient
 from .context import Stage
 from .errors import InputError, ServerError, UsageError
 from .group import Group, annotate
@@ -27,10 +27,13 @@ from .inputs import InputKeys, Problem, problem_from_row
 from .options import GenerateOptions
 from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages, server_renderer
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
-from .rewards import RewardSet, RewardSettings
+from .rewards import RewardSet
 from .stats import RunStats
 from .systems import System, from_object, identity, load_system, spec_of
 from .templates import Templates
+
+if TYPE_CHECKING:
+    from .folder.journal import Journal
 
 log = logging.getLogger("agentroll")
 
@@ -48,7 +51,12 @@ class Generator:
             group = await gen.run_group({"id": "q1", "prompt": "What is 6 x 7?", "label": "42"})
     """
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, journal: str | os.PathLike[str] | None = None, **options: Any) -> None:
+        """`journal`: a folder for the call journal (agentroll.folder.journal): the finished calls of groups not yet
+        handed out are kept there, and a later Generator with the same journal replays them instead of asking
+        the server again. `generate` keeps it in the output folder."""
+        self._journal_path = Path(journal) if journal is not None else None
+        self.journal: Journal | None = None
         system = options.get("system")
         self._system_object = None if system is None or isinstance(system, str) else system
         if self._system_object is not None:  # a class, an instance or a function of the caller's own
@@ -70,6 +78,10 @@ class Generator:
         self._system: AgentSystem | None = None
         self._settings: dict[str, Any] = {}
         self._stage_clients: list[CompletionClient] = []  # stages served elsewhere (--stage NAME.base_url=...)
+        self.client_settings = self.options.client_settings()
+        self._admitted = 0  # groups started: each one's number is its calls' priority (older first)
+        self._budget: Budget | None = None
+        self._rewards_ready: asyncio.Future[None] | None = None
 
     # -- life cycle ---------------------------------------------------------------------------------------------
     async def __aenter__(self) -> Generator:
@@ -77,17 +89,18 @@ class Generator:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        closing = asyncio.ensure_future(self.aclose())
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:  # a stop while closing: connections and workers are still let go
+            await closing
+            raise
 
     async def start(self) -> None:
         """Reach the servers, pick the model, load the tokenizer, check chat-template parity, set up rewards."""
         o = self.options
         system = self._load_system()
-        self._client = client = CompletionClient(
-            o.base_url, api_key=o.api_key, concurrency=self.ceiling, adaptive=o.concurrency == "auto",
-            timeout_s=o.request_timeout,
-            connect_timeout_s=o.connect_timeout, max_retries=o.max_retries, down_timeout_s=o.down_timeout,
-            probe_interval_s=o.probe_interval, affinity_slack=o.num_parallel * o.samples_per_prompt)
+        self._client = client = self._new_client(o.base_url)
         try:
             model, model_len, root = await self._discover(client)
             self.model = model
@@ -98,13 +111,14 @@ class Generator:
             if o.chat_render == "server" or (
                     o.chat_render == "auto" and await self._differs(client, encoder, model, templates)):
                 encoder.server_render = server_renderer(client, model, o.chat_template_kwargs)
-            workers = o.reward_workers or max(1, (os.cpu_count() or 1) // 4)
-            self._rewards = RewardSet(RewardSettings(o.reward, o.reward_timeout, o.reward_url,
-                                                     o.reward_concurrency, o.max_retries, workers))
-            config = SystemConfig.from_options(o, model, self.max_context_len)
+            self._rewards = RewardSet(o.reward_settings())
+            # a reward that cannot score (no math worker) ends the run before a group is handed out: checked
+            # alongside the first calls, awaited by `run_group`
+            self._rewards_ready = asyncio.ensure_future(self._rewards.ready())
+            config = o.system_config(model, self.max_context_len)
             server = await self._provenance(client, encoder, templates, config, root)
             if client.adaptive:
-                await client.start_adaptive(start=16, fallback=64, maximum=o.max_concurrency)
+                await client.start_adaptive()
             stages, stage_settings = await self._stages(Stage("", client, encoder, config))
             self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
                                        prompt_key=self.keys.prompt, system=system, stages=stages)
@@ -117,7 +131,35 @@ class Generator:
             await self.aclose()
             raise
 
+    def open_journal(self, done: dict[str, str] | None = None) -> int:
+        """Open the call journal (once; also done by the first group run), dropping the entries of the groups in
+        `done` (problem id -> content hash: already stored). Returns the calls it can replay. Only one process
+        may use a journal at a time: `generate` opens it once it holds the output folder's lock."""
+        self._require()
+        if self.journal is None and self._journal_path is not None:
+            from .folder.journal import Journal
+
+            self.journal = Journal(self._journal_path, fingerprint=self.server)
+            self.journal.open(done)
+            assert self._system is not None
+            self._system.use_journal(self.journal)
+        return self.journal.live if self.journal is not None else 0
+
+    def settle(self, group: Group) -> None:
+        """The caller has stored `group` (or let it go): its journaled calls are no longer needed. A failed
+        group's are kept, for the run that redoes it. `stream` settles each group when the next is asked for."""
+        if self.journal is not None:
+            self.journal.settle(group.problem.id, group.problem.content_hash, failed=group.status == "failed")
+
     async def aclose(self) -> None:
+        ready, self._rewards_ready = self._rewards_ready, None
+        if ready is not None and not ready.done():
+            ready.cancel()
+        if ready is not None:
+            await asyncio.gather(ready, return_exceptions=True)
+        journal, self.journal = self.journal, None
+        if journal is not None:
+            journal.close()
         rewards, client = self._rewards, self._client
         self._rewards = self._client = self._system = None
         clients, self._stage_clients = self._stage_clients, []
@@ -131,11 +173,12 @@ class Generator:
             if failed is not None:
                 raise failed
 
-    @property
-    def ceiling(self) -> int:
-        """Most requests in flight over the run: --concurrency, or under auto, --max-concurrency per endpoint."""
-        o = self.options
-        return o.concurrency if isinstance(o.concurrency, int) else o.max_concurrency * len(o.base_url)
+    def _new_client(self, urls: list[str]) -> CompletionClient:
+        """Every client of the run is made here, from the run's one `ClientSettings`, inside the run's one
+        budget of slots and counters (a stage's own server too)."""
+        if self._budget is None:
+            self._budget = Budget(self.client_settings.concurrency.fixed)
+        return CompletionClient(urls, self.client_settings, budget=self._budget)
 
     @property
     def counters(self) -> ClientCounters:
@@ -163,7 +206,11 @@ class Generator:
         A failed call or render gives a `failed` group, never a smaller one; a row that cannot run gives an
         `invalid` one. Errors that end a run (server gone, bad key or model, reward set-up) raise."""
         system = self._require()
+        if self.journal is None and self._journal_path is not None:
+            self.open_journal()
         problem = self.problem(row)
+        group = self._admitted
+        self._admitted += 1
         o = self.options
         attempts = 1 + (o.resample_uniform if o.filter_uniform_groups else 0)
         executions: list[list[Any]] = []
@@ -172,13 +219,15 @@ class Generator:
                 self.stats.groups_resampled += 1
             try:
                 executions = await gather_or_cancel(
-                    *(system.run(problem, k, attempt) for k in range(o.samples_per_prompt)))
+                    *(system.run(problem, k, attempt, group) for k in range(o.samples_per_prompt)))
             except ExecutionFailed as exc:
                 self.stats.groups_failed += 1
                 return Group(problem, [], "failed", str(exc), attempt + 1)
             except InputError as exc:
                 self.stats.groups_invalid += 1
                 return Group(problem, [], "invalid", str(exc), attempt + 1, cause=exc)
+            if self._rewards_ready is not None:
+                await asyncio.shield(self._rewards_ready)
             finals = [final_reward(e) for e in executions]
             if not o.filter_uniform_groups or len(set(finals)) > 1:
                 annotate(executions, finals)
@@ -193,17 +242,25 @@ class Generator:
         for samples in executions:
             self.stats.add_execution(samples)
 
-    async def stream(self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int = 8,
+    async def stream(self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int | None = None,
                      ordered: bool = False) -> AsyncGenerator[Group, None]:
         """Groups of `rows` as they finish, or in input order with `ordered` (a reorder buffer inside the same
-        bound). At most `max_ahead` groups are in flight or waiting to be taken, so a slow consumer slows the
-        producer. A row that fails validation raises after the groups already started are yielded; leaving the
-        loop early cancels the groups still running."""
-        if max_ahead < 1:
+        bound), each settled (`settle`) when the next one is asked for.
+
+        Depth first: a new group starts only when the groups in flight cannot fill the free completion slots
+        (and the last one started has placed its first call), and the calls of older groups take slots first,
+        so groups finish about in the order they started and are committed steadily. The groups in flight or
+        waiting to be taken are at most what the servers can run now (the endpoints' current limits added up),
+        and at most `max_ahead` when given; a slow consumer slows the producer. A row that fails validation
+        raises after the groups already started are yielded; leaving the loop early cancels the groups still
+        running."""
+        if max_ahead is not None and max_ahead < 1:
             raise UsageError("max_ahead must be at least 1")
         self._require()
+        assert self._budget is not None
+        budget = self._budget
         pending: set[asyncio.Future[Any]] = set()
-        finished: asyncio.Queue[asyncio.Future[Any]] = asyncio.Queue()  # O(1) per group, unlike asyncio.wait
+        finished: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue()  # None: the budget has room again
         source = _rows(rows)
         fetch: asyncio.Future[Any] | None = None  # the next row, awaited alongside the groups in flight
         row_error: BaseException | None = None
@@ -211,14 +268,37 @@ class Generator:
         order: dict[asyncio.Future[Any], int] = {}  # with `ordered`: each group's place in the input
         ready: dict[int, asyncio.Future[Any]] = {}  # finished, waiting for the groups before them
         started = handed = 0
+        warming = -1  # the number of the last group started: admission waits until it has asked for a slot
+        warming_task: asyncio.Future[Any] | None = None
+        told = False
+
+        def room() -> None:
+            nonlocal told
+            if not told:
+                told = True
+                finished.put_nowait(None)
+
+        def admit() -> bool:
+            if fetch is not None or exhausted or row_error is not None:
+                return False
+            bound = min(budget.capacity, max_ahead) if max_ahead is not None else budget.capacity
+            if len(pending) >= max(1, bound):
+                return False
+            placed = budget.newest_group >= warming or warming_task is None or warming_task.done()
+            return not pending or (placed and budget.spare())
+
+        budget.listeners.append(room)
         try:
             while True:
-                if fetch is None and not exhausted and row_error is None and len(pending) < max_ahead:
+                if admit():
                     fetch = asyncio.ensure_future(anext(source))
                     fetch.add_done_callback(finished.put_nowait)
                 if not pending and fetch is None:
                     break
                 task = await finished.get()
+                if task is None:
+                    told = False
+                    continue
                 if task is fetch:
                     fetch = None
                     try:
@@ -228,24 +308,30 @@ class Generator:
                     except Exception as exc:  # a bad row: finish what was started, then raise it
                         row_error = exc
                     else:
-                        group = asyncio.create_task(self.run_group(problem))
+                        warming = self._admitted
+                        group = warming_task = asyncio.create_task(self.run_group(problem))
                         group.add_done_callback(finished.put_nowait)
                         pending.add(group)
                         order[group], started = started, started + 1
                 elif not ordered:  # while the consumer holds a group, nothing new starts
                     pending.discard(task)
                     del order[task]  # kept, it would hold every finished group: memory growing with the input
-                    yield task.result()
+                    done = task.result()
+                    yield done
+                    self.settle(done)  # the next one is asked for: this one is stored
                 else:
                     ready[order.pop(task)] = task
                     while handed in ready:
                         head = ready.pop(handed)
                         pending.discard(head)
                         handed += 1
-                        yield head.result()
+                        done = head.result()
+                        yield done
+                        self.settle(done)
             if row_error is not None:
                 raise row_error
         finally:
+            budget.listeners.remove(room)
             leftovers = [*pending, *([fetch] if fetch is not None else [])]
             for task in leftovers:
                 task.remove_done_callback(finished.put_nowait)
@@ -253,7 +339,7 @@ class Generator:
             await asyncio.gather(*leftovers, return_exceptions=True)
             while not finished.empty():  # finished, never handed over: an error that ends the run is raised
                 task = finished.get_nowait()  # once; the others are not worth a warning
-                if not task.cancelled():
+                if task is not None and not task.cancelled():
                     task.exception()
             await source.aclose()
 
@@ -300,7 +386,8 @@ class Generator:
                 _, tokenizer = await asyncio.to_thread(load_first, tokenizer_candidates(tokenizer_name, model, root))
                 encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
             overrides = {k: v for k, v in settings.items() if k not in ("base_url", "tokenizer", "trainable")}
-            config = main.config.with_overrides({**overrides, "model": model, "max_context_len": length})
+            config = main.config.with_overrides({**overrides, "model": model, "max_context_len": length},
+                                                f"--stage {name}")
             out[name] = Stage(name, client, encoder, config, settings.get("trainable", model == self.model))
             guard[name] = {**{k: v for k, v in settings.items() if k != "base_url"}, "model": model}
         return out, guard
@@ -309,18 +396,14 @@ class Generator:
         """A client for a stage's own server, inside the run's request budget and counters (under auto, with a cap
         of its own that follows its /metrics), on the run's token API."""
         o = self.options
-        client = CompletionClient([url], api_key=o.api_key, concurrency=1, adaptive=o.concurrency == "auto",
-                                  timeout_s=o.request_timeout, connect_timeout_s=o.connect_timeout,
-                                  max_retries=o.max_retries, down_timeout_s=o.down_timeout,
-                                  probe_interval_s=o.probe_interval)
+        client = self._new_client([url])
         self._stage_clients.append(client)
-        client.share_budget(main.client)
         if client.adaptive:  # under auto its server gets a cap of its own, following its /metrics
-            await client.start_adaptive(start=16, fallback=64, maximum=o.max_concurrency)
+            await client.start_adaptive()
         if o.api != "auto":
             client.api = o.api
-        elif main.config.alternatives < VLLM_MAX_LOGPROBS:
-            probe = local_ids(main.encoder, [{"role": "user", "content": PROBE_PROBLEM}])
+        probe = local_ids(main.encoder, [{"role": "user", "content": PROBE_PROBLEM}])
+        if o.api == "auto" and main.config.alternatives < VLLM_MAX_LOGPROBS:
             client.api = await client.detect_api(main.config.model, probe)
         return client
 
@@ -391,11 +474,12 @@ class Generator:
             client.api = "completions"
         else:
             client.api = await client.detect_api(self.model, probe) if o.api == "auto" else o.api
+        await self._priority(client, self.model, probe)
         self.logprobs_mode, routes = await provenance.logprobs_mode(client, self.model, probe, config.alternatives)
         if config.routes and routes is False:
             raise ServerError("the server sends no routed_experts: start vLLM with --enable-return-routed-experts "
                               "(a MoE model), or drop --return-routed-experts")
-        warning = provenance.mode_warning(self.logprobs_mode, config.sampling())
+        warning = provenance.mode_warning(self.logprobs_mode, config.sampling.params())
         if warning:
             log.warning(warning)
         try:
@@ -403,12 +487,23 @@ class Generator:
         except (ServerError, AttributeError):
             version = None
         return {
-            "api": client.api, "vllm_version": version, "root": root, "revision": provenance.revision(root),
+            "api": client.api, "priority": client.send_priority, "vllm_version": version, "root": root,
+            "revision": provenance.revision(root),
             "logprobs_mode": self.logprobs_mode,
             "tokenizer_sha256": provenance.tokenizer_sha256(encoder.tokenizer),
             "chat_template_sha256": provenance.chat_template_sha256(encoder.tokenizer),
             "rendered_prompts_sha256": provenance.rendered_sha256(prompts),
         }
+
+    async def _priority(self, client: CompletionClient, model: str, probe: list[int]) -> None:
+        """--server-priority: auto sends vLLM's request priority when the server takes it; on insists."""
+        choice = self.options.server_priority
+        if choice == "off":
+            return
+        client.send_priority = await client.detect_priority(model, probe)
+        if choice == "on" and not client.send_priority:
+            raise ServerError(f"{client.endpoints[0].url} does not take a request priority: start vLLM with "
+                              "--scheduling-policy priority, or pass --server-priority auto")
 
     def _fingerprint(self, templates: Templates, rendering: str, config: SystemConfig) -> dict[str, Any]:
         o = self.options
@@ -416,7 +511,7 @@ class Generator:
             "model": self.model, "tokenizer": self.tokenizer_name, "templates": templates.fingerprint,
             "num_parallel": o.num_parallel, "samples_per_prompt": o.samples_per_prompt,
             "max_tokens": o.max_tokens, "max_context_len": self.max_context_len,
-            "sampling": config.sampling(), "seed": o.seed, "logprobs": o.logprobs,
+            "sampling": config.sampling.params(), "seed": o.seed, "logprobs": o.logprobs,
             "return_routed_experts": o.return_routed_experts, "think": not o.no_think,
             "reward": o.reward, "reward_url": o.reward_url, "correct_reward_weight": o.correct_reward_weight,
             "incorrect_reward_weight": o.incorrect_reward_weight, "filter_uniform_groups": o.filter_uniform_groups,

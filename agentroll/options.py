@@ -14,8 +14,15 @@ from typing import Any
 
 import orjson
 
+from .client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts
+from .context import SystemConfig
 from .errors import UsageError
+from .rewards import RewardSettings
+from .sampling import DEFAULT as DEFAULT_SAMPLING
+from .sampling import KEYS as SAMPLING_KEYS
+from .sampling import Sampling
 
+TIMEOUTS, RETRIES, HEALTH, CONCURRENCY, REWARDS = Timeouts(), Retries(), Health(), Concurrency(), RewardSettings()
 CHAT_RENDER = ("auto", "local", "server")
 API = ("auto", "completions", "generate")
 
@@ -52,28 +59,33 @@ class GenerateOptions:
     samples_per_prompt: int = option(1, "Executions per prompt (one group).")
     concurrency: int | str = option("auto", "Most completion requests in flight over the run; or auto: per endpoint, "
                                         "following its vLLM /metrics (queue, KV cache, preemptions).", cli_type=str)
-    max_concurrency: int = option(1024, "With --concurrency auto: most requests in flight per endpoint.")
-    max_tokens: int = option(4096, "Most tokens per response (capped to the context left).")
+    max_concurrency: int = option(CONCURRENCY.per_endpoint, "With --concurrency auto: most requests in flight per "
+                                                            "endpoint.")
+    max_tokens: int = option(DEFAULT_SAMPLING.max_tokens, "Most tokens per response (capped to the context left).")
     max_context_len: int | None = option(None, "Prompt + response budget (default: the server's max_model_len).")
-    temperature: float = option(1.0, "Sampling temperature.")
-    top_p: float = option(1.0, "Top-p (1: off). Every sampling parameter is sent, so the model's "
+    temperature: float = option(DEFAULT_SAMPLING.temperature, "Sampling temperature.")
+    top_p: float = option(DEFAULT_SAMPLING.top_p, "Top-p (1: off). Every sampling parameter is sent, so the model's "
                                "generation_config.json never changes one unseen.")
-    top_k: int = option(-1, "Top-k (-1: off).")
-    min_p: float = option(0.0, "Min-p (0: off).")
+    top_k: int = option(DEFAULT_SAMPLING.top_k, "Top-k (-1: off).")
+    min_p: float = option(DEFAULT_SAMPLING.min_p, "Min-p (0: off).")
     seed: int | None = option(None, "Base seed; each call gets its own derived seed.")
     api: str = option("auto", "auto | completions | generate: vLLM's /v1/completions, or its native "
                               "/inference/v1/generate (vllm serve --enable-scale-out). auto prefers generate.")
+    server_priority: str = option("auto", "auto | on | off: send each call's group number as vLLM's request "
+                                          "priority (older groups first under vllm serve --scheduling-policy "
+                                          "priority); auto sends it when the server takes it.")
     logprobs: int = option(0, "Also store the K most likely tokens at each response position (ids, logprobs).")
     return_routed_experts: bool = option(False, "Store vLLM's MoE routing per token in a sidecar beside each shard "
                                                 "(vllm serve --enable-return-routed-experts).")
     correct_reward_weight: float = option(1.0, "Reward multiplier when the selector's pick is correct.")
     incorrect_reward_weight: float = option(1.0, "Reward multiplier otherwise.")
     no_think: bool = option(False, "The whole response is the answer (models that do not reason).")
-    reward: str = option("math", "math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION")
-    reward_timeout: float = option(10.0, "Seconds per reward check (or reward-model request).")
+    reward: str = option(REWARDS.default, "math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION")
+    reward_timeout: float = option(REWARDS.timeout_s, "Seconds per reward check (or reward-model request).")
     reward_url: str | None = option(None, "Reward model URL, for --reward remote.")
     reward_workers: int = option(0, "Math-check worker processes (0: a quarter of the cores, at least 1).")
-    reward_concurrency: int = option(32, "Most reward calls in flight: reward-model requests or function threads.")
+    reward_concurrency: int = option(REWARDS.concurrency, "Most reward calls in flight: reward-model requests or "
+                                                          "function threads.")
     allow_reward: list[str] = option([], "A reward a row's own reward field may name besides math and exact "
                                          "(repeatable). Rows cannot import code otherwise.")
     filter_uniform_groups: bool = option(False, "Leave out groups whose outcomes are all alike.")
@@ -81,11 +93,11 @@ class GenerateOptions:
     chat_template_kwargs: dict[str, Any] = option({}, 'JSON object for the chat template, e.g. {"enable_thinking": '
                                                       'true}.', cli_type=str)
     chat_render: str = option("auto", "auto | local | server: where prompts become token ids.")
-    max_retries: int = option(5, "Retries per call for transient failures.")
-    request_timeout: float = option(3600.0, "Seconds per completion attempt, once connected.")
-    connect_timeout: float = option(10.0, "Seconds to open a connection to a server.")
-    down_timeout: float = option(300.0, "Seconds to wait when every endpoint is down.")
-    probe_interval: float = option(5.0, "Seconds between /health probes of a down endpoint.")
+    max_retries: int = option(RETRIES.max_retries, "Retries per call for transient failures.")
+    request_timeout: float = option(TIMEOUTS.request_s, "Seconds per completion attempt, once connected.")
+    connect_timeout: float = option(TIMEOUTS.connect_s, "Seconds to open a connection to a server.")
+    down_timeout: float = option(HEALTH.down_timeout_s, "Seconds to wait when every endpoint is down.")
+    probe_interval: float = option(HEALTH.probe_interval_s, "Seconds between /health probes of a down endpoint.")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -127,27 +139,20 @@ class GenerateOptions:
             at_least(self, 1, "concurrency")
         else:
             set_(self, "concurrency", "auto")
-        at_least(self, 1, "num_parallel", "samples_per_prompt", "max_concurrency", "max_tokens", "reward_concurrency")
+        at_least(self, 1, "num_parallel", "samples_per_prompt", "max_concurrency", "reward_concurrency")
         at_least(self, 0, "max_retries", "resample_uniform", "reward_workers")
         positive(self, "reward_timeout", "request_timeout", "connect_timeout", "probe_interval")
         if not (math.isfinite(self.down_timeout) and self.down_timeout >= 0):
             raise UsageError("--down-timeout must be a number of seconds, 0 or more")
         if self.max_context_len is not None and self.max_context_len < 2:
             raise UsageError("--max-context-len must be at least 2")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise UsageError("--temperature must be 0 or more")
-        if not 0 < self.top_p <= 1:
-            raise UsageError("--top-p must be in (0, 1]")
-        if self.top_k == 0:
-            set_(self, "top_k", -1)  # vLLM takes 0 and -1 alike: off
-        if self.top_k < -1:
-            raise UsageError("--top-k must be at least 1 (or -1: off)")
-        if not 0 <= self.min_p <= 1:
-            raise UsageError("--min-p must be in [0, 1]")
+        set_(self, "top_k", self.sampling().top_k)  # checked, once, by the value object; 0 is -1 (off)
         if not 0 <= self.logprobs <= 100:
             raise UsageError("--logprobs must be a whole number from 0 to 100")
         if self.api not in API:
             raise UsageError("--api must be auto, completions or generate")
+        if self.server_priority not in ("auto", "on", "off"):
+            raise UsageError("--server-priority must be auto, on or off")
         if self.seed is not None and self.seed < 0:
             raise UsageError("--seed must be 0 or more")
         for name in ("correct_reward_weight", "incorrect_reward_weight"):
@@ -188,6 +193,33 @@ class GenerateOptions:
                 out[key.strip()] = raw
         return out
 
+    def sampling(self) -> Sampling:
+        return Sampling(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                        min_p=self.min_p)
+
+    def system_config(self, model: str, max_context_len: int | None) -> SystemConfig:
+        """How the run's stages sample and shape rewards, as the context's value object."""
+        return SystemConfig(model=model, sampling=self.sampling(), num_parallel=self.num_parallel,
+                            samples_per_prompt=self.samples_per_prompt, max_context_len=max_context_len,
+                            seed=self.seed, alternatives=self.logprobs, routes=self.return_routed_experts,
+                            correct_reward_weight=self.correct_reward_weight,
+                            incorrect_reward_weight=self.incorrect_reward_weight, think=not self.no_think)
+
+    def reward_settings(self) -> RewardSettings:
+        workers = self.reward_workers or max(1, (os.cpu_count() or 1) // 4)
+        return RewardSettings(self.reward, self.reward_timeout, self.reward_url, self.reward_concurrency,
+                              self.max_retries, workers)
+
+    def client_settings(self) -> ClientSettings:
+        """How the run's clients talk to servers, as the client's value objects."""
+        fixed = self.concurrency if isinstance(self.concurrency, int) else None
+        return ClientSettings(
+            timeouts=Timeouts(request_s=self.request_timeout, connect_s=self.connect_timeout),
+            retries=Retries(max_retries=self.max_retries),
+            health=Health(probe_interval_s=self.probe_interval, down_timeout_s=self.down_timeout),
+            concurrency=Concurrency(fixed=fixed, per_endpoint=self.max_concurrency),
+            api_key=self.api_key, affinity_slack=self.num_parallel * self.samples_per_prompt)
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
@@ -197,8 +229,6 @@ STAGE_KEYS = {"model": str, "base_url": str, "tokenizer": str, "max_tokens": int
               "top_p": float, "top_k": int, "min_p": float, "trainable": bool}
 
 
-STAGE_RANGES = {"max_tokens": lambda v: v >= 1, "temperature": lambda v: math.isfinite(v) and v >= 0,
-                "top_p": lambda v: 0 < v <= 1, "top_k": lambda v: v >= -1, "min_p": lambda v: 0 <= v <= 1}
 
 
 def _stage_value(item: str, key: str, raw: str) -> Any:
@@ -212,10 +242,10 @@ def _stage_value(item: str, key: str, raw: str) -> Any:
             value = kind(raw)
     except ValueError:
         raise UsageError(f"--stage {item!r}: {key} must be {KIND_NAMES[kind.__name__]}") from None
-    if not STAGE_RANGES.get(key, lambda v: v != "")(value):
-        raise UsageError(f"--stage {item!r}: {value!r} is out of range for {key}")
-    if key == "top_k" and value == 0:
-        value = -1
+    if key in SAMPLING_KEYS:
+        return getattr(DEFAULT_SAMPLING.with_({key: value}, f"--stage {item!r}"), key)
+    if value == "":
+        raise UsageError(f"--stage {item!r}: {key} is empty")
     return value
 
 

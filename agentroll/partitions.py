@@ -9,11 +9,8 @@ own process (`agentroll ray-partition`) needs: its spec, and its counters as JSO
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import math
 import os
-import re
-import shutil
 import signal
 import time
 from dataclasses import asdict, dataclass, fields, replace
@@ -25,21 +22,16 @@ import orjson
 from .children import die_with
 from .client import ClientCounters
 from .errors import InputError, OutputError, UsageError
+from .folder.job import log_path, part_dir
+from .folder.layout import Layout
+from .folder.manifest import Manifest
 from .options import GenerateOptions
-from .runner import Progress, RunOptions
+from .progress import Progress
+from .runner import RunOptions
 from .stats import RunStats
-from .writer import MANIFEST, STATE_DIR, _atomic_write
 
-STATE = Path(".agentroll") / "ray"  # under OUT: the plan, the driver's lock, each partition's log and attempts
-PLAN = "plan.json"
-LOCK = "lock"  # OUT/.agentroll/ray/lock: held by the job's driver while it runs
-PART = re.compile(r"part-\d+")
 RAY_RETRIES = 3  # --ray-retries when not given
 DEFAULT_PORTS = {"": 6379, "ray://": 10001}  # Ray's own: a GCS address, a Ray Client server
-
-
-def part_dir(out: Path, index: int) -> Path:
-    return out / f"part-{index}"
 
 
 def ray_address(text: str | None) -> str:
@@ -177,131 +169,6 @@ def absolute_paths(given: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _is_part(out: Path, entry: Any) -> bool:
-    """An entry of a merged manifest's `merged_from` that is one of `out`'s partitions."""
-    folder = entry.get("folder") if isinstance(entry, dict) else None
-    if not isinstance(folder, str) or not PART.fullmatch(Path(folder).name):
-        return False
-    parent, home = Path(folder).parent, os.path.realpath(out)
-    return os.path.realpath(parent) == home or os.path.realpath(out / parent) == home
-
-
-def check_folder(out: Path) -> dict[str, Any] | None:
-    """The merged manifest an earlier run of the job left in `out`, or None. A folder that holds anything else
-    (a run without --ray, a merged view of other folders) is refused: the job would delete or mix it."""
-    path = out / MANIFEST
-    try:
-        manifest = orjson.loads(path.read_bytes()) if path.exists() else None
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise OutputError(f"{path} is not a manifest agentroll can read ({exc})") from exc
-    if (manifest is not None and not (isinstance(manifest, dict) and manifest.get("merged_from"))) or any(
-            out.glob("rollouts-*")):
-        raise OutputError(f"{out} holds the rollouts of a run without --ray; give the --ray job a folder of its own")
-    if manifest is not None:
-        sources = manifest["merged_from"] if isinstance(manifest["merged_from"], list) else [manifest["merged_from"]]
-        foreign = [str(m.get("folder") if isinstance(m, dict) else m) for m in sources if not _is_part(out, m)]
-        if foreign:
-            raise OutputError(f"{path} is a merged view of other folders ({', '.join(foreign[:3])}), not of "
-                              f"{out}/part-*: move it away, or give the --ray job a folder of its own")
-    return manifest
-
-
-def lock_job(out: Path) -> int:
-    """Hold `OUT/.agentroll/ray/lock` for the driver's lifetime and return its descriptor (closing it lets go):
-    one driver per job folder. A second one (the same command run again while the first runs, a requeued batch
-    job) is refused at once instead of running, or with --overwrite deleting, partitions the first is writing."""
-    path = out / STATE / LOCK
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise OutputError(f"output folder {out}: {exc.strerror or exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise OutputError(f"{out} is in use by another agentroll generate --ray (it holds {path}): wait for it to "
-                          "end, or stop it") from None
-    except OSError as exc:
-        os.close(fd)
-        raise OutputError(f"cannot lock {path} ({exc.strerror or exc}): --ray needs shared storage whose locks "
-                          "hold across nodes (docs/ray.md)") from None
-    return fd
-
-
-def _take_parts(out: Path) -> list[tuple[Path, int | None]]:
-    """Each partition folder of `out` with its writer's lock taken (None: it has no lock file): --overwrite
-    deletes none while a process still writes one."""
-    taken: list[tuple[Path, int | None]] = []
-    try:
-        for path in sorted(out.glob("part-*")):
-            if not (PART.fullmatch(path.name) and path.is_dir()):
-                continue
-            try:
-                fd: int | None = os.open(path / STATE_DIR / "lock", os.O_RDWR)
-            except FileNotFoundError:
-                fd = None
-            taken.append((path, fd))
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise OutputError(f"{path} is being written by another agentroll process: --overwrite deletes "
-                                      "no partition while it runs; stop it first") from None
-    except BaseException:
-        _let_go(taken)
-        raise
-    return taken
-
-
-def _let_go(taken: list[tuple[Path, int | None]]) -> None:
-    for _, fd in taken:
-        if fd is not None:
-            os.close(fd)
-
-
-def prepare_output(out: Path, requested: int | None, default: int, overwrite: bool) -> int:
-    """Make `out` ready for a job and return its number of partitions: the one recorded by an earlier run of the
-    job (a rerun resumes, on a cluster of any size), else `requested`, else `default`. The merged manifest of an
-    earlier run goes: it is written again at the end. The caller holds the job's lock (`lock_job`)."""
-    state = out / STATE
-    manifest = check_folder(out)
-    try:
-        if overwrite:
-            taken = _take_parts(out)
-            try:
-                if manifest is not None:  # first: no merged view outlives the folders it points at
-                    (out / MANIFEST).unlink()
-                    manifest = None
-                for path, _ in taken:
-                    shutil.rmtree(path)
-            finally:
-                _let_go(taken)
-            for entry in state.iterdir() if state.is_dir() else []:
-                if entry.name == LOCK:  # the driver's own: it is held
-                    continue
-                if entry.is_dir():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-        recorded = None
-        if (state / PLAN).exists():
-            recorded = int(orjson.loads((state / PLAN).read_bytes())["partitions"])
-        if requested is not None and recorded is not None and requested != recorded:
-            raise UsageError(f"{out} holds a job split into {recorded} partitions: rerun it with --partitions "
-                             f"{recorded} (or without --partitions), or pass --overwrite to start over")
-        partitions = recorded or requested or default
-        state.mkdir(parents=True, exist_ok=True)
-        _atomic_write(state / PLAN, orjson.dumps({"partitions": partitions}))
-        if manifest is not None:
-            (out / MANIFEST).unlink()
-    except OSError as exc:
-        raise OutputError(f"output folder {out}: {exc.strerror or exc}") from exc
-    except (KeyError, TypeError, ValueError) as exc:
-        raise OutputError(f"{state / PLAN} is damaged ({exc}); fix it, or pass --overwrite") from exc
-    return partitions
-
-
 def add_requests(counters: list[dict[str, Any]]) -> ClientCounters:
     """Tasks' request counters added up (`peak_in_flight` too: the tasks ran side by side; at most that)."""
     total = ClientCounters()
@@ -358,7 +225,7 @@ def job_message(code: int, outcomes: list[Outcome], out: Path, retries: int) -> 
     if code == 0 or not failed:
         return ""
     names = ", ".join(f"part-{o.index}" for o in failed)
-    logs = out / STATE / f"part-{failed[0].index}.log"
+    logs = log_path(out, failed[0].index)
     if code == 9:
         return (f"{names}: lost more often than --ray-retries ({retries}) allows, or Ray could not run it; run "
                 f"the same command again to resume (logs: {logs})")
@@ -373,16 +240,16 @@ def unseen_parts(out: Path, outcomes: list[Outcome]) -> str:
     not see, or sees older than the one its node wrote (the figures its task read there differ). Both mean that
     the driver and the nodes do not share `out` alike."""
     for o in outcomes:
-        path = part_dir(out, o.index) / MANIFEST
-        try:
-            manifest = orjson.loads(path.read_bytes())
-        except FileNotFoundError:
+        folder = part_dir(out, o.index)
+        path = Layout(folder).manifest
+        if not path.exists():
             return (f"{path} is not there for the driver: the driver and every node must see {out} at the same "
                     "path, on shared storage (docs/ray.md)")
-        except (OSError, orjson.JSONDecodeError) as exc:
-            return f"{path}: the driver cannot read it ({exc}); the nodes and the driver must share {out}"
-        seen = manifest.get("last_run") if isinstance(manifest, dict) else None
-        if o.stats is not None and (seen or {}).get("stats") != o.stats:
+        try:
+            manifest = Manifest.load(folder)
+        except OutputError as exc:
+            return f"the driver cannot read it ({exc}); the nodes and the driver must share {out}"
+        if o.stats is not None and manifest.last_run.get("stats") != o.stats:
             return (f"{path} as the driver reads it is not what part-{o.index} wrote on its node (an older copy): "
                     f"the driver and every node must share {out} on storage they all see alike (docs/ray.md)")
     return ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+from typing import TYPE_CHECKING
 
 from .chat import ChatEncoder
 from .client import CompletionClient
@@ -21,6 +22,9 @@ from .schema import Sample
 from .stats import RunStats
 from .systems import System, load_system
 from .templates import Templates
+
+if TYPE_CHECKING:
+    from .folder.journal import Journal
 
 __all__ = ["AgentSystem", "ExecutionFailed", "SystemConfig", "call_seed", "final_reward", "gather_or_cancel"]
 
@@ -73,11 +77,15 @@ class AgentSystem:
         self.engine = Engine(dict(stages or {}), default, rewards, templates, stats, dict(self.system.settings),
                              prompt_key, tuple(self.system.stages))
 
-    async def run(self, problem: Problem, sample_index: int, attempt: int = 0) -> list[Sample]:
+    def use_journal(self, journal: Journal | None) -> None:
+        self.engine.journal = journal
+
+    async def run(self, problem: Problem, sample_index: int, attempt: int = 0, group: int = 0) -> list[Sample]:
         """All samples of one execution, rewards shaped, in the order the system returned them.
 
-        `attempt` > 0 re-runs a problem (--resample-uniform); it changes the per-call seeds."""
-        ctx = Context(self.engine, problem, sample_index, attempt)
+        `attempt` > 0 re-runs a problem (--resample-uniform); it changes the per-call seeds. `group`: the group's
+        admission number, its calls' priority when slots are scarce (older groups first)."""
+        ctx = Context(self.engine, problem, sample_index, attempt, group)
         try:
             samples = await self.system.run(ctx)
         except (ExecutionFailed, AgentrollError, asyncio.CancelledError):

@@ -20,14 +20,13 @@ from typing import Any
 
 from .client import ClientCounters
 from .errors import InputError, TooManyFailures, UsageError
+from .folder import COMPRESSIONS, Layout, ShardWriter, StdoutWriter, consumed
 from .generator import Generator
 from .group import Group
 from .inputs import Problem, aread_problems, count_rows, in_partition, parse_partition, source_name
 from .options import at_least, option
-from .readers import consumed
-from .shards import COMPRESSIONS
+from .progress import Progress
 from .stats import RunStats
-from .writer import ShardWriter, StdoutWriter
 
 log = logging.getLogger("agentroll")
 
@@ -95,6 +94,7 @@ class RunResult:
     model: str
     output: str
     complete: bool = False
+    committed: bool = False  # the folder's manifest says complete: true (closed so)
 
     @property
     def missing_groups(self) -> int:
@@ -102,14 +102,6 @@ class RunResult:
         done, or invalid under --skip-invalid): failed groups, and those a signal or an error cut short."""
         s = self.stats
         return max(0, s.problems - s.groups_written - s.groups_filtered - s.problems_skipped_done - s.invalid_rows)
-
-
-class Progress:
-    """What the runner tells its caller while it works (the CLI draws a bar or writes log lines)."""
-
-    def start(self, total: int | None) -> None: ...
-    def advance(self, stats: RunStats, requests: ClientCounters) -> None: ...
-    def stop(self) -> None: ...
 
 
 def _count_rows(path: str, limit: int | None) -> int | None:
@@ -125,14 +117,18 @@ def _count_rows(path: str, limit: int | None) -> int | None:
 
 
 class Runner:
-    def __init__(self, run: RunOptions, generate: dict[str, Any], progress: Progress | None = None) -> None:
+    def __init__(self, run: RunOptions, generate: dict[str, Any], progress: Progress | None = None,
+                 demo: bool = False) -> None:
         self.run_options = run
-        self.generator = Generator(**generate)
+        self.demo = demo  # `agentroll demo`: the folder is marked as its own
+        journal = None if run.output == "-" else Layout(Path(run.output)).journal
+        self.generator = Generator(journal=journal, **generate)
         if run.output == "-" and self.generator.options.return_routed_experts:
             raise UsageError("--return-routed-experts needs an output folder (routes go to a sidecar), not -o -")
         self.progress = progress or Progress()
         self.result: RunResult | None = None  # set before `run` returns or raises: the CLI's summary reads it
         self.valid_elsewhere = False  # under --partition: a row of another slice was valid
+        self.rows_seen = 0  # rows in the input, of any slice, valid or not
 
     @property
     def stats(self) -> RunStats:
@@ -150,31 +146,48 @@ class Runner:
             settings = {**gen.settings, "partition": list(opts.slice) if opts.slice else None,
                         "compression": opts.compression}
             writer = StdoutWriter() if opts.output == "-" else ShardWriter(
-                Path(opts.output), settings, opts.shard_size, opts.overwrite, opts.compression)
+                Path(opts.output), settings, opts.shard_size, opts.overwrite, opts.compression, demo=self.demo)
             writer.server = gen.server
             done = writer.open()
+            replay = gen.open_journal(done)  # once the folder's lock is held: one process per journal
+            if replay:
+                log.info("the call journal holds %d finished calls of unfinished groups: they are replayed, not "
+                         "asked again", replay)
             self.result = result = RunResult(self.stats, gen.counters, 0.0, gen.model, opts.output)
+            ticker: asyncio.Task[None] | None = None
             try:
                 self.progress.start(None if opts.partition else _count_rows(opts.input, opts.limit))
-                # A few groups beyond what fills --concurrency keep the cap busy between stages (measured).
-                per_group = gen.options.num_parallel * gen.options.samples_per_prompt
-                ahead = 2 + 4 * -(-gen.ceiling // per_group)
+                ticker = asyncio.create_task(self._tick())
                 rows = self._todo(done, writer)
-                async with contextlib.aclosing(gen.stream(rows, max_ahead=ahead, ordered=opts.ordered)) as groups:
+                async with contextlib.aclosing(gen.stream(rows, ordered=opts.ordered)) as groups:
                     async for group in groups:
                         self._commit(writer, group)
+                if self.rows_seen == 0:
+                    raise InputError(source_name(opts.input), 0, None, "no rows to generate from: the input is "
+                                     "empty (or holds only blank lines)")
                 if (opts.skip_invalid and self.stats.problems and self.stats.invalid_rows == self.stats.problems
                         and not self.valid_elsewhere):  # a slice's rows may all be bad; the input's may not
                     raise InputError(source_name(opts.input), 0, None, f"every row read ({self.stats.problems}) "
                                      "was invalid: check --prompt-key, --label-key and the warnings above")
                 result.complete = result.missing_groups == 0
             finally:
+                if ticker is not None:
+                    ticker.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await ticker
                 self.progress.stop()
                 result.wall_s = time.monotonic() - started
                 writer.run_info = {"stats": self.stats.to_dict(), "requests": asdict(gen.counters),
                                    "wall_s": round(result.wall_s, 3)}
                 writer.close(complete=result.complete)
+                result.committed = result.complete  # on disk: a signal from now on changes nothing
         return result
+
+    async def _tick(self) -> None:
+        """Progress from the start, and between groups: a bar that moves, a log line that comes."""
+        while True:
+            await asyncio.sleep(self.progress.interval_s)
+            self.progress.advance(self.stats, self.generator.counters)
 
     def _commit(self, writer: ShardWriter | StdoutWriter, group: Group) -> None:
         stats = self.stats
@@ -204,6 +217,7 @@ class Runner:
         on_invalid = self._skip if opts.skip_invalid else None
         taken = 0
         async for problem in aread_problems(opts.input, gen.keys, self._skip_unread if on_invalid else None):
+            self.rows_seen += 1
             if opts.slice is not None and not in_partition(problem.id, *opts.slice):
                 if not self.valid_elsewhere:
                     with contextlib.suppress(InputError):
@@ -250,6 +264,7 @@ class Runner:
     def _skip_unread(self, exc: InputError) -> None:
         """A row that could not even be parsed: it counts as read, and as skipped. Under --partition it has no id
         to place it in a slice: slice 0 counts it and the others pass it over, so a split job counts it once."""
+        self.rows_seen += 1
         if self.run_options.slice is not None and self.run_options.slice[0] != 0:
             return
         self.stats.problems += 1

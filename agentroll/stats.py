@@ -80,7 +80,9 @@ class RunStats:
     reward_timeouts: int = 0
     reward_errors: int = 0
     reward_invalid: int = 0  # NaN or infinite rewards refused
+    calls_replayed: int = 0  # answered from the call journal of an earlier, stopped run (not asked again)
     # the system's own report, over every execution generated (written or filtered)
+    final_reward_sum: float = 0.0
     majority_correct: int = 0
     best_of_n_correct: int = 0
     selections: int = 0
@@ -99,6 +101,11 @@ class RunStats:
         self.stages = {name: self.stages.get(name) or StageStats() for name in names}
 
     @property
+    def mean_final_reward(self) -> float | None:
+        """The executions' outcomes (final reward) on average, over the settled groups."""
+        return _ratio(self.final_reward_sum, self.executions)
+
+    @property
     def groups_settled(self) -> int:
         return (self.groups_written + self.groups_filtered + self.groups_failed + self.groups_invalid
                 + self.problems_skipped_done)
@@ -112,6 +119,7 @@ class RunStats:
         self.best_of_n_correct += any(s.raw_reward == 1.0 for s in solvers)
         self.selections += any(s.stage == "selector" for s in samples)
         self.system_correct += samples[0].final_reward == 1.0
+        self.final_reward_sum += samples[0].final_reward if samples else 0.0
 
     def report(self) -> dict[str, float | None]:
         """Does the system earn its cost? Each stage's accuracy (mean raw reward; the selector's over its picks),

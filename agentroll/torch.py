@@ -44,8 +44,7 @@ import orjson
 
 from .convert.trajectory import Trajectory, executions, trainable, trajectories
 from .errors import OutputError, UsageError
-from .readers import load_manifest, shard_paths
-from .shards import read_lines
+from .folder import load_manifest, shard_lines, shard_paths
 from .tools.system import system_of
 
 try:
@@ -164,7 +163,7 @@ class RolloutDataset(IterableDataset[Item]):
             if self.trajectory:
                 yield from self._trajectories(shard)
                 continue
-            for number, line in enumerate(read_lines(shard), start=1):
+            for number, line in enumerate(shard_lines(shard), start=1):
                 record = orjson.loads(line)
                 if self.stages is not None and record["stage"] not in self.stages:
                     continue
@@ -181,7 +180,7 @@ class RolloutDataset(IterableDataset[Item]):
 
         def records() -> Iterator[dict[str, Any]]:
             rollout: Any = None
-            for number, line in enumerate(read_lines(shard), start=1):
+            for number, line in enumerate(shard_lines(shard), start=1):
                 record = orjson.loads(line)
                 if number == 1 or record.get("rollout_id") != rollout:
                     rollout = record.get("rollout_id")

@@ -44,18 +44,45 @@ class Completion:
     weight_versions: list[dict[str, Any]] | None = None
     routed_experts: bytes | None = field(default=None, repr=False)
 
+    def to_json(self) -> dict[str, Any]:
+        """Every field, JSON-able (routes as base64): what the call journal keeps of an answer."""
+        out = {name: getattr(self, name) for name in self.__slots__}
+        if self.routed_experts is not None:
+            out["routed_experts"] = base64.b64encode(self.routed_experts).decode()
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Completion:
+        values = {name: data[name] for name in cls.__slots__ if name in data}
+        if values.get("routed_experts") is not None:
+            values["routed_experts"] = base64.b64decode(values["routed_experts"])
+        return cls(**values)
+
 
 def request_body(api: str, model: str, prompt_ids: list[int], params: dict[str, Any],
-                 alternatives: int) -> dict[str, Any]:
+                 alternatives: int, priority: int | None = None) -> dict[str, Any]:
     """The body of one call. `params` are vLLM SamplingParams names (temperature, top_p, max_tokens, seed...).
 
     `alternatives` (k): /v1/completions answers the sampled token plus the k most likely; /generate answers the
-    first k entries of that same list, so it is asked for k + 1 to always hold ranks 1..k."""
+    first k entries of that same list, so it is asked for k + 1 to always hold ranks 1..k. `priority`: vLLM's
+    request priority (lower first under `--scheduling-policy priority`), sent only when given."""
+    extra = {} if priority is None else {"priority": priority}
     if api == "generate":
         sampling = {**params, "logprobs": alternatives + 1 if alternatives else 0}
-        return {"model": model, "token_ids": prompt_ids, "sampling_params": sampling}
+        return {"model": model, "token_ids": prompt_ids, "sampling_params": sampling, **extra}
     return {"model": model, "prompt": prompt_ids, **params, "logprobs": alternatives,
-            "return_token_ids": True, "return_tokens_as_token_ids": True}
+            "return_token_ids": True, "return_tokens_as_token_ids": True, **extra}
+
+
+def _reasons(choice: dict[str, Any]) -> tuple[str | None, int | str | None]:
+    """`finish_reason` (a string or null) and `stop_reason` (null, a token id or a stop string) as vLLM sends
+    them; anything else is a malformed answer (`WireError`: retried, never recorded)."""
+    finish, stop = choice.get("finish_reason"), choice.get("stop_reason")
+    if finish is not None and not isinstance(finish, str):
+        raise WireError(f"finish_reason is {finish!r}, not a string")
+    if stop is not None and (isinstance(stop, bool) or not isinstance(stop, int | str)):
+        raise WireError(f"stop_reason is {stop!r}, not a token id or a string")
+    return finish, stop
 
 
 def _first_choice(payload: Any) -> dict[str, Any]:
@@ -93,7 +120,7 @@ def _extras(choice: dict[str, Any], out: Completion) -> Completion:
             out.routed_experts = base64.b64decode(routes, validate=True)
         except (binascii.Error, ValueError):
             raise WireError("routed_experts is not valid base64") from None
-        from .routes import checked, decode
+        from .folder.routes import checked, decode
 
         try:
             checked(decode(out.routed_experts))  # an integer (tokens, layers, k) .npy, or the call is retried
@@ -127,8 +154,7 @@ def parse_completions(payload: Any, sent_ids: list[int], alternatives: int = 0) 
     echoed = choice.get("prompt_token_ids")
     if echoed is not None and echoed != sent_ids:
         raise WireError("the server's prompt_token_ids differ from the ids sent")
-    out = Completion(sent_ids, ids, logprobs, choice.get("text") or "", choice.get("finish_reason"),
-                     choice.get("stop_reason"))
+    out = Completion(sent_ids, ids, logprobs, choice.get("text") or "", *_reasons(choice))
     if alternatives:
         _completions_top(lp.get("top_logprobs"), out, alternatives)
     return _extras(choice, out)
@@ -174,7 +200,7 @@ def parse_generate(payload: Any, sent_ids: list[int], alternatives: int = 0) -> 
     ranks = [c.get("rank") for c in content]
     if not set(map(type, ranks)) <= {int, type(None)}:
         raise WireError("a logprobs rank is not an integer")
-    out = Completion(sent_ids, ids, logprobs, None, choice.get("finish_reason"), choice.get("stop_reason"),
+    out = Completion(sent_ids, ids, logprobs, None, *_reasons(choice),
                      ranks=ranks)
     if alternatives:
         ids_out, lps_out = [], []

@@ -63,3 +63,15 @@ def read_records(folder: Path) -> list[dict]:
         # split on "\n" only: str.splitlines() also breaks at U+2028, U+0085... which a model's text may hold
         records += [json.loads(line) for line in shard.read_bytes().split(b"\n") if line]
     return records
+
+
+def settings(*, concurrency: int | None = 64, max_retries: int = 5, timeout_s: float = 3600.0,
+             backoff_base_s: float = 0.5, affinity_slack: int = 8, probe_interval_s: float = 5.0,
+             down_timeout_s: float = 300.0):
+    """A client's settings for a test (`concurrency` None: auto)."""
+    from agentroll.client import ClientSettings, Concurrency, Health, Retries, Timeouts
+
+    return ClientSettings(timeouts=Timeouts(request_s=timeout_s), concurrency=Concurrency(fixed=concurrency),
+                          retries=Retries(max_retries=max_retries, backoff_base_s=backoff_base_s),
+                          health=Health(probe_interval_s=probe_interval_s, down_timeout_s=down_timeout_s),
+                          affinity_slack=affinity_slack)

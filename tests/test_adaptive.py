@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
-from agentroll.adaptive import Controller, Load, parse_metrics
+from agentroll.client.adaptive import Controller, Load, parse_metrics
 from agentroll.sim.faults import Faults
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
-from .conftest import TOKENIZER, run_cli, write_problems
+from .conftest import TOKENIZER, run_cli, settings, write_problems
 
 
 def test_vllms_metrics_text_is_read_summed_over_label_sets():
@@ -78,14 +78,14 @@ def test_a_render_never_waits_for_a_completion_slot_under_auto(problems):
     server.start()
 
     async def go():
-        client = CompletionClient([server.url], adaptive=True, concurrency=8, max_retries=0)
+        client = CompletionClient([server.url], settings(concurrency=None, max_retries=0))
         client.endpoints[0].limit = 1
         try:
             held = asyncio.create_task(client.complete([5, 6, 7], {"max_tokens": 4}, server.model))
             await asyncio.to_thread(server.wait_until, lambda: server.in_flight == 1, 20)
             waiting = asyncio.create_task(client.complete([5, 6, 8], {"max_tokens": 4}, server.model))
             tokens = await asyncio.wait_for(client.post_with_retries("/tokenize", {"prompt": "hello"}), 20)
-            queued = len(client._waiting)
+            queued = client.counters.queued
             for task in (held, waiting):
                 task.cancel()
             await asyncio.gather(held, waiting, return_exceptions=True)

@@ -10,12 +10,12 @@ from agentroll.client import CompletionClient
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
-from .conftest import TOKENIZER, read_records, run_cli, write_problems
+from .conftest import TOKENIZER, read_records, run_cli, settings, write_problems
 
 
 def client(urls: list[str], slack: int = 0) -> CompletionClient:
     async def make() -> CompletionClient:
-        return CompletionClient(urls, affinity_slack=slack)
+        return CompletionClient(urls, settings(affinity_slack=slack))
 
     return asyncio.run(make())
 

@@ -12,10 +12,10 @@ import orjson
 import pytest
 
 import agentroll
+from agentroll.folder import ShardWriter
 from agentroll.options import GenerateOptions
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
-from agentroll.writer import ShardWriter
 
 from .conftest import TOKENIZER, write_problems
 

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from agentroll.client import CallFailed, CompletionClient, error_message, normalize_base_url
-from agentroll.errors import ServerError
+from agentroll.client import CallFailed, CompletionClient, FunctionTransport, error_message, normalize_base_url
+from agentroll.errors import ServerError, UsageError
 from agentroll.wire import WireError, parse_completions, parse_generate, request_body
+
+from .conftest import settings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -20,7 +22,7 @@ def captured(name: str) -> dict:
 
 def test_base_url_with_or_without_v1():
     assert normalize_base_url("http://h:8000/v1/") == normalize_base_url("http://h:8000") == "http://h:8000"
-    with pytest.raises(ServerError):
+    with pytest.raises(UsageError):  # a flag's value: a usage error (exit 2)
         normalize_base_url("h:8000")
 
 
@@ -96,7 +98,7 @@ def test_both_vllm_error_shapes_give_the_servers_message():
 
 def test_a_completion_over_http_is_what_the_server_sent(sim):
     async def go():
-        client = CompletionClient([sim.url + "/v1"], concurrency=4)
+        client = CompletionClient([sim.url + "/v1"], settings(concurrency=4))
         try:
             return await client.complete([1, 87, 85], {"max_tokens": 64}, "agentroll-sim")
         finally:
@@ -111,7 +113,7 @@ def test_a_completion_over_http_is_what_the_server_sent(sim):
 
 def test_a_400_fails_at_once_with_the_servers_message_and_a_404_ends_the_run(sim):
     async def go(ids, model="agentroll-sim"):
-        client = CompletionClient([sim.url], concurrency=4, max_retries=3)
+        client = CompletionClient([sim.url], settings(concurrency=4, max_retries=3))
         try:
             return await client.complete(ids, {"max_tokens": 64}, model)
         finally:
@@ -122,3 +124,26 @@ def test_a_400_fails_at_once_with_the_servers_message_and_a_404_ends_the_run(sim
     assert info.value.status == 400 and not info.value.retryable
     with pytest.raises(ServerError, match="does not exist"):
         asyncio.run(go([5], model="nope"))
+
+
+@pytest.mark.parametrize("finish", [["stop"], {"why": "stop"}, 7])
+def test_a_finish_reason_that_is_not_a_string_is_a_malformed_answer_retried(finish):
+    """Over the transport seam: the first answer's finish_reason is no string, the retry's is."""
+    answers = [{"choices": [{"text": "x", "token_ids": [3], "logprobs": {"token_logprobs": [-0.5]},
+                             "finish_reason": finish, "stop_reason": None}]},
+               {"choices": [{"text": "x", "token_ids": [3], "logprobs": {"token_logprobs": [-0.5]},
+                             "finish_reason": "stop", "stop_reason": None}]}]
+
+    def handler(method: str, url: str, body: bytes | None) -> tuple[int, bytes]:
+        return 200, json.dumps(answers.pop(0)).encode()
+
+    async def go():
+        client = CompletionClient(["http://127.0.0.1:9"], settings(max_retries=2, backoff_base_s=0.001),
+                                  transport=FunctionTransport(handler))
+        try:
+            return await client.complete([1, 2], {"max_tokens": 4}, "m"), client.counters.retries
+        finally:
+            await client.aclose()
+
+    done, retries = asyncio.run(go())
+    assert (done.finish_reason, done.attempts, retries) == ("stop", 2, 1)

@@ -29,8 +29,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from agentroll.convert import convert
-from agentroll.errors import UsageError
-from agentroll.readers import read_records
+from agentroll.errors import OutputError, UsageError
+from agentroll.folder import read_records
 from agentroll.schema import STAGES
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
@@ -501,7 +501,7 @@ def test_bad_options_are_one_line_usage_errors(folder, tmp_path, to, options, me
 
 
 def test_source_and_output_folders_are_checked(folder, tmp_path):
-    with pytest.raises(UsageError, match="not an agentroll output folder"):
+    with pytest.raises(OutputError, match="not an agentroll output folder"):  # a folder fault: exit 6
         convert(tmp_path, "trl", tmp_path / "o")
     with pytest.raises(UsageError, match="cannot be the source"):
         convert(folder, "trl", folder)

@@ -20,7 +20,7 @@ from agentroll.client import CompletionClient
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
 
-from .conftest import TOKENIZER, read_records, run_cli, write_problems
+from .conftest import TOKENIZER, read_records, run_cli, settings, write_problems
 
 
 def start(problems: Path, **faults) -> SimServer:
@@ -61,15 +61,16 @@ def test_a_run_whose_every_call_fails_exits_8_and_says_how_many_groups_are_missi
 
 
 def test_a_failed_server_side_render_fails_its_group_and_a_rerun_completes_it(tmp_path):
-    problems = write_problems(tmp_path / "p.jsonl", 12)
+    # about half the groups fail (five renders each at 0.12): all or none failing is below one in a million
+    problems = write_problems(tmp_path / "p.jsonl", 24)
     out = tmp_path / "out"
-    server = start(problems, tokenize_error_rate=0.2)
+    server = start(problems, tokenize_error_rate=0.12)
     try:
         flaky = run_cli(*args(problems, out, server.url, "--chat-render", "server", "--max-retries", "0"))
         assert flaky.returncode == 8, flaky.stderr.decode()
         assert b"prompt on the server failed" in flaky.stderr
         stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
-        assert stats["groups_failed"] > 0 and stats["groups_failed"] + stats["groups_written"] == 12
+        assert stats["groups_failed"] > 0 and stats["groups_failed"] + stats["groups_written"] == 24
         assert_no_stage_went_missing(out)
         written_first = set(whole_groups(out))
         server.faults.tokenize_error_rate = 0.0
@@ -77,7 +78,7 @@ def test_a_failed_server_side_render_fails_its_group_and_a_rerun_completes_it(tm
         assert rerun.returncode == 0, rerun.stderr.decode()
     finally:
         server.stop()
-    assert set(whole_groups(out)) == {f"p{i:03d}" for i in range(12)} and written_first < set(whole_groups(out))
+    assert set(whole_groups(out)) == {f"p{i:03d}" for i in range(24)} and written_first < set(whole_groups(out))
 
 
 def assert_no_stage_went_missing(out: Path, n: int = 2) -> None:
@@ -100,7 +101,7 @@ def test_renders_and_probes_do_not_wait_behind_the_completions_in_flight(problem
     server = start(problems, latency_s=30)
 
     async def go():
-        client = CompletionClient([server.url], concurrency=2, max_retries=0)
+        client = CompletionClient([server.url], settings(concurrency=2, max_retries=0))
         try:
             held = [asyncio.create_task(client.complete([5, 6, 7], {"max_tokens": 4}, server.model))
                     for _ in range(2)]

@@ -12,12 +12,13 @@ from agentroll.errors import InputError
 from agentroll.inputs import Problem
 from agentroll.pipeline import AgentSystem, ExecutionFailed, SystemConfig, call_seed
 from agentroll.rewards import RewardSet, RewardSettings
+from agentroll.sampling import Sampling
 from agentroll.sim.script import Scripted
 from agentroll.sim.server import HTTPFailure, SimServer, error_body
 from agentroll.stats import RunStats
 from agentroll.templates import Templates
 
-from .conftest import TOKENIZER
+from .conftest import TOKENIZER, settings
 
 SEED = 7
 PROBLEM = Problem(id="p1", prompt="What is 40 plus 2?", label="42", metadata={"k": "v"}, line=1)
@@ -48,9 +49,10 @@ def run(answers: dict[tuple[str, int], object], n: int = 3, max_context_len: int
     stats = stats if stats is not None else RunStats()
 
     async def go():
-        client = CompletionClient([server.url], concurrency=8, max_retries=0)
+        client = CompletionClient([server.url], settings(concurrency=8, max_retries=0))
         config = SystemConfig(model=server.model, num_parallel=n, seed=SEED, correct_reward_weight=2.0,
-                              incorrect_reward_weight=-1.0, max_tokens=256, max_context_len=max_context_len)
+                              incorrect_reward_weight=-1.0, sampling=Sampling(max_tokens=256),
+                              max_context_len=max_context_len)
         rewards = RewardSet(RewardSettings("exact"))
         system = AgentSystem(client, ChatEncoder(load_tokenizer(TOKENIZER)), Templates(), rewards, config, stats)
         try:

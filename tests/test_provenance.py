@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from agentroll.convert.megatron import policy_epochs
-from agentroll.readers import read_records as read_with_routes
+from agentroll.folder import read_records as read_with_routes
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 

@@ -16,10 +16,10 @@ import pytest
 import zstandard
 
 import agentroll
-from agentroll.shards import shard_groups
+from agentroll.folder import ShardWriter
+from agentroll.folder.shards import shard_groups
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
-from agentroll.writer import ShardWriter
 
 from .conftest import TOKENIZER, run_cli, write_problems
 

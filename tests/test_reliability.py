@@ -14,7 +14,7 @@ import pytest
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
 
-from .conftest import TOKENIZER, generations, read_records, run_cli, write_problems
+from .conftest import TOKENIZER, generations, read_records, run_cli, settings, write_problems
 
 
 def start_sim(problems, **faults) -> SimServer:
@@ -166,7 +166,7 @@ def test_a_timed_out_request_closes_its_connection_so_the_server_aborts_it(probl
     server.start()
 
     async def go():
-        client = CompletionClient([server.url], timeout_s=0.2, max_retries=1, backoff_base_s=0.01)
+        client = CompletionClient([server.url], settings(timeout_s=0.2, max_retries=1, backoff_base_s=0.01))
         try:
             with pytest.raises(CallFailed, match=r"timed out after 0\.2s"):
                 await client.complete([1, 2, 3], {"max_tokens": 4}, server.model)

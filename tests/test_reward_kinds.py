@@ -192,33 +192,32 @@ def test_hung_sync_calls_hold_their_own_threads_not_the_loops():
     reward = FunctionReward("tests.test_reward_kinds:blocks", timeout_s=0.3, concurrency=HUNG_THREADS)
 
     async def go():
-        request = [RewardRequest("a", "1", "p", "solver")]
+        request = [RewardRequest("a", "1", "p", "solver", problem_id="p7")]
         calls = [asyncio.ensure_future(reward.score(request)) for _ in range(40)]  # more than the default executor
         try:
             # The default executor (input reading, tokenizer loading) still runs work while those calls hang.
             assert await asyncio.wait_for(asyncio.to_thread(ALL_IN.wait, 30), 10)
             assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 10) == "free"
             threads = [t for t in threading.enumerate() if t.name.startswith(f"agentroll-reward {reward.name}")]
-            # The hung calls time out; the others wait for a thread, their wait in the queue not counted.
-            done, pending = await asyncio.wait(calls, timeout=10, return_when=asyncio.FIRST_COMPLETED)
-            while len(done) < HUNG_THREADS:
-                more, pending = await asyncio.wait(pending, timeout=10, return_when=asyncio.FIRST_COMPLETED)
-                done |= more
-            timed_out = [(await call)[0] for call in done]
+            # The hung calls time out; once every thread is held so, the others fail instead of waiting for good.
+            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
             assert len(ENTERED) == HUNG_THREADS
         finally:
             RELEASE.set()
-        return threads, timed_out, [(await call)[0] for call in pending]
+        return threads, results
 
     ENTERED.clear()
     try:
-        threads, timed_out, later = asyncio.run(go())
+        threads, results = asyncio.run(go())
     finally:
         RELEASE.set()
         asyncio.run(reward.aclose())
     assert len(threads) == HUNG_THREADS  # bounded by --reward-concurrency
+    timed_out = [r[0] for r in results if isinstance(r, list)]
+    refused = [r for r in results if isinstance(r, BaseException)]
     assert [(r.value, r.failed) for r in timed_out] == [(0.0, "timeout")] * HUNG_THREADS
-    assert [(r.value, r.failed) for r in later] == [(1.0, None)] * (40 - HUNG_THREADS)
+    assert len(refused) == 40 - HUNG_THREADS and all(isinstance(r, RewardError) for r in refused)
+    assert "all 4 of its threads are stuck" in str(refused[0]) and "p7" in str(refused[0])
 
 
 # --- NaN and infinite rewards are refused and counted ----------------------------------------------------------

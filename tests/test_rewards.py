@@ -12,6 +12,8 @@ from agentroll.errors import RewardError
 from agentroll.rewards import ExactReward, MathReward, RewardRequest, make_reward
 from agentroll.rewards._pool import WORKER
 
+from .conftest import TOKENIZER
+
 ROOT = Path(__file__).resolve().parents[1]
 SLOW_S = 0.15
 
@@ -176,15 +178,16 @@ def test_a_worker_killed_while_idle_is_replaced_and_the_check_sent_to_it_is_not_
         asyncio.run(reward.aclose())
 
 
-def test_a_worker_that_cannot_start_fails_the_checks_instead_of_hanging(monkeypatch):
+def test_a_worker_that_cannot_start_is_a_set_up_failure_not_a_zero_for_every_answer(monkeypatch):
     monkeypatch.setenv("AGENTROLL_MATH_CHECK", "agentroll_no_such_module:check")
     reward = MathReward(timeout_s=5)
     try:
-        results = asyncio.run(reward.score(ask(("1", "1"), ("2", "2"))))
+        with pytest.raises(RewardError, match="could not start"):
+            asyncio.run(reward.score(ask(("x^2", "x^2"), ("y", "y"))))  # off the fast path: a worker is needed
+        with pytest.raises(RewardError, match="the math reward cannot check answers"):
+            asyncio.run(reward.ready())
     finally:
         asyncio.run(reward.aclose())
-    assert {(r.value, r.failed) for r in results} == {(0.0, "error")}
-    assert "could not start" in results[0].info
 
 
 def test_a_worker_whose_parent_is_already_gone_exits_at_once():
@@ -237,3 +240,18 @@ def test_the_fast_paths_give_math_verifys_own_verdicts_on_a_corpus():
                 assert quick == plain, (label, answer)
             assert math_equal(label, answer, 5) == plain, (label, answer)  # labels parsed once, cached
     assert fast >= 60  # the corpus exercises the fast path, not only the slow one
+
+
+def test_a_math_worker_that_cannot_start_is_exit_5_before_any_group_is_written(sim, problems, tmp_path,
+                                                                                 monkeypatch):
+    from typer.testing import CliRunner
+
+    from agentroll.cli import app
+    from agentroll.folder import Manifest
+
+    monkeypatch.setenv("AGENTROLL_MATH_CHECK", "no_such_module_here:check")  # the worker dies as it starts
+    result = CliRunner().invoke(app, ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url,
+                                      "--tokenizer", TOKENIZER, "-q"])
+    assert result.exit_code == 5, result.output
+    assert "the math reward cannot check answers" in result.output
+    assert Manifest.load(tmp_path / "out").groups == 0 and not Manifest.load(tmp_path / "out").complete

@@ -19,14 +19,13 @@ import zstandard
 from rich.console import Console
 
 from agentroll.errors import OutputError, UsageError
+from agentroll.folder import ShardWriter, StdoutWriter, merge, read_groups, read_records
+from agentroll.folder.layout import MANIFEST
 from agentroll.group import Group, annotate
 from agentroll.inputs import Problem
-from agentroll.merge import merge
-from agentroll.readers import read_groups, read_records
 from agentroll.schema import Sample
 from agentroll.tools.inspect import inspect
 from agentroll.tools.validate import validate
-from agentroll.writer import MANIFEST, ShardWriter, StdoutWriter
 
 SETTINGS = {"model": "m", "samples_per_prompt": 2}
 LAYERS, TOP_K = 3, 2
@@ -313,7 +312,7 @@ def test_merge_carries_sidecars(tmp_path, copy):
     for name, groups in parts.items():
         write(tmp_path / name, groups, "zstd" if name == "p1" else "none", shard_size=6).close(complete=True)
     merged = merge([tmp_path / "p0", tmp_path / "p1"], tmp_path / "all", copy=copy, verify=True)
-    assert [bool(s.get("routes")) for s in merged["shards"]] == [True, True, True]
+    assert [s.routes is not None for s in merged.shards] == [True, True, True]
     if copy:
         assert sorted(p.name for p in (tmp_path / "all").glob("*.routes")) == [
             f"rollouts-0000{i}.routes" for i in range(3)]

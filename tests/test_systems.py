@@ -486,7 +486,7 @@ def test_a_stage_served_elsewhere_counts_in_the_runs_failures(problems, tmp_path
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ("    return [await ctx.complete('solver', prompt, worker=0, temperature=-1)]\n", b"temperature=-1"),
+    ("    return [await ctx.complete('solver', prompt, worker=0, temperature=-1)]\n", b"ctx.complete(): --temperature"),
     ("    return [await ctx.complete('judge', prompt, worker=0)]\n", b"does not declare"),
 ])
 def test_a_bad_call_is_a_usage_error_not_a_failed_group(served, problems, tmp_path, line, message):

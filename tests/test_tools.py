@@ -788,7 +788,7 @@ def test_stats_of_another_system_follow_its_stages(tmp_path):
 
 
 def test_stats_of_a_system_without_solvers_and_without_a_manifest(tmp_path):
-    from agentroll.readers import read_groups
+    from agentroll.folder import read_groups
 
     folder = synthetic.debate(tmp_path / "debate")
     data = stats(folder)

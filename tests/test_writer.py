@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from agentroll.errors import OutputError
+from agentroll.folder import ShardWriter
+from agentroll.folder.layout import MANIFEST
+from agentroll.folder.shards import scan_groups
 from agentroll.group import Group, annotate
 from agentroll.inputs import Problem
 from agentroll.schema import Sample
-from agentroll.shards import scan_groups
-from agentroll.writer import MANIFEST, ShardWriter
 
 SETTINGS = {"model": "m", "samples_per_prompt": 2}
 

@@ -91,7 +91,7 @@ def convert(src: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *
         rows = megatron.write(problems, out_path)
     else:
         rows, files = slime.write(problems, out_path, groups_per_file)
-    summary = {"format": to, "source": str(src_path), "complete": bool(manifest.get("complete")),
+    summary = {"format": to, "source": str(src_path), "complete": manifest.complete,
                "records": counts.get("records", 0), "rows": rows, "files": [str(f) for f in files],
                "stages": None if chosen_stages is None else list(chosen_stages), "advantage": advantage}
     summary.update({key: counts[key] for key in ("skipped_frozen", "folded_turns") if key in counts})

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from ..errors import UsageError
+from ..folder.manifest import Manifest
 from ..schema import STAGES
 from .trajectory import Trajectory, executions, trainable, trajectories
 
@@ -83,7 +84,7 @@ def check_stages(stages: Iterable[str] | str | None,
 
 def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, counts: dict[str, int], *,
                   include_frozen: bool = True, whole_conversations: bool = False) -> Iterator[Problem]:
-    """The folder's problems in manifest order (whole groups, by `agentroll.readers.read_groups`), each split
+    """The folder's problems in manifest order (whole groups, by `agentroll.read_groups`), each split
     into stage groups (`stages` in order; None: every stage, as first seen). Baselines are computed over the
     whole stage group before anything is filtered out, so `--stages` or a converter's own filter never changes
     another sample's advantage. `counts["records"]` counts what was read.
@@ -92,7 +93,7 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
     (`counts["skipped_frozen"]`). With `whole_conversations`, a group keeps only the records that end a
     conversation, each with its `Trajectory` (`convert.trajectory`); the turns folded into a later one are
     counted in `counts["folded_turns"]`."""
-    from ..readers import read_groups
+    from ..folder import read_groups
 
     counts.setdefault("records", 0)
     if not include_frozen:
@@ -131,19 +132,13 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
         yield problem
 
 
-def check_source(src: Path, out: Path) -> dict[str, Any]:
-    """The source folder's manifest; a one-line `UsageError` for a path that is not an output folder, or an
-    output folder that is the source itself."""
-    manifest_path = src / "manifest.json"
-    if not src.is_dir() or not manifest_path.is_file():
-        raise UsageError(f"{src}: not an agentroll output folder (no manifest.json)")
-    try:
-        manifest = orjson.loads(manifest_path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise UsageError(f"{manifest_path}: unreadable ({exc})") from None
+def check_source(src: Path, out: Path) -> Manifest:
+    """The source folder's manifest (a broken or missing one is one `OutputError` line); a `UsageError` when
+    the output folder is the source itself."""
+    manifest = Manifest.load(src)
     if out.resolve() == src.resolve():
         raise UsageError(f"-o {out}: the output folder cannot be the source folder")
-    return manifest if isinstance(manifest, dict) else {}
+    return manifest
 
 
 def prepare_out(out: Path, names: list[str], stale: str | None, overwrite: bool) -> None:
@@ -252,11 +247,11 @@ def _split(text: str, sentinels: tuple[str, ...]) -> list[str] | None:
     return [*pieces, rest]
 
 
-def load_messages(manifest: dict[str, Any], tokenizer: str | None) -> ChatMessages:
+def load_messages(manifest: Manifest, tokenizer: str | None) -> ChatMessages:
     """`ChatMessages` with --tokenizer, else the tokenizer and chat-template arguments the run used."""
     from ..chat import load_tokenizer
 
-    settings = manifest.get("settings") or {}
+    settings = manifest.settings
     name = tokenizer or settings.get("tokenizer")
     if not name:
         raise UsageError("the folder's manifest names no tokenizer: pass --tokenizer, or --layout standard")

@@ -57,6 +57,13 @@ class RewardSet:
             self._made[spec] = make_reward(spec, self.settings)
         return self._made[spec]
 
+    async def ready(self) -> None:
+        """Every reward made so far able to score (a math worker started): `RewardError` otherwise."""
+        for reward in list(self._made.values()):
+            check = getattr(reward, "ready", None)
+            if check is not None:
+                await check()
+
     async def aclose(self) -> None:
         for reward in self._made.values():
             await reward.aclose()

@@ -39,6 +39,10 @@ class CheckFailed(Exception):
     """The check raised, or its worker died or could not start."""
 
 
+class WorkerUnavailable(CheckFailed):
+    """No math worker could be started: no answer off the fast path can be checked (a set-up failure)."""
+
+
 class _Job:
     __slots__ = ("future", "payload")
 
@@ -233,7 +237,7 @@ class CheckPool:
         while self._queue:
             job = self._queue.popleft()
             if not job.future.done():
-                job.future.set_exception(CheckFailed(why))
+                job.future.set_exception(WorkerUnavailable(why))
 
     def _refill(self) -> None:
         """A worker is gone: replace it if checks are waiting."""

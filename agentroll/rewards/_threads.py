@@ -3,7 +3,9 @@
 Not the event loop's default executor: a few calls that hang would hold its threads, and everything else that
 runs there (reading the input, loading the tokenizer) would wait behind them. Not a `ThreadPoolExecutor`
 either: it joins its threads at interpreter exit, so one call that never returns would keep agentroll from
-exiting. A hung call keeps its thread for good (Python cannot kill a thread), so it starves this pool alone.
+exiting. A hung call keeps its thread for good (Python cannot kill a thread), so it starves this pool alone;
+once every thread is held by a call past its timeout, the calls still waiting fail with `PoolExhausted` instead
+of waiting for good: the run ends (exit 5) with one line naming the stuck calls.
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ def _work(jobs: queue.SimpleQueue[_Call | None], idle: threading.Semaphore, pool
         idle.release()
 
 
+class PoolExhausted(Exception):
+    """Every thread is held by a call past its timeout: nothing queued will ever run."""
+
+    def __init__(self, size: int, stuck: list[Any]) -> None:
+        super().__init__(f"all {size} threads are held by calls past the timeout")
+        self.size, self.stuck = size, stuck
+
+
 class CallThreads:
     def __init__(self, size: int, name: str = "agentroll-reward") -> None:
         self.size = max(1, size)
@@ -67,17 +77,19 @@ class CallThreads:
         self._idle = threading.Semaphore(0)
         self._threads = 0
         self._overdue: set[_Call] = set()  # timed out, still running
-        self._warned = False
 
     async def run(self, function: Callable[[Any], Any], argument: Any, timeout_s: float) -> Any:
         """`function(argument)` in one of the threads. The timeout counts from when a thread starts the call, not
-        while it waits for a thread. Raises asyncio.TimeoutError past it; the call's later result is thrown away."""
+        while it waits for a thread. Raises asyncio.TimeoutError past it (the call's later result is thrown away),
+        and `PoolExhausted` while it waits for a thread that every hung call keeps."""
         call = _Call(function, argument, asyncio.get_running_loop())
         self._jobs.put(call)
         self._add_thread()
         try:
             while True:
                 started = call.started
+                if started is None and self._exhausted():
+                    raise PoolExhausted(self.size, self._stuck())
                 left = timeout_s if started is None else started + timeout_s - time.monotonic()
                 if left > 0:
                     if (await asyncio.wait((call.future,), timeout=left))[0]:
@@ -98,14 +110,19 @@ class CallThreads:
                                  name=f"{self.name}-{self._threads}").start()
 
     def _overran(self, call: _Call) -> None:
+        """A call past its timeout; the calls still waiting for a thread see it when they next wake (within a
+        timeout), and give up once every thread is held so."""
         with self._lock:
             if not call.returned:
                 self._overdue.add(call)
-            stuck = len(self._overdue)
-        if stuck >= self.size and not self._warned:
-            self._warned = True
-            log.warning("all %d reward function threads are stuck in calls past the reward timeout; the other "
-                        "calls wait for one to return (--reward-concurrency sets how many threads)", self.size)
+
+    def _exhausted(self) -> bool:
+        with self._lock:
+            return len(self._overdue) >= self.size
+
+    def _stuck(self) -> list[Any]:
+        with self._lock:
+            return [c.argument for c in self._overdue]
 
     def finished(self, call: _Call) -> None:
         with self._lock:

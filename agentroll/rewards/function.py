@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import RewardError
 from ..loading import load_object
-from ._threads import CallThreads
+from ._threads import CallThreads, PoolExhausted
 from .base import RewardRequest, RewardResult, finite
 
 log = logging.getLogger("agentroll")
@@ -63,7 +63,13 @@ class FunctionReward:
         if self.is_async:
             return await asyncio.wait_for(self.function(argument), self.timeout_s)
         # A sync function that overruns keeps its thread until it returns; its result is then ignored.
-        return await self._threads.run(self.function, argument, self.timeout_s)
+        try:
+            return await self._threads.run(self.function, argument, self.timeout_s)
+        except PoolExhausted as exc:
+            stuck = [getattr(a[0] if isinstance(a, list) and a else a, "problem_id", "?") for a in exc.stuck]
+            raise RewardError(f"reward {self.name}: all {exc.size} of its threads are stuck in calls past "
+                              f"--reward-timeout {self.timeout_s:g}s (problems {', '.join(map(str, stuck[:5]))}); "
+                              "nothing else can be scored: fix the function (or raise --reward-concurrency)") from None
 
     def _failed(self, exc: BaseException) -> RewardResult:
         if isinstance(exc, asyncio.TimeoutError):
@@ -90,6 +96,8 @@ class FunctionReward:
     async def _one(self, request: RewardRequest) -> RewardResult:
         try:
             value = await self._call(request)
+        except RewardError:
+            raise
         except (Exception, asyncio.TimeoutError) as exc:
             return self._failed(exc)
         return as_result(value, self.name)

@@ -11,8 +11,9 @@ import re
 from collections import OrderedDict
 from fractions import Fraction
 
+from ..errors import RewardError
 from ..parsing import last_boxed
-from ._pool import CheckFailed, CheckPool, CheckTimeout
+from ._pool import CheckFailed, CheckPool, CheckTimeout, WorkerUnavailable
 from ._worker import math_equal
 from .base import NO_CONTENT, RewardRequest, RewardResult
 
@@ -114,12 +115,24 @@ class MathReward:
             equal = await self._pool.check(key[0], key[1], max(1, int(self.timeout_s)))
         except CheckTimeout:
             return RewardResult(0.0, f"math-verify timed out after {self.timeout_s:g}s", failed="timeout")
+        except WorkerUnavailable as exc:  # nothing can be checked: scoring every answer 0 would be silent loss
+            raise RewardError(f"the math reward cannot check answers: {exc}") from None
         except CheckFailed as exc:  # a crash of the check scores 0; the run goes on
             return RewardResult(0.0, f"math-verify error: {exc}"[:300], failed="error")
         self._cache[key] = equal
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return RewardResult(1.0 if equal else 0.0)
+
+    async def ready(self) -> None:
+        """One check through a worker, so that a worker that cannot start is a set-up failure (`RewardError`,
+        exit 5) before any group is written, not zeros for every answer off the fast path."""
+        try:
+            await self._pool.check("1", "1", 1)
+        except WorkerUnavailable as exc:
+            raise RewardError(f"the math reward cannot check answers: {exc}") from None
+        except CheckFailed:
+            pass  # the worker runs: one check failing is that check's business
 
     async def aclose(self) -> None:
         self._pool.close()

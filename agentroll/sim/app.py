@@ -26,6 +26,7 @@ from .wire import (
     SCALE_OUT_DISABLED,
     VLLM_VERSION,
     HTTPFailure,
+    bad_request,
     error_body,
 )
 
@@ -88,8 +89,17 @@ async def generate(server: SimServer, request: web.BaseRequest) -> web.StreamRes
     return await _run(server, request, generated)
 
 
+def check_priority(server: SimServer, body: dict[str, Any]) -> None:
+    """A non-zero `priority` needs `--scheduling-policy priority` (vLLM's documented contract: "Any priority other
+    than 0 will raise an error if the served model does not use priority scheduling")."""
+    priority = body.get("priority") or 0
+    if priority and server.scheduling_policy != "priority":
+        raise bad_request(f"Got priority {priority} but Priority scheduling is not enabled.")
+
+
 def generated(server: SimServer, data: Any, abort: bool | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
     body = server.engine.parse_generate(data)
+    check_priority(server, body)
     response = None if abort is None else server.engine.generate(body, abort=abort)
     tokens = len(body["token_ids"]) + (response["usage"]["completion_tokens"] if response else 0)
     return body, response, tokens
@@ -107,6 +117,7 @@ async def completions(server: SimServer, request: web.BaseRequest) -> web.Stream
 
 def completed(server: SimServer, data: Any, abort: bool | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
     body, ids_batch = server.engine.prompts(data)
+    check_priority(server, body)
     response = None if abort is None else server.engine.complete(body, ids_batch, abort=abort)
     tokens = sum(len(p) for p in ids_batch) * (body.get("n") or 1)
     return body, response, tokens + (response["usage"]["completion_tokens"] if response else 0)
@@ -129,7 +140,7 @@ async def _run(server: SimServer, request: web.BaseRequest, answer: Answer) -> w
             raise
         except Exception as exc:  # a broken script is the engine failing: vLLM answers 500
             raise HTTPFailure(500, error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500)) from exc
-        async with server.scheduler.slot(tokens):
+        async with server.scheduler.slot(tokens, body.get("priority") or 0):
             if server.faults.latency_s:
                 await asyncio.sleep(server.faults.latency_s)
         if fault == "drop":

@@ -50,6 +50,7 @@ class SimServer:
     moe: tuple[int, int, int] | None = None  # (layers, experts, experts per token): a MoE model's routes...
     return_routed_experts: bool = False  # ...returned per request, like --enable-return-routed-experts
     weight_version: str = "default"  # the policy version /generate's weight_versions spans name
+    scheduling_policy: str = "fcfs"  # like --scheduling-policy: or priority (a request's `priority`, lower first)
 
     def __post_init__(self) -> None:
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
@@ -61,7 +62,8 @@ class SimServer:
         if kv_tokens < self.max_model_len:
             raise ValueError(f"kv_cache_tokens ({kv_tokens}) must hold one request of max_model_len "
                              f"({self.max_model_len}), as vLLM requires at start-up")
-        self.scheduler = Scheduler(self.max_running, kv_tokens // BLOCK_TOKENS, on_change=self._notify)
+        self.scheduler = Scheduler(self.max_running, kv_tokens // BLOCK_TOKENS, on_change=self._notify,
+                                   policy=self.scheduling_policy)
         self.rng = random.Random(self.seed + 2)  # fault draws, apart from the answers' randomness
         self.counters = Counters(created=time.time())
         self.log: list[dict[str, Any]] = []

@@ -145,13 +145,14 @@ COMPLETION: Spec = {  # the fields of vLLM's CompletionRequest that the simulato
     "logprobs": (_optional(as_int), False), "seed": (_optional(as_int), False),
     "stream": (_OPT_BOOL, False), "stop_token_ids": (_optional(lambda v, loc, e: as_list(v, loc, e, as_int)), False),
     "return_token_ids": (_OPT_BOOL, False), "return_tokens_as_token_ids": (_OPT_BOOL, False),
-    "skip_special_tokens": (as_bool, False), "ignore_eos": (as_bool, False)}
+    "skip_special_tokens": (as_bool, False), "ignore_eos": (as_bool, False), "priority": (as_int, False)}
 
 
 _NUMBER = _optional(lambda v, loc, e: v if isinstance(v, int | float) and not isinstance(v, bool) else e.append(
     _error("float_type", loc, "Input should be a valid number", v)))
 GENERATE: Spec = {"token_ids": (_token_ids, True), "sampling_params": (as_dict, True), "model": (_OPT_STR, False),
-                  "return_token_ids": (_OPT_BOOL, False), "stream": (_OPT_BOOL, False)}
+                  "return_token_ids": (_OPT_BOOL, False), "stream": (_OPT_BOOL, False),
+                  "priority": (as_int, False)}
 SAMPLING_PARAMS: Spec = {  # the SamplingParams fields the simulator reads, inside /generate's `sampling_params`
     "max_tokens": (_optional(as_int), False), "n": (_optional(as_int), False), "logprobs": (_optional(as_int), False),
     "seed": (_optional(as_int), False), "temperature": (_NUMBER, False), "top_p": (_NUMBER, False),

@@ -19,8 +19,8 @@ from typing import Any
 from rich.text import Text
 from rich.tree import Tree
 
-from .. import routes
 from ..errors import OutputError, UsageError
+from ..folder import routes
 from ..group import Group
 from ..parsing import last_boxed
 from ..schema import Sample
@@ -182,7 +182,7 @@ def inspect(folder: str | os.PathLike[str], problem_id: str | None = None) -> Tr
 
     Raises `UsageError` (exit 2) when the problem is not in the folder, `OutputError` (exit 6) when the folder
     holds no rollouts or cannot be read."""
-    from ..readers import as_group, load_manifest, stored_groups
+    from ..folder import as_group, load_manifest, stored_groups
     from .system import system_of
 
     system = system_of(load_manifest(Path(folder)))

@@ -144,7 +144,7 @@ def stats(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, An
     pass_at_k, truncation_rate, tokens. A damaged folder raises `OutputError` (run `agentroll validate` to see
     where).
     """
-    from ..readers import load_manifest, read_groups  # the folder layout is the readers' business
+    from ..folder import load_manifest, read_groups
 
     system = system_of(load_manifest(Path(folder)))
     return {"folder": str(folder), **stats_of_groups(read_groups(folder), by, system)}

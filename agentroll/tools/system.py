@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..folder.manifest import Manifest
 from ..schema import STAGES
 
 THREE_STAGE = "three-stage"  # the built-in default: solver, rewriter, selector
@@ -76,8 +77,10 @@ def system_fault(manifest: Mapping[str, Any]) -> str | None:
     return None
 
 
-def system_of(manifest: Mapping[str, Any] | None) -> SystemInfo:
+def system_of(manifest: Manifest | Mapping[str, Any] | None) -> SystemInfo:
     """The system a manifest names; `LEGACY` (three-stage) when it names none."""
+    if isinstance(manifest, Manifest):
+        manifest = {"settings": manifest.settings}
     settings = manifest.get("settings") if isinstance(manifest, Mapping) else None
     if not isinstance(settings, Mapping) or "system" not in settings:
         return LEGACY

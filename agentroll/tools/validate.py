@@ -49,15 +49,10 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from .. import routes
+from ..folder import routes
+from ..folder.layout import MANIFEST, ZSTD, Layout
 from ..schema import SCHEMA_VERSION, STAGES, Sample
-from ..writer import MANIFEST, STATE_DIR
 from .system import CRITIQUE_REVISE, LEGACY, SINGLE, SystemInfo, system_fault, system_of
-
-SHARD_PREFIX = "rollouts-"  # the writer's names (agentroll.shards), restated: validate shares no code with it
-PARTIAL = ".partial"
-ZSTD = ".zst"
-ROUTES = ".routes"
 
 MAX_FAULTS = 1000  # kept in the report; more are counted (`faults_total`), so a ruined folder cannot eat memory
 WRITTEN_STATUSES = ("completed", "truncated")  # "aborted" is retried, never written (docs/schema.md)
@@ -759,7 +754,7 @@ def _load_manifest(folder: Path, report: ValidationReport) -> dict[str, Any] | N
 
 
 def _keys_file(shard: Path) -> Path:
-    return shard.parent / STATE_DIR / "keys" / (shard.name.split(".")[0] + ".keys")
+    return Layout(shard.parent).keys(shard.name)
 
 
 def _check_keys(shard: Path, name: str, found: list[list[str]], faults: list[Fault]) -> None:
@@ -938,15 +933,18 @@ def validate(folder: str | Path) -> ValidationReport:
             report.add(Fault("count", f"the manifest says {manifest.get(what)!r} {what}, its shards add up to {total}"))
     if manifest.get("complete") is not True:
         report.warnings.append("the manifest says the run is not complete (running, stopped, or some groups failed)")
-    on_disk = {p.name for p in folder.glob(f"{SHARD_PREFIX}*.jsonl*") if not p.name.endswith(PARTIAL)}
+    layout = Layout(folder)
+    on_disk = {p.name for p in layout.finished()}
     for stray in sorted(on_disk - {Path(e["file"]).name for e in entries if Path(e["file"]).parent == Path(".")}):
         report.warnings.append(f"{stray} is in the folder but not in the manifest (a rerun adopts it)")
     sidecars = {e["routes"]["file"] for e in entries if isinstance(e.get("routes"), dict)}
-    for stray in sorted({p.name for p in folder.glob(f"{SHARD_PREFIX}*{ROUTES}")} - sidecars):
+    for stray in sorted({p.name for p in layout.sidecars()} - sidecars):
         report.warnings.append(f"{stray} is a routes sidecar in the folder but not in the manifest")
-    for partial in sorted(folder.glob(f"{SHARD_PREFIX}*.jsonl*{PARTIAL}")):
+    for partial in layout.partials():
         report.warnings.append(f"{partial.name} is a shard being written, or left by a killed run (a rerun "
                                "finishes it)")
+    for temporary in layout.strays():
+        report.warnings.append(f"{temporary.name} is a temporary file left by a stopped run (a rerun removes it)")
     seen: dict[str, str] = {}
     for entry in entries:
         report.shards += 1

@@ -206,3 +206,17 @@ def processed_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, reques
         yield url
     finally:
         stop(server.proc)
+
+
+@pytest.fixture(scope="module")
+def priority_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[str]:
+    """A server of the same model with --scheduling-policy priority (its queue ordered by each request's
+    `priority`, lower first): started only for the tests that ask for it, stopped when their module is done."""
+    server = launch(vllm_python, tiny_model, tmp_path_factory.mktemp("logs") / "vllm-priority.log",
+                    "--enable-scale-out", "--scheduling-policy", "priority")
+    try:
+        request.getfixturevalue("real_vllm")
+        _, url = ready(server)
+        yield url
+    finally:
+        stop(server.proc)

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentroll.readers import read_records
+from agentroll.folder import read_records
 from agentroll.resources import sim_tokenizer_dir
 
 from ..conftest import run_cli

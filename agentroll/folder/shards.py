@@ -1,4 +1,4 @@
-"""Shard files: their names, and the whole groups in their bytes, plain JSONL or zstd.
+"""Shard files: the whole groups in their bytes, plain JSONL or zstd (their names are `layout`'s).
 
 A zstd shard being written holds one frame per group: the writer appends a group in one write, a torn frame at
 the tail after a kill is cut off by recovery like a torn line, and a reader following a live run decodes every
@@ -19,37 +19,9 @@ from typing import Any
 import orjson
 
 from . import routes
-
-SHARD_PREFIX = "rollouts-"
-PARTIAL = ".partial"
-ZSTD = ".zst"
-COMPRESSIONS = ("none", "zstd")
-ROUTES = ".routes"
-SHARD_GLOB = f"{SHARD_PREFIX}*.jsonl*"  # shards, finished or partial, and not their routes sidecars
+from .layout import is_zstd
 
 GroupKey = tuple[str, str]  # (problem id, content hash)
-
-
-def shard_name(index: int, compression: str = "none") -> str:
-    return f"{SHARD_PREFIX}{index:05d}.jsonl" + (ZSTD if compression == "zstd" else "")
-
-
-def shard_index(name: str) -> int:
-    return int(name[len(SHARD_PREFIX):].split(".")[0])
-
-
-def routes_name(shard: str) -> str:
-    """The routes sidecar beside a shard: `rollouts-00003.jsonl[.zst][.partial]` -> `rollouts-00003.routes[.partial]`
-    (never compressed)."""
-    return shard.split(".")[0] + ROUTES + (PARTIAL if shard.endswith(PARTIAL) else "")
-
-
-def routes_path(shard: Path) -> Path:
-    return shard.with_name(routes_name(shard.name))
-
-
-def is_zstd(name: str | Path) -> bool:
-    return str(name).removesuffix(PARTIAL).endswith(ZSTD)
 
 
 def encode(block: bytes, compression: str) -> bytes:

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..errors import OutputError
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .group import Group
+    from ..group import Group
 
 Span = tuple[int, int]  # (offset, nbytes) in the sidecar
 PROMPT_CACHE = 64  # decoded prompt parts a reader keeps (records of one group share their prompts)
@@ -121,12 +125,10 @@ def load(ref: Any, read: Callable[[int, int], bytes], cache: dict[Span, np.ndarr
     return join(prompt, decode(read(*response)))
 
 
-def _prompt_key(prompt_ids: list[int], array: np.ndarray) -> bytes:
-    import numpy as np
-
-    digest = hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int64).tobytes(), digest_size=16)
-    digest.update(f"|{array.dtype.str}|{array.shape[1:]}".encode())
-    return digest.digest()
+def _blob_key(blob: bytes) -> bytes:
+    """Prompt parts are shared by their bytes: the same prompt ids routed otherwise (the weights changed between
+    two calls) are two blobs."""
+    return hashlib.blake2b(blob, digest_size=16).digest()
 
 
 def _as_array(value: Any) -> np.ndarray:
@@ -150,7 +152,7 @@ class Placement:
     def block(self, group: Group) -> bytes:
         """The group's JSONL block with each routed sample's routes as its reference (the group's own samples
         keep what they hold)."""
-        from .group import Group
+        from ..group import Group
 
         executions = [[replace(s, routed_experts=self.refs[(i, j)]) if (i, j) in self.refs else s
                        for j, s in enumerate(samples)] for i, samples in enumerate(group.executions)]
@@ -160,7 +162,7 @@ class Placement:
 @dataclass(slots=True)
 class Packer:
     """One shard's sidecar as the writer builds it: its size and sha256, and the prompt parts it holds (by a
-    hash of the prompt token ids and the array's dtype and (layers, experts per token))."""
+    hash of their `.npy` bytes)."""
 
     size: int = 0
     sha256: Any = field(default_factory=hashlib.sha256)
@@ -196,10 +198,11 @@ class Packer:
                 prompt, response = parts
                 span = None
                 if prompt is not None:
-                    key = _prompt_key(sample.prompt_token_ids, array)
+                    blob = encode(prompt)
+                    key = _blob_key(blob)
                     span = self.prompts.get(key) or added.get(key)
                     if span is None:
-                        span = added[key] = put(encode(prompt))
+                        span = added[key] = put(blob)
                 refs[(i, j)] = {"prompt": span, "response": put(encode(response))}
         return Placement(b"".join(blobs), refs, added) if refs else None
 
@@ -208,3 +211,67 @@ class Packer:
         self.size += len(placement.data)
         self.sha256.update(placement.data)
         self.prompts.update(placement.prompts)
+
+
+class RoutesUnavailable(OSError):
+    """A reference reaches past the end of the sidecar (or the sidecar is not there)."""
+
+
+class Sidecar:
+    """A shard's routes sidecar (`path` None: the shard has none), read a blob at a time; `resolve` gives
+    records with their references replaced by arrays. Close it, or use it as a context manager."""
+
+    def __init__(self, path: Path | None, shard: Path) -> None:
+        self.path, self.shard = path, shard
+        self._fd: int | None = None
+        self._prompts: dict[Span, Any] = {}
+
+    def __enter__(self) -> Sidecar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def read(self, offset: int, nbytes: int) -> bytes:
+        if self.path is None:
+            raise RoutesUnavailable(f"{self.shard} has routes references, but its manifest entry lists no sidecar")
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise RoutesUnavailable(f"{self.path} (the routes of {self.shard.name}) does not exist") from None
+        data = os.pread(self._fd, nbytes, offset)
+        if len(data) != nbytes:
+            raise RoutesUnavailable(f"{self.path}: a reference to bytes {offset}..{offset + nbytes} reaches past "
+                                    "its end")
+        return data
+
+    def resolve(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The records, those with routes as copies holding the full array. `RoutesUnavailable` when a blob
+        is not (yet) there, `OutputError` when one is damaged."""
+        out = []
+        for record in records:
+            ref = record.get("routed_experts")
+            if ref is not None and not isinstance(ref, dict):
+                raise OutputError(f"{self.shard}: routed_experts of problem {record.get('problem_id')!r} is not a "
+                                  "sidecar reference")
+            if ref is not None:
+                try:
+                    record = {**record, "routed_experts": load(ref, self.read, self._prompts)}
+                except ValueError as exc:
+                    raise OutputError(f"{self.path}: the routes of problem {record.get('problem_id')!r}, rollout "
+                                      f"{record.get('rollout_id')}: {exc}") from exc
+            out.append(record)
+        return out
+
+    def resolve_or_fail(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`resolve`, a missing blob being damage (`OutputError`): for a finished shard."""
+        try:
+            return self.resolve(records)
+        except RoutesUnavailable as exc:
+            raise OutputError(str(exc)) from exc

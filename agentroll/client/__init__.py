@@ -1,0 +1,30 @@
+"""The vLLM client: token-exact calls over a transport, with priority slots, retries and endpoint health."""
+
+from .core import FATAL_STATUS, RETRYABLE_STATUS, CallFailed, CompletionClient, error_message
+from .endpoints import Endpoint, normalize_base_url
+from .settings import ClientSettings, Concurrency, Health, Retries, Timeouts
+from .slots import FIRST, Budget, ClientCounters, Priority
+from .transport import AiohttpTransport, FunctionTransport, Transport, TransportFailure
+
+__all__ = [
+    "FATAL_STATUS",
+    "FIRST",
+    "RETRYABLE_STATUS",
+    "AiohttpTransport",
+    "Budget",
+    "CallFailed",
+    "ClientCounters",
+    "ClientSettings",
+    "CompletionClient",
+    "Concurrency",
+    "Endpoint",
+    "FunctionTransport",
+    "Health",
+    "Priority",
+    "Retries",
+    "Timeouts",
+    "Transport",
+    "TransportFailure",
+    "error_message",
+    "normalize_base_url",
+]

@@ -1,0 +1,462 @@
+"""Token-in, token-out client for vLLM: `/v1/completions` or the native `/inference/v1/generate` (`wire.py`).
+
+The prompt goes out as token ids; the response's token ids and logprobs are taken from the server's answer as
+they are, never re-tokenized. Completion slots are granted best priority first (`slots.py`); transient failures
+are retried with jittered exponential backoff, without holding a slot; 401/403/404 end the run. An endpoint leaves
+the rotation only on evidence that it is down (`endpoints.py`); when every endpoint is down, calls wait (one line
+when the pause starts, one when it ends) up to the down timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import time
+from typing import Any
+
+import orjson
+
+from ..errors import ServerError
+from ..wire import APIS, PATHS, Completion, WireError, parse, request_body
+from .endpoints import Endpoint, normalize_base_url
+from .settings import ClientSettings
+from .slots import FIRST, Budget, ClientCounters, Priority, Queue, Waiter
+from .transport import AiohttpTransport, Transport, TransportFailure
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+FATAL_STATUS = frozenset({401, 403, 404})
+FINISHED = frozenset({"stop", "length"})  # what a finished generation ends with; "abort" and the rest are retried
+
+log = logging.getLogger("agentroll")
+
+
+def error_message(body: bytes, status: int) -> str:
+    """The server's own message, from either vLLM error shape (`{"error": {...}}` or `{"object": "error", ...}`)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", "replace").strip()
+        return text[:500] or f"HTTP {status}"
+    if isinstance(data, dict):
+        inner = data.get("error")
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        if isinstance(inner, str):  # vLLM's --api-key middleware: {"error": "Unauthorized"}
+            return inner
+        if data.get("message"):
+            return str(data["message"])
+        if data.get("detail"):
+            return str(data["detail"])
+    return f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}"
+
+
+class CallFailed(Exception):
+    """One call failed for good (after retries, or at once for a non-retryable answer)."""
+
+    def __init__(self, message: str, status: int | None = None, retryable: bool = False,
+                 endpoint: Endpoint | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.endpoint = endpoint  # the one that failed: a retry goes elsewhere if it can
+
+
+class CompletionClient:
+    """One set of endpoints. Several clients of one run share a `Budget` (slots and counters)."""
+
+    def __init__(self, base_urls: list[str], settings: ClientSettings | None = None, *,
+                 budget: Budget | None = None, transport: Transport | None = None, api: str = "completions") -> None:
+        if not base_urls:
+            raise ServerError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
+        if api not in APIS:
+            raise ValueError(f"api must be one of {APIS}, not {api!r}")
+        self.settings = s = settings or ClientSettings()
+        self.api = api  # "completions" or "generate"; `detect_api` settles --api auto
+        self.send_priority = False  # send each call's group number as vLLM's `priority` (`detect_priority`)
+        self.endpoints = [Endpoint(normalize_base_url(u), s.health) for u in dict.fromkeys(base_urls)]
+        self.by_url = {e.url: e for e in self.endpoints}
+        self.budget = budget or Budget(s.concurrency.fixed)
+        self.queue = Queue(self._choose)
+        self.budget.join(self.queue, self.endpoints)
+        connections = s.concurrency.ceiling(len(self.endpoints)) + s.concurrency.aux
+        self.transport: Transport = transport or AiohttpTransport(connections, s.timeouts.connect_s, s.api_key)
+        # /tokenize, /health, /v1/models have a small cap of their own: a render never waits behind C long
+        # generations, and never takes a slot a completion needs
+        self._aux_slots = asyncio.Semaphore(s.concurrency.aux)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._back = asyncio.Event()  # an endpoint came back
+        self._outage: float | None = None  # when every endpoint went down
+        self._dead: ServerError | None = None  # down past the down timeout: every call fails
+
+    @property
+    def counters(self) -> ClientCounters:
+        return self.budget.counters
+
+    @property
+    def adaptive(self) -> bool:
+        return self.settings.concurrency.adaptive
+
+    async def aclose(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.transport.aclose()
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _aux(self, method: str, url: str, payload: bytes | None = None) -> tuple[int, bytes]:
+        async with self._aux_slots:
+            return await self.transport.request(method, url, payload, self.settings.timeouts.aux_s)
+
+    # -- choosing an endpoint -------------------------------------------------------------------------------------
+    def _choose(self, waiter: Waiter | None) -> Endpoint | None:
+        """An endpoint with room for one more completion: the preferred one while it has room (vLLM's prefix
+        cache then serves the execution's later stages); else, with an affinity key, the key's (`affine`); else
+        the least busy; other than `avoid` (the one that just failed) if possible. None: no room anywhere."""
+        room = [e for e in self.endpoints if e.has_room()]
+        if not room:
+            return None
+        prefer, avoid, key = (waiter.prefer, waiter.avoid, waiter.key) if waiter else (None, None, None)
+        if prefer is not None and prefer in room and prefer is not avoid:
+            return prefer
+        candidates = [e for e in room if e is not avoid] or room
+        if key is not None and len(candidates) > 1:
+            return self.affine(key, candidates)
+        return min(candidates, key=lambda e: e.in_flight)
+
+    def affine(self, key: str, candidates: list[Endpoint]) -> Endpoint:
+        """Consistent hashing with bounded load: the key's highest-ranked endpoint (rendezvous hashing, so a
+        key keeps its endpoint when others come and go), unless it holds more than a fair share (1.25 times the
+        average in flight, plus `affinity_slack`: room for one group's first stage); then the next in rank.
+        All of a problem's executions share a prompt prefix: on one server, vLLM's prefix cache serves them."""
+        ranked = sorted(candidates, reverse=True,
+                        key=lambda e: hashlib.blake2b(f"{key}|{e.url}".encode(), digest_size=8).digest())
+        bound = 1.25 * (sum(e.in_flight for e in candidates) + 1) / len(candidates) + self.settings.affinity_slack
+        return next((e for e in ranked if e.in_flight < bound), min(candidates, key=lambda e: e.in_flight))
+
+    async def _slot(self, priority: Priority, prefer: Endpoint | None, avoid: Endpoint | None,
+                    key: str | None) -> Endpoint:
+        """A completion slot and its endpoint, granted best priority first."""
+        if self._dead is not None:
+            raise self._dead
+        budget = self.budget
+        budget.started(priority[0])
+        waiter = Waiter(asyncio.get_running_loop().create_future(), prefer, avoid, key)
+        if self.queue.head() is None and not budget.full():
+            endpoint = self._choose(waiter)
+            if endpoint is not None:
+                budget.take(endpoint)
+                return endpoint
+        budget.enqueue(self.queue, priority, waiter)
+        budget.dispatch()
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
+                budget.release(waiter.future.result())  # granted, then cancelled: the slot goes to the next
+            raise
+
+    async def live(self, prefer: Endpoint | None = None, avoid: Endpoint | None = None) -> Endpoint:
+        """An endpoint that is up, for calls that take no completion slot (renders, probes); with every endpoint
+        down, waits for one to come back, up to the down timeout."""
+        while True:
+            if self._dead is not None:
+                raise self._dead
+            up = [e for e in self.endpoints if not e.down]
+            if up:
+                if prefer is not None and prefer in up and prefer is not avoid:
+                    return prefer
+                return min([e for e in up if e is not avoid] or up, key=lambda e: e.in_flight)
+            self._back.clear()
+            await self._back.wait()
+
+    # -- health ---------------------------------------------------------------------------------------------------
+    def _failed(self, endpoint: Endpoint, error: str) -> None:
+        """A failure on `endpoint`: ask its /health (once per probe interval); bench it on the evidence."""
+        endpoint.record(ok=False, error=error)
+        if endpoint.down:
+            return
+        if endpoint.failing() and any(not e.down for e in self.endpoints if e is not endpoint):
+            self.mark_down(endpoint, f"{error} (most of its recent calls failed)")
+            return
+        if endpoint.may_probe():
+            endpoint.probing, endpoint.last_probe = True, time.monotonic()
+            self._spawn(self._check(endpoint))
+
+    async def _check(self, endpoint: Endpoint) -> None:
+        try:
+            ok = await self._healthy(endpoint)
+        finally:
+            endpoint.probing = False
+        if not ok and not endpoint.down:
+            self.mark_down(endpoint, endpoint.last_error)
+
+    async def _healthy(self, endpoint: Endpoint) -> bool:
+        try:
+            status, _ = await self._aux("GET", f"{endpoint.url}/health")
+        except TransportFailure:
+            return False
+        return status == 200
+
+    def mark_down(self, endpoint: Endpoint, error: str) -> None:
+        """Out of rotation until `GET /health` answers 200 again."""
+        if endpoint.down:
+            return
+        endpoint.down, endpoint.last_error = True, error
+        log.warning("endpoint %s out of rotation (%s); probing /health every %.0fs", endpoint.url, error,
+                    self.settings.health.probe_interval_s)
+        self._spawn(self._probe(endpoint))
+        if all(e.down for e in self.endpoints) and self._outage is None:
+            self._outage = time.monotonic()
+            log.warning("every endpoint is down: calls wait up to %.0fs for one to answer /health",
+                        self.settings.health.down_timeout_s)
+            self._spawn(self._outage_deadline())
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        while True:
+            await asyncio.sleep(self.settings.health.probe_interval_s)
+            if await self._healthy(endpoint):
+                break
+        endpoint.back()
+        if self._outage is not None:
+            log.warning("endpoint %s is back after %.1fs of outage: resuming", endpoint.url,
+                        time.monotonic() - self._outage)
+            self._outage = None
+        else:
+            log.warning("endpoint %s is back", endpoint.url)
+        self._back.set()
+        self.budget.dispatch()
+
+    async def _outage_deadline(self) -> None:
+        started = self._outage
+        await asyncio.sleep(self.settings.health.down_timeout_s)
+        if self._outage is not None and self._outage == started:
+            detail = "; ".join(f"{e.url}: {e.last_error}" for e in self.endpoints)
+            self._dead = ServerError(f"every endpoint has been down for {self.settings.health.down_timeout_s:.0f}s "
+                                     f"({detail})")
+            self.budget.fail_all(self.queue, self._dead)
+            self._back.set()
+
+    async def start_adaptive(self, interval_s: float = 1.0) -> None:
+        """--concurrency auto: each endpoint starts at `start` and follows its /metrics (`adaptive.py`); one
+        without readable metrics keeps `fallback`, with a warning."""
+        from .adaptive import Controller, parse_metrics
+
+        c = self.settings.concurrency
+        for endpoint in self.endpoints:
+            try:
+                status, body = await self._aux("GET", f"{endpoint.url}/metrics")
+            except TransportFailure:
+                status, body = 0, b""
+            if status != 200 or parse_metrics(body.decode("utf-8", "replace")) is None:
+                endpoint.limit = min(c.fallback, c.per_endpoint)
+                log.warning("%s has no readable vLLM /metrics (HTTP %s): its concurrency stays at %d",
+                            endpoint.url, status or "none", endpoint.limit)
+            else:
+                controller = Controller(min(c.start, c.per_endpoint), minimum=min(4, c.per_endpoint),
+                                        maximum=c.per_endpoint)
+                endpoint.limit = controller.limit
+                self._spawn(self._adapt(endpoint, controller, interval_s, parse_metrics))
+            self.counters.concurrency[endpoint.url] = int(endpoint.limit)
+
+    async def _adapt(self, endpoint: Endpoint, controller: Any, interval_s: float, parse: Any) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            if endpoint.down:
+                continue
+            try:
+                status, body = await self._aux("GET", f"{endpoint.url}/metrics")
+            except TransportFailure:
+                continue
+            load = parse(body.decode("utf-8", "replace")) if status == 200 else None
+            if load is None:
+                continue
+            endpoint.limit = controller.update(load, endpoint.in_flight)
+            self.counters.concurrency[endpoint.url] = int(endpoint.limit)
+            self.budget.dispatch()
+
+    # -- plain requests -------------------------------------------------------------------------------------------
+    async def get_json(self, path: str, endpoint: Endpoint | None = None) -> Any:
+        """A plain GET (model list, version) with the server's error message on failure."""
+        url = f"{(endpoint or self._first_up()).url}{path}"
+        try:
+            status, body = await self._aux("GET", url)
+        except TransportFailure as exc:
+            raise ServerError(f"cannot reach {url}: {exc}") from None
+        if status != 200:
+            raise ServerError(f"{url} answered {status}: {error_message(body, status)}", status)
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise ServerError(f"{url} answered 200 with a body that is not JSON: {body[:120]!r}") from None
+
+    def _first_up(self) -> Endpoint:
+        return next((e for e in self.endpoints if not e.down), self.endpoints[0])
+
+    async def post_json(self, path: str, body: dict[str, Any], endpoint: Endpoint | None = None) -> tuple[int, Any]:
+        """One POST outside the completion path (the parity probe): (status, parsed JSON or None)."""
+        url = f"{(endpoint or self._first_up()).url}{path}"
+        try:
+            status, raw = await self._aux("POST", url, orjson.dumps(body))
+        except TransportFailure as exc:
+            raise ServerError(f"cannot reach {url}: {exc}") from None
+        try:
+            return status, orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return status, None
+
+    async def post_with_retries(self, path: str, body: dict[str, Any],
+                                absent: frozenset[int] = frozenset()) -> Any:
+        """A POST that the run depends on (server-side rendering, the parity probe): retried like a completion,
+        on its own cap. Returns the parsed JSON of a 200, or None for a status in `absent` (the server does not
+        offer this); raises `CallFailed` when it fails for good."""
+        payload = orjson.dumps(body)
+        attempt, avoid = 0, None
+        while True:
+            attempt += 1
+            endpoint = await self.live(avoid=avoid)
+            try:
+                status, raw = await self._aux("POST", f"{endpoint.url}{path}", payload)
+            except TransportFailure as exc:
+                problem = CallFailed(f"{endpoint.url}{path}: {exc}", retryable=True, endpoint=endpoint)
+            else:
+                if status == 200:
+                    try:
+                        return orjson.loads(raw)
+                    except orjson.JSONDecodeError:
+                        problem = CallFailed(f"{endpoint.url}{path} answered 200 with a body that is not JSON",
+                                             status, True, endpoint)
+                else:
+                    if status in absent:
+                        return None
+                    if status in FATAL_STATUS:
+                        raise ServerError(f"{endpoint.url}{path} answered {status}: {error_message(raw, status)}",
+                                          status)
+                    problem = CallFailed(f"{endpoint.url}{path} answered {status}: {error_message(raw, status)}",
+                                         status, status in RETRYABLE_STATUS, endpoint)
+            if not problem.retryable or attempt > self.settings.retries.max_retries:
+                self.counters.failures += 1
+                raise problem
+            self.counters.retries += 1
+            avoid = problem.endpoint
+            await asyncio.sleep(self._backoff(attempt))
+
+    async def detect_api(self, model: str, token_ids: list[int]) -> str:
+        """`--api auto`: the native generate endpoint when every answering server offers it (one tiny call
+        each), else /v1/completions. vLLM answers 403 without `--enable-scale-out`; older ones and others 404."""
+        body = orjson.dumps(request_body("generate", model, token_ids, {"max_tokens": 1, "temperature": 1.0}, 0))
+        path = PATHS["generate"]
+
+        async def offers(endpoint: Endpoint) -> bool | None:
+            try:
+                status, raw = await self._aux("POST", f"{endpoint.url}{path}", body)
+            except TransportFailure:
+                return None  # down: its calls will tell
+            if status == 401:
+                raise ServerError(f"{endpoint.url}{path} answered 401: {error_message(raw, status)}", status)
+            if status >= 500 and status != 501:
+                return None  # failing for now: no verdict from it
+            return status == 200
+
+        answers = [a for a in await asyncio.gather(*(offers(e) for e in self.endpoints if not e.down))
+                   if a is not None]
+        if answers and all(answers):
+            return "generate"
+        if any(answers):
+            log.warning("only some endpoints serve %s (vllm serve --enable-scale-out): using /v1/completions", path)
+        return "completions"
+
+    async def detect_priority(self, model: str, token_ids: list[int]) -> bool:
+        """Does the server take a request `priority`? One one-token call with priority 1: vLLM without
+        `--scheduling-policy priority` may refuse it (400, "Priority scheduling is not enabled"); vLLM 0.32 takes
+        it under either policy (under fcfs it orders nothing)."""
+        body = orjson.dumps(request_body(self.api, model, token_ids, {"max_tokens": 1, "temperature": 1.0}, 0, 1))
+        endpoint = self._first_up()
+        try:
+            status, raw = await self._aux("POST", f"{endpoint.url}{PATHS[self.api]}", body)
+        except TransportFailure:
+            return False
+        if status == 400 and "priority" in error_message(raw, status).lower():
+            log.info("%s does not take a request priority (vllm serve --scheduling-policy priority): groups are "
+                     "ordered by agentroll's own slots only", endpoint.url)
+        return status == 200
+
+    # -- completions ----------------------------------------------------------------------------------------------
+    async def complete(self, prompt_ids: list[int], params: dict[str, Any], model: str, alternatives: int = 0,
+                       prefer: Endpoint | None = None, key: str | None = None,
+                       priority: Priority = FIRST) -> Completion:
+        """POST one call on `self.api`, retrying what is transient. Raises `CallFailed` or, for 401/403/404,
+        `ServerError`. `priority`: (group admission number, stage rank), lower first when slots are scarce."""
+        api = self.api
+        sent = priority[0] if self.send_priority and priority[0] >= 0 else None
+        payload = orjson.dumps(request_body(api, model, prompt_ids, params, alternatives, sent))
+        started = time.monotonic()
+        attempt = 0
+        avoid: Endpoint | None = None
+        while True:
+            attempt += 1
+            try:
+                endpoint, data = await self._post(PATHS[api], payload, priority, prefer, avoid, key)
+                try:
+                    done = parse(api, data, prompt_ids, alternatives)
+                except WireError as exc:  # a malformed answer (a proxy's error page?) may be passing: retried
+                    raise CallFailed(f"{endpoint.url}: {exc}", 200, True, endpoint) from None
+                if done.finish_reason not in FINISHED:
+                    # vLLM aborted it (a pause for a weight sync, a shutdown): what it holds is not what the
+                    # model would have said. Asked again; never recorded as an outcome.
+                    raise CallFailed(f"{endpoint.url}: the server ended the request with finish_reason "
+                                     f"{done.finish_reason!r}", 200, True, endpoint)
+            except CallFailed as exc:
+                if not exc.retryable or attempt > self.settings.retries.max_retries:
+                    self.counters.failures += 1
+                    raise
+                self.counters.retries += 1
+                avoid = exc.endpoint
+                await asyncio.sleep(self._backoff(attempt))
+                continue
+            done.endpoint, done.latency_s, done.attempts = endpoint.url, time.monotonic() - started, attempt
+            return done
+
+    def _backoff(self, attempt: int) -> float:
+        r = self.settings.retries
+        cap = min(r.backoff_max_s, r.backoff_base_s * 2 ** (attempt - 1))
+        return random.uniform(cap / 2, cap)
+
+    async def _post(self, path: str, payload: bytes, priority: Priority, prefer: Endpoint | None,
+                    avoid: Endpoint | None, key: str | None) -> tuple[Endpoint, dict[str, Any]]:
+        """One attempt, in a slot: the endpoint is chosen when the slot is granted, so the in-flight counts it
+        compares are current, not those of when the call started waiting."""
+        endpoint = await self._slot(priority, prefer, avoid, key)
+        self.counters.requests += 1
+        try:
+            status, body = await self.transport.request("POST", endpoint.url + path, payload,
+                                                        self.settings.timeouts.request_s)
+        except TransportFailure as exc:
+            self._failed(endpoint, str(exc))
+            raise CallFailed(f"{endpoint.url}: {exc}", retryable=True, endpoint=endpoint) from None
+        finally:
+            self.budget.release(endpoint)
+        if status == 200:
+            endpoint.record(ok=True)
+            try:
+                return endpoint, orjson.loads(body)
+            except orjson.JSONDecodeError:
+                raise CallFailed(f"{endpoint.url}: response is not JSON", status, True, endpoint) from None
+        message = error_message(body, status)
+        if status in FATAL_STATUS:
+            raise ServerError(f"{endpoint.url} answered {status}: {message}", status)
+        retryable = status in RETRYABLE_STATUS
+        if retryable:
+            self._failed(endpoint, f"HTTP {status}: {message}")
+        else:
+            endpoint.record(ok=True)  # the server answered: a bad request is not a sign that it is down
+        raise CallFailed(f"HTTP {status}: {message}", status, retryable, endpoint)
+
+
+__all__ = ["FATAL_STATUS", "RETRYABLE_STATUS", "CallFailed", "CompletionClient", "error_message"]

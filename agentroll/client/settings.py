@@ -1,0 +1,67 @@
+"""How a client talks to its servers, as small value objects with their defaults declared once.
+
+`generate`'s options are built from these defaults (agentroll.options), the `Generator` turns its options into
+them once, and every client of a run (the main one, a stage's own server, `doctor`) is made from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Timeouts:
+    request_s: float = 3600.0  # one completion attempt, once connected (--request-timeout)
+    connect_s: float = 10.0  # opening a connection (--connect-timeout)
+    aux_s: float = 30.0  # /tokenize, /health, /v1/models, /metrics
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Retries:
+    max_retries: int = 5  # per call, for transient failures (--max-retries)
+    backoff_base_s: float = 0.5  # jittered exponential backoff: cap = base * 2 ** (attempt - 1)
+    backoff_max_s: float = 30.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Health:
+    """When an endpoint leaves the rotation: on evidence that it is down (its /health fails), or when its failures
+    over `window_s` are more than retries can absorb (`bench_share` of at least `bench_min_calls`) and another
+    endpoint can take its calls. The last endpoint is never benched while its /health answers."""
+
+    probe_interval_s: float = 5.0  # between /health probes of a benched endpoint (--probe-interval)
+    down_timeout_s: float = 300.0  # how long calls wait when every endpoint is down (--down-timeout)
+    window_s: float = 30.0
+    bench_share: float = 0.5
+    bench_min_calls: int = 20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Concurrency:
+    """`fixed`: most completion requests in flight over the run (--concurrency N); None: auto, per endpoint,
+    following its /metrics from `start`, within [4, `per_endpoint`] (--max-concurrency); `fallback` for an
+    endpoint without readable metrics."""
+
+    fixed: int | None = None
+    per_endpoint: int = 1024
+    start: int = 16
+    fallback: int = 64
+    aux: int = 8  # /tokenize, /health... apart: a render never waits behind long generations
+
+    @property
+    def adaptive(self) -> bool:
+        return self.fixed is None
+
+    def ceiling(self, endpoints: int) -> int:
+        """Most completions one client may have in flight, for sizing its connection pool."""
+        return self.fixed if self.fixed is not None else self.per_endpoint * max(1, endpoints)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClientSettings:
+    timeouts: Timeouts = Timeouts()
+    retries: Retries = Retries()
+    health: Health = Health()
+    concurrency: Concurrency = Concurrency(fixed=64)
+    api_key: str | None = None
+    affinity_slack: int = 8  # room for one group's first stage above a fair share (client.affine)

@@ -1,0 +1,189 @@
+"""Following a live run, and durable reader positions (consumers).
+
+`follow` tails a folder that a run is still writing: the shards its manifest lists (wherever they are: a merged
+view points into other folders), the folder's own finished shards not listed yet, and its partial shard up to
+its last whole group. It yields each group once as soon as it is committed, survives the writer being killed
+and restarted (a recovered shard is read again and its groups already yielded are skipped), starts over when
+the folder is overwritten (a new `folder_id`), and ends by itself when the manifest says the run is complete:
+then every listed shard must have been read whole, with its routes, or it raises as the plain reader does.
+
+A consumer (`read_groups(consumer=NAME)`) keeps its position in `.agentroll/consumers/NAME` (replaced
+atomically): a group counts as consumed once the next one is asked for; a rerun of the reader starts after the
+groups already consumed; a position of an earlier dataset in the folder (another `folder_id`) counts for none.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import OutputError, UsageError
+from ..group import Group
+from .files import atomic_write
+from .layout import PARTIAL, Layout, is_zstd, routes_name, routes_path
+from .manifest import Manifest
+from .reader import as_group, finished_groups
+from .routes import RoutesUnavailable, Sidecar
+from .shards import shard_groups
+
+
+def read_groups(path: str | os.PathLike[str], follow: bool = False, poll_s: float = 0.5,
+                timeout_s: float | None = None, consumer: str | None = None, routes: bool = False) -> Iterator[Group]:
+    """Whole groups of a folder in manifest order; with `follow`, of a live run as it commits them (see the
+    module's docstring). `timeout_s` bounds how long a follower waits without the run completing
+    (`TimeoutError`); None waits as long as the run takes. `routes`: samples' `routed_experts` as arrays.
+
+    `consumer` names a durable position: `generate --consumer NAME --max-ahead G` stops taking prompts while more
+    than G groups are unconsumed. A consumer that dies is given its last group again: at least once, never lost."""
+    folder = Path(path)
+    if follow:
+        groups = _follow(folder, poll_s, timeout_s, routes)
+    else:
+        manifest = Manifest.load(folder)
+        groups = ((manifest.folder_id, g) for g in finished_groups(folder, routes))
+    if consumer is None:
+        for _, group in groups:
+            yield group
+        return
+    try:
+        where = Layout(folder).consumer(consumer)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    yield from _consume(groups, where)
+
+
+def consumed(folder: Path, name: str, folder_id: str | None = None) -> int:
+    """How many groups the consumer has taken, in commit order (0 before it starts, or for another dataset)."""
+    try:
+        position = orjson.loads(Layout(folder).consumer(name).read_bytes())
+        if folder_id is None:
+            folder_id = _identity(folder)
+        if position.get("folder_id", "") != (folder_id or ""):
+            return 0
+        return int(position["groups"])
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return 0
+
+
+def _identity(folder: Path) -> str | None:
+    try:
+        return Manifest.load(folder).folder_id
+    except OutputError:
+        return None
+
+
+def _consume(groups: Iterator[tuple[str, Group]], path: Path) -> Iterator[Group]:
+    folder = path.parents[2]
+    identity: str | None = None
+    count = already = 0
+    for folder_id, group in groups:
+        if folder_id != identity:  # a first group, or the folder was overwritten: positions start over
+            identity, count = folder_id, 0
+            already = consumed(folder, path.name, folder_id)
+        count += 1
+        if count <= already:
+            continue
+        yield group
+        path.parent.mkdir(parents=True, exist_ok=True)  # asked for the next one: this one is done
+        atomic_write(path, orjson.dumps({"groups": count, "problem_id": group.problem_id, "folder_id": folder_id}))
+
+
+def _manifest(folder: Path, failures: list[OutputError]) -> Manifest | None:
+    """The manifest now, or None while it is not there; a manifest that stays unreadable for two passes
+    raises (one pass may meet it being replaced on storage without atomic renames)."""
+    if not Layout(folder).manifest.exists():
+        return None
+    try:
+        manifest = Manifest.load(folder)
+    except OutputError as exc:
+        failures.append(exc)
+        if len(failures) > 1:
+            raise
+        return None
+    failures.clear()
+    return manifest
+
+
+def _files(folder: Path, manifest: Manifest | None) -> list[Path]:
+    """Listed shards in manifest order, then the folder's own finished and partial ones not listed (a finished
+    one before its partial namesake)."""
+    listed = [folder / s.file for s in manifest.shards] if manifest is not None else []
+    known = {os.path.realpath(p) for p in listed}
+    own = [path for _, _, path in Layout(folder).entries() if os.path.realpath(path) not in known]
+    return listed + own
+
+
+def _live_routes(shard: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """A live shard's group with its routes, or None when they cannot be read yet. A partial shard's sidecar is
+    renamed to its final name just before the shard is."""
+    candidates = [routes_path(shard)]
+    if shard.name.endswith(PARTIAL):
+        candidates.append(shard.with_name(routes_name(shard.name.removesuffix(PARTIAL))))
+    for path in candidates:
+        with Sidecar(path, shard) as sidecar:
+            try:
+                return sidecar.resolve(records)
+            except RoutesUnavailable:
+                continue
+    return None
+
+
+def _follow(folder: Path, poll_s: float, timeout_s: float | None, routes: bool) -> Iterator[tuple[str, Group]]:
+    seen: set[str] = set()
+    offsets: dict[str, int] = {}  # real path -> bytes of whole groups already read
+    identity = ""
+    failures: list[OutputError] = []
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        manifest = _manifest(folder, failures)  # read before the pass: a complete one comes after every shard
+        if manifest is not None and manifest.folder_id != identity:
+            if identity:  # overwritten since: another dataset in the same place
+                seen.clear()
+                offsets.clear()
+            identity = manifest.folder_id
+        complete = manifest is not None and manifest.complete
+        for shard in _files(folder, manifest):
+            key = os.path.realpath(shard)
+            start = offsets.get(key, 0)
+            try:
+                with open(shard, "rb") as f:
+                    f.seek(start)
+                    data = f.read()
+            except FileNotFoundError:  # renamed (finished) or recovered since the listing: next pass
+                continue
+            for end, records in shard_groups(data, is_zstd(shard)):
+                pid = str(records[0]["problem_id"])
+                if pid not in seen and routes:
+                    resolved = _live_routes(shard, records)
+                    if resolved is None:
+                        break  # its sidecar is being renamed: the next pass reads the group again
+                    records = resolved
+                offsets[key] = start + end
+                if pid not in seen:  # a shard renamed or recovered is read again from its start
+                    seen.add(pid)
+                    yield identity, as_group(records)
+        if complete:
+            assert manifest is not None
+            _check_whole(folder, manifest, offsets)
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{folder}: the run did not complete within {timeout_s:g}s")
+        time.sleep(poll_s)
+
+
+def _check_whole(folder: Path, manifest: Manifest, offsets: dict[str, int]) -> None:
+    """A complete folder read to its end: every listed shard whole, as the plain reader demands."""
+    for entry in manifest.shards:
+        path = folder / entry.file
+        if not path.exists():
+            raise OutputError(f"{path} is listed in its folder's manifest but is not there (moved away?)")
+        size = path.stat().st_size
+        read = offsets.get(os.path.realpath(path), 0)
+        if read != size:
+            reason = "its routes sidecar is missing or short" if read and entry.routes else "not whole groups"
+            raise OutputError(f"{path} is damaged after byte {read} ({reason})")

@@ -1,0 +1,118 @@
+"""Reading a folder back: records and whole groups of a finished (or merged) folder, in manifest order.
+
+With `routes=True` a record's `routed_experts` (a reference into its shard's routes sidecar) becomes the full
+numpy array, shape (prompt + response - 1, layers, experts per token), read a blob at a time; with False the
+reference stays (docs/routed-experts.md). A shard the manifest lists but that is not there, or that does not
+hold whole groups to its end, is one `OutputError` line: a folder is never read short without a word.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import OutputError
+from ..group import Group
+from ..inputs import Problem
+from ..schema import Sample
+from .layout import is_zstd
+from .manifest import Manifest, ShardEntry
+from .routes import Sidecar
+from .shards import read_lines, shard_groups
+
+_SAMPLE_FIELDS = frozenset(f.name for f in fields(Sample))
+
+
+@dataclass(frozen=True, slots=True)
+class ShardFile:
+    """A finished shard of a folder: its path, its routes sidecar's (None: its records have none), its entry."""
+
+    path: Path
+    routes: Path | None
+    entry: ShardEntry
+
+
+def shard_files(folder: str | os.PathLike[str], manifest: Manifest | None = None) -> list[ShardFile]:
+    """The finished shards of a folder in manifest order (a merged folder's paths are relative to it)."""
+    root = Path(folder)
+    manifest = manifest or Manifest.load(root)
+    return [ShardFile(root / s.file, root / s.routes.file if s.routes is not None else None, s)
+            for s in manifest.shards]
+
+
+def shard_paths(folder: str | os.PathLike[str]) -> list[Path]:
+    return [shard.path for shard in shard_files(folder)]
+
+
+def missing(path: Path, exc: OSError) -> OutputError:
+    """A listed file that cannot be read, in one line."""
+    if isinstance(exc, FileNotFoundError):
+        return OutputError(f"{path} is listed in its folder's manifest but is not there (moved away?): put it "
+                           "back, or rerun generate into that folder to make its groups again")
+    return OutputError(f"{path}: cannot read it ({exc.strerror or exc})")
+
+
+def shard_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise missing(path, exc) from exc
+
+
+def shard_lines(path: Path) -> Iterator[bytes]:
+    """The JSONL lines of a finished shard (decompressed), a missing or unreadable one being one error line."""
+    try:
+        yield from read_lines(path)
+    except OSError as exc:
+        raise missing(path, exc) from exc
+
+
+def read_records(path: str | os.PathLike[str], routes: bool = False) -> Iterator[dict[str, Any]]:
+    """Every record of a folder as its JSONL dict, in manifest order; with `routes`, `routed_experts` as the full
+    numpy array (see the module's docstring)."""
+    for shard in shard_files(path):
+        with Sidecar(shard.routes, shard.path) as sidecar:
+            for line in shard_lines(shard.path):
+                record = orjson.loads(line)
+                yield sidecar.resolve_or_fail([record])[0] if routes else record
+
+
+def as_group(records: list[dict[str, Any]]) -> Group:
+    """A group's records as an `agentroll.Group`. `problem.prompt` is the solver prompt as rendered (the row's
+    own prompt is not stored); `problem.content_hash` is the row's identity."""
+    executions: list[list[Sample]] = []
+    for record in records:
+        sample = Sample(**{k: v for k, v in record.items() if k in _SAMPLE_FIELDS})
+        if not executions or executions[-1][0].rollout_id != sample.rollout_id:
+            executions.append([])
+        executions[-1].append(sample)
+    first = records[0]
+    problem = Problem(id=str(first["problem_id"]), prompt=first.get("prompt", ""), label=first.get("label"),
+                      metadata=first.get("metadata") or {}, line=0, source="<folder>",
+                      content_hash=str(first.get("problem_hash", "")))
+    return Group(problem, executions)
+
+
+def stored_groups(path: str | os.PathLike[str],
+                  manifest: Manifest | None = None) -> Iterator[tuple[list[dict[str, Any]], Sidecar]]:
+    """Each whole group of a finished folder as its records (references as written), with its shard's sidecar
+    (open while the shard is read) to resolve the routes of the groups one wants."""
+    for shard in shard_files(path, manifest):
+        data = shard_bytes(shard.path)
+        read = 0
+        with Sidecar(shard.routes, shard.path) as sidecar:
+            for end, records in shard_groups(data, is_zstd(shard.path)):
+                read = end
+                yield records, sidecar
+        if read != len(data):
+            raise OutputError(f"{shard.path} is damaged after byte {read} (not whole groups)")
+
+
+def finished_groups(path: str | os.PathLike[str], routes: bool = False) -> Iterator[Group]:
+    for records, sidecar in stored_groups(path):
+        yield as_group(sidecar.resolve_or_fail(records) if routes else records)

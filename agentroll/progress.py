@@ -1,0 +1,105 @@
+"""What a run tells a person while it works: the figures, the rates, the ETA, in words both renderers share.
+
+The runner calls `Progress.advance` on every settled group and, from its start, every `interval_s` seconds on a
+ticker, so a bar moves (and a log line comes) even while no group has finished yet. The CLI renders a rich bar
+on a terminal and timestamped lines elsewhere (cron, CI); a `--ray` partition sends JSON lines to its driver.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .client import ClientCounters
+from .stats import RunStats
+
+
+class Progress:
+    """A run's progress hook (the default says nothing)."""
+
+    interval_s: float = 1.0  # how often the runner's ticker calls `advance` between groups
+
+    def start(self, total: int | None) -> None: ...
+    def advance(self, stats: RunStats, requests: ClientCounters) -> None: ...
+    def stop(self) -> None: ...
+
+
+@dataclass
+class Rates:
+    """Groups and requests per second over the last `window_s` (since the start until then), and an ETA."""
+
+    window_s: float = 60.0
+    started: float = field(default_factory=lambda: time.monotonic())
+    _samples: deque[tuple[float, int, int]] = field(default_factory=deque)
+
+    def add(self, groups: int, requests: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        samples = self._samples
+        if not samples:
+            samples.append((self.started, 0, 0))
+        samples.append((now, groups, requests))
+        while len(samples) > 2 and samples[1][0] < now - self.window_s:
+            samples.popleft()
+
+    def _span(self) -> tuple[float, int, int]:
+        if len(self._samples) < 2:
+            return 0.0, 0, 0
+        (t0, g0, r0), (t1, g1, r1) = self._samples[0], self._samples[-1]
+        return t1 - t0, g1 - g0, r1 - r0
+
+    @property
+    def groups_per_s(self) -> float:
+        span, groups, _ = self._span()
+        return groups / span if span > 0 else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        span, _, requests = self._span()
+        return requests / span if span > 0 else 0.0
+
+    def eta_s(self, total: int | None, done: int) -> float | None:
+        rate = self.groups_per_s
+        if total is None or rate <= 0:
+            return None
+        return max(0.0, total - done) / rate
+
+
+def duration(seconds: float | None) -> str:
+    """`1h02m`, `4m05s`, `12s`; `-` when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def counts(stats: RunStats, requests: ClientCounters) -> str:
+    """Calls in flight and waiting, the running reward and accuracy, and each kind of failure by its name."""
+    report = stats.report()
+    parts = [f"in flight {requests.in_flight}, queued {requests.queued}",
+             f"mean reward {_ratio(stats.mean_final_reward)}, system accuracy {_ratio(report.get('system_accuracy'))}",
+             f"groups failed {stats.groups_failed}, calls failed {requests.failures}, retries {requests.retries}"]
+    if stats.invalid_rows:
+        parts.append(f"invalid rows {stats.invalid_rows}")
+    if stats.calls_replayed:
+        parts.append(f"calls replayed {stats.calls_replayed}")
+    if stats.reward_timeouts or stats.reward_errors:
+        parts.append(f"reward timeouts {stats.reward_timeouts}, errors {stats.reward_errors}")
+    return "; ".join(parts)
+
+
+def done_line(stats: RunStats, requests: ClientCounters, total: int | None, rates: Rates) -> str:
+    """`groups 120/315 (38%), 1.9 groups/s, 52.1 requests/s, ETA 1m43s`."""
+    done = stats.groups_settled
+    share = f" ({100 * done / total:.0f}%)" if total else ""
+    return (f"groups {done}/{total if total is not None else '?'}{share}, {rates.groups_per_s:.2f} groups/s, "
+            f"{rates.requests_per_s:.1f} requests/s, ETA {duration(rates.eta_s(total, done))}")

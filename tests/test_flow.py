@@ -1,0 +1,369 @@
+"""Work that flows: depth-first groups, priority slots, vLLM's request priority, progress, signals, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+import agentroll
+from agentroll.cli import REPEATS, LogLines, RichBar, app
+from agentroll.client import CallFailed, CompletionClient, FunctionTransport, TransportFailure
+from agentroll.client.slots import ClientCounters
+from agentroll.folder import Manifest
+from agentroll.sim.script import Script
+from agentroll.sim.server import Faults, SimServer
+from agentroll.stats import RunStats
+
+from .conftest import TOKENIZER, settings, write_problems
+
+runner = CliRunner()
+ANSWER = orjson.dumps({"choices": [{"text": "x", "token_ids": [1], "logprobs": {"token_logprobs": [-0.5]},
+                                    "finish_reason": "stop", "stop_reason": None}]})
+
+
+def generate(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["generate", *args])
+    return result.exit_code, result.output
+
+
+# -- depth first ----------------------------------------------------------------------------------------------
+
+def test_with_the_defaults_groups_are_on_disk_steadily_not_all_at_the_end(tmp_path):
+    """The check the issue keeps: when half the calls have been made, a good share of the groups is out."""
+    problems = write_problems(tmp_path / "p.jsonl", 48)
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.05), max_running=16,
+                       record=False)
+    server.start()
+    seen: list[tuple[int, int]] = []  # (requests made, groups handed out) each time a group comes
+
+    async def run() -> None:
+        async with agentroll.Generator(base_url=server.url, tokenizer=TOKENIZER, num_parallel=2,
+                                       samples_per_prompt=2, reward="exact") as gen:
+            rows = [orjson.loads(line) for line in problems.read_bytes().splitlines()]
+            async for _ in gen.stream(rows):
+                seen.append((gen.counters.requests, len(seen) + 1))
+
+    try:
+        asyncio.run(run())
+    finally:
+        server.stop()
+    total = seen[-1][0]
+    out_at_half = max(groups for requests, groups in seen if requests <= total / 2)
+    assert len(seen) == 48
+    assert out_at_half >= 0.3 * 48, seen  # breadth first handed out none by then
+
+
+def grant_order(priorities: list[tuple[int, int]]) -> list[int]:
+    """With one slot held, calls ask with `priorities`; the order they are answered in, by their index."""
+    gate = asyncio.Event()
+    answered: list[int] = []
+
+    async def handler(method: str, url: str, body: bytes | None) -> tuple[int, bytes]:
+        sent = orjson.loads(body or b"{}")
+        if sent.get("prompt") == [0]:
+            await gate.wait()
+        else:
+            answered.append(sent["prompt"][0] - 1)
+        return 200, ANSWER
+
+    async def go() -> None:
+        client = CompletionClient(["http://127.0.0.1:9"], settings(concurrency=1),
+                                  transport=FunctionTransport(handler))
+        held = asyncio.create_task(client.complete([0], {"max_tokens": 1}, "m"))
+        while client.counters.in_flight == 0:
+            await asyncio.sleep(0)
+        waiting = [asyncio.create_task(client.complete([i + 1], {"max_tokens": 1}, "m", priority=p))
+                   for i, p in enumerate(priorities)]
+        while client.counters.queued < len(priorities):
+            await asyncio.sleep(0)
+        gate.set()
+        await asyncio.gather(held, *waiting)
+        await client.aclose()
+
+    asyncio.run(go())
+    return answered
+
+
+def test_when_slots_are_scarce_older_groups_and_later_stages_go_first():
+    assert grant_order([(5, 0), (1, 2), (3, 0), (1, 0), (0, 1)]) == [4, 3, 1, 2, 0]
+
+
+# -- vLLM's request priority ---------------------------------------------------------------------------------
+
+def test_the_simulator_orders_its_queue_by_priority_under_the_priority_policy(problems):
+    async def go(policy: str) -> list[int]:
+        server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.2), max_running=1,
+                           scheduling_policy=policy)
+        server.start()
+        client = CompletionClient([server.url], settings(concurrency=8, max_retries=0))
+        client.send_priority = True
+        try:
+            first = asyncio.create_task(client.complete([5, 6, 7], {"max_tokens": 2}, server.model, priority=(9, 0)))
+            await asyncio.to_thread(server.wait_until, lambda: server.scheduler.running == 1, 20)
+            rest = [asyncio.create_task(client.complete([5, 6, 7 + g], {"max_tokens": 2}, server.model,
+                                                        priority=(g, 0))) for g in (4, 2, 3)]
+            await asyncio.to_thread(server.wait_until, lambda: server.scheduler.waiting == 3, 20)
+            await asyncio.gather(first, *rest)
+            return server.scheduler.admitted
+        finally:
+            await client.aclose()
+            server.stop()
+
+    assert asyncio.run(go("priority")) == [9, 2, 3, 4]
+
+    async def refused() -> None:  # fcfs: vLLM's documented contract refuses a non-zero priority
+        server = SimServer(script=Script.from_jsonl(problems))
+        server.start()
+        client = CompletionClient([server.url], settings(max_retries=0))
+        client.send_priority = True
+        try:
+            await client.complete([5, 6, 7], {"max_tokens": 2}, server.model, priority=(3, 0))
+        finally:
+            await client.aclose()
+            server.stop()
+
+    with pytest.raises(CallFailed, match="Got priority 3 but Priority scheduling is not enabled"):
+        asyncio.run(refused())
+
+
+@pytest.mark.parametrize(("policy", "flag", "code", "sent"), [("priority", "auto", 0, True), ("fcfs", "auto", 0, False),
+                                                             ("fcfs", "on", 4, None), ("priority", "off", 0, False)])
+def test_generate_sends_the_priority_when_the_server_takes_it(problems, tmp_path, policy, flag, code, sent):
+    server = SimServer(script=Script.from_jsonl(problems), scheduling_policy=policy)
+    server.start()
+    try:
+        exit_code, output = generate(str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url,
+                                     "--tokenizer", TOKENIZER, "--reward", "exact", "--server-priority", flag, "-q")
+        bodies = [e["request"] for e in server.log]
+    finally:
+        server.stop()
+    assert exit_code == code, output
+    if sent is None:
+        assert "--scheduling-policy priority" in output
+        return
+    assert Manifest.load(tmp_path / "out").servers[-1]["priority"] is sent
+    generations = [b for b in bodies if b.get("max_tokens") != 1]
+    assert generations and all(("priority" in b) is sent for b in generations)
+    if sent:
+        assert len({b["priority"] for b in generations}) == 8  # one number per group
+
+
+# -- a hung reward ------------------------------------------------------------------------------------------
+
+def test_a_reward_that_hangs_ends_the_run_with_exit_5_naming_reward_and_problem(problems, tmp_path, sim):
+    hang = tmp_path / "hang.py"
+    hang.write_text("import threading\nSTOP = threading.Event()\n\ndef reward(request):\n"
+                    "    if request.problem_id == 'p000':\n        STOP.wait()\n    return 1.0\n")
+    code, output = generate(str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
+                            TOKENIZER, "--reward", f"{hang}:reward", "--reward-timeout", "0.3",
+                            "--reward-concurrency", "2", "--num-parallel", "2", "-q")
+    assert code == 5, output
+    assert f"reward {hang}:reward" in output and "p000" in output and "stuck" in output
+    assert Manifest.load(tmp_path / "out").groups < 8  # nothing half written: the groups on disk are whole
+
+
+# -- progress a person can read ----------------------------------------------------------------------------------
+
+def figures(settled: int) -> tuple[RunStats, ClientCounters]:
+    stats = RunStats(groups_written=settled, groups_failed=1, executions=settled, system_correct=settled // 2,
+                     final_reward_sum=settled / 2)
+    return stats, ClientCounters(requests=10 * settled, in_flight=7, queued=3, failures=2, retries=5)
+
+
+def test_log_lines_say_done_total_rates_and_eta_from_start_to_end(caplog, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    lines = LogLines(every_s=10.0)
+    with caplog.at_level(logging.INFO, logger="agentroll"):
+        lines.start(40)
+        for step in range(1, 5):
+            clock[0] += 5.0
+            lines.advance(*figures(2 * step))
+        lines.stop()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 4  # at the start, every 10 s, and at the end
+    assert said[0].startswith("progress: groups 0/40 (0%)")
+    assert "groups 9/40 (22%), 0.45 groups/s, 4.0 requests/s, ETA 1m09s" in said[-1]
+    assert "in flight 7, queued 3" in said[-1] and "groups failed 1, calls failed 2, retries 5" in said[-1]
+    assert "mean reward 0.500, system accuracy 0.500" in said[-1]
+
+
+def test_the_terminal_bar_shows_rates_eta_calls_and_named_failures(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr("agentroll.cli.err", Console(file=out, width=160, force_terminal=True))
+    bar = RichBar()
+    bar.start(40)
+    bar.advance(*figures(8))
+    bar.live.refresh()
+    bar.stop()
+    shown = out.getvalue()
+    for text in ("groups", "9/40", "groups/s", "req/s", "ETA", "in flight 7, queued 3", "groups failed 1",
+                 "calls failed 2"):
+        assert text in shown, text
+
+
+def test_the_runner_reports_progress_before_any_group_is_done(problems, tmp_path):
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.3))
+    server.start()
+    early: list[tuple[int, int]] = []
+
+    class Seen(agentroll.progress.Progress):  # type: ignore[name-defined]
+        interval_s = 0.02
+
+        def advance(self, stats, requests):
+            early.append((stats.groups_settled, requests.in_flight))
+
+    try:
+        from agentroll.cli import run_generate
+
+        code = run_generate({"input": str(problems), "output": str(tmp_path / "out")},
+                            {"base_url": [server.url], "tokenizer": TOKENIZER, "reward": "exact"}, quiet=True,
+                            debug=False, progress=Seen())
+    finally:
+        server.stop()
+    assert code == 0
+    assert any(settled == 0 and in_flight > 0 for settled, in_flight in early)
+
+
+def test_a_warning_that_repeats_is_said_once_with_a_count(caplog):
+    handler = logging.StreamHandler(io.StringIO())
+    REPEATS.counts.clear()
+    handler.addFilter(REPEATS)
+    logger = logging.getLogger("agentroll.test-repeats")
+    logger.addHandler(handler)
+    try:
+        for _ in range(25):
+            logger.warning("the same thing")
+    finally:
+        logger.removeHandler(handler)
+    lines = handler.stream.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert lines == ["the same thing", "the same thing (said 10 times so far)"]
+    assert REPEATS.said() == ["said 25 times in all: the same thing"]
+
+
+def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(caplog):
+    up = asyncio.Event()
+
+    async def handler(method: str, url: str, body: bytes | None) -> tuple[int, bytes]:
+        if not up.is_set():
+            raise TransportFailure("ConnectionRefusedError")
+        return (200, b"") if url.endswith("/health") else (200, ANSWER)
+
+    async def go() -> None:
+        client = CompletionClient(["http://127.0.0.1:9"], settings(concurrency=16, probe_interval_s=0.05,
+                                                                   backoff_base_s=0.01, max_retries=50),
+                                  transport=FunctionTransport(handler))
+        calls = [asyncio.create_task(client.complete([i], {"max_tokens": 1}, "m")) for i in range(40)]
+        while not client.endpoints[0].down:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # the outage lasts a while: calls keep arriving and waiting meanwhile
+        up.set()
+        await asyncio.gather(*calls)
+        await client.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="agentroll"):
+        asyncio.run(go())
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("every endpoint is down" in s for s in said) == 1
+    assert sum("out of rotation" in s for s in said) == 1
+    assert sum("is back after" in s for s in said) == 1
+
+
+# -- transient faults cost only their retries ----------------------------------------------------------------------
+
+def test_under_transient_faults_the_only_endpoint_stays_in_rotation_and_nothing_is_lost(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 40)
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.05, drop_rate=0.02))
+    server.start()
+    try:
+        code, output = generate(str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url,
+                                "--tokenizer", TOKENIZER, "--reward", "exact", "--concurrency", "64")
+    finally:
+        server.stop()
+    assert code == 0, output
+    assert "out of rotation" not in output and "every endpoint is down" not in output
+    manifest = Manifest.load(tmp_path / "out")
+    assert manifest.groups == 40 and manifest.last_run["requests"]["retries"] > 0
+    assert manifest.last_run["requests"]["failures"] == 0
+
+
+def test_an_endpoint_whose_health_fails_leaves_and_one_failing_most_calls_is_benched_while_another_serves():
+    async def go() -> tuple[bool, bool, int]:
+        def handler(method: str, url: str, body: bytes | None) -> tuple[int, bytes]:
+            if url.startswith("http://127.0.0.1:1/"):
+                return (200, b"") if url.endswith("/health") else (500, b'{"error": {"message": "boom"}}')
+            return (200, b"") if url.endswith("/health") else (200, ANSWER)
+
+        client = CompletionClient(["http://127.0.0.1:1", "http://127.0.0.1:2"],
+                                  settings(concurrency=8, backoff_base_s=0.001), transport=FunctionTransport(handler))
+        await asyncio.gather(*(client.complete([i], {"max_tokens": 1}, "m") for i in range(200)))
+        benched, other = client.endpoints[0].down, client.endpoints[1].down
+        await client.aclose()
+        alone = CompletionClient(["http://127.0.0.1:1"], settings(concurrency=8, backoff_base_s=0.001, max_retries=1),
+                                 transport=FunctionTransport(handler))
+        results = await asyncio.gather(*(alone.complete([i], {"max_tokens": 1}, "m") for i in range(40)),
+                                       return_exceptions=True)
+        kept = not alone.endpoints[0].down  # its /health answers: the last endpoint is never benched
+        await alone.aclose()
+        return benched and not other, kept, sum(isinstance(r, Exception) for r in results)
+
+    moved, kept, failed = asyncio.run(go())
+    assert moved and kept and failed == 40
+
+
+# -- signals that tell the truth ---------------------------------------------------------------------------------
+
+def test_a_signal_after_the_folder_is_complete_leaves_the_exit_at_0(problems, tmp_path, sim, monkeypatch):
+    from agentroll.generator import Generator
+
+    closing = Generator.aclose
+
+    async def aclose(self):  # the folder is closed complete by now: the signal comes at the very end
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(0)
+        await closing(self)
+
+    monkeypatch.setattr(Generator, "aclose", aclose)
+    code, output = generate(str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
+                            TOKENIZER, "--reward", "exact")
+    assert code == 0, output
+    assert Manifest.load(tmp_path / "out").complete
+
+
+def test_two_interrupts_within_a_second_are_one(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 20)
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.5))
+    server.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    try:
+        run = subprocess.Popen([sys.executable, "-m", "agentroll", "generate", str(problems), "-o",
+                                str(tmp_path / "out"), "--base-url", server.url, "--tokenizer", TOKENIZER,
+                                "--reward", "exact"], stderr=subprocess.PIPE, env=env)
+        manifest = tmp_path / "out" / "manifest.json"  # the run is past its start-up probes
+        assert server.wait_until(lambda: manifest.exists() and server.in_flight > 0, 60)
+        run.send_signal(signal.SIGINT)
+        said = []
+        assert run.stderr is not None
+        for line in run.stderr:  # the first one was taken...
+            said.append(line)
+            if b"finishing up" in line:
+                break
+        run.send_signal(signal.SIGINT)  # ...and the same interrupt comes again, a moment later
+        rest = run.communicate(timeout=60)[1]
+    finally:
+        server.stop()
+    stderr = b"".join(said) + (rest or b"")
+    assert run.returncode == 130, stderr.decode()
+    assert b"second interrupt" not in stderr and b"groups written" in stderr  # stopped cleanly, with its summary
+    assert Manifest.load(tmp_path / "out").groups >= 0
