@@ -187,7 +187,7 @@ def test_report_on_the_command_line(folder, tmp_path):
     assert done.exit_code == 0, done.output
     assert f"charts -> {tmp_path / 'r.html'}" in done.output and (tmp_path / "r.html").stat().st_size > 10_000
     missing = runner.invoke(app, ["report", str(tmp_path / "nowhere"), "-o", str(tmp_path / "x.html")])
-    assert missing.exit_code == 6 and "not a readable agentroll manifest" in missing.output
+    assert missing.exit_code == 6 and f"{tmp_path / 'nowhere'}: no such folder" in missing.output
     nowhere = runner.invoke(app, ["report", str(folder), "-o", str(tmp_path / "no" / "dir" / "r.html")])
     assert nowhere.exit_code == 6 and "cannot write the report (no folder" in nowhere.output
     assert missing.output.strip().count("\n") == 0 and not (tmp_path / "x.html").exists()

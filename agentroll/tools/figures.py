@@ -165,7 +165,7 @@ class Collector:
 def shard_times(folder: Path, manifest: dict[str, Any]) -> list[dict[str, float]]:
     """(seconds after the first shard was finished, records on disk then), one point per finished shard, ordered
     by the shard files' modification times (parallel partitions of a merged folder interleave correctly)."""
-    from ..readers import shard_paths
+    from ..folder import shard_paths
 
     try:
         paths = shard_paths(folder)
@@ -202,11 +202,12 @@ def max_tokens(manifest: dict[str, Any], stage: str) -> int | None:
 def figures(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
     """Everything the page shows, as data (see the module's docstring): `stats` (what `agentroll stats` gives),
     `lengths`, `shaped_reward`, `speed`, `shard_times`, `selector`, `last_run`, `manifest`."""
-    from ..readers import load_manifest, read_groups
+    from ..folder import load_manifest, read_groups
 
     path = Path(folder)
-    manifest = load_manifest(path)
-    system: SystemInfo = system_of(manifest)
+    loaded = load_manifest(path)
+    system: SystemInfo = system_of(loaded)
+    manifest = loaded.to_dict()
     collector = Collector()
     data = {"folder": str(folder), **stats_of_groups(collector.watch(read_groups(path)), by, system)}
     stages = data["system"]["stages"]
