@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, fields
@@ -23,7 +22,8 @@ from .errors import InputError, TooManyFailures, UsageError
 from .folder import COMPRESSIONS, Layout, ShardWriter, StdoutWriter, consumed
 from .generator import Generator
 from .group import Group
-from .inputs import Problem, aread_problems, in_partition, parse_partition, source_name
+from .inputs import Problem, aread_problems, count_rows, in_partition, parse_partition, source_name
+from .inputs import check as check_input
 from .options import at_least, option
 from .progress import Progress
 from .stats import RunStats
@@ -35,7 +35,7 @@ log = logging.getLogger("agentroll")
 class RunOptions:
     """What `agentroll generate` adds around the `Generator`: where rows come from and where groups go."""
 
-    input: str = option("-", "Prompt JSONL file, or - for stdin.")
+    input: str = option("-", "Prompts: JSONL, .jsonl.gz, .jsonl.zst or Parquet, or - for stdin.")
     output: str = option("", "Output folder, or - to stream JSONL to stdout.", short="-o")
     shard_size: int = option(1000, "Records per shard (whole groups).")
     compression: str = option("none", "none | zstd: shards as rollouts-NNNNN.jsonl.zst, one frame per group.")
@@ -109,14 +109,14 @@ class RunResult:
 
 
 def _count_rows(path: str, limit: int | None) -> int | None:
-    """Rows in a regular file of reasonable size, for the progress bar; None (unknown) otherwise."""
+    """Rows in a regular file where counting is cheap (Parquet's footer, a JSONL of reasonable size), for the
+    progress bar; else the limit, or None (unknown)."""
     try:
-        if path == "-" or not os.path.isfile(path) or os.path.getsize(path) > 256 * 2**20:
-            return limit
-        with open(path, "rb") as f:
-            rows = sum(1 for line in f if line.strip())
+        rows = count_rows(path)
     except OSError as exc:
         raise InputError(path, 0, None, f"cannot read: {exc.strerror or exc}") from exc
+    if rows is None:
+        return limit
     return min(rows, limit) if limit is not None else rows
 
 
@@ -143,8 +143,7 @@ class Runner:
         """Generate every row's group. Returns when the input is done (check `complete`); raises the error that
         ended the run otherwise (`self.result` then holds the figures so far)."""
         opts = self.run_options
-        if opts.input != "-" and (not os.path.exists(opts.input) or os.path.isdir(opts.input)):
-            raise InputError(opts.input, 0, None, "no such file")  # a FIFO or <(process substitution) is fine
+        check_input(opts.input)  # before the output folder is touched
         started = time.monotonic()
         gen = self.generator
         async with gen:

@@ -297,3 +297,12 @@ def test_an_empty_input_is_said_in_one_line_naming_the_file_with_exit_3(sim, tmp
     assert code == 3, output
     assert str(empty) in output and "empty" in output
     assert not Manifest.load(tmp_path / "out").complete
+
+
+def test_an_input_that_cannot_be_read_leaves_the_output_folder_untouched(sim, tmp_path):
+    misnamed = tmp_path / "rows.parquet"
+    misnamed.write_text('{"prompt": "What is 1 plus 1?", "label": "2"}\n')
+    code, output = cli("generate", str(misnamed), "-o", str(tmp_path / "out"), "--base-url", sim.url,
+                       "--tokenizer", TOKENIZER, "-q")
+    assert code == 3 and "does not start as a Parquet file" in output
+    assert not (tmp_path / "out").exists()

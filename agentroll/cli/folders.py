@@ -24,7 +24,7 @@ def opt(*decls: str, help: str, metavar: str = "", **kwargs: object) -> typer.mo
 
 
 def register(app: typer.Typer) -> None:
-    for command in (merge, validate, stats, convert):
+    for command in (merge, validate, stats, convert, report):
         app.command(cls=Command)(command)
     app.command("inspect", cls=Command)(inspect_command)
 
@@ -131,3 +131,15 @@ def convert(
                     if summary.get(k))
     err.print(Text(f"{summary['records']} records -> {summary['rows']} {to} rows in "
                    f"{', '.join(map(str, summary['files']))}{extra}"), soft_wrap=True)
+
+
+def report(
+    folder: Annotated[Path, FOLDER],
+    output: Annotated[Path, opt("--output", "-o", help="The HTML file to write.", metavar="FILE")],
+    by: Annotated[str | None, opt("--by", help="Split the figures by this metadata field.", metavar="FIELD")] = None,
+) -> None:
+    """One self-contained HTML page of charts (no network): rewards, accuracies, lengths, pass@k, throughput."""
+    from ..tools.html import report as html_report
+
+    made = folder_tool(lambda: html_report(folder, output, by))
+    err.print(Text(f"{made['charts']} charts -> {made['output']} ({made['bytes']:,} bytes)"))

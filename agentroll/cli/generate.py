@@ -30,8 +30,9 @@ PANELS = {
     "Sampling": ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "no_think"),
     "System": ("system", "system_option", "stage", "num_parallel", "prompts", "chat_template_kwargs"),
     "Rewards": ("reward", "reward_timeout", "reward_url", "reward_workers", "reward_concurrency", "allow_reward",
-                "correct_reward_weight", "incorrect_reward_weight"),
-    "Groups": ("samples_per_prompt", "filter_uniform_groups", "resample_uniform"),
+                "correct_reward_weight", "incorrect_reward_weight", "overlong_buffer", "overlong_penalty",
+                "overlong_filter"),
+    "Groups": ("samples_per_prompt", "filter_uniform_groups", "resample_uniform", "target_groups"),
     "Reliability": ("max_retries", "request_timeout", "connect_timeout", "down_timeout", "probe_interval",
                     "max_failures"),
     "Scale-out": ("partition", "ray", "partitions", "endpoints_per_task", "ray_retries"),
@@ -70,7 +71,7 @@ def flag(name: str, short: str | None, text: str) -> inspect.Parameter:
 
 def build() -> Any:
     params = [inspect.Parameter("input", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
-        str, typer.Argument(metavar="INPUT", help="Prompt JSONL file, or - for stdin.", show_default=False)])]
+        str, typer.Argument(metavar="INPUT", help=INPUT_HELP, show_default=False)])]
     for cls in (RunOptions, GenerateOptions):
         hints = get_type_hints(cls)
         for spec in dataclass_fields(cls):
@@ -100,6 +101,7 @@ def register(app: typer.Typer) -> None:
     app.command("generate", cls=GenerateCommand)(build())
 
 
+INPUT_HELP = "Prompts: JSONL, .jsonl.gz, .jsonl.zst or Parquet (told by their bytes), or - for stdin (JSONL)."
 DOUBLE_S = 1.0  # two interrupts this close are one said twice (a terminal's, `timeout -s INT`'s)
 
 

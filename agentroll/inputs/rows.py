@@ -1,27 +1,22 @@
-"""Prompt JSONL: one validated `Problem` per row, streamed, never the whole file in memory.
+"""A prompt row as a validated `Problem`, whatever file format it came from.
 
 A row's identity is its content: without an `id` field the id is a stable hash of the prompt and the label, so
-the same row gets the same id in any file on any day, and a different row never collides with a finished one.
+the same row gets the same id in any file (JSONL, compressed or not, or Parquet) on any day, and a different row
+never collides with a finished one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import os
-import sys
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from .errors import InputError
+from ..errors import InputError
 
 BOM = b"\xef\xbb\xbf"
-CHUNK = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +25,9 @@ class InputKeys:
     label: str = "label"
     id: str = "id"
     reward: str = "reward"
+
+
+DEFAULT_KEYS = InputKeys()
 
 
 @dataclass(slots=True)
@@ -101,13 +99,21 @@ def problem_from_row(row: Any, line: int = 0, source: str = "<row>", keys: Input
     reward = row.pop(keys.reward, None)
     if reward is not None and (not isinstance(reward, str) or not reward):
         raise InputError(source, line, keys.reward, "must name a reward (math, exact, or one --allow-reward allows)")
-    return Problem(id=str(pid), prompt=prompt, label=label, metadata=row, line=line, reward=reward, source=source,
-                   content_hash=digest)
+    return Problem(
+        id=str(pid),
+        prompt=prompt,
+        label=label,
+        metadata=row,
+        line=line,
+        reward=reward,
+        source=source,
+        content_hash=digest,
+    )
 
 
 def parse_row(raw: bytes, line: int, source: str, keys: InputKeys) -> Problem:
     if line == 1 and raw.startswith(BOM):  # spreadsheet and Windows exports start with a byte-order mark
-        raw = raw[len(BOM):]
+        raw = raw[len(BOM) :]
     try:
         row = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -137,21 +143,33 @@ def source_name(path: str) -> str:
 
 
 class Rows:
-    """Checks each row against the ones before it: an id seen twice is a bad row, the second time."""
+    """Checks each row against the ones before it: an id seen twice is a bad row, the second time. A bad row
+    raises, unless `on_invalid` takes it (``--skip-invalid``)."""
 
     def __init__(self, source: str, keys: InputKeys, on_invalid: Callable[[InputError], None] | None) -> None:
         self.source, self.keys, self.on_invalid = source, keys, on_invalid
         self.seen: dict[str, int] = {}
 
     def take(self, raw: bytes, line_no: int) -> Problem | None:
+        """A JSONL line (a blank one is no row)."""
         if not raw.strip():
             return None
+        return self._admit(lambda: parse_row(raw, line_no, self.source, self.keys), line_no)
+
+    def take_row(self, row: Any, line_no: int, convert: Callable[[Any, str, int], Any]) -> Problem | None:
+        """A row of another format, `convert`ed to the values its JSON would hold first."""
+        return self._admit(
+            lambda: problem_from_row(convert(row, self.source, line_no), line_no, self.source, self.keys), line_no
+        )
+
+    def _admit(self, make: Callable[[], Problem], line_no: int) -> Problem | None:
         try:
-            problem = parse_row(raw, line_no, self.source, self.keys)
+            problem = make()
             first = self.seen.get(problem.id)
             if first is not None:
-                raise InputError(self.source, line_no, self.keys.id, f"duplicate id {problem.id!r} (first on line "
-                                                                     f"{first})")
+                raise InputError(
+                    self.source, line_no, self.keys.id, f"duplicate id {problem.id!r} (first on line {first})"
+                )
         except InputError as exc:
             if self.on_invalid is None:
                 raise
@@ -159,87 +177,3 @@ class Rows:
             return None
         self.seen[problem.id] = line_no
         return problem
-
-
-def read_problems(path: str, keys: InputKeys = InputKeys(),
-                  on_invalid: Callable[[InputError], None] | None = None) -> Iterator[Problem]:
-    """Problems of a file (or `-`), lazily. Bad rows raise, unless `on_invalid` takes them (``--skip-invalid``)."""
-    if path != "-" and (not Path(path).exists() or Path(path).is_dir()):
-        raise InputError(path, 0, None, "no such file")
-    rows = Rows(source_name(path), keys, on_invalid)
-    stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
-    try:
-        for line_no, raw in enumerate(stream, start=1):
-            problem = rows.take(raw, line_no)
-            if problem is not None:
-                yield problem
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
-
-
-async def aread_problems(path: str, keys: InputKeys = InputKeys(),
-                         on_invalid: Callable[[InputError], None] | None = None) -> AsyncIterator[Problem]:
-    """`read_problems` for the event loop: a row is handed on as soon as its line arrives (a slow producer on
-    stdin is served row by row), and nothing ever waits for stdin to close."""
-    if path != "-" and (not Path(path).exists() or Path(path).is_dir()):
-        raise InputError(path, 0, None, "no such file")
-    rows = Rows(source_name(path), keys, on_invalid)
-    line_no = 0
-    async for raw in read_lines(path):
-        line_no += 1
-        problem = rows.take(raw, line_no)
-        if problem is not None:
-            yield problem
-
-
-async def read_lines(path: str) -> AsyncIterator[bytes]:
-    """Lines of a file or of stdin, read by a daemon thread with raw `os.read`: it never blocks the loop, holds
-    no lock that interpreter shutdown needs, and a shutdown never waits for it. Reads ahead at most 8 chunks."""
-    loop = asyncio.get_running_loop()
-    chunks: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
-    credits = threading.Semaphore(8)
-    stop = threading.Event()
-    try:
-        fd = 0 if path == "-" else os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise InputError(path, 0, None, f"cannot read: {exc.strerror or exc}") from exc
-
-    def pump() -> None:
-        try:
-            while not stop.is_set():
-                credits.acquire()
-                if stop.is_set():
-                    break
-                try:
-                    chunk = os.read(fd, CHUNK)
-                except OSError as exc:
-                    loop.call_soon_threadsafe(chunks.put_nowait, exc)
-                    return
-                loop.call_soon_threadsafe(chunks.put_nowait, chunk)
-                if not chunk:
-                    return
-        except RuntimeError:  # the loop is closed: the run is over
-            return
-        finally:
-            if fd != 0:
-                os.close(fd)
-
-    threading.Thread(target=pump, name="agentroll-input", daemon=True).start()
-    pending = b""
-    try:
-        while True:
-            chunk = await chunks.get()
-            credits.release()
-            if isinstance(chunk, BaseException):
-                raise InputError(source_name(path), 0, None, f"cannot read: {chunk}")
-            if not chunk:
-                break
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                yield line
-        if pending:
-            yield pending
-    finally:
-        stop.set()
-        credits.release()

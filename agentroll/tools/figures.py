@@ -1,0 +1,245 @@
+"""What `agentroll report` draws, as data: `stats`'s figures plus what a table cannot show, from one read.
+
+The accuracies, pass@k and the --by split are `agentroll.tools.report.stats_of_groups`'s own (fed the same
+groups as they stream by), so the page and `agentroll stats` never disagree. Added here: each stage's response
+lengths with the truncated ones apart, its mean shaped reward, the calls' speed over the run, the selector's
+pick against the best of its candidates, and the shards' finish times.
+
+Records carry no timestamps, so "throughput over the run" is what the folder does know, each labelled as what
+it is: per call, response tokens over `latency_s` (the speed one request saw, retries included) and the latency,
+in the order the groups were written; for the folder, the records on disk over time from the shard files'
+modification times (one point per shard: a folder that was copied shows the copy's times); for the last run,
+its `wall_s` and request count from the manifest.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..group import Group
+from .report import stats_of_groups
+from .system import SystemInfo, system_of
+
+CASES = {  # (a candidate right, the pick right): how the page names the case
+    (True, True): "candidate right, pick right",
+    (True, False): "candidate right, pick wrong",
+    (False, True): "no candidate right, pick right",
+    (False, False): "no candidate right, pick wrong",
+}
+MOST_POINTS = 100  # points of the over-the-run lines: groups are pooled into this many windows at most
+
+
+@dataclass(slots=True)
+class StageLengths:
+    lengths: array = field(default_factory=lambda: array("I"))
+    truncated: array = field(default_factory=lambda: array("B"))
+    reward_sum: float = 0.0
+
+    def add(self, tokens: int, truncated: bool, reward: float) -> None:
+        self.lengths.append(tokens)
+        self.truncated.append(truncated)
+        self.reward_sum += reward
+
+    def histogram(self, top: int | None) -> dict[str, Any]:
+        """Response lengths in bins of a round width from 0 to the longest (or `top`, max_tokens), counted apart
+        for completed and truncated samples."""
+        edges = length_bins(self.lengths, top)
+        width = edges[1] - edges[0]
+        completed, truncated = [0] * (len(edges) - 1), [0] * (len(edges) - 1)
+        for tokens, cut in zip(self.lengths, self.truncated, strict=True):
+            (truncated if cut else completed)[min(int(tokens // width), len(edges) - 2)] += 1
+        n = len(self.lengths)
+        return {
+            "edges": edges,
+            "completed": completed,
+            "truncated": truncated,
+            "max_tokens": top,
+            "samples": n,
+            "truncated_samples": sum(truncated),
+            "mean": sum(self.lengths) / n if n else None,
+            "longest": max(self.lengths, default=0),
+        }
+
+
+def length_bins(lengths: Iterable[int], top: int | None, count: int = 24) -> list[float]:
+    """Bin edges from 0 past the longest response (or `top` when it is the larger), about `count` bins of a
+    round width (1, 2 or 5 times a power of ten)."""
+    longest = max(max(lengths, default=0), top or 0, 1)
+    raw = longest / count
+    power = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    width = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return [float(i * width) for i in range(longest // width + 2)]
+
+
+@dataclass(slots=True)
+class SelectorFigures:
+    """Per execution with a selector record: was one of its candidates right, and did it pick a right one."""
+
+    executions: int = 0
+    table: dict[tuple[bool, bool], int] = field(default_factory=dict)  # (a candidate right, the pick right) -> n
+    solver_right: int = 0  # some solver right (best of N)
+    no_judgment: int = 0  # the selector's content held no `Judgment: K`
+
+    def add(self, samples: list[Any]) -> None:
+        selector = next(s for s in samples if s.stage == "selector")
+        listed = [s for s in samples if s.listed_as is not None] or [s for s in samples if s.stage == "solver"]
+        key = (any(s.raw_reward == 1.0 for s in listed), selector.raw_reward == 1.0)
+        self.table[key] = self.table.get(key, 0) + 1
+        self.executions += 1
+        self.solver_right += any(s.stage == "solver" and s.raw_reward == 1.0 for s in samples)
+        self.no_judgment += selector.judgment is None
+
+    def to_dict(self) -> dict[str, Any]:
+        n = self.executions
+        possible = self.table.get((True, True), 0) + self.table.get((True, False), 0)
+        return {
+            "executions": n,
+            "best_of_n_accuracy": self.solver_right / n if n else None,
+            "best_of_candidates_accuracy": possible / n if n else None,
+            "pick_accuracy": self.table.get((True, True), 0) / n if n else None,
+            "pick_given_possible": self.table.get((True, True), 0) / possible if possible else None,
+            "table": {CASES[key]: self.table.get(key, 0) for key in CASES},
+            "no_judgment": self.no_judgment,
+        }
+
+
+@dataclass(slots=True)
+class Collector:
+    """Watches groups go by (`watch`) and keeps what the page needs beyond `stats`."""
+
+    stages: dict[str, StageLengths] = field(default_factory=dict)
+    selector: SelectorFigures | None = None
+    group_calls: array = field(default_factory=lambda: array("d"))
+    group_tokens: array = field(default_factory=lambda: array("d"))
+    group_latency: array = field(default_factory=lambda: array("d"))
+
+    def watch(self, groups: Iterable[Group]) -> Iterator[Group]:
+        for group in groups:
+            self.add(group)
+            yield group
+
+    def add(self, group: Group) -> None:
+        calls = tokens = latency = 0.0
+        for samples in group.executions:
+            for s in samples:
+                stage = self.stages.get(s.stage) or self.stages.setdefault(s.stage, StageLengths())
+                stage.add(len(s.response_token_ids), s.status == "truncated", s.reward)
+                calls += 1
+                tokens += len(s.response_token_ids)
+                latency += s.latency_s
+            if any(s.stage == "selector" for s in samples):
+                if self.selector is None:
+                    self.selector = SelectorFigures()
+                self.selector.add(samples)
+        self.group_calls.append(calls)
+        self.group_tokens.append(tokens)
+        self.group_latency.append(latency)
+
+    def speed(self) -> list[dict[str, float]]:
+        """The groups in write order, pooled into at most `MOST_POINTS` windows: per window, the groups written by
+        its end, response tokens per second of call time, and the mean call latency."""
+        count = len(self.group_calls)
+        size = max(1, math.ceil(count / MOST_POINTS))
+        out = []
+        for start in range(0, count, size):
+            end = min(count, start + size)
+            calls = sum(self.group_calls[start:end])
+            latency = sum(self.group_latency[start:end])
+            tokens = sum(self.group_tokens[start:end])
+            out.append(
+                {
+                    "groups": float(end),
+                    "tokens_per_s": tokens / latency if latency else 0.0,
+                    "latency_s": latency / calls if calls else 0.0,
+                }
+            )
+        return out
+
+
+def shard_times(folder: Path, manifest: dict[str, Any]) -> list[dict[str, float]]:
+    """(seconds after the first shard was finished, records on disk then), one point per finished shard, ordered
+    by the shard files' modification times (parallel partitions of a merged folder interleave correctly)."""
+    from ..folder import shard_paths
+
+    try:
+        paths = shard_paths(folder)
+    except Exception:  # a damaged manifest: the reader has already said so
+        return []
+    records = [s.get("records") if isinstance(s, dict) else None for s in manifest.get("shards", [])]
+    points = []
+    for path, count in zip(paths, records, strict=False):
+        try:
+            points.append((os.stat(path).st_mtime, int(count or 0)))
+        except (OSError, TypeError, ValueError):
+            return []
+    points.sort()
+    out, total = [], 0
+    for mtime, count in points:
+        total += count
+        out.append({"s": mtime - points[0][0], "records": float(total)})
+    return out
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    """A manifest's object, or {} where it holds something else (validate reports that; the page goes on)."""
+    return value if isinstance(value, dict) else {}
+
+
+def max_tokens(manifest: dict[str, Any], stage: str) -> int | None:
+    """The stage's --max-tokens (a --stage setting, else the run's), for the length charts' marker."""
+    settings = _obj(manifest.get("settings"))
+    per_stage = _obj(_obj(settings.get("stage_settings")).get(stage))
+    value = per_stage.get("max_tokens", settings.get("max_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def figures(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
+    """Everything the page shows, as data (see the module's docstring): `stats` (what `agentroll stats` gives),
+    `lengths`, `shaped_reward`, `speed`, `shard_times`, `selector`, `last_run`, `manifest`."""
+    from ..folder import load_manifest, read_groups
+
+    path = Path(folder)
+    loaded = load_manifest(path)
+    system: SystemInfo = system_of(loaded)
+    manifest = loaded.to_dict()
+    collector = Collector()
+    data = {"folder": str(folder), **stats_of_groups(collector.watch(read_groups(path)), by, system)}
+    stages = data["system"]["stages"]
+    lengths = {
+        name: collector.stages[name].histogram(max_tokens(manifest, name))
+        for name in stages
+        if name in collector.stages
+    }
+    shaped = {
+        name: (
+            collector.stages[name].reward_sum / len(collector.stages[name].lengths)
+            if name in collector.stages and len(collector.stages[name].lengths)
+            else None
+        )
+        for name in stages
+    }
+    last = _obj(manifest.get("last_run"))
+    return {
+        "stats": data,
+        "lengths": lengths,
+        "shaped_reward": shaped,
+        "speed": collector.speed(),
+        "shard_times": shard_times(path, manifest),
+        "selector": collector.selector.to_dict() if collector.selector is not None else None,
+        "last_run": {
+            "wall_s": last.get("wall_s"),
+            "requests": _obj(last.get("requests")).get("requests"),
+            "records": _obj(last.get("stats")).get("records_written"),
+            "stages": _obj(_obj(last.get("stats")).get("stages")),
+        },
+        "manifest": {
+            key: manifest.get(key)
+            for key in ("complete", "records", "groups", "executions", "schema_version", "merged_from")
+        },
+    }

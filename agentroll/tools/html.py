@@ -1,0 +1,370 @@
+"""`agentroll report DIR -o report.html`: one self-contained page of charts about a folder, for looking rather
+than reading.
+
+The page is a single HTML file: inline CSS and inline SVG, no script, no font, no image, nothing fetched (its
+Content-Security-Policy forbids any load, so even a stray reference could not reach the network). It opens
+offline, from a mail attachment or a CI artifact. The figures are `figures.figures`' (so `stats`'s, for what
+both show); the page follows the folder's system: its stages, in its order, and the selector section only for
+a system with a `selector` stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from ..errors import OutputError
+from . import charts
+from .charts import TRUNCATED, Series, bar_chart, fmt, histogram, line_chart
+from .figures import figures
+
+MOST_SPLITS = 12  # --by values drawn (those with the most problems); the table lists them all
+CSP = "default-src 'none'; style-src 'unsafe-inline'"
+CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; color: #222; max-width: 1340px; margin: 24px auto; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 36px; border-bottom: 1px solid #ddd; }
+.sub { color: #555; } .note { color: #555; font-size: 13px; max-width: 900px; }
+.row { display: flex; flex-wrap: wrap; gap: 8px 24px; } figure { margin: 8px 0; }
+figcaption { font-size: 13px; color: #444; max-width: 640px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+th, td { border-bottom: 1px solid #eee; padding: 3px 10px; text-align: right; } th:first-child, td:first-child
+{ text-align: left; } th { background: #f6f6f6; }
+svg text { font-family: system-ui, sans-serif; fill: #222; }
+"""
+NAMES = {
+    "majority_vote_accuracy": "majority vote",
+    "best_of_n_accuracy": "best of N",
+    "system_accuracy": "system",
+    "selector_pick_accuracy": "selector's pick",
+}
+
+
+def accuracy_name(key: str) -> str:
+    return NAMES.get(key, key.removesuffix("_accuracy"))
+
+
+def accuracy_keys(report: dict[str, Any]) -> list[str]:
+    return [key for key in report if key.endswith("_accuracy")]
+
+
+def figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption>{caption}</figcaption></figure>"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def _stages(data: dict[str, Any]) -> str:
+    whole = data["stats"]["all"]
+    report = whole["report"]
+    keys = accuracy_keys(report)
+    out = ["<h2>Reward and accuracy per stage</h2><div class='row'>"]
+    out.append(
+        figure(
+            bar_chart(
+                "accuracy",
+                "accuracy",
+                [accuracy_name(k) for k in keys],
+                [Series("all", [report[k] for k in keys])],
+                y_label="accuracy",
+                y_top=1.0,
+            ),
+            "Each stage's accuracy (its mean raw reward; the selector's over its picks), majority vote and "
+            "best of N over the solvers, and the system's (final rewards of 1): as <code>agentroll "
+            "stats</code> reports them.",
+        )
+    )
+    stages = list(whole["stages"])
+    raw = [whole["stages"][s]["mean_raw_reward"] for s in stages]
+    shaped = [data["shaped_reward"].get(s) for s in stages]
+    out.append(
+        figure(
+            bar_chart(
+                "reward",
+                "mean reward per stage",
+                stages,
+                [Series("raw reward", raw), Series("shaped reward", shaped)],
+                y_label="mean reward",
+            ),
+            "Mean raw reward (before shaping) and mean shaped <code>reward</code> (what a trainer sees) per stage.",
+        )
+    )
+    out.append("</div>")
+    rows = []
+    for s in stages:
+        st = whole["stages"][s]
+        rows.append(
+            [
+                s + ("" if st.get("trainable", True) else " (not trainable)"),
+                fmt(st["samples"]),
+                fmt(st["mean_raw_reward"]),
+                fmt(data["shaped_reward"].get(s)),
+                f"{fmt(st['truncated'])} ({pct(st['truncated'], st['samples'])})",
+                fmt(st["prompt_tokens"]),
+                fmt(st["response_tokens"]),
+            ]
+        )
+    out.append(
+        table(
+            [
+                "stage",
+                "samples",
+                "mean raw reward",
+                "mean shaped reward",
+                "truncated",
+                "prompt tokens",
+                "response tokens",
+            ],
+            rows,
+        )
+    )
+    return "".join(out)
+
+
+def _lengths(data: dict[str, Any]) -> str:
+    out = ["<h2>Response lengths</h2><div class='row'>"]
+    for j, (stage, h) in enumerate(data["lengths"].items()):
+        marker = (float(h["max_tokens"]), f"max_tokens {h['max_tokens']}") if h["max_tokens"] else None
+        svg = histogram(
+            f"lengths-{stage}",
+            f"{stage} response lengths",
+            h["edges"],
+            [Series("completed", h["completed"], charts.color(j)), Series("truncated", h["truncated"], TRUNCATED)],
+            x_label=f"{stage} response tokens",
+            marker=marker,
+        )
+        out.append(
+            figure(
+                svg,
+                f"<b>{escape(stage)}</b>: {fmt(h['samples'])} samples, {fmt(h['truncated_samples'])} "
+                f"truncated ({pct(h['truncated_samples'], h['samples'])}, in vermilion), mean "
+                f"{fmt(h['mean'], 1)} tokens, longest {fmt(h['longest'])}.",
+            )
+        )
+    out.append("</div>")
+    return "".join(out)
+
+
+def _splits(data: dict[str, Any]) -> list[str]:
+    """The --by values drawn: those with the most problems, at most `MOST_SPLITS`, in `stats`' order."""
+    split = data["stats"]["split"]
+    ranked = sorted(split, key=lambda key: -split[key]["problems"])[:MOST_SPLITS]
+    return [key for key in split if key in ranked]
+
+
+def _pass_at_k(data: dict[str, Any]) -> str:
+    out = ["<h2>pass@k</h2>"]
+    whole = data["stats"]["all"]
+    if not whole["pass_at_k"]:
+        return "".join(out) + "<p class='note'>No solver samples: pass@k is over the solver stage's samples.</p>"
+    series = [("all", [(float(e["k"]), e["value"]) for e in whole["pass_at_k"]])]
+    by = data["stats"]["by"]
+    series += [
+        (f"{by}={key}", [(float(e["k"]), e["value"]) for e in data["stats"]["split"][key]["pass_at_k"]])
+        for key in _splits(data)[: len(charts.PALETTE) - 1]
+    ]
+    svg = line_chart("pass-at-k", "pass@k", series, x_label="k (solver samples drawn)", y_label="pass@k", y_top=1.0)
+    return "".join(out) + figure(
+        svg,
+        "The unbiased estimator (Codex paper) per problem over its solver samples, "
+        "averaged over the problems with at least k of them.",
+    )
+
+
+def _by(data: dict[str, Any]) -> str:
+    by = data["stats"]["by"]
+    if by is None:
+        return (
+            "<h2>By a metadata field</h2><p class='note'>Run <code>agentroll report DIR -o FILE --by FIELD</code> "
+            "to split these figures by a field of the input rows (kept in each record's metadata).</p>"
+        )
+    split = data["stats"]["split"]
+    keys = accuracy_keys(data["stats"]["all"]["report"])
+    shown = _splits(data)
+    out = [f"<h2>By {escape(by)}</h2>"]
+    if shown:
+        series = [Series(accuracy_name(k), [split[v]["report"].get(k) for v in shown]) for k in keys]
+        note = "" if len(shown) == len(split) else f" The {MOST_SPLITS} values with the most problems are drawn."
+        out.append(
+            figure(
+                bar_chart("by", f"accuracy by {by}", shown, series, y_label="accuracy", y_top=1.0),
+                f"Accuracies per value of <code>metadata.{escape(by)}</code>.{note}",
+            )
+        )
+    rows = [
+        [
+            value,
+            fmt(f["problems"]),
+            fmt(f["executions"]),
+            *(fmt(f["report"].get(k)) for k in keys),
+            fmt(f["truncation_rate"]),
+        ]
+        for value, f in split.items()
+    ]
+    out.append(table([by, "problems", "executions", *(accuracy_name(k) for k in keys), "truncation rate"], rows))
+    return "".join(out)
+
+
+def _throughput(data: dict[str, Any]) -> str:
+    out = ["<h2>Throughput over the run</h2>"]
+    last = data["last_run"]
+    if last.get("wall_s"):
+        tokens = sum(
+            (s.get("prompt_tokens") or 0) + (s.get("response_tokens") or 0)
+            for s in last["stages"].values()
+            if isinstance(s, dict)
+        )
+        wall = float(last["wall_s"])
+        out.append(
+            f"<p>The last run (manifest <code>last_run</code>): {fmt(last.get('records'))} records and "
+            f"{fmt(last.get('requests'))} requests in {fmt(wall, 1)} s: {fmt((last.get('records') or 0) / wall, 1)} "
+            f"records/s, {fmt((last.get('requests') or 0) / wall, 1)} requests/s, {fmt(tokens / wall, 0)} "
+            "tokens/s (prompt and response).</p>"
+        )
+    out.append(
+        "<p class='note'>Records carry no timestamps; what is drawn is what the folder knows: per call, its "
+        "<code>latency_s</code> (from first attempt to answer, retries included) and its response tokens, "
+        "in the order the groups were written; and the shard files' modification times.</p><div class='row'>"
+    )
+    speed = data["speed"]
+    if speed:
+        out.append(
+            figure(
+                line_chart(
+                    "speed",
+                    "response tokens per second of call time",
+                    [("tokens/s", [(p["groups"], p["tokens_per_s"]) for p in speed])],
+                    x_label="groups written",
+                    y_label="tokens / s per call",
+                ),
+                "Response tokens over call time, pooled over consecutive groups: the "
+                "speed one request saw (it falls as the server gets busier).",
+            )
+        )
+        out.append(
+            figure(
+                line_chart(
+                    "latency",
+                    "mean call latency",
+                    [("latency", [(p["groups"], p["latency_s"]) for p in speed])],
+                    x_label="groups written",
+                    y_label="seconds per call",
+                ),
+                "Mean latency of a call, pooled the same way.",
+            )
+        )
+    times = data["shard_times"]
+    if len(times) >= 2:
+        out.append(
+            figure(
+                line_chart(
+                    "records-over-time",
+                    "records on disk over time",
+                    [("records", [(p["s"], p["records"]) for p in times])],
+                    x_label="seconds after the first shard",
+                    y_label="records",
+                ),
+                "Records on disk when each shard was finished, by its file's modification time (a "
+                "copied folder shows the copy's times; several runs show their gaps).",
+            )
+        )
+    else:
+        out.append(
+            "<p class='note'>One shard: no records-over-time line (it needs two shard finish times; "
+            "<code>--shard-size</code> sets how often a shard is finished).</p>"
+        )
+    out.append("</div>")
+    return "".join(out)
+
+
+def _selector(data: dict[str, Any]) -> str:
+    out = ["<h2>The selector's pick against best of N</h2>"]
+    sel = data["selector"]
+    if sel is None:
+        name = data["stats"]["system"]["name"]
+        return "".join(out) + f"<p class='note'>This folder's system ({escape(name)}) has no selector stage.</p>"
+    report = data["stats"]["all"]["report"]
+    names = ["best of N solvers", "best of the candidates", "selector's pick", "majority vote", "system"]
+    values = [
+        sel["best_of_n_accuracy"],
+        sel["best_of_candidates_accuracy"],
+        sel["pick_accuracy"],
+        report.get("majority_vote_accuracy"),
+        report.get("system_accuracy"),
+    ]
+    out.append("<div class='row'>")
+    out.append(
+        figure(
+            bar_chart(
+                "selector",
+                "selector's pick against best of N",
+                names,
+                [Series("all", values)],
+                y_label="share of executions",
+                y_top=1.0,
+            ),
+            f"Over the {fmt(sel['executions'])} executions with a selector record: a right answer among the "
+            "solvers (best of N) or among the candidates it was shown (best of the candidates: the most "
+            "its pick could reach), and its pick.",
+        )
+    )
+    out.append("</div>")
+    rows = [[key, fmt(n)] for key, n in sel["table"].items()]
+    out.append(table(["execution", "count"], rows))
+    out.append(
+        f"<p>When a right candidate was there, the selector picked one in "
+        f"{fmt(sel['pick_given_possible'])} of the cases. Selections without a <code>Judgment: K</code>: "
+        f"{fmt(sel['no_judgment'])}.</p>"
+    )
+    return "".join(out)
+
+
+def render(data: dict[str, Any]) -> str:
+    """The page for `figures.figures`' result."""
+    stats, manifest = data["stats"], data["manifest"]
+    whole = stats["all"]
+    system = stats["system"]
+    title = f"agentroll report: {data['stats']['folder']}"
+    head = (
+        f"<p class='sub'>{escape(system['name'])} system: {escape(' → '.join(system['stages']))}. "
+        f"{fmt(whole['problems'])} problems, {fmt(whole['executions'])} executions, {fmt(whole['records'])} records"
+        f"{'' if manifest.get('complete') else ' (the last run did not complete)'}; truncation rate "
+        f"{fmt(whole['truncation_rate'])}.</p>"
+    )
+    sections = [_stages(data), _lengths(data), _pass_at_k(data), _by(data), _throughput(data), _selector(data)]
+    return (
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{escape(title)}</title>"
+        f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1>{head}{''.join(sections)}"
+        "<p class='note'>Made by <code>agentroll report</code>; the numbers are in <code>agentroll stats DIR "
+        "--json</code>.</p></body></html>\n"
+    )
+
+
+def report(folder: str | os.PathLike[str], output: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
+    """Write the page for `folder` to `output` (replaced atomically); returns {"output", "bytes", "charts"}.
+    A damaged folder, or an output that cannot be written, raises `OutputError`."""
+    target = Path(output)
+    if not target.parent.is_dir():  # before reading what may be a large folder
+        raise OutputError(f"{target}: cannot write the report (no folder {target.parent})")
+    page = render(figures(folder, by))
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise OutputError(f"{target}: cannot write the report ({exc.strerror or exc})") from exc
+    return {"output": str(target), "bytes": len(page.encode()), "charts": page.count('<svg class="chart"')}
