@@ -141,6 +141,14 @@ async def _supervised(runner: Runner) -> int | None:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+        if received:  # the run may end before the echo of its interrupt comes: that echo is still the same one
+
+            def late(signum: int, frame: object) -> None:
+                if time.monotonic() - first >= DOUBLE_S:
+                    raise KeyboardInterrupt
+
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, late)
     return received[0] if received else None
 
 
