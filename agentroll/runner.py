@@ -144,7 +144,7 @@ class Runner:
         ended the run otherwise (`self.result` then holds the figures so far)."""
         opts = self.run_options
         check_input(opts.input)  # before the output folder is touched
-        started = time.monotonic()
+        started, begun = time.monotonic(), time.time()
         gen = self.generator
         async with gen:
             settings = {**gen.settings, "partition": list(opts.slice) if opts.slice else None,
@@ -190,7 +190,8 @@ class Runner:
                 self.progress.stop()
                 result.wall_s = time.monotonic() - started
                 writer.run_info = {"stats": self.stats.to_dict(), "requests": asdict(gen.counters),
-                                   "wall_s": round(result.wall_s, 3)}
+                                   "wall_s": round(result.wall_s, 3), "started_at": round(begun, 3),
+                                   "finished_at": round(time.time(), 3)}
                 writer.close(complete=result.complete)
                 result.committed = result.complete  # on disk: a signal from now on changes nothing
         return result

@@ -49,6 +49,7 @@ class ShardEntry:
     sha256: str
     routes: RoutesEntry | None = None
     source: str | None = None  # a merged view: the folder the shard came from
+    finished_at: float | None = None  # when it took its final name (seconds since the epoch): throughput over time
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"file": self.file, "records": self.records, "executions": self.executions,
@@ -57,6 +58,8 @@ class ShardEntry:
             out["routes"] = self.routes.to_dict()
         if self.source is not None:
             out["from"] = self.source
+        if self.finished_at is not None:
+            out["finished_at"] = self.finished_at
         return out
 
     @classmethod
@@ -75,9 +78,10 @@ class ShardEntry:
                     and isinstance(routes.get("sha256"), str)):
                 raise ValueError(f"{where} ({data['file']}): 'routes' is not a sidecar entry")
             side = RoutesEntry(routes["file"], routes["bytes"], routes["sha256"])
-        source = data.get("from")
+        source, finished = data.get("from"), data.get("finished_at")
         return cls(data["file"], data["records"], data["executions"], data["groups"], data["bytes"],
-                   data["sha256"], side, source if isinstance(source, str) else None)
+                   data["sha256"], side, source if isinstance(source, str) else None,
+                   float(finished) if isinstance(finished, int | float) and not isinstance(finished, bool) else None)
 
 
 @dataclass(slots=True)

@@ -159,7 +159,7 @@ def _place(folder: Path, shard: ShardEntry, output: Path, index: int, copy: bool
         if verify and path is not None and file_sha256(path) != digest:
             raise OutputError(f"{path} does not match the sha256 in {Layout(folder).manifest}")
     entry = ShardEntry(shard.file, shard.records, shard.executions, shard.groups, shard.bytes, shard.sha256,
-                       shard.routes, str(folder))
+                       shard.routes, str(folder), shard.finished_at)
     if copy:
         target = output / shard_name(index, "zstd" if is_zstd(source) else "none")
         shutil.copyfile(source, target)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +55,8 @@ def finish_file(layout: Layout, partial: Path, final: Path, records: int, execut
             side.unlink()  # a stale sidecar of a shard that was moved away
     os.replace(partial, final)
     fsync_dir(layout.root)
-    entry = ShardEntry(final.name, records, executions, len(keys), final.stat().st_size, sha256)
+    entry = ShardEntry(final.name, records, executions, len(keys), final.stat().st_size, sha256,
+                       finished_at=round(time.time(), 3))
     if routes is not None:
         entry.routes = RoutesEntry(side.name, side.stat().st_size, routes[1])
     return entry

@@ -164,18 +164,21 @@ class Collector:
 
 def shard_times(folder: Path, manifest: dict[str, Any]) -> list[dict[str, float]]:
     """(seconds after the first shard was finished, records on disk then), one point per finished shard, ordered
-    by the shard files' modification times (parallel partitions of a merged folder interleave correctly)."""
+    by when each was finished (`finished_at` in the manifest, else the file's modification time), so parallel
+    partitions of a merged folder interleave correctly."""
     from ..folder import shard_paths
 
     try:
         paths = shard_paths(folder)
     except Exception:  # a damaged manifest: the reader has already said so
         return []
-    records = [s.get("records") if isinstance(s, dict) else None for s in manifest.get("shards", [])]
+    entries = [s if isinstance(s, dict) else {} for s in manifest.get("shards", [])]
     points = []
-    for path, count in zip(paths, records, strict=False):
+    for path, entry in zip(paths, entries, strict=False):
+        finished = entry.get("finished_at")  # the writer's clock; older folders: the file's modification time
         try:
-            points.append((os.stat(path).st_mtime, int(count or 0)))
+            when = float(finished) if isinstance(finished, int | float) else os.stat(path).st_mtime
+            points.append((when, int(entry.get("records") or 0)))
         except (OSError, TypeError, ValueError):
             return []
     points.sort()
