@@ -24,6 +24,7 @@ from .generator import Generator
 from .group import Group
 from .inputs import Problem, aread_problems, count_rows, in_partition, parse_partition, source_name
 from .inputs import check as check_input
+from .inputs.mix import Source, amix, check_mix, parse_mix
 from .options import at_least, option
 from .progress import Progress
 from .stats import RunStats
@@ -36,6 +37,8 @@ class RunOptions:
     """What `agentroll generate` adds around the `Generator`: where rows come from and where groups go."""
 
     input: str = option("-", "Prompts: JSONL, .jsonl.gz, .jsonl.zst or Parquet, or - for stdin.")
+    mix: list[str] = option([], "[NAME:]PATH=WEIGHT: several inputs interleaved by weight, in place of INPUT "
+                                "(repeatable; each record's metadata names its source).")
     output: str = option("", "Output folder, or - to stream JSONL to stdout.", short="-o")
     shard_size: int = option(1000, "Records per shard (whole groups).")
     compression: str = option("none", "none | zstd: shards as rollouts-NNNNN.jsonl.zst, one frame per group.")
@@ -59,6 +62,10 @@ class RunOptions:
                                            "resumes) [default: 3].")
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "mix", [self.mix] if isinstance(self.mix, str) else list(self.mix or []))
+        if self.mix and self.input not in ("", "-"):
+            raise UsageError("give INPUT or --mix, not both")
+        self.sources()  # checked now
         if not self.output:
             raise UsageError("--output is required (a folder, or - for stdout)")
         at_least(self, 1, "shard_size")
@@ -83,6 +90,9 @@ class RunOptions:
                 if self.ray is None:
                     raise UsageError(f"--{name.replace('_', '-')} goes with --ray")
                 at_least(self, least, name)
+
+    def sources(self) -> list[Source]:
+        return parse_mix(self.mix)
 
     @property
     def slice(self) -> tuple[int, int] | None:
@@ -143,7 +153,10 @@ class Runner:
         """Generate every row's group. Returns when the input is done (check `complete`); raises the error that
         ended the run otherwise (`self.result` then holds the figures so far)."""
         opts = self.run_options
-        check_input(opts.input)  # before the output folder is touched
+        if opts.mix:  # before the output folder is touched
+            check_mix(opts.sources())
+        else:
+            check_input(opts.input)
         started, begun = time.monotonic(), time.time()
         gen = self.generator
         async with gen:
@@ -160,7 +173,7 @@ class Runner:
             self.result = result = RunResult(self.stats, gen.counters, 0.0, gen.model, opts.output)
             ticker: asyncio.Task[None] | None = None
             try:
-                self.progress.start(None if opts.partition else _count_rows(opts.input, opts.limit))
+                self.progress.start(None if opts.partition else self._total())
                 ticker = asyncio.create_task(self._tick())
                 rows = self._todo(done, writer)
                 if self._reached(writer):
@@ -175,11 +188,11 @@ class Runner:
                 if self.target_reached:
                     self.stats.problems_beyond_target = max(0, self.stats.problems - self.stats.groups_settled)
                 elif self.rows_seen == 0:
-                    raise InputError(source_name(opts.input), 0, None, "no rows to generate from: the input is "
+                    raise InputError(self._named(), 0, None, "no rows to generate from: the input is "
                                      "empty (or holds only blank lines)")
                 if (opts.skip_invalid and self.stats.problems and self.stats.invalid_rows == self.stats.problems
                         and not self.valid_elsewhere):  # a slice's rows may all be bad; the input's may not
-                    raise InputError(source_name(opts.input), 0, None, f"every row read ({self.stats.problems}) "
+                    raise InputError(self._named(), 0, None, f"every row read ({self.stats.problems}) "
                                      "was invalid: check --prompt-key, --label-key and the warnings above")
                 result.complete = result.missing_groups == 0
             finally:
@@ -195,6 +208,21 @@ class Runner:
                 writer.close(complete=result.complete)
                 result.committed = result.complete  # on disk: a signal from now on changes nothing
         return result
+
+    def _named(self) -> str:
+        opts = self.run_options
+        return ", ".join(s.path for s in opts.sources()) if opts.mix else source_name(opts.input)
+
+    def _total(self) -> int | None:
+        """Rows to read, for the progress bar (None: not known cheaply)."""
+        opts = self.run_options
+        if not opts.mix:
+            return _count_rows(opts.input, opts.limit)
+        counts = [_count_rows(s.path, None) for s in opts.sources()]
+        if any(c is None for c in counts):
+            return None
+        total = sum(c for c in counts if c is not None)
+        return min(total, opts.limit) if opts.limit is not None else total
 
     async def _tick(self) -> None:
         """Progress from the start, and between groups: a bar that moves, a log line that comes."""
@@ -238,7 +266,9 @@ class Runner:
         opts, stats, gen = self.run_options, self.stats, self.generator
         on_invalid = self._skip if opts.skip_invalid else None
         taken = 0
-        async for problem in aread_problems(opts.input, gen.keys, self._skip_unread if on_invalid else None):
+        unread = self._skip_unread if on_invalid else None
+        rows = amix(opts.sources(), gen.keys, unread) if opts.mix else aread_problems(opts.input, gen.keys, unread)
+        async for problem in rows:
             if self.target_reached:
                 break  # --target-groups: no more prompts than it takes
             self.rows_seen += 1

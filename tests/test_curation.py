@@ -3,6 +3,8 @@ length shaping (DAPO's soft overlong punishment and overlong filter)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agentroll.folder import Manifest, read_records
@@ -80,3 +82,56 @@ def test_length_shaping_values_are_checked(problems, tmp_path, sim):
                                  ("--overlong-filter", "cut", b"--overlong-filter must be one of none, mask, drop")):
         proc = run_cli("generate", str(problems), "-o", str(tmp_path / "o"), "--base-url", sim.url, flag, value)
         assert proc.returncode == 2 and message in proc.stderr
+
+
+def rows(path, prefix: str, count: int):
+    path.write_text("".join(json.dumps({"id": f"{prefix}{i}", "prompt": f"What is {i} plus {i + 1}?",
+                                        "label": str(2 * i + 1), "source": "kept"}) + "\n" for i in range(count)))
+    return path
+
+
+def test_mixing_interleaves_by_weight_deterministically_names_each_source_and_resumes(sim, tmp_path):
+    import asyncio
+
+    from agentroll.inputs.mix import amix, parse_mix
+
+    math_rows, code_rows = rows(tmp_path / "math.jsonl", "m", 40), rows(tmp_path / "code.jsonl", "c", 40)
+    sources = parse_mix([f"{math_rows}=0.75", f"code:{code_rows}=0.25"])
+
+    async def order() -> list[str]:
+        return [p.metadata["source"] async for p in amix(sources)]
+
+    first, again = asyncio.run(order()), asyncio.run(order())
+    assert first == again and len(first) == 80  # deterministic, every row once
+    assert first[:8].count("math.jsonl") == 6 and first[:8].count("code") == 2  # each prefix in its share
+    assert first[-1] == "code"  # math ran out first: code takes what is left
+    out = tmp_path / "out"
+    args = ["generate", "--mix", f"{math_rows}=0.75", "--mix", f"code:{code_rows}=0.25", "-o", str(out),
+            "--base-url", sim.url, "--tokenizer", TOKENIZER, "--reward", "exact", "--num-parallel", "1"]
+    proc = run_cli(*args, "--limit", "8")
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = list(read_records(out))
+    assert {r["problem_id"] for r in records} == {"m0", "m1", "m2", "m3", "m4", "m5", "c0", "c1"}
+    assert all(r["metadata"]["source"] in ("math.jsonl", "code") and r["metadata"]["row_source"] == "kept"
+               for r in records)
+    calls = len(generations(sim))
+    proc = run_cli(*args, "--limit", "12")  # a rerun walks the same order: 8 done, 4 more
+    assert proc.returncode == 0 and len({r["problem_id"] for r in read_records(out)}) == 12
+    assert len(generations(sim)) > calls
+    split = run_cli("stats", str(out), "--by", "source", "--json")
+    assert split.returncode == 0
+    assert set(json.loads(split.stdout)["split"]) == {"math.jsonl", "code"}
+
+
+def test_a_bad_mix_is_one_line(sim, tmp_path):
+    good = rows(tmp_path / "a.jsonl", "a", 2)
+    for spec, message in ((f"{good}=0", b"with a weight above 0"), (f"{good}", b"expected PATH=WEIGHT"),
+                          (f"{tmp_path / 'none.jsonl'}=1", b"no such file")):
+        proc = run_cli("generate", "--mix", spec, "-o", str(tmp_path / "o"), "--base-url", sim.url)
+        assert proc.returncode in (2, 3) and message in proc.stderr, proc.stderr
+    twice = rows(tmp_path / "b.jsonl", "a", 2)  # the same ids as a.jsonl
+    proc = run_cli("generate", "--mix", f"{good}=1", "--mix", f"{twice}=1", "-o", str(tmp_path / "o2"),
+                   "--base-url", sim.url, "--tokenizer", TOKENIZER, "--reward", "exact")
+    assert proc.returncode == 3 and b"duplicate id 'a0' (first in" in proc.stderr
+    proc = run_cli("generate", "-o", str(tmp_path / "o3"), "--base-url", sim.url)
+    assert proc.returncode == 2 and b"give INPUT" in proc.stderr

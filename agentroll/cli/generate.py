@@ -23,7 +23,7 @@ from .progress import LogLines, RichBar
 from .summary import print_summary
 
 PANELS = {
-    "Input and output": ("output", "prompt_key", "label_key", "id_key", "reward_key", "overwrite", "skip_invalid",
+    "Input and output": ("output", "mix", "prompt_key", "label_key", "id_key", "reward_key", "overwrite", "skip_invalid",
                          "limit", "ordered", "consumer", "max_ahead", "quiet", "debug"),
     "Servers": ("base_url", "api_key", "model", "tokenizer", "api", "concurrency", "max_concurrency",
                 "server_priority", "chat_render", "max_context_len"),
@@ -47,7 +47,7 @@ METAVARS = {
     "concurrency": "N|auto", "api": "auto|completions|generate", "chat_render": "auto|local|server",
     "server_priority": "auto|on|off", "reward": "SPEC", "reward_url": "URL", "allow_reward": "SPEC",
     "chat_template_kwargs": "JSON", "compression": "none|zstd", "partition": "I/N", "ray": "ADDRESS",
-    "consumer": "NAME", "seed": "N",
+    "consumer": "NAME", "seed": "N", "mix": "[NAME:]PATH=WEIGHT",
 }
 
 
@@ -70,8 +70,8 @@ def flag(name: str, short: str | None, text: str) -> inspect.Parameter:
 
 
 def build() -> Any:
-    params = [inspect.Parameter("input", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[
-        str, typer.Argument(metavar="INPUT", help=INPUT_HELP, show_default=False)])]
+    params = [inspect.Parameter("input", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
+        str | None, typer.Argument(metavar="INPUT", help=INPUT_HELP, show_default=False)])]
     for cls in (RunOptions, GenerateOptions):
         hints = get_type_hints(cls)
         for spec in dataclass_fields(cls):
@@ -85,6 +85,13 @@ def build() -> Any:
         """Run the agent system (three-stage by default) on every prompt; write rewarded, token-exact rollouts."""
         quiet, debug = kwargs.pop("quiet"), kwargs.pop("debug")
         run = {k: kwargs.pop(k) for k in RUN_OPTION_NAMES}
+        if run["input"] is None:
+            if not run["mix"]:
+                error("give INPUT (a file, or - for stdin) or --mix PATH=WEIGHT")
+                raise typer.Exit(2)
+            run["input"] = "-"
+        if run["mix"] is None:
+            run["mix"] = []
         options = {k: v for k, v in kwargs.items() if v is not None}
         raise typer.Exit(run_generate(run, options, quiet, debug))
 
@@ -101,7 +108,8 @@ def register(app: typer.Typer) -> None:
     app.command("generate", cls=GenerateCommand)(build())
 
 
-INPUT_HELP = "Prompts: JSONL, .jsonl.gz, .jsonl.zst or Parquet (told by their bytes), or - for stdin (JSONL)."
+INPUT_HELP = ("Prompts: JSONL, .jsonl.gz, .jsonl.zst or Parquet (told by their bytes), or - for stdin (JSONL); "
+              "or none, with --mix.")
 DOUBLE_S = 1.0  # two interrupts this close are one said twice (a terminal's, `timeout -s INT`'s)
 
 
