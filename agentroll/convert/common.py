@@ -17,9 +17,10 @@ import orjson
 from ..errors import UsageError
 from ..folder.manifest import Manifest
 from ..schema import STAGES
-from .trajectory import Trajectory, executions, trainable, trajectories
+from .trajectory import Trajectory, executions, single, trainable, trajectories
 
 ADVANTAGES = ("none", "grpo", "mean")
+STDS = ("sample", "population")
 LAYOUTS = ("conversational", "standard")
 
 Record = dict[str, Any]
@@ -37,6 +38,12 @@ class StageGroup:
     advantages: list[float] | None = None
     trajectories: list[Trajectory] | None = None
 
+    def items(self, include_frozen: bool = False) -> list[tuple[Record, Trajectory, float | None]]:
+        """(record, its trajectory, its advantage) per sample: the whole conversation the record ends when the
+        group was read with whole conversations, else the call alone (`trajectory.single`)."""
+        return [(record, self.trajectories[i] if self.trajectories is not None else single(record, include_frozen),
+                 None if self.advantages is None else self.advantages[i]) for i, record in enumerate(self.records)]
+
 
 @dataclass(slots=True)
 class Problem:
@@ -47,22 +54,27 @@ class Problem:
     groups: list[StageGroup] = field(default_factory=list)
 
 
-def baseline(rewards: list[float]) -> tuple[float, float]:
-    """Mean and population standard deviation (divisor n, as `group_reward_std` in the records and
-    Megatron's `np.std`): the group is all the samples there are, not a sample of a larger population."""
+def baseline(rewards: list[float], std: str = "population") -> tuple[float, float]:
+    """Mean and standard deviation: `population` (divisor n, as `group_reward_std` in the records and Megatron's
+    `np.std`) or `sample` (divisor n - 1, Bessel's: `torch.std`, as slime, TRL, verl, OpenRLHF, SkyRL and NeMo-RL
+    use it; 0 for a group of one, whose spread is unknown)."""
     n = len(rewards)
     mean = math.fsum(rewards) / n
-    return mean, math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / n)
+    squares = math.fsum((r - mean) ** 2 for r in rewards)
+    if std == "sample":
+        return mean, math.sqrt(squares / (n - 1)) if n > 1 else 0.0
+    return mean, math.sqrt(squares / n)
 
 
-def advantages(rewards: list[float], kind: str) -> list[float] | None:
-    """`grpo`: (reward - mean) / std, or reward - mean when std is 0 (every sample scored alike: all 0);
-    `mean`: reward - mean (no std division, as in Dr. GRPO); `none`: None."""
+def advantages(rewards: list[float], kind: str, std: str = "population") -> list[float] | None:
+    """`grpo`: (reward - mean) / std (`std`: `population` or `sample`, see `baseline`), or reward - mean when the
+    std is 0 (every sample scored alike, or a group of one: all 0); `mean`: reward - mean (no std division, as in
+    Dr. GRPO); `none`: None."""
     if kind == "none":
         return None
-    mean, std = baseline(rewards)
-    if kind == "grpo" and std > 0:
-        return [(r - mean) / std for r in rewards]
+    mean, spread = baseline(rewards, std)
+    if kind == "grpo" and spread > 0:
+        return [(r - mean) / spread for r in rewards]
     return [r - mean for r in rewards]
 
 
@@ -83,7 +95,8 @@ def check_stages(stages: Iterable[str] | str | None,
 
 
 def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, counts: dict[str, int], *,
-                  include_frozen: bool = True, whole_conversations: bool = False) -> Iterator[Problem]:
+                  include_frozen: bool = True, whole_conversations: bool = False, std: str = "population",
+                  routes: bool = False) -> Iterator[Problem]:
     """The folder's problems in manifest order (whole groups, by `agentroll.read_groups`), each split
     into stage groups (`stages` in order; None: every stage, as first seen). Baselines are computed over the
     whole stage group before anything is filtered out, so `--stages` or a converter's own filter never changes
@@ -92,7 +105,8 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
     Unless `include_frozen`, records marked `trainable: false` are left out after the baselines
     (`counts["skipped_frozen"]`). With `whole_conversations`, a group keeps only the records that end a
     conversation, each with its `Trajectory` (`convert.trajectory`); the turns folded into a later one are
-    counted in `counts["folded_turns"]`."""
+    counted in `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`. `routes`: records'
+    `routed_experts` as arrays (`read_groups(routes=True)`)."""
     from ..folder import read_groups
 
     counts.setdefault("records", 0)
@@ -100,7 +114,7 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
         counts.setdefault("skipped_frozen", 0)
     if whole_conversations:
         counts.setdefault("folded_turns", 0)
-    for index, group in enumerate(read_groups(src)):
+    for index, group in enumerate(read_groups(src, routes=routes)):
         records = group.records()
         counts["records"] += len(records)
         ends: dict[int, Trajectory] = {}
@@ -116,7 +130,7 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
             members = [r for r in records if r["stage"] == stage]
             if not members:
                 continue
-            found_advantages = advantages([float(r["reward"]) for r in members], advantage)
+            found_advantages = advantages([float(r["reward"]) for r in members], advantage, std)
             keep = [i for i, r in enumerate(members) if include_frozen or trainable(r)]
             if not include_frozen:
                 counts["skipped_frozen"] += len(members) - len(keep)
