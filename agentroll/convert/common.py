@@ -115,7 +115,7 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
     if whole_conversations:
         counts.setdefault("folded_turns", 0)
     for index, group in enumerate(read_groups(src, routes=routes)):
-        records = group.records()
+        records = group.records() if not routes else _with_routes(group)
         counts["records"] += len(records)
         ends: dict[int, Trajectory] = {}
         if whole_conversations:
@@ -144,6 +144,25 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
                 None if found_advantages is None else [found_advantages[i] for i in keep],
                 [ends[id(members[i])] for i in keep] if whole_conversations else None))
         yield problem
+
+
+def _with_routes(group: Any) -> list[Record]:
+    """The group's records as dicts that keep each sample's `routed_experts` array (`Group.records()` goes through
+    JSON, which has no arrays)."""
+    records = []
+    for samples in group.executions:
+        for sample in samples:
+            routes = sample.routed_experts
+            if routes is not None and not hasattr(routes, "shape"):
+                routes = None  # routes that could not be resolved as an array are not carried
+            sample.routed_experts = None
+            try:
+                record = orjson.loads(orjson.dumps(sample))
+            finally:
+                sample.routed_experts = routes
+            record["routed_experts"] = routes
+            records.append(record)
+    return records
 
 
 def check_source(src: Path, out: Path) -> Manifest:
@@ -227,6 +246,12 @@ class ChatMessages:
                 for group in ("(.*)", "(.*?)"):  # greedy, then lazy: the re-rendering decides
                     self._patterns.append((shape, re.compile(group.join(map(re.escape, pieces)), re.S)))
         self._cache: dict[str, list[dict[str, str]] | None] = {}
+        # a message's content never holds the template's own markup: a content that does is several messages
+        # rendered together (a later turn's prompt, a row's own conversation), not one
+        special = set(getattr(tokenizer, "all_special_tokens", None) or [])
+        special |= {str(getattr(t, "content", t)) for t in (getattr(tokenizer, "added_tokens_decoder", None)
+                                                             or {}).values()}
+        self._markup = sorted(t for t in special if t.strip())
 
     def render(self, messages: list[dict[str, str]]) -> str:
         return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
@@ -242,6 +267,8 @@ class ChatMessages:
         for shape, pattern in self._patterns:
             match = pattern.fullmatch(prompt)
             if match:
+                if any(token in content for content in match.groups() for token in self._markup):
+                    continue
                 messages = [{"role": role, "content": c} for role, c in zip(shape, match.groups(), strict=True)]
                 try:
                     if self.render(messages) == prompt:
@@ -277,8 +304,9 @@ def prompt_messages(chat: ChatMessages, record: Record) -> list[dict[str, str]]:
     messages = chat(record["prompt"])
     if messages is None:
         raise UsageError(f"problem {record['problem_id']}, {record['stage']}: its prompt is not {chat.name}'s chat "
-                         f"template of one user message (and an optional system message); pass the run's tokenizer "
-                         f"with --tokenizer, or use --layout standard (the prompt as text)")
+                         f"template of one user message (and an optional system message), such as a multi-turn "
+                         f"prompt; pass the run's tokenizer with --tokenizer, or use --layout standard (the prompt "
+                         f"as text)")
     return messages
 
 
