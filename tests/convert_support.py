@@ -37,9 +37,26 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     server.start()
     try:
         out = tmp / "rollouts"
-        result = run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
-                         "--num-parallel", "3", "--samples-per-prompt", "3", "--reward", "exact", "--seed", "7",
-                         "--incorrect-reward-weight", "0.5")
+        result = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--num-parallel",
+            "3",
+            "--samples-per-prompt",
+            "3",
+            "--reward",
+            "exact",
+            "--seed",
+            "7",
+            "--incorrect-reward-weight",
+            "0.5",
+        )
         assert result.returncode == 0, result.stderr.decode()[-2000:]
     finally:
         server.stop()
@@ -69,10 +86,19 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> Path
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=None, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     path = tmp_path_factory.mktemp("tiny-model")
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -156,7 +182,58 @@ def doc_code(marker: str) -> str:
     """The Python block after `<!-- marker -->` in docs/convert.md."""
     import re
 
-    found = re.search(rf"<!-- {re.escape(marker)} -->\n```python\n(.*?)```", (ROOT / "docs" / "convert.md").read_text(),
-                      re.S)
+    found = re.search(
+        rf"<!-- {re.escape(marker)} -->\n```python\n(.*?)```", (ROOT / "docs" / "convert.md").read_text(), re.S
+    )
     assert found, f"docs/convert.md lost its {marker} example"
     return found.group(1)
+
+
+def conversation(records: list[dict[str, Any]], last: int, train_frozen: bool = False) -> dict[str, Any]:
+    """The conversation ending at records[last] (an execution's records) built turn by turn from the calls, as a
+    trainer that takes whole conversations holds it: the first prompt, then each turn's injected tokens (not the
+    model's) and response (the model's per its loss mask; a frozen turn's not, or all of it with
+    `train_frozen`). `logprobs` are the sampled ones where `mask` is 1 (compare them there only)."""
+    chain = [last]
+    while records[chain[-1]]["continues"] is not None:
+        chain.append(records[chain[-1]]["continues"])
+    first = records[chain[-1]]
+    tokens = list(first["prompt_token_ids"])
+    mask = [0] * len(tokens)
+    logprobs = [0.0] * len(tokens)
+    for i in reversed(chain):
+        r = records[i]
+        injected = r["prompt_token_ids"][len(tokens) :]
+        assert r["prompt_token_ids"][: len(tokens)] == tokens  # each turn's prompt holds the earlier ones
+        own = (
+            ([1] * len(r["loss_mask"]) if train_frozen else [0] * len(r["loss_mask"]))
+            if not r["trainable"]
+            else r["loss_mask"]
+        )
+        tokens += injected + r["response_token_ids"]
+        mask += [0] * len(injected) + own
+        logprobs += [0.0] * len(injected) + r["response_logprobs"]
+    return {
+        "tokens": tokens,
+        "start": len(first["prompt_token_ids"]),
+        "mask": mask,
+        "logprobs": logprobs,
+        "turns": len(chain),
+        "record": records[last],
+    }
+
+
+def conversations(folder: Path, train_frozen: bool = False, frozen: bool = False) -> list[dict[str, Any]]:
+    """Every conversation of a folder of tests/synthetic.py, by its last (trainable, unless `frozen`) turn, in
+    folder order of that turn."""
+    out = []
+    for execution in executions_of(folder):
+        kept = [i for i, r in enumerate(execution) if frozen or r["trainable"]]
+        inside = set()
+        for i in kept:
+            j = execution[i]["continues"]
+            while j is not None:
+                inside.add(j)
+                j = execution[j]["continues"]
+        out += [conversation(execution, i, train_frozen) for i in kept if i not in inside]
+    return out

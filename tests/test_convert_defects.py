@@ -103,8 +103,10 @@ def test_megatron_pads_every_group_to_one_size_with_placeholders(folder, records
 # ---------------------------------------------------------------------------- 5. multi-turn prompts as one message
 
 
-MULTI_TURN = ("<|im_start|>user\nWhat is 1+1?<|im_end|>\n<|im_start|>assistant\n2<|im_end|>\n"
-              "<|im_start|>user\nAnd 2+2?<|im_end|>\n<|im_start|>assistant\n")
+MULTI_TURN = (
+    "<|im_start|>user\nWhat is 1+1?<|im_end|>\n<|im_start|>assistant\n2<|im_end|>\n"
+    "<|im_start|>user\nAnd 2+2?<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 @pytest.mark.parametrize("to", ["sft", "dpo"])
@@ -229,8 +231,9 @@ def test_megatron_logprobs_cover_exactly_the_generated_positions(tmp_path):
     folder = synthetic.critique_revise(tmp_path / "cr")  # the solvers' responses have a forced token (mask 0)
     convert(folder, "megatron", tmp_path / "o", trajectories=False)
     rollouts = [t for g in lines(tmp_path / "o" / "megatron.jsonl") for t in g["rollouts"] if t["trajectory"]]
+
     def has_gap(mask: list[bool]) -> bool:  # a False after the first True: a token the model did not sample
-        return not all(mask[mask.index(True):])
+        return not all(mask[mask.index(True) :])
 
     assert any(has_gap(t["generation_mask"][0]) for t in rollouts)
     for t in rollouts:
@@ -249,12 +252,15 @@ def test_megatron_refuses_an_advantage_it_would_never_read(folder, tmp_path):
 # ------------------------------------------------------------------------------------------ std per trainer
 
 
-@pytest.mark.parametrize(("to", "std", "pick"), [
-    ("trl", None, statistics.stdev),  # TRL's nanstd: Bessel-corrected
-    ("trl", "population", statistics.pstdev),
-    ("slime", None, statistics.stdev),  # torch.std
-    ("slime", "population", statistics.pstdev),
-])
+@pytest.mark.parametrize(
+    ("to", "std", "pick"),
+    [
+        ("trl", None, statistics.stdev),  # TRL's nanstd: Bessel-corrected
+        ("trl", "population", statistics.pstdev),
+        ("slime", None, statistics.stdev),  # torch.std
+        ("slime", "population", statistics.pstdev),
+    ],
+)
 def test_grpo_advantages_use_the_trainers_std_unless_told(folder, records, tmp_path, to, std, pick):
     if to == "slime":
         pytest.importorskip("torch")
@@ -286,4 +292,3 @@ def test_the_sample_std_of_a_group_of_one_is_zero_spread():
     assert advantages([0.7], "grpo", "sample") == [0.0]
     assert advantages([1.0, 0.0], "grpo", "sample") == pytest.approx([1 / math.sqrt(2), -1 / math.sqrt(2)])
     assert Counter(advantages([1.0, 0.0], "grpo", "population")) == Counter([1.0, -1.0])
-

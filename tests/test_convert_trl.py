@@ -27,17 +27,30 @@ trl = pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 datasets = pytest.importorskip("datasets")
 
-folder, records, tokenizer, tiny_model = (convert_support.folder, convert_support.records, convert_support.tokenizer,
-                                          convert_support.tiny_model)
+folder, records, tokenizer, tiny_model = (
+    convert_support.folder,
+    convert_support.records,
+    convert_support.tokenizer,
+    convert_support.tiny_model,
+)
 
 pytestmark = [pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's experimental-feature notice
 
 
 def cpu_args(config: Any, tmp_path: Path, **kwargs: Any) -> Any:
-    return config(output_dir=str(tmp_path / "run"), use_cpu=True, max_steps=kwargs.pop("max_steps", 1),
-                  report_to=[], save_strategy="no", logging_steps=1, bf16=False, gradient_checkpointing=False,
-                  seed=0, **kwargs)
+    return config(
+        output_dir=str(tmp_path / "run"),
+        use_cpu=True,
+        max_steps=kwargs.pop("max_steps", 1),
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        bf16=False,
+        gradient_checkpointing=False,
+        seed=0,
+        **kwargs,
+    )
 
 
 def replay(tmp_path: Path) -> dict[str, Any]:
@@ -46,19 +59,31 @@ def replay(tmp_path: Path) -> dict[str, Any]:
     return namespace
 
 
-def grpo(model: Path, tmp_path: Path, rollout_func: Any, keys: list[str], size: int, tokenizer: Any,
-         max_steps: int = 2) -> Any:
+def grpo(
+    model: Path, tmp_path: Path, rollout_func: Any, keys: list[str], size: int, tokenizer: Any, max_steps: int = 2
+) -> Any:
     from trl import GRPOConfig, GRPOTrainer
 
-    args = cpu_args(GRPOConfig, tmp_path, max_steps=max_steps, per_device_train_batch_size=size,
-                    num_generations=size, max_completion_length=256, shuffle_dataset=False)
-    return GRPOTrainer(model=str(model), reward_funcs=[lambda completions, reward, **kwargs: reward], args=args,
-                       train_dataset=datasets.Dataset.from_dict({"prompt": keys}), processing_class=tokenizer,
-                       rollout_func=rollout_func)
+    args = cpu_args(
+        GRPOConfig,
+        tmp_path,
+        max_steps=max_steps,
+        per_device_train_batch_size=size,
+        num_generations=size,
+        max_completion_length=256,
+        shuffle_dataset=False,
+    )
+    return GRPOTrainer(
+        model=str(model),
+        reward_funcs=[lambda completions, reward, **kwargs: reward],
+        args=args,
+        train_dataset=datasets.Dataset.from_dict({"prompt": keys}),
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
 
 
-def test_grpo_trains_on_the_replayed_groups_one_row_per_prompt_copy(folder, records, tokenizer, tiny_model,
-                                                                     tmp_path):
+def test_grpo_trains_on_the_replayed_groups_one_row_per_prompt_copy(folder, records, tokenizer, tiny_model, tmp_path):
     convert(folder, "trl", tmp_path / "o", stages="solver")
     namespace = replay(tmp_path)
     groups = stage_groups([r for r in records if r["stage"] == "solver"])
@@ -84,8 +109,9 @@ def test_grpo_trains_on_the_replayed_groups_one_row_per_prompt_copy(folder, reco
         assert want_mean == pytest.approx(sum(r["reward"] for r in group) / size, abs=1e-4)
 
 
-def test_grpo_without_vllm_ignores_the_recorded_logprobs_as_the_docs_say(folder, records, tokenizer, tiny_model,
-                                                                          tmp_path):
+def test_grpo_without_vllm_ignores_the_recorded_logprobs_as_the_docs_say(
+    folder, records, tokenizer, tiny_model, tmp_path
+):
     convert(folder, "trl", tmp_path / "o", stages="solver")
     namespace = replay(tmp_path)
     groups = stage_groups([r for r in records if r["stage"] == "solver"])
@@ -109,8 +135,9 @@ def test_grpo_without_vllm_ignores_the_recorded_logprobs_as_the_docs_say(folder,
     assert "an offline replay ignores the recorded logprobs" in doc
 
 
-def test_the_token_exact_dpo_recipe_trains_dpotrainer_on_the_recorded_ids(folder, records, tokenizer, tiny_model,
-                                                                          tmp_path):
+def test_the_token_exact_dpo_recipe_trains_dpotrainer_on_the_recorded_ids(
+    folder, records, tokenizer, tiny_model, tmp_path
+):
     from trl import DPOConfig, DPOTrainer
 
     convert(folder, "dpo", tmp_path / "o", max_pairs_per_group=2)
@@ -119,8 +146,9 @@ def test_the_token_exact_dpo_recipe_trains_dpotrainer_on_the_recorded_ids(folder
     exec(doc_code("dpo-token-exact"), namespace)
     dataset = namespace["token_exact_dataset"](str(tmp_path / "o" / "dpo.jsonl"))
     args = cpu_args(DPOConfig, tmp_path, per_device_train_batch_size=4, max_length=None)
-    trainer = namespace["TokenExactDPOTrainer"](model=str(tiny_model), args=args, train_dataset=dataset,
-                                                processing_class=tokenizer)
+    trainer = namespace["TokenExactDPOTrainer"](
+        model=str(tiny_model), args=args, train_dataset=dataset, processing_class=tokenizer
+    )
     prepared = trainer.train_dataset
     assert len(prepared) == len(rows) > 0
     truncated = {tuple(r["response_token_ids"]) for r in records if r["status"] == "truncated"}
@@ -130,12 +158,18 @@ def test_the_token_exact_dpo_recipe_trains_dpotrainer_on_the_recorded_ids(folder
         assert example["chosen_ids"] == row["chosen_token_ids"]
         assert example["rejected_ids"] == row["rejected_token_ids"]
     batch = trainer.data_collator([prepared[i] for i in range(2)])
-    assert batch["input_ids"][0][: len(rows[0]["prompt_token_ids"] + rows[0]["chosen_token_ids"])].tolist() == \
-        rows[0]["prompt_token_ids"] + rows[0]["chosen_token_ids"]
+    assert (
+        batch["input_ids"][0][: len(rows[0]["prompt_token_ids"] + rows[0]["chosen_token_ids"])].tolist()
+        == rows[0]["prompt_token_ids"] + rows[0]["chosen_token_ids"]
+    )
     assert trainer.train().global_step == 1
     # why the recipe: TRL's own preparation of the same rows tokenizes the text again and changes the ids
-    stock = DPOTrainer(model=str(tiny_model), args=cpu_args(DPOConfig, tmp_path / "stock", max_length=None),
-                       train_dataset=dataset, processing_class=tokenizer)
+    stock = DPOTrainer(
+        model=str(tiny_model),
+        args=cpu_args(DPOConfig, tmp_path / "stock", max_length=None),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
     assert any(e["chosen_ids"] != r["chosen_token_ids"] for e, r in zip(stock.train_dataset, rows, strict=True))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,7 +188,10 @@ def prepare_out(out: Path, names: list[str], stale: str | None, overwrite: bool)
     if present and not overwrite:
         raise UsageError(f"-o {out}: already holds {present[0].name} (pass --overwrite to replace it)")
     for path in present:
-        path.unlink()
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 class JsonlWriter:

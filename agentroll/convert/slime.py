@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .common import JsonlWriter, Problem, Record
-from .trajectory import Trajectory, own_mask
+from .trajectory import Trajectory, after_first_prompt, first_prompt, own_mask
 
 FILE = "slime.jsonl"
 PT_PATTERN = r"rollout_\d+\.pt"
@@ -79,7 +79,7 @@ def sample(record: Record, reward: float, index: int, group_index: int, rollout_
         metadata["agentroll"]["turns"] = conversation.turns
         out.update(tokens=conversation.tokens, response_length=len(conversation.tokens) - start,
                    loss_mask=conversation.mask[start:], rollout_log_probs=conversation.logprobs[start:],
-                   prompt=_first_prompt(record, conversation), response=_response_text(record, conversation))
+                   prompt=first_prompt(conversation), response=after_first_prompt(conversation))
     routes = record.get("routed_experts")
     if routes is not None:
         out["rollout_routed_experts"] = _routes(routes, len(out["tokens"]), record)
@@ -93,19 +93,6 @@ def _routes(routes: Any, tokens: int, record: Record) -> Any:
         raise UsageError(f"problem {record['problem_id']}, {record['stage']}: routed experts of shape "
                          f"{getattr(routes, 'shape', None)}, where slime needs ({tokens - 1}, layers, topk)")
     return torch.from_numpy(routes.astype("int32"))
-
-
-def _first_prompt(record: Record, conversation: Trajectory) -> str:
-    """The first turn's prompt text (the record's own when the conversation is a single turn)."""
-    return str(conversation.first.get("prompt", "")) if conversation.first is not record else record["prompt"]
-
-
-def _response_text(record: Record, conversation: Trajectory) -> str:
-    """Everything after the first prompt, as text: what the last turn's prompt adds to it, then its response
-    (informative only: slime trains on `tokens`)."""
-    first = _first_prompt(record, conversation)
-    prompt = record["prompt"]
-    return (prompt[len(first):] if prompt.startswith(first) else "") + record["response"]
 
 
 def write(problems: Iterable[Problem], out: Path, groups_per_file: int | None) -> tuple[int, list[Path], int]:

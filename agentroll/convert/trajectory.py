@@ -142,3 +142,27 @@ def trajectory(execution: list[Record], i: int, include_frozen: bool = False) ->
 def trajectories(execution: list[Record], include_frozen: bool = False) -> list[Trajectory]:
     """Every trajectory of an execution (see `ends`), in write order."""
     return [trajectory(execution, i, include_frozen) for i in ends(execution, include_frozen)]
+
+
+def first_prompt(found: Trajectory) -> str:
+    """The conversation's first prompt, as text."""
+    return str(found.first.get("prompt", ""))
+
+
+def after_first_prompt(found: Trajectory) -> str:
+    """Everything after the first prompt, as text: what the last turn's prompt adds to it, then its response
+    (informative only: trainers take the ids)."""
+    first, prompt = first_prompt(found), str(found.record.get("prompt", ""))
+    return (prompt[len(first):] if prompt.startswith(first) else "") + str(found.record.get("response", ""))
+
+
+def runs(mask: list[int], begin: int, end: int) -> list[tuple[int, int, bool]]:
+    """`mask[begin:end]` as maximal runs (start, end, is the model's)."""
+    out: list[tuple[int, int, bool]] = []
+    for k in range(begin, end):
+        on = bool(mask[k])
+        if out and out[-1][2] == on:
+            out[-1] = (out[-1][0], k + 1, on)
+        else:
+            out.append((k, k + 1, on))
+    return out
