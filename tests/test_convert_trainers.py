@@ -686,3 +686,58 @@ def test_skyrl_rows_collect_into_a_generator_output(folder, records, tmp_path):
     assert set(batch["stop_reasons"]) == {"stop", "length"}
     with pytest.raises(Exception, match="SkyRL computes its GRPO advantages"):
         convert(folder, "skyrl", tmp_path / "x", advantage="grpo")
+
+
+# ----------------------------------------------------------------------------------------------------------- CLI
+
+
+def test_the_convert_command_takes_the_new_formats_and_options(folder, records, tmp_path):
+    from typer.testing import CliRunner
+
+    from agentroll.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app,
+        [
+            "convert",
+            str(folder),
+            "--to",
+            "prime-rl",
+            "-o",
+            str(out),
+            "--advantage",
+            "grpo",
+            "--std",
+            "population",
+            "--ranks",
+            "2",
+            "--groups-per-file",
+            "4",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert f"{len(records)} records -> {len(records)} prime-rl rows" in result.output
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.bin")) == [
+        f"rollouts/step_{s}/rank_{r}.bin" for s in (0, 1) for r in (0, 1)
+    ]
+    bad = runner.invoke(app, ["convert", str(folder), "--to", "verl", "-o", str(tmp_path / "v"), "--advantage", "grpo"])
+    assert bad.exit_code == 2 and "verl computes its GRPO advantages" in bad.output
+    assert not (tmp_path / "v").exists()
+    frozen = frozen_critic(tmp_path / "cr")
+    kept = runner.invoke(
+        app,
+        [
+            "convert",
+            str(frozen),
+            "--to",
+            "megatron",
+            "-o",
+            str(tmp_path / "m"),
+            "--include-frozen",
+            "--no-trajectories",
+        ],
+    )
+    assert kept.exit_code == 0, kept.output
+    assert "9 records -> " in kept.output and "placeholders" in kept.output
