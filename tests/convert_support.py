@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentroll.readers import read_records
+from agentroll.folder import read_records
 from agentroll.schema import STAGES
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer

@@ -175,7 +175,7 @@ def routed_folder(path: Path) -> Path:
 
 def test_slime_carries_routed_experts_for_routing_replay(tmp_path):
     torch = pytest.importorskip("torch")
-    from agentroll.readers import read_records
+    from agentroll.folder import read_records
 
     folder = routed_folder(tmp_path / "routed")
     convert(folder, "slime", tmp_path / "o")

@@ -499,7 +499,7 @@ def test_prime_rl_steps_and_ranks_hold_every_sample_with_its_advantage(folder, r
 def test_prime_rl_carries_routes_padded_to_every_token(tmp_path):
     import numpy as np
 
-    from agentroll.readers import read_records
+    from agentroll.folder import read_records
 
     from .test_convert_defects import routed_folder
 

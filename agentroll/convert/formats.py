@@ -154,7 +154,7 @@ def _openrlhf(read: Read, o: Options) -> Written:
 
 
 def _prime_rl(read: Read, o: Options) -> Written:
-    rows, files = prime_rl.write(read(), o.out, o.groups_per_file, o.ranks, o.manifest)
+    rows, files = prime_rl.write(read(), o.out, o.groups_per_file, o.ranks, o.settings)
     return rows, files, {}
 
 
@@ -168,7 +168,7 @@ def _nemo_rl_dpo(read: Read, o: Options) -> Written:
 
 
 def _verifiers(read: Read, o: Options) -> Written:
-    rows = verifiers.write(read(), o.out, o.include_frozen, o.manifest)
+    rows = verifiers.write(read(), o.out, o.include_frozen, o.settings)
     return rows, [o.out / verifiers.FILE, o.out / verifiers.METADATA], {}
 
 

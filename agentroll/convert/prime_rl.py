@@ -38,8 +38,8 @@ def require_msgspec() -> Any:
     return msgspec
 
 
-def _temperatures(found: Trajectory, manifest: dict[str, Any]) -> list[float]:
-    default = float(((manifest.get("settings") or {}).get("sampling") or {}).get("temperature", 1.0))
+def _temperatures(found: Trajectory, settings: dict[str, Any]) -> list[float]:
+    default = float((settings.get("sampling") or {}).get("temperature", 1.0))
 
     def temperature(record: Record) -> float:
         return float((record.get("sampling") or {}).get("temperature", default))
@@ -50,7 +50,7 @@ def _temperatures(found: Trajectory, manifest: dict[str, Any]) -> list[float]:
     return out
 
 
-def micro_batch(record: Record, found: Trajectory, advantage: float, manifest: dict[str, Any]) -> list[Any]:
+def micro_batch(record: Record, found: Trajectory, advantage: float, settings: dict[str, Any]) -> list[Any]:
     """A `MicroBatch` in its wire form: its fields in declaration order (the Struct is `array_like`), the trailing
     defaults left out (`omit_defaults`)."""
     n = len(found.tokens)
@@ -62,7 +62,7 @@ def micro_batch(record: Record, found: Trajectory, advantage: float, manifest: d
         found.logprobs,
         list(range(n)),
         [n],
-        _temperatures(found, manifest),
+        _temperatures(found, settings),
         [f"agentroll/{record['stage']}"] * n,
         [n],
     ]
@@ -88,7 +88,7 @@ def _dummy(batch: list[Any]) -> list[Any]:
 
 
 def write(
-    problems: Iterable[Problem], out: Path, groups_per_file: int | None, ranks: int, manifest: dict[str, Any]
+    problems: Iterable[Problem], out: Path, groups_per_file: int | None, ranks: int, settings: dict[str, Any]
 ) -> tuple[int, list[Path]]:
     msgspec = require_msgspec()
     encoder = msgspec.msgpack.Encoder()
@@ -112,7 +112,7 @@ def write(
     for problem in problems:
         for group in problem.groups:
             for record, found, advantage in group.items(True):
-                step.append(micro_batch(record, found, float(advantage or 0.0), manifest))
+                step.append(micro_batch(record, found, float(advantage or 0.0), settings))
                 rows += 1
         step_problems += 1
         if groups_per_file is not None and step_problems == groups_per_file:

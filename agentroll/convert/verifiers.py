@@ -103,7 +103,7 @@ def output(record: Record, found: Trajectory, example_id: int, advantage: float 
     }
 
 
-def write(problems: Iterable[Problem], out: Path, include_frozen: bool, manifest: dict[str, Any]) -> int:
+def write(problems: Iterable[Problem], out: Path, include_frozen: bool, settings: dict[str, Any]) -> int:
     example_id, rewards, sizes = 0, [], []
     with JsonlWriter(out / FILE) as writer:
         for problem in problems:
@@ -113,7 +113,6 @@ def write(problems: Iterable[Problem], out: Path, include_frozen: bool, manifest
                     rewards.append(float(record["reward"]))
                 sizes.append(len(group.records))
                 example_id += 1
-    settings = manifest.get("settings") or {}
     metadata = {  # GenerateMetadata, less what save_metadata leaves out (path_to_save, date)
         "env_id": "agentroll",
         "env_args": {"system": settings.get("system")},
