@@ -14,7 +14,8 @@ should have at least as many shards as workers times ranks (`generate --shard-si
 
 Stages are the folder's system's (`settings.system.stages`; three-stage for a folder without one). Records
 marked `trainable: false` (a frozen stage, e.g. a judge served by another model) are left out unless
-`include_frozen=True`.
+`include_frozen=True`, which trains them as generated tokens (mask 1 on their response, although their own
+`loss_mask` is 0: a sample kept only to be masked out would train nothing).
 
 **Multi-turn trajectories** (`trajectory=True`): a record that continues an earlier call of its execution holds
 the whole conversation so far in its prompt, with `history_mask` / `history_logprobs` over it. With
@@ -42,7 +43,7 @@ from typing import Any
 
 import orjson
 
-from .convert.trajectory import Trajectory, executions, trainable, trajectories
+from .convert.trajectory import Trajectory, executions, own_mask, trainable, trajectories
 from .errors import OutputError, UsageError
 from .folder import load_manifest, shard_lines, shard_paths
 from .tools.system import system_of
@@ -167,8 +168,10 @@ class RolloutDataset(IterableDataset[Item]):
                 record = orjson.loads(line)
                 if self.stages is not None and record["stage"] not in self.stages:
                     continue
-                if not self.include_frozen and not trainable(record):
-                    continue
+                if not trainable(record):
+                    if not self.include_frozen:
+                        continue
+                    record = {**record, "loss_mask": own_mask(record, True)}  # kept to be trained: as generated
                 try:
                     yield to_tensors(record)
                 except OutputError as exc:

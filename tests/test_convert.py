@@ -249,7 +249,7 @@ def test_sft_leaves_out_a_correct_truncated_sample_and_masks_what_the_loss_mask_
     original = lines(Path(convert(folder, "sft", tmp_path / "o2", layout="standard")["files"][0]))
     assert len(rows) == len(original) - 1
     convert(edited, "megatron", tmp_path / "m")
-    rollouts = [t for g in lines(tmp_path / "m" / "megatron.jsonl") for t in g["rollouts"]]
+    rollouts = [t for g in lines(tmp_path / "m" / "megatron.jsonl") for t in g["rollouts"] if t["trajectory"]]
     hit = [t for t in rollouts if t["trajectory"][0][-len(marks["masked"]):] == marks["masked"]]
     assert hit[0]["generation_mask"][0][-2:] == [True, False]
     truncated = [t for t in rollouts if t["logprobs"][0] == marks["truncated"]]
@@ -302,26 +302,6 @@ def test_trl_required_keys_are_the_installed_trls():
     assert found and ast.literal_eval(found.group(1)) == TRL_REQUIRED
 
 
-def test_the_replay_rollout_func_in_the_docs_returns_whole_stage_groups(folder, records, tmp_path):
-    convert(folder, "trl", tmp_path / "o")
-    doc = (ROOT / "docs" / "convert.md").read_text()
-    code = re.search(r"<!-- replay -->\n```python\n(.*?)```", doc, re.S)
-    assert code, "docs/convert.md lost its replay example"
-    namespace: dict[str, Any] = {}
-    exec(code.group(1).replace("out-trl/trl.jsonl", str(tmp_path / "o" / "trl.jsonl")), namespace)
-
-    class Trainer:  # what rollout_func reads of the trainer here
-        num_generations = 9
-
-    groups = stage_groups(records)
-    keys = [f"{pid}/{stage}" for pid, stage in list(groups)[:3]]
-    output = namespace["rollout_func"](keys, Trainer())
-    assert set(output) >= TRL_REQUIRED
-    expected = [r for key in list(groups)[:3] for r in groups[key]]
-    assert output["completion_ids"] == [r["response_token_ids"] for r in expected]
-    assert output["reward"] == [r["reward"] for r in expected]
-
-
 # ----------------------------------------------------------------------------------------------- advantages
 
 
@@ -332,7 +312,8 @@ def test_advantages_are_per_problem_and_stage_recomputed_independently(folder, r
     scaled = 0
     for members in stage_groups(records).values():
         rewards = [r["reward"] for r in members]
-        mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)  # population std: divisor n
+        mean = statistics.fmean(rewards)
+        std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0  # TRL's std: Bessel-corrected, divisor n - 1
         for reward in rewards:
             want = (reward - mean) / std if kind == "grpo" and std > 0 else reward - mean
             got = next(rows)["advantage"]
@@ -376,19 +357,22 @@ class RolloutGroup(BaseModel):
 
 
 def test_megatron_lines_are_rollout_groups_of_token_rollouts(folder, records, tmp_path):
-    convert(folder, "megatron", tmp_path / "o", advantage="grpo")
+    summary = convert(folder, "megatron", tmp_path / "o")
     groups = stage_groups(records)
     rows = lines(tmp_path / "o" / "megatron.jsonl")
+    size = max(len(m) for m in groups.values())
+    assert summary["placeholders"] == sum(size - len(m) for m in groups.values()) > 0
     assert len(rows) == len(groups)
     problems = list(dict.fromkeys(pid for pid, _ in groups))
     for row, ((pid, stage), members) in zip(rows, groups.items(), strict=True):
-        assert set(row) == {"rollouts", "batch_id", "index_in_batch"}
+        assert set(row) == {"rollouts", "batch_id", "index_in_batch", "uid"} and row["uid"] == f"{pid}/{stage}"
         group = RolloutGroup.model_validate(row)
+        assert len(group.rollouts) == size  # padded: Megatron stacks a step's rewards as one array
+        assert all(not t.trajectory for t in group.rollouts[len(members):])  # placeholders
         assert group.batch_id == problems.index(pid)
         assert group.index_in_batch == [s for p, s in groups if p == pid].index(stage)
-        rewards = [r["reward"] for r in members]
-        mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
-        for rollout, raw, source in zip(group.rollouts, row["rollouts"], members, strict=True):
+        for rollout, raw, source in zip(group.rollouts[:len(members)], row["rollouts"][:len(members)], members,
+                                        strict=True):
             prompt, response = source["prompt_token_ids"], source["response_token_ids"]
             assert rollout.trajectory == [prompt + response]
             assert rollout.generation_mask == [[False] * len(prompt) + [True] * len(response)]
@@ -397,8 +381,7 @@ def test_megatron_lines_are_rollout_groups_of_token_rollouts(folder, records, tm
             assert (rollout.reward, rollout.problem_id, rollout.env_id) == (source["reward"], pid, f"agentroll/{stage}")
             assert rollout.policy_epoch == rollout.kv_cache_epoch == [[(0, 0)]] and rollout.num_evictions == [0]
             assert isinstance(raw["reward"], float) and all(isinstance(b, bool) for b in raw["generation_mask"][0])
-            want = (source["reward"] - mean) / std if std > 0 else source["reward"] - mean
-            assert math.isclose(raw["advantage"], want, rel_tol=1e-12, abs_tol=1e-12)
+            assert "advantage" not in raw  # Megatron computes it from reward
             # rl_utils.single_turn_termination_ok: a single turn ends in EOS, or stops at its stamped cap
             assert prompt + response and (response[-1] == EOS or raw["generation_cap"] == len(response))
             assert (raw["generation_cap"] is not None) == (source["status"] == "truncated")
@@ -419,10 +402,11 @@ SLIME_STATUSES = {"pending", "completed", "truncated", "aborted", "failed"}
 
 def test_slime_files_are_what_load_debug_rollout_data_reads(folder, records, tmp_path):
     torch = pytest.importorskip("torch")
-    summary = convert(folder, "slime", tmp_path / "o", advantage="grpo", groups_per_file=3)
+    summary = convert(folder, "slime", tmp_path / "o", advantage="grpo", groups_per_file=4)
     pts = sorted((tmp_path / "o").glob("rollout_*.pt"))
-    assert [p.name for p in pts] == ["rollout_0.pt", "rollout_1.pt", "rollout_2.pt"]  # 8 problems, 3 per file
+    assert [p.name for p in pts] == ["rollout_0.pt", "rollout_1.pt"]  # 8 problems, 4 per file
     assert summary["files"] == [str(p) for p in pts] + [str(tmp_path / "o" / "slime.jsonl")]
+    assert summary["left_over_problems"] == 0
     groups = stage_groups(records)
     expected = [(r, key) for key, members in groups.items() for r in members]
     samples = []
@@ -431,7 +415,7 @@ def test_slime_files_are_what_load_debug_rollout_data_reads(folder, records, tmp
         data = torch.load(path, weights_only=False)
         assert set(data) == {"rollout_id", "samples"} and data["rollout_id"] == i
         assert torch.load(path, weights_only=True) == data  # plain lists and numbers only
-        assert len({s["metadata"]["agentroll"]["problem_id"] for s in data["samples"]}) == (3 if i < 2 else 2)
+        assert len({s["metadata"]["agentroll"]["problem_id"] for s in data["samples"]}) == 4
         samples += data["samples"]
     assert lines(tmp_path / "o" / "slime.jsonl") == samples
     assert len(samples) == len(expected)
@@ -447,7 +431,7 @@ def test_slime_files_are_what_load_debug_rollout_data_reads(folder, records, tmp
         assert sample["rollout_id"] == rollout_ids.setdefault(source["rollout_id"], len(rollout_ids))
         assert isinstance(sample["label"], str) and isinstance(sample["prompt"], str)
         rewards = [r["reward"] for r in groups[key]]
-        mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
+        mean, std = statistics.fmean(rewards), statistics.stdev(rewards)  # slime's torch.std: Bessel-corrected
         want = (source["reward"] - mean) / std if std > 0 else source["reward"] - mean
         assert math.isclose(sample["reward"], want, rel_tol=1e-12, abs_tol=1e-12)
         assert sample["metadata"]["raw_reward"] == source["reward"]
@@ -481,8 +465,12 @@ def test_hf_datasets_loads_every_jsonl_format(folder, tmp_path, fmt):
 @pytest.mark.parametrize(("to", "options", "message"), [
     ("parquet", {}, "--to takes"),
     ("trl", {"advantage": "ppo"}, "--advantage takes"),
-    ("dpo", {"advantage": "grpo"}, "--advantage is for"),
-    ("sft", {"advantage": "mean"}, "--advantage is for"),
+    ("dpo", {"advantage": "grpo"}, "--advantage is not for --to dpo"),
+    ("sft", {"advantage": "mean"}, "--advantage is not for --to sft"),
+    ("megatron", {"advantage": "mean"}, "--advantage is not for --to megatron"),
+    ("prime-rl", {"advantage": "none"}, "needs an advantage"),
+    ("trl", {"ranks": 2}, "--ranks is for --to prime-rl"),
+    ("trl", {"trajectories": True}, "trajectories is for --to slime"),
     ("trl", {"max_pairs_per_group": 2}, "--max-pairs-per-group is for"),
     ("dpo", {"max_pairs_per_group": 0}, "at least 1"),
     ("dpo", {"max_pairs_per_group": True}, "at least 1"),
@@ -565,7 +553,7 @@ def test_slime_writes_a_conversation_as_one_multi_turn_sample(tmp_path):
     pytest.importorskip("torch")
     folder = synthetic.critique_revise(tmp_path / "cr")
     a0, a1, b0, b1 = executions_of(folder)
-    summary = convert(folder, "slime", tmp_path / "o", advantage="grpo")
+    summary = convert(folder, "slime", tmp_path / "o", advantage="grpo", std="population")
     samples = lines(tmp_path / "o" / "slime.jsonl")
     assert (summary["records"], summary["rows"], summary["folded_turns"], summary["skipped_frozen"]) == (9, 4, 5, 0)
     # (problem, stage) groups in the system's order, each conversation once, by its last turn
@@ -623,8 +611,8 @@ def test_rl_formats_leave_out_frozen_records_and_the_others_keep_them(tmp_path):
     assert (trl_rows["rows"], trl_rows["skipped_frozen"]) == (6, 3)
     assert {r["stage"] for r in lines(tmp_path / "trl" / "trl.jsonl")} == {"solver", "reviser"}
     assert convert(folder, "trl", tmp_path / "trl-all", include_frozen=True)["rows"] == 9
-    mega = convert(folder, "megatron", tmp_path / "m")
-    rollouts = [t for g in lines(tmp_path / "m" / "megatron.jsonl") for t in g["rollouts"]]
+    mega = convert(folder, "megatron", tmp_path / "m", trajectories=False)
+    rollouts = [t for g in lines(tmp_path / "m" / "megatron.jsonl") for t in g["rollouts"] if t["trajectory"]]
     assert mega["skipped_frozen"] == 3 and len(rollouts) == 6
     assert {t["env_id"] for t in rollouts} == {"agentroll/solver", "agentroll/reviser"}
     # a later turn is a one-turn rollout of its own: the earlier turns are its prompt, not generated here

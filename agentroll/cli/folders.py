@@ -98,36 +98,48 @@ def inspect_command(
 
 def convert(
     folder: Annotated[Path, FOLDER],
-    to: Annotated[str, opt("--to", help="dpo | sft | trl | slime | megatron", metavar="FORMAT")],
+    to: Annotated[str, opt("--to", help="dpo | sft | trl | slime | megatron | verl | openrlhf | prime-rl | nemo-rl | "
+                                        "nemo-rl-dpo | verifiers | skyrl", metavar="FORMAT")],
     output: Annotated[Path, opt("--output", "-o", help="Folder for the converted files.", metavar="DIR")],
-    advantage: Annotated[str, opt("--advantage", help="trl, slime, megatron: none | grpo | mean, per (problem, "
-                                                      "stage).", metavar="KIND")] = "none",
+    advantage: Annotated[str | None, opt("--advantage", help="none | grpo | mean, per (problem, stage), for the "
+                                                             "formats whose trainer takes one (default: the "
+                                                             "format's).", metavar="KIND", show_default=False)]
+    = None,
+    std: Annotated[str | None, opt("--std", help="--advantage grpo: sample (Bessel, torch.std: the default) | "
+                                                 "population.", metavar="STD", show_default=False)] = None,
     stages: Annotated[str | None, opt("--stages", help="Comma-separated stages (default: all).",
                                       metavar="STAGES")] = None,
-    max_pairs_per_group: Annotated[int | None, opt("--max-pairs-per-group", help="dpo: most pairs per (problem, "
-                                                                                 "stage).", metavar="N")] = None,
+    max_pairs_per_group: Annotated[int | None, opt("--max-pairs-per-group", help="dpo, nemo-rl-dpo: most pairs per "
+                                                                                 "(problem, stage).",
+                                                   metavar="N")] = None,
     layout: Annotated[str | None, opt("--layout", help="dpo, sft: conversational (default) | standard.",
                                       metavar="LAYOUT")] = None,
-    tokenizer: Annotated[str | None, opt("--tokenizer", help="dpo, sft: to recover chat messages (default: the "
-                                                             "run's).", metavar="PATH|ID")] = None,
-    groups_per_file: Annotated[int | None, opt("--groups-per-file", help="slime: problems per .pt file.",
-                                               metavar="N")] = None,
+    tokenizer: Annotated[str | None, opt("--tokenizer", help="dpo, sft, nemo-rl-dpo: to recover chat messages "
+                                                             "(default: the run's).", metavar="PATH|ID")] = None,
+    groups_per_file: Annotated[int | None, opt("--groups-per-file", help="slime, prime-rl: problems per training "
+                                                                         "step.", metavar="N")] = None,
+    ranks: Annotated[int | None, opt("--ranks", help="prime-rl: data-parallel ranks (rank_R.bin files per step).",
+                                     metavar="R")] = None,
     include_frozen: Annotated[bool | None, opt(
-        "--include-frozen/--skip-frozen", help="Keep records of frozen stages (trainable false); trl, slime and "
-                                               "megatron skip them by default.", show_default=False)] = None,
+        "--include-frozen/--skip-frozen", help="Keep records of frozen stages (trainable false), trained as "
+                                               "generated; the RL formats skip them by default.",
+        show_default=False)] = None,
     trajectories: Annotated[bool | None, opt(
-        "--trajectories/--no-trajectories", help="slime: one sample per multi-turn conversation, from its last "
-                                                 "turn (default), or one per turn.", show_default=False)] = None,
+        "--trajectories/--no-trajectories", help="slime, megatron and the newer formats: one sample per multi-turn "
+                                                 "conversation, from its last turn (default), or one per turn.",
+        show_default=False)] = None,
     overwrite: Annotated[bool, opt("--overwrite", help="Replace this format's files in OUT.")] = False,
 ) -> None:
-    """Turn a folder into what a trainer loads: TRL DPO pairs, SFT data, TRL GRPO rollouts, slime, Megatron."""
+    """Turn a folder into what a trainer loads: TRL DPO pairs, SFT data, TRL GRPO rollouts, slime, Megatron, verl,
+    OpenRLHF, prime-rl, NeMo-RL, verifiers, SkyRL."""
     from ..convert import convert as convert_folder
 
     summary = folder_tool(lambda: convert_folder(
-        folder, to, output, advantage=advantage, max_pairs_per_group=max_pairs_per_group, stages=stages,
-        layout=layout, tokenizer=tokenizer, groups_per_file=groups_per_file, include_frozen=include_frozen,
-        trajectories=trajectories, overwrite=overwrite))
-    extra = "".join(f", {summary[k]} {k.replace('_', ' ')}" for k in ("skipped_frozen", "folded_turns")
+        folder, to, output, advantage=advantage, std=std, max_pairs_per_group=max_pairs_per_group, stages=stages,
+        layout=layout, tokenizer=tokenizer, groups_per_file=groups_per_file, ranks=ranks,
+        include_frozen=include_frozen, trajectories=trajectories, overwrite=overwrite))
+    extra = "".join(f", {summary[k]} {k.replace('_', ' ')}" for k in ("skipped_frozen", "folded_turns",
+                                                                      "placeholders", "left_over_problems")
                     if summary.get(k))
     err.print(Text(f"{summary['records']} records -> {summary['rows']} {to} rows in "
                    f"{', '.join(map(str, summary['files']))}{extra}"), soft_wrap=True)

@@ -7,7 +7,9 @@ which fields each has and which source of the target they were checked against):
 - `sft`: the correct samples, chat messages plus `input_ids` / `labels` (-100 on the prompt);
 - `trl`: per sample, what TRL's GRPO `rollout_func` returns;
 - `slime`: `torch.save` files that slime's `--load-debug-rollout-data` loads;
-- `megatron`: Megatron-LM's `RolloutGroup` / `TokenRollout` records.
+- `megatron`: Megatron-LM's `RolloutGroup` / `TokenRollout` records;
+- `verl`, `openrlhf`, `prime-rl`, `nemo-rl`, `nemo-rl-dpo`, `verifiers`, `skyrl`: what those trainers take
+  (`formats.py`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Any
 
 from ..errors import UsageError
 from ..tools.system import system_of
-from . import dpo, megatron, sft, slime, trl
 from .common import (
     ADVANTAGES,
     LAYOUTS,
+    STDS,
     advantages,
     baseline,
     check_source,
@@ -30,91 +32,71 @@ from .common import (
     prepare_out,
     read_problems,
 )
+from .formats import FORMATS, SPECS, Options
 
-__all__ = ["ADVANTAGES", "FORMATS", "LAYOUTS", "advantages", "baseline", "convert"]
-
-FORMATS = ("dpo", "sft", "trl", "slime", "megatron")
-_FILES = {"dpo": dpo.FILE, "sft": sft.FILE, "trl": trl.FILE, "slime": slime.FILE, "megatron": megatron.FILE}
+__all__ = ["ADVANTAGES", "FORMATS", "LAYOUTS", "STDS", "advantages", "baseline", "convert"]
 
 
-RL_FORMATS = ("trl", "slime", "megatron")  # a frozen stage's samples are not the policy's: skipped by default
-
-
-def convert(src: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *, advantage: str = "none",
-            max_pairs_per_group: int | None = None, stages: list[str] | str | None = None,
+def convert(src: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *, advantage: str | None = None,
+            std: str | None = None, max_pairs_per_group: int | None = None, stages: list[str] | str | None = None,
             layout: str | None = None, tokenizer: str | None = None, groups_per_file: int | None = None,
-            include_frozen: bool | None = None, trajectories: bool | None = None,
+            ranks: int | None = None, include_frozen: bool | None = None, trajectories: bool | None = None,
             overwrite: bool = False) -> dict[str, Any]:
     """Converts the folder `src` into `out` (a folder) and returns a summary: format, records read, rows
-    written, files (and, for trl, slime and megatron, `skipped_frozen`; for slime, `folded_turns`). Every
-    option is checked before anything is written (`UsageError`, one line).
+    written, files, and what was left out or added (`skipped_frozen`, `folded_turns`, `placeholders`,
+    `left_over_problems`). Every option is checked before anything is written (`UsageError`, one line).
 
-    `advantage` (trl, slime, megatron): `none`, `grpo` (reward minus its (problem, stage) group's mean, over
-    the group's population std when that is not 0) or `mean` (minus the mean only). `stages`: the stages
-    converted (all of the folder's system's by default). `max_pairs_per_group` (dpo): most pairs per (problem,
-    stage) group. `layout` (dpo, sft): `conversational` (default: chat messages, recovered from the rendered
-    prompt with `tokenizer`, by default the run's) or `standard` (the prompt as text). `groups_per_file`
-    (slime): problems per .pt file, one file per training step. `include_frozen`: convert the records marked
-    `trainable: false` too (default: no for trl, slime and megatron, yes for dpo and sft). `trajectories`
-    (slime, default on): a multi-turn conversation is one sample, from its last turn (docs/convert.md).
-    `overwrite`: replace this format's files already in `out`.
+    `advantage` (the formats whose trainer takes one): `none`, `grpo` (reward minus its (problem, stage) group's
+    mean, over the group's std when that is not 0) or `mean` (minus the mean only); the default is the format's
+    (`none`, or `mean` for prime-rl and verifiers, whose trainers need one). `std` (with `grpo`): `sample`
+    (Bessel-corrected, `torch.std`: the default, as slime, TRL, OpenRLHF use it) or `population`. `stages`: the
+    stages converted (all of the folder's system's by default). `max_pairs_per_group` (dpo, nemo-rl-dpo): most
+    pairs per (problem, stage) group. `layout` (dpo, sft): `conversational` (default: chat messages, recovered
+    from the rendered prompt with `tokenizer`, by default the run's) or `standard` (the prompt as text).
+    `groups_per_file` (slime, prime-rl): problems per training step. `ranks` (prime-rl): data-parallel ranks.
+    `include_frozen`: convert the records marked `trainable: false` too (default: no for the RL formats, yes for
+    dpo, sft, nemo-rl-dpo). `trajectories` (the formats that take whole conversations; default on): a multi-turn
+    conversation is one sample, from its last turn (docs/convert.md). `overwrite`: replace this format's files.
     """
     src_path, out_path = Path(src), Path(out)
-    _check_options(to, advantage, max_pairs_per_group, layout, tokenizer, groups_per_file)
-    if trajectories is not None and to != "slime":
-        raise UsageError(f"trajectories is for --to slime, not {to}")
+    spec = SPECS.get(to)
+    if spec is None:
+        raise UsageError(f"--to takes one of {', '.join(FORMATS)}, not {to!r}")
+    advantage = spec.check(advantage, std, max_pairs_per_group, layout, tokenizer, groups_per_file, ranks,
+                           trajectories)
     if stages is not None:
         check_stages(stages, None)  # the names' form, before anything is read
     manifest = check_source(src_path, out_path)
     system = system_of(manifest)
     chosen_stages = check_stages(stages, system.stages)
-    keep_frozen = include_frozen if include_frozen is not None else to not in RL_FORMATS
-    whole = to == "slime" and trajectories is not False
-    if to == "slime":
-        slime.require_torch()
+    problems_in = manifest.groups
+    if groups_per_file is not None and groups_per_file > problems_in:
+        raise UsageError(f"--groups-per-file {groups_per_file}: {src_path} has {problems_in} problems, not enough "
+                         "for one whole training step")
+    keep_frozen = include_frozen if include_frozen is not None else not spec.rl
+    whole = spec.whole and trajectories is not False
+    spec.require()
     chat = None
-    if to in ("dpo", "sft") and (layout or "conversational") == "conversational":
+    if spec.chat and (layout or "conversational") == "conversational":
         chat = load_messages(manifest, tokenizer)
-    prepare_out(out_path, [_FILES[to]], slime.PT_PATTERN if to == "slime" else None, overwrite)
+    prepare_out(out_path, spec.names, spec.stale, overwrite)
 
     counts: dict[str, int] = {}
-    problems = read_problems(src_path, chosen_stages, advantage, counts, include_frozen=keep_frozen,
-                             whole_conversations=whole)
-    files = [out_path / _FILES[to]]
-    if to == "dpo":
-        rows = dpo.write(problems, out_path, chat, max_pairs_per_group)
-    elif to == "sft":
-        rows = sft.write(problems, out_path, chat)
-    elif to == "trl":
-        rows = trl.write(problems, out_path)
-    elif to == "megatron":
-        rows = megatron.write(problems, out_path)
-    else:
-        rows, files = slime.write(problems, out_path, groups_per_file)
+    chosen_std = std or "sample"
+
+    def read() -> Any:
+        counts.clear()
+        return read_problems(src_path, chosen_stages, advantage, counts, include_frozen=keep_frozen,
+                             whole_conversations=whole, std=chosen_std, routes=spec.routes)
+
+    options = Options(out_path, keep_frozen, chat, max_pairs_per_group, groups_per_file, ranks or 1,
+                      dict(manifest.settings or {}))
+    rows, files, extra = spec.write(read, options)
     summary = {"format": to, "source": str(src_path), "complete": manifest.complete,
                "records": counts.get("records", 0), "rows": rows, "files": [str(f) for f in files],
                "stages": None if chosen_stages is None else list(chosen_stages), "advantage": advantage}
+    if advantage == "grpo":
+        summary["std"] = chosen_std
     summary.update({key: counts[key] for key in ("skipped_frozen", "folded_turns") if key in counts})
+    summary.update(extra)
     return summary
-
-
-def _check_options(to: str, advantage: str, max_pairs: int | None, layout: str | None, tokenizer: str | None,
-                   groups_per_file: int | None) -> None:
-    if to not in FORMATS:
-        raise UsageError(f"--to takes one of {', '.join(FORMATS)}, not {to!r}")
-    if advantage not in ADVANTAGES:
-        raise UsageError(f"--advantage takes one of {', '.join(ADVANTAGES)}, not {advantage!r}")
-    if advantage != "none" and to in ("dpo", "sft"):
-        raise UsageError(f"--advantage is for trl, slime and megatron: {to} rows carry rewards, not advantages")
-    only = {"--max-pairs-per-group": (max_pairs, ("dpo",)), "--layout": (layout, ("dpo", "sft")),
-            "--tokenizer": (tokenizer, ("dpo", "sft")), "--groups-per-file": (groups_per_file, ("slime",))}
-    for flag, (value, formats) in only.items():
-        if value is not None and to not in formats:
-            raise UsageError(f"{flag} is for --to {' and '.join(formats)}, not {to}")
-    for flag, number in (("--max-pairs-per-group", max_pairs), ("--groups-per-file", groups_per_file)):
-        if number is not None and (isinstance(number, bool) or not isinstance(number, int) or number < 1):
-            raise UsageError(f"{flag} takes a whole number of at least 1, not {number!r}")
-    if layout is not None and layout not in LAYOUTS:
-        raise UsageError(f"--layout takes one of {', '.join(LAYOUTS)}, not {layout!r}")
-    if tokenizer is not None and layout == "standard":
-        raise UsageError("--tokenizer is for --layout conversational (it recovers the chat messages)")

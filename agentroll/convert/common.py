@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,10 @@ import orjson
 from ..errors import UsageError
 from ..folder.manifest import Manifest
 from ..schema import STAGES
-from .trajectory import Trajectory, executions, trainable, trajectories
+from .trajectory import Trajectory, executions, single, trainable, trajectories
 
 ADVANTAGES = ("none", "grpo", "mean")
+STDS = ("sample", "population")
 LAYOUTS = ("conversational", "standard")
 
 Record = dict[str, Any]
@@ -37,6 +39,12 @@ class StageGroup:
     advantages: list[float] | None = None
     trajectories: list[Trajectory] | None = None
 
+    def items(self, include_frozen: bool = False) -> list[tuple[Record, Trajectory, float | None]]:
+        """(record, its trajectory, its advantage) per sample: the whole conversation the record ends when the
+        group was read with whole conversations, else the call alone (`trajectory.single`)."""
+        return [(record, self.trajectories[i] if self.trajectories is not None else single(record, include_frozen),
+                 None if self.advantages is None else self.advantages[i]) for i, record in enumerate(self.records)]
+
 
 @dataclass(slots=True)
 class Problem:
@@ -47,22 +55,27 @@ class Problem:
     groups: list[StageGroup] = field(default_factory=list)
 
 
-def baseline(rewards: list[float]) -> tuple[float, float]:
-    """Mean and population standard deviation (divisor n, as `group_reward_std` in the records and
-    Megatron's `np.std`): the group is all the samples there are, not a sample of a larger population."""
+def baseline(rewards: list[float], std: str = "population") -> tuple[float, float]:
+    """Mean and standard deviation: `population` (divisor n, as `group_reward_std` in the records and Megatron's
+    `np.std`) or `sample` (divisor n - 1, Bessel's: `torch.std`, as slime, TRL, verl, OpenRLHF, SkyRL and NeMo-RL
+    use it; 0 for a group of one, whose spread is unknown)."""
     n = len(rewards)
     mean = math.fsum(rewards) / n
-    return mean, math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / n)
+    squares = math.fsum((r - mean) ** 2 for r in rewards)
+    if std == "sample":
+        return mean, math.sqrt(squares / (n - 1)) if n > 1 else 0.0
+    return mean, math.sqrt(squares / n)
 
 
-def advantages(rewards: list[float], kind: str) -> list[float] | None:
-    """`grpo`: (reward - mean) / std, or reward - mean when std is 0 (every sample scored alike: all 0);
-    `mean`: reward - mean (no std division, as in Dr. GRPO); `none`: None."""
+def advantages(rewards: list[float], kind: str, std: str = "population") -> list[float] | None:
+    """`grpo`: (reward - mean) / std (`std`: `population` or `sample`, see `baseline`), or reward - mean when the
+    std is 0 (every sample scored alike, or a group of one: all 0); `mean`: reward - mean (no std division, as in
+    Dr. GRPO); `none`: None."""
     if kind == "none":
         return None
-    mean, std = baseline(rewards)
-    if kind == "grpo" and std > 0:
-        return [(r - mean) / std for r in rewards]
+    mean, spread = baseline(rewards, std)
+    if kind == "grpo" and spread > 0:
+        return [(r - mean) / spread for r in rewards]
     return [r - mean for r in rewards]
 
 
@@ -83,7 +96,8 @@ def check_stages(stages: Iterable[str] | str | None,
 
 
 def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, counts: dict[str, int], *,
-                  include_frozen: bool = True, whole_conversations: bool = False) -> Iterator[Problem]:
+                  include_frozen: bool = True, whole_conversations: bool = False, std: str = "population",
+                  routes: bool = False) -> Iterator[Problem]:
     """The folder's problems in manifest order (whole groups, by `agentroll.read_groups`), each split
     into stage groups (`stages` in order; None: every stage, as first seen). Baselines are computed over the
     whole stage group before anything is filtered out, so `--stages` or a converter's own filter never changes
@@ -92,7 +106,8 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
     Unless `include_frozen`, records marked `trainable: false` are left out after the baselines
     (`counts["skipped_frozen"]`). With `whole_conversations`, a group keeps only the records that end a
     conversation, each with its `Trajectory` (`convert.trajectory`); the turns folded into a later one are
-    counted in `counts["folded_turns"]`."""
+    counted in `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`. `routes`: records'
+    `routed_experts` as arrays (`read_groups(routes=True)`)."""
     from ..folder import read_groups
 
     counts.setdefault("records", 0)
@@ -100,8 +115,8 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
         counts.setdefault("skipped_frozen", 0)
     if whole_conversations:
         counts.setdefault("folded_turns", 0)
-    for index, group in enumerate(read_groups(src)):
-        records = group.records()
+    for index, group in enumerate(read_groups(src, routes=routes)):
+        records = group.records() if not routes else _with_routes(group)
         counts["records"] += len(records)
         ends: dict[int, Trajectory] = {}
         if whole_conversations:
@@ -116,7 +131,7 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
             members = [r for r in records if r["stage"] == stage]
             if not members:
                 continue
-            found_advantages = advantages([float(r["reward"]) for r in members], advantage)
+            found_advantages = advantages([float(r["reward"]) for r in members], advantage, std)
             keep = [i for i, r in enumerate(members) if include_frozen or trainable(r)]
             if not include_frozen:
                 counts["skipped_frozen"] += len(members) - len(keep)
@@ -130,6 +145,25 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
                 None if found_advantages is None else [found_advantages[i] for i in keep],
                 [ends[id(members[i])] for i in keep] if whole_conversations else None))
         yield problem
+
+
+def _with_routes(group: Any) -> list[Record]:
+    """The group's records as dicts that keep each sample's `routed_experts` array (`Group.records()` goes through
+    JSON, which has no arrays)."""
+    records = []
+    for samples in group.executions:
+        for sample in samples:
+            routes = sample.routed_experts
+            if routes is not None and not hasattr(routes, "shape"):
+                routes = None  # routes that could not be resolved as an array are not carried
+            sample.routed_experts = None
+            try:
+                record = orjson.loads(orjson.dumps(sample))
+            finally:
+                sample.routed_experts = routes
+            record["routed_experts"] = routes
+            records.append(record)
+    return records
 
 
 def check_source(src: Path, out: Path) -> Manifest:
@@ -154,7 +188,10 @@ def prepare_out(out: Path, names: list[str], stale: str | None, overwrite: bool)
     if present and not overwrite:
         raise UsageError(f"-o {out}: already holds {present[0].name} (pass --overwrite to replace it)")
     for path in present:
-        path.unlink()
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 class JsonlWriter:
@@ -213,6 +250,12 @@ class ChatMessages:
                 for group in ("(.*)", "(.*?)"):  # greedy, then lazy: the re-rendering decides
                     self._patterns.append((shape, re.compile(group.join(map(re.escape, pieces)), re.S)))
         self._cache: dict[str, list[dict[str, str]] | None] = {}
+        # a message's content never holds the template's own markup: a content that does is several messages
+        # rendered together (a later turn's prompt, a row's own conversation), not one
+        special = set(getattr(tokenizer, "all_special_tokens", None) or [])
+        special |= {str(getattr(t, "content", t)) for t in (getattr(tokenizer, "added_tokens_decoder", None)
+                                                             or {}).values()}
+        self._markup = sorted(t for t in special if t.strip())
 
     def render(self, messages: list[dict[str, str]]) -> str:
         return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
@@ -228,6 +271,8 @@ class ChatMessages:
         for shape, pattern in self._patterns:
             match = pattern.fullmatch(prompt)
             if match:
+                if any(token in content for content in match.groups() for token in self._markup):
+                    continue
                 messages = [{"role": role, "content": c} for role, c in zip(shape, match.groups(), strict=True)]
                 try:
                     if self.render(messages) == prompt:
@@ -263,8 +308,9 @@ def prompt_messages(chat: ChatMessages, record: Record) -> list[dict[str, str]]:
     messages = chat(record["prompt"])
     if messages is None:
         raise UsageError(f"problem {record['problem_id']}, {record['stage']}: its prompt is not {chat.name}'s chat "
-                         f"template of one user message (and an optional system message); pass the run's tokenizer "
-                         f"with --tokenizer, or use --layout standard (the prompt as text)")
+                         f"template of one user message (and an optional system message), such as a multi-turn "
+                         f"prompt; pass the run's tokenizer with --tokenizer, or use --layout standard (the prompt "
+                         f"as text)")
     return messages
 
 

@@ -1,10 +1,20 @@
 """`--to megatron`: one `RolloutGroup` per (problem, stage) group and line, its rollouts `TokenRollout`s, as
-Megatron-LM's RL agent API declares them (megatron/rl/agent/api.py).
+Megatron-LM's RL agent API declares them (megatron/rl/types/rollout.py; megatron/rl/agent/api.py before).
 
-Each sample is a one-turn trajectory: the prompt and response ids, `generation_mask` true on the response
-tokens (the model's, per the loss mask), `logprobs` over the generated tokens only (Megatron aligns them to the
-positions the mask marks). Megatron computes GRPO advantages itself over each `RolloutGroup`, so our groups
-are what make its baseline per stage; `reward` is the record's reward.
+A rollout is a conversation with one trajectory entry per turn, as Megatron's own multi-turn agent makes it
+(megatron/rl/agent/reward_only_agent.py): entry j is turn j's prompt and response ids (each turn's ids start
+with the previous turn's, so `prepare_trajectories` collapses them into one training row), its
+`generation_mask` true on the tokens turn j generated (the loss mask), its `logprobs` those tokens' logprobs, so
+that each turn's logprob count equals its generated-token count (`_is_collapsible_rollout`,
+`align_unpacked_inference_logprobs`). A single call is a one-turn rollout; `trajectories=False` makes every call
+one.
+
+Megatron computes GRPO advantages itself from `reward` over each `RolloutGroup`
+(`rl_utils.calculate_grpo_advantages`), stacking a step's rewards as one (groups x size) array: every group must
+have the same size. Ours differ (K*N solvers, up to K*N rewriters, K selectors per problem), so each group is
+padded to the conversion's largest with placeholders, empty-trajectory rollouts that Megatron leaves out of the
+group statistics and trains nothing on (its own placeholders for failed episodes). Megatron never reads an
+advantage, so `--advantage` is refused.
 
 `policy_epoch` comes from the record's `weight_versions` (vLLM's generate API: which policy version made which
 response tokens): Megatron's sparse `(start token index, epoch)` boundaries over the whole sequence, the prompt
@@ -12,41 +22,56 @@ stamped with the version that made the first response token. A version must be a
 vLLM names weights never updated, is 0). Without weight versions (/v1/completions) every token is epoch 0.
 `kv_cache_epoch` follows `policy_epoch`: vLLM does not say when a cached prefix was computed. No evictions.
 
-Records marked `trainable: false` (a frozen stage's) are left out unless `include_frozen`. A later turn of a
-multi-turn conversation is a rollout of its own: its prompt holds the earlier turns (`generation_mask` false).
+Frozen records (`trainable: false`) are left out, and their tokens inside a conversation untrained, unless
+`include_frozen`, which trains them as generated (so a truncated frozen call passes Megatron's termination check).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from .common import JsonlWriter, Problem, Record
+from .trajectory import Trajectory
 
 FILE = "megatron.jsonl"
 
 
-def token_rollout(record: Record, advantage: float | None) -> dict[str, Any]:
-    prompt_ids, response_ids = record["prompt_token_ids"], record["response_token_ids"]
-    out: dict[str, Any] = {
-        "trajectory": [prompt_ids + response_ids],
+def token_rollout(found: Trajectory) -> dict[str, Any]:
+    """The conversation (or call) as a `TokenRollout`, one trajectory entry per turn."""
+    record = found.record
+    trajectory, masks, logprobs, epochs = [], [], [], []
+    for turn, (begin, end) in zip(found.chain, found.spans(), strict=True):
+        mask = [bool(found.mask[k]) for k in range(begin, end)]
+        trajectory.append(turn["prompt_token_ids"] + turn["response_token_ids"])  # = found.tokens[:end]
+        masks.append([False] * begin + mask)
+        logprobs.append([found.logprobs[k] for k in range(begin, end) if found.mask[k]])
+        epochs.append(policy_epochs(turn))
+    generated = sum(masks[-1])
+    return {
+        "trajectory": trajectory,
         "reward": record["reward"],
-        "generation_mask": [[False] * len(prompt_ids) + [bool(m) for m in record["loss_mask"]]],
-        "logprobs": [record["response_logprobs"]],
+        "generation_mask": masks,
+        "logprobs": logprobs,  # the generated tokens only, as Megatron's inference returns them
         "env_id": f"agentroll/{record['stage']}",
         "problem_id": record["problem_id"],
-        "policy_epoch": [epochs := policy_epochs(record)],  # per turn, (first token index, epoch) boundaries
-        "kv_cache_epoch": [epochs],
-        "num_evictions": [0],
-        # later Megatron (a model with extra='allow' takes it either way): a single-turn trajectory must end in
-        # EOS, fill the context, or stop at its stamped cap; a truncated response stopped at the cap it was given
-        "generation_cap": len(response_ids) if record["status"] == "truncated" else None,
+        "policy_epoch": epochs,  # per turn, (first token index, epoch) boundaries
+        "kv_cache_epoch": epochs,
+        "num_evictions": [0] * len(trajectory),
+        # rl_utils.single_turn_termination_ok: a single turn ends in EOS, fills the context, or generated exactly its
+        # stamped cap; a truncated response stopped at the cap it was given
+        "generation_cap": generated if record["status"] == "truncated" else None,
+        "rollout_status": "ok",
     }
-    if advantage is not None:
-        out["advantage"] = advantage
-    return out
+
+
+def placeholder(problem_id: str, stage: str) -> dict[str, Any]:
+    """An empty-trajectory rollout: Megatron's placeholder (`num_turns` 0), left out of the group's statistics."""
+    return {"trajectory": [], "reward": 0.0, "generation_mask": [], "logprobs": [],
+            "env_id": f"agentroll/{stage}", "problem_id": problem_id, "policy_epoch": [], "kv_cache_epoch": [],
+            "num_evictions": [], "generation_cap": None, "rollout_status": "placeholder"}
 
 
 def _epoch(version: object, record: Record) -> int:
@@ -73,11 +98,18 @@ def policy_epochs(record: Record) -> list[tuple[int, int]]:
     return out or [(0, 0)]
 
 
-def write(problems: Iterable[Problem], out: Path) -> int:
+def write(read: Callable[[], Iterable[Problem]], out: Path, include_frozen: bool) -> tuple[int, int]:
+    """Rows and placeholders written. `read` gives the problems afresh: once to find the largest group, once to
+    write (the folder is streamed twice rather than held in memory)."""
+    size = max((len(g.records) for problem in read() for g in problem.groups), default=0)
+    placeholders = 0
     with JsonlWriter(out / FILE) as writer:
-        for problem in problems:
+        for problem in read():
             for index_in_batch, group in enumerate(problem.groups):
-                rollouts = [token_rollout(r, None if group.advantages is None else group.advantages[i])
-                            for i, r in enumerate(group.records)]
-                writer.write({"rollouts": rollouts, "batch_id": problem.index, "index_in_batch": index_in_batch})
-    return writer.rows
+                rollouts = [token_rollout(found) for _, found, _ in group.items(include_frozen)]
+                padding = size - len(rollouts)
+                rollouts += [placeholder(group.problem_id, group.stage) for _ in range(padding)]
+                placeholders += padding
+                writer.write({"rollouts": rollouts, "batch_id": problem.index, "index_in_batch": index_in_batch,
+                              "uid": f"{group.problem_id}/{group.stage}"})
+    return writer.rows, placeholders

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import ChatMessages, JsonlWriter, Problem, Record, prompt_messages, response_messages
+from .trajectory import own_mask
 
 FILE = "sft.jsonl"
 IGNORE_INDEX = -100  # the label PyTorch's cross-entropy (and so transformers and TRL) leaves out of the loss
@@ -25,9 +26,11 @@ def is_correct(record: Record) -> bool:
 
 
 def row(record: Record, chat: ChatMessages | None) -> dict[str, Any]:
+    """A frozen stage's record (kept by default) is trained on its whole response: its `loss_mask` is 0 because
+    the tokens are not the policy's samples, which does not matter for fine-tuning on them."""
     prompt_ids, response_ids = record["prompt_token_ids"], record["response_token_ids"]
     labels = [IGNORE_INDEX] * len(prompt_ids) + [
-        token if mask else IGNORE_INDEX for token, mask in zip(response_ids, record["loss_mask"], strict=True)]
+        token if mask else IGNORE_INDEX for token, mask in zip(response_ids, own_mask(record, True), strict=True)]
     text: dict[str, Any] = (
         {"messages": prompt_messages(chat, record) + response_messages(record)} if chat is not None
         else {"prompt": record["prompt"], "completion": record["response"]})

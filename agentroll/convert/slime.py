@@ -3,7 +3,9 @@ files, each sample a `Sample.to_dict()` of slime/utils/types.py, read back with 
 
 slime formats the path with each training step's rollout id (`rollout_{rollout_id}.pt`), so a file is one
 step: `--groups-per-file N` puts N problems in each (slime's `--rollout-batch-size`); by default one file holds
-them all. `slime.jsonl` has the same samples, one per line. Within a file the samples of a (problem, stage)
+them all. Every file holds N whole problems: slime's scheduler (slime/utils/dp_schedule.py) asserts a step has
+at least `--global-batch-size` rollouts, so the problems after the last whole file are not written (counted as
+`left_over_problems`). `slime.jsonl` has the same samples, one per line. Within a file the samples of a (problem, stage)
 group are consecutive and share `group_index`; those of one execution share `rollout_id` (slime's unit of
 loss aggregation: one execution, several training samples, as its subagent rollouts).
 
@@ -19,7 +21,10 @@ prompt, `loss_mask` 1 on the model's tokens and 0 on the injected ones over that
 `rollout_log_probs` the sampled logprobs there (0.0 on injected tokens). It is built from the conversation's
 last turn (`history_mask` + `loss_mask` from the first prompt's end); the turns it holds are not written again.
 `trajectories=False` writes every call as its own sample instead. Frozen records (`trainable: false`) are left
-out, and their tokens inside a conversation masked, unless `include_frozen`.
+out, and their tokens inside a conversation masked, unless `include_frozen` (then trained as generated).
+
+Routed experts (`--return-routed-experts`) become `rollout_routed_experts`, the (len(tokens) - 1, layers, topk)
+int32 tensor slime's routing replay takes; a conversation's are its last turn's, which cover it all.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .common import JsonlWriter, Problem, Record
-from .trajectory import Trajectory
+from .trajectory import Trajectory, after_first_prompt, first_prompt, own_mask
 
 FILE = "slime.jsonl"
 PT_PATTERN = r"rollout_\d+\.pt"
@@ -64,7 +69,7 @@ def sample(record: Record, reward: float, index: int, group_index: int, rollout_
         "response_length": len(record["response_token_ids"]),
         "label": None if label is None else str(label),
         "reward": reward,
-        "loss_mask": record["loss_mask"],
+        "loss_mask": own_mask(record, True),  # a frozen record is here only with include_frozen
         "rollout_log_probs": record["response_logprobs"],
         "status": record["status"],  # completed / truncated: values of slime's Sample.Status
         "metadata": metadata,
@@ -74,53 +79,60 @@ def sample(record: Record, reward: float, index: int, group_index: int, rollout_
         metadata["agentroll"]["turns"] = conversation.turns
         out.update(tokens=conversation.tokens, response_length=len(conversation.tokens) - start,
                    loss_mask=conversation.mask[start:], rollout_log_probs=conversation.logprobs[start:],
-                   prompt=_first_prompt(record, conversation), response=_response_text(record, conversation))
+                   prompt=first_prompt(conversation), response=after_first_prompt(conversation))
+    routes = record.get("routed_experts")
+    if routes is not None:
+        out["rollout_routed_experts"] = _routes(routes, len(out["tokens"]), record)
     return out
 
 
-def _first_prompt(record: Record, conversation: Trajectory) -> str:
-    """The first turn's prompt text (the record's own when the conversation is a single turn)."""
-    return str(conversation.first.get("prompt", "")) if conversation.first is not record else record["prompt"]
+def _routes(routes: Any, tokens: int, record: Record) -> Any:
+    """The record's routes as the int32 tensor slime replays: one row per token but the last."""
+    torch = require_torch()
+    if getattr(routes, "ndim", None) != 3 or routes.shape[0] != tokens - 1:
+        raise UsageError(f"problem {record['problem_id']}, {record['stage']}: routed experts of shape "
+                         f"{getattr(routes, 'shape', None)}, where slime needs ({tokens - 1}, layers, topk)")
+    return torch.from_numpy(routes.astype("int32"))
 
 
-def _response_text(record: Record, conversation: Trajectory) -> str:
-    """Everything after the first prompt, as text: what the last turn's prompt adds to it, then its response
-    (informative only: slime trains on `tokens`)."""
-    first = _first_prompt(record, conversation)
-    prompt = record["prompt"]
-    return (prompt[len(first):] if prompt.startswith(first) else "") + record["response"]
-
-
-def write(problems: Iterable[Problem], out: Path, groups_per_file: int | None) -> tuple[int, list[Path]]:
+def write(problems: Iterable[Problem], out: Path, groups_per_file: int | None) -> tuple[int, list[Path], int]:
+    """Samples written, the files, and the problems left over after the last whole file of `groups_per_file`."""
     torch = require_torch()
     files: list[Path] = []
     batch: list[dict[str, Any]] = []
     batch_problems = group_index = index = 0
     executions: dict[str, int] = {}
 
-    def flush() -> None:
-        path = out / f"rollout_{len(files)}.pt"
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save({"rollout_id": len(files), "samples": batch}, tmp)
-        tmp.replace(path)
-        files.append(path)
-
     with JsonlWriter(out / FILE) as writer:
+
+        def flush() -> None:
+            path = out / f"rollout_{len(files)}.pt"
+            tmp = path.with_name(f".{path.name}.tmp")
+            torch.save({"rollout_id": len(files), "samples": batch}, tmp)
+            tmp.replace(path)
+            files.append(path)
+            for item in batch:
+                writer.write(_plain(item))
+
         for problem in problems:
             for group in problem.groups:
                 for i, record in enumerate(group.records):
                     rollout_id = executions.setdefault(record["rollout_id"], len(executions))
                     reward = record["reward"] if group.advantages is None else group.advantages[i]
-                    item = sample(record, reward, index, group_index, rollout_id,
-                                  None if group.trajectories is None else group.trajectories[i])
-                    writer.write(item)
-                    batch.append(item)
+                    batch.append(sample(record, reward, index, group_index, rollout_id,
+                                        None if group.trajectories is None else group.trajectories[i]))
                     index += 1
                 group_index += 1
             batch_problems += 1
             if groups_per_file is not None and batch_problems == groups_per_file:
                 flush()
                 batch, batch_problems = [], 0
-        if batch or not files:
+        if groups_per_file is None:
             flush()
-    return writer.rows, [*files, out / FILE]
+    return writer.rows, [*files, out / FILE], batch_problems if groups_per_file is not None else 0
+
+
+def _plain(item: dict[str, Any]) -> dict[str, Any]:
+    """A sample for the JSONL copy: a routes tensor as nested lists."""
+    routes = item.get("rollout_routed_experts")
+    return item if routes is None else {**item, "rollout_routed_experts": routes.tolist()}

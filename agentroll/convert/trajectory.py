@@ -10,13 +10,15 @@ record of a three-stage folder).
 Frozen turns (`trainable: false`, e.g. a judge served by another model) are not the policy's tokens: unless
 `include_frozen`, a trajectory masks their tokens out (mask 0, logprob 0.0), a frozen record is never a
 trajectory's last turn (the trajectory ends at its last trainable turn), and a trajectory contained in a longer
-one is not emitted again.
+one is not emitted again. With `include_frozen` the caller asked to train on them: a frozen call's response
+tokens count as generated (mask 1, its own logprobs), although its record's `loss_mask` is 0 throughout
+(`own_mask`), since a sample kept only to be masked out would train nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Record = dict[str, Any]
@@ -35,6 +37,12 @@ class Trajectory:
     tokens: list[int]
     mask: list[int]
     logprobs: list[float]
+    chain: list[Record] = field(default_factory=list)  # the conversation's records, first turn to `record`
+
+    def spans(self) -> list[tuple[int, int]]:
+        """Per turn, (its prompt's length, its end) in `tokens`: turn j's response is `tokens[a:b]`."""
+        return [(len(r["prompt_token_ids"]), len(r["prompt_token_ids"]) + len(r["response_token_ids"]))
+                for r in self.chain]
 
 
 def executions(records: Iterable[Record]) -> Iterator[list[Record]]:
@@ -72,6 +80,22 @@ def trainable(record: Record) -> bool:
     return record.get("trainable", True) is not False
 
 
+def own_mask(record: Record, include_frozen: bool) -> list[int]:
+    """The record's response mask as a converter trains it: its `loss_mask`, or, for a frozen record kept with
+    `include_frozen`, 1 on every response token (they were generated, by the frozen model)."""
+    if include_frozen and not trainable(record):
+        return [1] * len(record["response_token_ids"])
+    return [int(m) for m in record["loss_mask"]]
+
+
+def single(record: Record, include_frozen: bool = False, position: int = 0) -> Trajectory:
+    """One call as a one-turn trajectory: the prompt (mask 0, logprob 0.0) then the response."""
+    prompt, response = record["prompt_token_ids"], record["response_token_ids"]
+    return Trajectory(record, position, record, len(prompt), 1, prompt + response,
+                      [0] * len(prompt) + own_mask(record, include_frozen),
+                      [0.0] * len(prompt) + [float(x) for x in record["response_logprobs"]], [record])
+
+
 def ends(execution: list[Record], include_frozen: bool = False) -> list[int]:
     """Positions of the records that end a trajectory, in write order: the (trainable, unless `include_frozen`)
     records that no other such record continues, directly or through other turns."""
@@ -97,21 +121,48 @@ def trajectory(execution: list[Record], i: int, include_frozen: bool = False) ->
                          f"{len(record['loss_mask'])} loss mask entries")
     mask = [int(m) for m in history] if history is not None else [0] * len(prompt)
     logprobs = [float(x) for x in history_logprobs] if history_logprobs is not None else [0.0] * len(prompt)
-    mask += record["loss_mask"]
-    logprobs += record["response_logprobs"]
+    mask += own_mask(record, include_frozen)
+    logprobs += [float(x) for x in record["response_logprobs"]]
     chain = _chain(execution, i)
-    if not include_frozen:
-        for j in chain[1:]:
-            earlier = execution[j]
-            if not trainable(earlier):
-                begin = len(earlier["prompt_token_ids"])
-                for k in range(begin, min(begin + len(earlier["response_token_ids"]), len(prompt))):
+    for j in chain[1:]:
+        earlier = execution[j]
+        if not trainable(earlier):
+            begin = len(earlier["prompt_token_ids"])
+            end = min(begin + len(earlier["response_token_ids"]), len(prompt))
+            for k in range(begin, end):  # a frozen turn: left out, or (include_frozen) trained as generated
+                if include_frozen:
+                    mask[k], logprobs[k] = 1, float(earlier["response_logprobs"][k - begin])
+                else:
                     mask[k], logprobs[k] = 0, 0.0
     first = execution[chain[-1]]
     return Trajectory(record, i, first, len(first["prompt_token_ids"]), len(chain), prompt + response, mask,
-                      logprobs)
+                      logprobs, [execution[j] for j in reversed(chain)])
 
 
 def trajectories(execution: list[Record], include_frozen: bool = False) -> list[Trajectory]:
     """Every trajectory of an execution (see `ends`), in write order."""
     return [trajectory(execution, i, include_frozen) for i in ends(execution, include_frozen)]
+
+
+def first_prompt(found: Trajectory) -> str:
+    """The conversation's first prompt, as text."""
+    return str(found.first.get("prompt", ""))
+
+
+def after_first_prompt(found: Trajectory) -> str:
+    """Everything after the first prompt, as text: what the last turn's prompt adds to it, then its response
+    (informative only: trainers take the ids)."""
+    first, prompt = first_prompt(found), str(found.record.get("prompt", ""))
+    return (prompt[len(first):] if prompt.startswith(first) else "") + str(found.record.get("response", ""))
+
+
+def runs(mask: list[int], begin: int, end: int) -> list[tuple[int, int, bool]]:
+    """`mask[begin:end]` as maximal runs (start, end, is the model's)."""
+    out: list[tuple[int, int, bool]] = []
+    for k in range(begin, end):
+        on = bool(mask[k])
+        if out and out[-1][2] == on:
+            out[-1] = (out[-1][0], k + 1, on)
+        else:
+            out.append((k, k + 1, on))
+    return out

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import JsonlWriter, Problem, Record
+from .trajectory import own_mask
 
 FILE = "trl.jsonl"
 
@@ -29,7 +30,7 @@ def row(record: Record, advantage: float | None) -> dict[str, Any]:
         "prompt_ids": record["prompt_token_ids"],
         "completion_ids": record["response_token_ids"],
         "logprobs": record["response_logprobs"],
-        "env_mask": record["loss_mask"],
+        "env_mask": own_mask(record, True),  # a frozen record is here only with include_frozen: trained as generated
         "reward": record["reward"],
     }
     if advantage is not None:
