@@ -15,7 +15,7 @@ from aiohttp import web
 from agentroll.errors import RewardError
 from agentroll.rewards import FunctionReward, RewardRequest, RewardSet, RewardSettings, make_reward
 
-from .conftest import TOKENIZER, read_records, run_cli
+from .conftest import TOKENIZER, read_records, run_cli, run_process
 
 
 def grade(response: str, label: str) -> float:
@@ -64,8 +64,8 @@ def shaped_correctly(records, correct_weight=2.0, incorrect_weight=0.5):
     return len(by_rollout)
 
 
-def generate(sim, problems, out, *extra):
-    return run_cli("generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
+def generate(sim, problems, out, *extra, run=run_cli):
+    return run("generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
                    "--num-parallel", "2", "--samples-per-prompt", "2", "--correct-reward-weight", "2",
                    "--incorrect-reward-weight", "0.5", *extra)
 
@@ -86,7 +86,9 @@ def test_a_remote_reward_model_scores_every_sample_and_drives_shaping(sim, probl
 
 def test_a_reward_model_that_answers_nonsense_stops_the_run(sim, problems, tmp_path, reward_model):
     RewardModel.bad = True
-    proc = generate(sim, problems, tmp_path / "out", "--reward", "remote", "--reward-url", reward_model)
+    # a process of its own: this test's reward server (a thread here) may print its own broken pipes
+    proc = generate(sim, problems, tmp_path / "out", "--reward", "remote", "--reward-url", reward_model,
+                    run=run_process)
     assert proc.returncode == 5 and b"reply is not JSON" in proc.stderr and b"Traceback" not in proc.stderr
 
 
