@@ -19,6 +19,7 @@ from .errors import (
 from .folder import read_groups, read_records
 from .generator import Generator
 from .group import Group
+from .rescoring import rescore
 from .options import GenerateOptions
 from .schema import Sample
 from .systems import System
@@ -44,4 +45,5 @@ __all__ = [
     "gather_or_cancel",
     "read_groups",
     "read_records",
+    "rescore",
 ]

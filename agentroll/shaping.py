@@ -49,6 +49,14 @@ class LengthShaping:
             return 0.0
         return -self.penalty * min(1.0, (length - start) / max(1, budget - start))
 
+    @staticmethod
+    def unnoted(info: str | None) -> str | None:
+        """A record's `reward_info` without the notes `apply` added (before it is applied again)."""
+        if not info:
+            return info
+        kept = [part for part in info.split("; ") if not part.startswith("overlong")]
+        return "; ".join(kept) or None
+
     def apply(self, samples: list[Sample]) -> None:
         """Shape one execution's samples in place (after the system shaped them)."""
         for sample in samples:

@@ -25,7 +25,7 @@ ROW = {"id": "q1", "prompt": "What is 40 plus 2?", "label": "42"}
 
 PUBLIC = ["AgentrollError", "Context", "GenerateOptions", "Generator", "Group", "IncompleteRun", "InputError",
           "OutputError", "RewardError", "Sample", "ServerError", "System", "TooManyFailures", "UsageError",
-          "__version__", "gather_or_cancel", "read_groups", "read_records"]
+          "__version__", "gather_or_cancel", "read_groups", "read_records", "rescore"]
 
 
 def test_all_is_exactly_the_public_surface():

@@ -24,7 +24,7 @@ def opt(*decls: str, help: str, metavar: str = "", **kwargs: object) -> typer.mo
 
 
 def register(app: typer.Typer) -> None:
-    for command in (merge, validate, stats, convert, report):
+    for command in (merge, validate, stats, convert, report, rescore):
         app.command(cls=Command)(command)
     app.command("inspect", cls=Command)(inspect_command)
 
@@ -155,3 +155,33 @@ def report(
 
     made = folder_tool(lambda: html_report(folder, output, by))
     err.print(Text(f"{made['charts']} charts -> {made['output']} ({made['bytes']:,} bytes)"))
+
+
+def rescore(
+    folder: Annotated[Path, FOLDER],
+    output: Annotated[Path, opt("--output", "-o", help="The new folder.", metavar="DIR")],
+    reward: Annotated[str, opt("--reward", help="math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION "
+                                                "(docs/rewards.md).", metavar="SPEC")],
+    reward_url: Annotated[str | None, opt("--reward-url", help="Reward model URL, for --reward remote.",
+                                          metavar="URL")] = None,
+    reward_timeout: Annotated[float, opt("--reward-timeout", help="Seconds per reward check.",
+                                         metavar="SECONDS")] = 10.0,
+    reward_concurrency: Annotated[int, opt("--reward-concurrency", help="Most reward calls in flight.",
+                                           metavar="N")] = 32,
+    filter_uniform_groups: Annotated[bool | None, opt("--filter-uniform-groups/--keep-uniform-groups",
+                                                      help="Leave out groups whose new outcomes are all alike "
+                                                           "(default: as the folder was made).",
+                                                      show_default=False)] = None,
+) -> None:
+    """Score a folder's records again with another reward, no model called: a new folder, token for token."""
+    import asyncio
+
+    from ..rescoring import rescore as rescore_folder
+
+    result = folder_tool(lambda: asyncio.run(rescore_folder(
+        folder, output, reward, reward_url=reward_url, reward_timeout=reward_timeout,
+        reward_concurrency=reward_concurrency, filter_uniform_groups=filter_uniform_groups)))
+    s = result.stats
+    err.print(Text(f"rescored {s.groups_written + s.groups_filtered} groups ({s.groups_filtered} filtered, "
+                   f"{s.problems_skipped_done} done before) -> {output}; system accuracy "
+                   f"{s.report().get('system_accuracy')}"))

@@ -23,8 +23,8 @@ from .progress import LogLines, RichBar
 from .summary import print_summary
 
 PANELS = {
-    "Input and output": ("output", "mix", "prompt_key", "label_key", "id_key", "reward_key", "overwrite", "skip_invalid",
-                         "limit", "ordered", "consumer", "max_ahead", "quiet", "debug"),
+    "Input and output": ("output", "mix", "prompt_key", "label_key", "id_key", "reward_key", "overwrite",
+                         "skip_invalid", "limit", "ordered", "consumer", "max_ahead", "quiet", "debug"),
     "Servers": ("base_url", "api_key", "model", "tokenizer", "api", "concurrency", "max_concurrency",
                 "server_priority", "chat_render", "max_context_len"),
     "Sampling": ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "no_think"),

@@ -17,6 +17,7 @@ from ..loading import load_object
 
 if TYPE_CHECKING:
     from ..context import Context
+    from ..rescoring import Rescoring
     from ..schema import Sample
 
 
@@ -40,6 +41,15 @@ class System:
 
     async def run(self, ctx: Context) -> list[Sample]:
         raise NotImplementedError
+
+    async def rescore(self, execution: Rescoring) -> None:
+        """Score a recorded execution again with another reward (`agentroll rescore`): what `run` did with the
+        rewards, without calling a model. The default scores every sample, takes the last one's raw reward as
+        the outcome, and shapes every reward by it; a system whose outcome is built otherwise says so here."""
+        samples = execution.samples
+        await execution.reward(samples)
+        execution.final_reward = samples[-1].raw_reward
+        execution.shape(samples, won=execution.final_reward == 1)
 
 
 class FunctionSystem(System):

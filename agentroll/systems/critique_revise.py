@@ -14,6 +14,7 @@ from . import System
 
 if TYPE_CHECKING:
     from ..context import Context
+    from ..rescoring import Rescoring
     from ..schema import Sample
 
 
@@ -43,3 +44,16 @@ class CritiqueRevise(System):
         ctx.final_reward = samples[2].raw_reward if len(samples) == 3 else solver.raw_reward
         ctx.shape(samples, won=ctx.final_reward == 1)
         return samples
+
+    async def rescore(self, execution: Rescoring) -> None:
+        """The solver and the reviser scored; the critic earns the reviser's raw reward; the outcome is the
+        reviser's (the solver's when no revision was made)."""
+        samples = execution.samples
+        by_stage = {s.stage: s for s in samples}
+        await execution.reward([s for s in samples if s.stage in ("solver", "reviser")])
+        reviser, critic = by_stage.get("reviser"), by_stage.get("critic")
+        if reviser is not None and critic is not None:
+            critic.raw_reward = reviser.raw_reward
+            critic.reward_info = f"the revision it led to scored {reviser.raw_reward:g}"
+        execution.final_reward = (reviser or by_stage["solver"]).raw_reward
+        execution.shape(samples, won=execution.final_reward == 1)

@@ -16,6 +16,7 @@ from . import System
 
 if TYPE_CHECKING:
     from ..context import Context
+    from ..rescoring import Rescoring
     from ..schema import Sample
 
 
@@ -57,6 +58,24 @@ class ThreeStage(System):
                 "no judgment" if k is None else f"judgment {k} out of range 1..{len(listed)}")
         ctx.final_reward = selector.raw_reward
         return _shaped(ctx, [*solvers, *rewriters, selector], won=selector.raw_reward == 1)
+
+
+    async def rescore(self, execution: Rescoring) -> None:
+        """Solvers and rewriters scored by the new reward; the selector earns the raw reward of the rewrite its
+        recorded judgment picked (by its place in the list it was shown, `listed_as`)."""
+        samples = execution.samples
+        scored = [s for s in samples if s.stage in ("solver", "rewriter")]
+        await execution.reward(scored)
+        listed = {s.listed_as: s for s in samples if s.stage == "rewriter" and s.listed_as is not None}
+        selector = next((s for s in samples if s.stage == "selector"), None)
+        if selector is None:
+            execution.final_reward = 0.0  # stopped before a selection, as `run` records it
+            execution.shape(samples, won=False)
+            return
+        picked = listed.get(selector.judgment) if selector.judgment is not None else None
+        selector.raw_reward = picked.raw_reward if picked is not None else 0.0
+        execution.final_reward = selector.raw_reward
+        execution.shape(samples, won=selector.raw_reward == 1)
 
 
 async def _stage(ctx: Context, stage: str, prompt: tuple[str, list[int]], n: int) -> list[Sample]:

@@ -1,0 +1,162 @@
+"""`agentroll rescore DIR -o NEW --reward SPEC`: the same records scored again by another reward, no model called.
+
+Every record is copied token for token (ids, logprobs, masks, routes); only the rewards move. Each recorded
+execution goes through its system's `rescore` (the selector's pick and the shaping recomputed as the system
+defines them), then the folder's length shaping, then the group's figures; `--filter-uniform-groups` applies to
+the new outcomes. NEW is a whole folder of its own (its manifest's `settings.derived_from` names DIR), written by
+the folder package as any run is: killed, it resumes by running the same command again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+from .folder import Manifest, ShardWriter, read_groups
+from .group import Group, annotate
+from .rewards import RewardRequest, RewardSet, RewardSettings
+from .schema import Sample
+from .shaping import LengthShaping
+from .stats import RunStats
+from .systems import System, builtins, load_system
+
+log = logging.getLogger("agentroll")
+
+
+@dataclass
+class Rescoring:
+    """One recorded execution as its system's `rescore` sees it: the samples, and the reward and shaping
+    calls a `Context` offers (`reward`, `shape`, `final_reward`)."""
+
+    samples: list[Sample]
+    rewards: RewardSet
+    stats: RunStats
+    weights: tuple[float, float] = (1.0, 1.0)  # --correct-reward-weight, --incorrect-reward-weight of the run
+    final_reward: float | None = None
+    problem: str = ""
+    prompt: Any = None
+
+    async def reward(self, samples: list[Sample]) -> None:
+        if not samples:
+            return
+        requests = [RewardRequest(s.content, s.label, self.problem, s.stage, s.metadata, s.response, self.prompt,
+                                  s.problem_id) for s in samples]
+        results = await self.rewards.get(None).score(requests)
+        for sample, result in zip(samples, results, strict=True):
+            sample.raw_reward = sample.reward = float(result.value)
+            sample.reward_info = result.info
+            if result.failed == "timeout":
+                self.stats.reward_timeouts += 1
+            elif result.failed == "error":
+                self.stats.reward_errors += 1
+            elif result.failed == "invalid":
+                self.stats.reward_invalid += 1
+
+    def shape(self, samples: list[Sample], won: bool) -> None:
+        weight = self.weights[0] if won else self.weights[1]
+        for sample in samples:
+            sample.reward = sample.raw_reward * weight
+
+
+@dataclass
+class RescoreResult:
+    source: str
+    output: str
+    stats: RunStats = field(default_factory=RunStats)
+    complete: bool = False
+
+
+def system_of_folder(manifest: Manifest) -> System:
+    """The folder's system: a built-in by name; a user's system loaded from its spec when it still loads, else
+    the base `System` (each sample scored, the last one's the outcome), with a warning."""
+    spec = manifest.settings.get("system") or {"name": "three-stage", "options": {}}
+    name, options = str(spec.get("name", "three-stage")), dict(spec.get("options") or {})
+    if name in builtins():
+        return builtins()[name](**options)
+    try:
+        return load_system(name, options)
+    except Exception as exc:  # a file moved, a module gone: the default rescoring still holds for most systems
+        log.warning("system %s does not load here (%s): rescoring it the default way (each sample scored, the last "
+                    "one's raw reward the outcome)", name, exc)
+        return System()
+
+
+async def rescore(source: str | os.PathLike[str], output: str | os.PathLike[str], reward: str,
+                  reward_url: str | None = None, reward_timeout: float = 10.0, reward_concurrency: int = 32,
+                  filter_uniform_groups: bool | None = None, shard_size: int = 1000) -> RescoreResult:
+    """Rescore the folder `source` into `output` (see the module's docstring). `filter_uniform_groups` None keeps
+    the source's setting."""
+    src, out = Path(source), Path(output)
+    if src.resolve() == out.resolve():
+        raise UsageError(f"-o {out}: rescoring writes a new folder, not into its source")
+    manifest = Manifest.load(src)
+    if not manifest.complete:
+        log.warning("%s: its run did not complete; only the groups on disk are rescored", src)
+    settings = manifest.settings
+    system = system_of_folder(manifest)
+    uniform = bool(settings.get("filter_uniform_groups")) if filter_uniform_groups is None else filter_uniform_groups
+    derived = {"folder": str(src.resolve()), "folder_id": manifest.folder_id, "reward": settings.get("reward")}
+    new_settings = {**settings, "reward": reward, "reward_url": reward_url, "filter_uniform_groups": uniform,
+                    "resample_uniform": 0, "derived_from": derived}
+    length = LengthShaping(**settings["length_shaping"]) if settings.get("length_shaping") else LengthShaping()
+    weights = (float(settings.get("correct_reward_weight", 1.0)), float(settings.get("incorrect_reward_weight", 1.0)))
+    workers = max(1, (os.cpu_count() or 1) // 4)
+    rewards = RewardSet(RewardSettings(reward, reward_timeout, reward_url, reward_concurrency, 5, workers))
+    writer = ShardWriter(out, new_settings, shard_size, compression=str(settings.get("compression") or "none"))
+    result = RescoreResult(str(src), str(out))
+    stats = result.stats
+    stats.use_stages(tuple(settings.get("system", {}).get("stages") or ()) or tuple(system.stages))
+    started, begun = time.monotonic(), time.time()
+    done = writer.open()
+    try:
+        routes = bool(settings.get("return_routed_experts"))
+        for group in read_groups(src, routes=routes):
+            stats.problems += 1
+            if done.get(group.problem.id) == group.problem.content_hash:
+                stats.problems_skipped_done += 1
+                continue
+            scored = await _group(group, system, rewards, stats, weights, length)
+            if uniform and len({s[0].final_reward for s in scored.executions}) <= 1:
+                scored.status = "filtered"
+                stats.groups_filtered += 1
+            else:
+                stats.groups_written += 1
+                stats.records_written += scored.num_records
+            for samples in scored.executions:
+                stats.add_execution(samples)
+            writer.commit(scored)
+        result.complete = True
+    finally:
+        await rewards.aclose()
+        writer.run_info = {"stats": stats.to_dict(), "wall_s": round(time.monotonic() - started, 3),
+                           "started_at": round(begun, 3), "finished_at": round(time.time(), 3)}
+        writer.close(complete=result.complete)
+    return result
+
+
+async def _group(group: Group, system: System, rewards: RewardSet, stats: RunStats, weights: tuple[float, float],
+                 length: LengthShaping) -> Group:
+    for samples in group.executions:
+        for sample in samples:  # the run's length shaping is applied again below: its notes go first
+            sample.reward_info = length.unnoted(sample.reward_info)
+        execution = Rescoring(samples, rewards, stats, weights, problem=group.problem.prompt
+                              if isinstance(group.problem.prompt, str) else "", prompt=group.problem.prompt)
+        await system.rescore(execution)
+        if execution.final_reward is None:
+            raise UsageError(f"system {system.name}'s rescore set no outcome (final_reward)")
+        for sample in samples:
+            sample.final_reward = execution.final_reward
+        if length.active:
+            length.apply(samples)
+    annotate(group.executions, [e[0].final_reward for e in group.executions])
+    return group
+
+
+def result_dict(result: RescoreResult) -> dict[str, Any]:
+    return {"source": result.source, "output": result.output, "complete": result.complete,
+            "stats": asdict(result.stats)}
