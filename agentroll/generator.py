@@ -28,13 +28,15 @@ from .options import GenerateOptions
 from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages, server_renderer
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
 from .rewards import RewardSet, RewardSettings
+from .rewards.code import parse_tests
+from .sandbox import SandboxSettings
 from .stats import RunStats
 from .systems import System, from_object, identity, load_system, spec_of
 from .templates import Templates
 
 log = logging.getLogger("agentroll")
 
-BUILTIN_REWARDS = ("math", "exact", "remote")
+BUILTIN_REWARDS = ("math", "exact", "remote", "code")
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
@@ -99,8 +101,12 @@ class Generator:
                     o.chat_render == "auto" and await self._differs(client, encoder, model, templates)):
                 encoder.server_render = server_renderer(client, model, o.chat_template_kwargs)
             workers = o.reward_workers or max(1, (os.cpu_count() or 1) // 4)
+            sandbox = SandboxSettings(url=o.sandbox_url, concurrency=o.sandbox_concurrency,
+                                      memory_mb=o.sandbox_memory_mb, max_retries=o.max_retries,
+                                      connect_timeout_s=o.connect_timeout)
             self._rewards = RewardSet(RewardSettings(o.reward, o.reward_timeout, o.reward_url,
-                                                     o.reward_concurrency, o.max_retries, workers))
+                                                     o.reward_concurrency, o.max_retries, workers, sandbox,
+                                                     o.code_test_timeout, o.code_partial_credit))
             config = SystemConfig.from_options(o, model, self.max_context_len)
             server = await self._provenance(client, encoder, templates, config, root)
             if client.adaptive:
@@ -155,6 +161,16 @@ class Generator:
         if spec is not None and spec not in (*BUILTIN_REWARDS, self.options.reward, *self.options.allow_reward):
             raise InputError(problem.source, problem.line, self.keys.reward,
                              f"reward {spec!r} is not allowed for rows: pass --allow-reward {spec} to allow it")
+        kind = spec or self.options.reward
+        if kind == "code":  # its tests are checked before anything runs
+            try:
+                parse_tests(problem.label)
+            except ValueError as exc:
+                raise InputError(problem.source, problem.line, self.keys.label,
+                                 f"for the code reward it {exc}") from None
+        elif isinstance(problem.label, dict) and kind in ("math", "exact"):
+            raise InputError(problem.source, problem.line, self.keys.label, f"an object is a label for the code "
+                             f"reward or a reward function, not for {kind}")
         return problem
 
     async def run_group(self, row: dict[str, Any] | Problem) -> Group:
@@ -423,7 +439,16 @@ class Generator:
             "resample_uniform": o.resample_uniform, "keys": asdict(self.keys),
             "chat_template_kwargs": o.chat_template_kwargs, "chat_render": o.chat_render,
             "prompt_rendering": rendering,  # where prompts actually became ids: --chat-render auto may switch
+            **code_settings(o),
         }
+
+
+def code_settings(o: GenerateOptions) -> dict[str, Any]:
+    """What of the code reward's settings changes rewards, for the settings guard: only values other than the
+    defaults, so a folder made before these options existed still resumes."""
+    names = ("code_test_timeout", "code_partial_credit", "sandbox_memory_mb")
+    changed = {n: getattr(o, n) for n in names if getattr(o, n) != GenerateOptions.__dataclass_fields__[n].default}
+    return {"code_reward": changed} if changed else {}
 
 
 async def _rows(rows: Iterable[Any] | AsyncIterable[Any]) -> AsyncGenerator[Any, None]:

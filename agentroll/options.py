@@ -86,6 +86,20 @@ class GenerateOptions:
     connect_timeout: float = option(10.0, "Seconds to open a connection to a server.")
     down_timeout: float = option(300.0, "Seconds to wait when every endpoint is down.")
     probe_interval: float = option(5.0, "Seconds between /health probes of a down endpoint.")
+    # -- model code: the sandbox, the code reward (docs/tool-use.md, docs/rewards.md) --------------------------------
+    sandbox_url: str | None = option(None, "SandboxFusion server that runs model code (its /run_code); default: "
+                                           "local child processes.")
+    sandbox_concurrency: int = option(0, "Most sandbox runs at once (0: one per core).")
+    sandbox_memory_mb: int = option(1024, "Memory limit per sandbox run, in MB.")
+    code_test_timeout: float = option(6.0, "--reward code: seconds per test.")
+    code_partial_credit: bool = option(False, "--reward code: the fraction of tests passed, not 1 only when all pass.")
+
+    def _check_sandbox(self) -> None:
+        at_least(self, 0, "sandbox_concurrency")
+        at_least(self, 16, "sandbox_memory_mb")
+        positive(self, "code_test_timeout")
+        if self.sandbox_url is not None and not self.sandbox_url.startswith(("http://", "https://")):
+            raise UsageError(f"--sandbox-url {self.sandbox_url!r} must be an http:// or https:// URL")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -163,6 +177,7 @@ class GenerateOptions:
             raise UsageError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
         self.stage_settings()
         self.system_options()
+        self._check_sandbox()
 
     def stage_settings(self) -> dict[str, dict[str, Any]]:
         """--stage NAME.KEY=VALUE as {stage: {key: value}}, each value of its key's type and range."""

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from ..errors import UsageError
 from . import RunResult, SandboxSettings, SandboxUnavailable, Status
 
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
@@ -28,7 +29,7 @@ class RemoteSandbox:
     def __init__(self, settings: SandboxSettings, backoff_base_s: float = 0.5) -> None:
         url = (settings.url or "").rstrip("/")
         if not url.startswith(("http://", "https://")):
-            raise SandboxUnavailable(f"--sandbox-url {settings.url!r} must be an http:// or https:// URL")
+            raise UsageError(f"--sandbox-url {settings.url!r} must be an http:// or https:// URL")
         self.settings = settings
         self.url = url.removesuffix("/run_code") + "/run_code"
         self.backoff_base_s = backoff_base_s
