@@ -42,8 +42,8 @@ class GenerateOptions:
     label_key: str = option("label", "Input field holding the reference answer.")
     id_key: str = option("id", "Input field holding the problem id [default id: a hash of prompt and label].")
     reward_key: str = option("reward", "Input field in which a row names its own reward.")
-    system: str = option("three-stage", "Agent system: three-stage | single | critique-revise | FILE.py:CLASS | "
-                                        "MODULE:CLASS (docs/systems.md).")
+    system: str = option("three-stage", "Agent system: three-stage | single | critique-revise | tool-use | "
+                                        "FILE.py:CLASS | MODULE:CLASS (docs/systems.md).")
     system_option: list[str] = option([], "KEY=VALUE for the system (repeatable; the value is JSON or a string).")
     stage: list[str] = option([], "STAGE.KEY=VALUE per-stage setting (repeatable): model, base_url, tokenizer, "
                                   "max_tokens, temperature, top_p, top_k, min_p, trainable.")
@@ -69,7 +69,7 @@ class GenerateOptions:
     correct_reward_weight: float = option(1.0, "Reward multiplier when the selector's pick is correct.")
     incorrect_reward_weight: float = option(1.0, "Reward multiplier otherwise.")
     no_think: bool = option(False, "The whole response is the answer (models that do not reason).")
-    reward: str = option("math", "math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION")
+    reward: str = option("math", "math | exact | code | remote | FILE.py:FUNCTION | MODULE:FUNCTION")
     reward_timeout: float = option(10.0, "Seconds per reward check (or reward-model request).")
     reward_url: str | None = option(None, "Reward model URL, for --reward remote.")
     reward_workers: int = option(0, "Math-check worker processes (0: a quarter of the cores, at least 1).")

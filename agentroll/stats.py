@@ -80,6 +80,13 @@ class RunStats:
     reward_timeouts: int = 0
     reward_errors: int = 0
     reward_invalid: int = 0  # NaN or infinite rewards refused
+    # tool use: every call the model made, and those that went wrong (the model was shown the error)
+    tool_calls: int = 0
+    tool_calls_malformed: int = 0  # unreadable: broken JSON, no name, no closing tag
+    tool_calls_unknown: int = 0  # named no tool on offer
+    tool_calls_failed: int = 0  # bad arguments, the tool raised, or the python tool's program failed
+    tool_calls_timed_out: int = 0
+    tool_calls_not_run: int = 0  # made on the last turn allowed (max_turns) or with no room left to go on
     # the system's own report, over every execution generated (written or filtered)
     majority_correct: int = 0
     best_of_n_correct: int = 0

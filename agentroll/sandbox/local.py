@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from ..errors import UsageError
 from . import RunResult, SandboxSettings, SandboxUnavailable, Status
 
 log = logging.getLogger("agentroll")
@@ -110,8 +111,9 @@ class LocalSandbox:
                         self.mode = mode
                         break
                     why.append(f"{mode.namespaces} with {mode.python}: {failure}")
-                if self.mode is None:
-                    raise SandboxUnavailable(f"the local sandbox cannot start a program here ({'; '.join(why)})")
+                if self.mode is None:  # nothing will ever run here: a set-up error, not a passing failure
+                    raise UsageError(f"the local sandbox cannot start a program here ({'; '.join(why)}); use "
+                                     "--sandbox-url")
                 log.info("sandbox: %s", self.mode.describe())
                 if self.mode.namespaces == "none":
                     log.warning(
