@@ -59,10 +59,14 @@ def program(tests: dict[str, Any], kind: str) -> str:
         return f"import json\n_ANSWERS = json.loads({json.dumps(table)!r})\n\n\ndef {name}(*args):\n    {body}\n"
     answers = {_text(i).strip(): _text(o) for i, o in zip(tests["inputs"], tests["outputs"], strict=False)}
     if kind == "wrong":
-        answers = {k: (v.split("\n", 1)[0] + " 0\n" + v.split("\n", 1)[1]) if "\n" in v else v + " 0"
-                   for k, v in answers.items()}
-    return (f"import json\nimport sys\n\nANSWERS = json.loads({json.dumps(answers)!r})\n"
-            "sys.stdout.write(ANSWERS.get(sys.stdin.read().strip(), ''))\n")
+        answers = {
+            k: (v.split("\n", 1)[0] + " 0\n" + v.split("\n", 1)[1]) if "\n" in v else v + " 0"
+            for k, v in answers.items()
+        }
+    return (
+        f"import json\nimport sys\n\nANSWERS = json.loads({json.dumps(answers)!r})\n"
+        "sys.stdout.write(ANSWERS.get(sys.stdin.read().strip(), ''))\n"
+    )
 
 
 def offered_tools(prompt: str) -> list[dict[str, Any]]:
@@ -91,11 +95,11 @@ def arguments_for(tool: dict[str, Any], statement: str) -> dict[str, Any]:
     """Plausible arguments for a tool by its schema: each required parameter of its JSON type."""
     parameters = tool.get("parameters") or {}
     properties = parameters.get("properties") or {}
-    samples = {"string": statement[:40], "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
+    samples = {"string": statement[:80], "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
     out = {}
     for name in parameters.get("required") or ():
         kind = (properties.get(name) or {}).get("type", "string")
-        out[name] = samples.get(kind if isinstance(kind, str) else kind[0], statement[:40])
+        out[name] = samples.get(kind if isinstance(kind, str) else kind[0], statement[:80])
     return out
 
 

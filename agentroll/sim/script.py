@@ -251,7 +251,9 @@ class Script:
             return call_text("web_search_v2", {"query": "the answer"})
         names = [t.get("name") for t in tools]
         if "python" not in names:
-            return call_text(str(names[0]), arguments_for(tools[0], _statement(prompt)))
+            known = [k for k in (*self.answers, *self.tests) if k in prompt]
+            statement = max(known, key=len) if known else _statement(prompt)
+            return call_text(str(names[0]), arguments_for(tools[0], statement))
         roll = rng.random()
         if roll < b.tool_code_crash:
             return call_text("python", {"code": CRASH})
