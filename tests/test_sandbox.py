@@ -87,6 +87,15 @@ def test_writing_past_the_output_cap_ends_the_run():
     assert len(result.stdout) == 100_000
 
 
+def test_the_process_limit_stops_a_fork_bomb():
+    code = (
+        "import os, time\nmade = 0\nfor _ in range(50):\n    try:\n        pid = os.fork()\n    except OSError:\n"
+        "        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    made += 1\nprint(made)\n"
+    )
+    result = run(code, processes=8)
+    assert result.status == "ok" and 0 < int(result.stdout) < 8
+
+
 def test_the_environment_is_scrubbed_and_the_directory_is_fresh_and_removed(monkeypatch):
     monkeypatch.setenv("AGENTROLL_TEST_SECRET", "hunter2")
     code = "import os, json\nopen('made.txt', 'w').write('x')\nprint(json.dumps([os.getcwd(), dict(os.environ)]))"

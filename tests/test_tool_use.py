@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from itertools import pairwise
@@ -168,6 +169,37 @@ def test_the_generator_runs_tool_use_as_a_library(serve, tmp_path):
         assert [s.turn for s in samples] == [0, 1]
         assert samples[0].tool_calls is not None and samples[0].tool_calls[0]["result"] == "17"
         assert samples[1].raw_reward == 1.0 and samples[1].continues == 0
+
+
+def test_the_tool_use_docs_example_runs_as_written(serve, tmp_path, monkeypatch):
+    text = (Path(__file__).resolve().parent.parent / "docs" / "tool-use.md").read_text()
+    example = re.search(r"```python\n(# my_tools.py\n.*?)```", text, re.S)
+    assert example is not None
+    (tmp_path / "my_tools.py").write_text(example.group(1))
+    monkeypatch.chdir(tmp_path)  # the command as the docs give it
+    problems = write_problems(tmp_path / "p.jsonl", 2)
+    server = serve(problems, behavior(tool_call=1.0))
+    for tools, called in (("python,my_tools.py:lookup", "python"), ("my_tools.py:lookup", "lookup")):
+        out = tmp_path / called
+        code, output = tool_use(
+            problems,
+            out,
+            server.url,
+            "--system-option",
+            f"tools={tools}",
+            "--system-option",
+            "max_turns=6",
+            "--samples-per-prompt",
+            "2",
+            "--reward",
+            "math",
+        )
+        assert code == 0, output
+        records = read_records(out)
+        assert '"description": "Look a fact up in the course notes."' in records[0]["prompt"]
+        assert {c["name"] for r in records for c in r["tool_calls"] or []} == {called}
+        assert all(c["status"] == "ok" for r in records for c in r["tool_calls"] or [])
+        check_token_exact(records, server)
 
 
 # -- each failure path: shown to the model, counted, and the run goes on -------------------------------------------
