@@ -416,6 +416,22 @@ def test_tool_use_with_the_code_reward_and_rows_naming_code_themselves(serve, tm
     assert [f["raw_reward"] for f in finals] == [1.0] * 6 and all(len(t) == 2 for t in executions(records))
 
 
+def test_validate_checks_tool_calls_and_the_outcome_of_tool_use(serve, tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 1)
+    server = serve(problems, behavior(tool_call=1.0))
+    out = tmp_path / "out"
+    assert tool_use(problems, out, server.url)[0] == 0
+    assert validate_folder(out).ok
+    shard = next(out.glob("rollouts-*.jsonl"))
+    records = [json.loads(line) for line in shard.read_text().splitlines()]
+    records[0]["tool_calls"][0]["status"] = "fine"
+    records[1]["raw_reward"] = 1.0 - records[1]["raw_reward"]
+    shard.write_text("".join(json.dumps(r) + "\n" for r in records))
+    faults = [str(f) for f in validate_folder(out).faults]
+    assert any(":1: value: tool_calls item 0 is not" in f for f in faults), faults
+    assert any("from the final turn's" in f or "is not the raw_reward of the final turn" in f for f in faults)
+
+
 def test_a_folder_of_the_previous_schema_is_refused_on_resume(serve, tmp_path):
     problems = write_problems(tmp_path / "p.jsonl", 1)
     server = serve(problems, behavior(tool_call=1.0))
