@@ -178,6 +178,9 @@ def test_a_cancelled_run_kills_its_program():
 
 
 def test_nothing_survives_a_kill_9_of_agentroll():
+    described = asyncio.run(LocalSandbox().describe())
+    if "pid" not in described:
+        pytest.skip(f"without a pid namespace a child that leaves the group can outlive agentroll ({described})")
     base = shared_dir()
     marker = f"{300 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
     script = (

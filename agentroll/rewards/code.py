@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..concurrency import gather_or_cancel
 from ..errors import RewardError
 from ..sandbox import RunResult, Sandbox, SandboxUnavailable
 from .base import NO_CONTENT, RewardRequest, RewardResult
@@ -150,7 +151,7 @@ class CodeReward:
         total = len(tests.inputs)
         try:
             if self.partial:
-                verdicts = list(await asyncio.gather(*(self._test(code, tests, i) for i in range(total))))
+                verdicts = await gather_or_cancel(*(self._test(code, tests, i) for i in range(total)))
             else:
                 verdicts = []
                 for i in range(total):

@@ -112,8 +112,9 @@ class LocalSandbox:
                         break
                     why.append(f"{mode.namespaces} with {mode.python}: {failure}")
                 if self.mode is None:  # nothing will ever run here: a set-up error, not a passing failure
-                    raise UsageError(f"the local sandbox cannot start a program here ({'; '.join(why)}); use "
-                                     "--sandbox-url")
+                    raise UsageError(
+                        f"the local sandbox cannot start a program here ({'; '.join(why)}); use --sandbox-url"
+                    )
                 log.info("sandbox: %s", self.mode.describe())
                 if self.mode.namespaces == "none":
                     log.warning(
