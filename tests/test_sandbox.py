@@ -76,7 +76,7 @@ def test_a_loop_is_killed_at_its_timeout():
 
 
 def test_a_memory_hog_stops_at_its_memory_limit():
-    result = run("blocks = []\nwhile True:\n    blocks.append(bytearray(1 << 24))\n", memory_mb=256)
+    result = run("blocks = []\nwhile True:\n    blocks.append(bytes(1 << 26))\n", memory_mb=256)
     assert result.status == "memory", result.stderr
     assert "MemoryError" in result.stderr
 

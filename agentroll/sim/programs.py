@@ -19,7 +19,7 @@ _TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 _TOOL_TURN = re.compile(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>|<tool_response>\n(.*?)\n</tool_response>", re.S)
 CRASH = "raise RuntimeError('the simulated program gives up')\n"
 LOOP = "while True:\n    pass\n"
-HOG = "blocks = []\nwhile True:\n    blocks.append(bytearray(1 << 24))\n"
+HOG = "blocks = []\nwhile True:\n    blocks.append(bytes(1 << 26))\n"  # zero pages: address space, little RAM
 
 
 def code_tests(label: Any) -> dict[str, Any] | None:
