@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from agentroll.sandbox import RunResult, SandboxSettings, SandboxUnavailable, make_sandbox
-from agentroll.sandbox.local import LocalSandbox
+from agentroll.sandbox.local import LocalSandbox, Mode
 from agentroll.sandbox.remote import RemoteSandbox, parse
 
 
@@ -158,6 +158,30 @@ def test_the_whole_group_dies_at_the_timeout_even_a_child_that_left_it():
     if "pid" not in described:
         pytest.skip(f"without a pid namespace a child that leaves the group can survive ({described})")
     assert survivors == []
+
+
+def test_a_child_that_escapes_with_the_programs_stdout_does_not_hold_the_run():
+    """Without namespaces (forced here) a child can leave the group and keep stdout open: the run still ends when
+    the program does, with its output."""
+    marker = f"{300 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
+
+    async def main() -> RunResult:
+        sandbox = LocalSandbox()
+        real = await sandbox._ready()
+        sandbox.mode = Mode("none", real.uid, real.python)
+        code = (
+            "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '"
+            + marker
+            + "'])\nprint('done', flush=True)\n"
+        )
+        return await sandbox.run(code, None, 60)
+
+    try:
+        result = asyncio.run(main())
+    finally:
+        for proc in sleepers(marker):
+            proc.kill()
+    assert (result.status, result.stdout) == ("ok", "done\n")
 
 
 def test_a_cancelled_run_kills_its_program():

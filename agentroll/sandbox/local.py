@@ -18,12 +18,13 @@ import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -206,21 +207,22 @@ class LocalSandbox:
     async def _launch(
         self, mode: Mode, workdir: str, data: bytes, timeout_s: float, args: tuple[str, ...] | list[str] = ("main.py",)
     ) -> Launched:
-        """Start the launcher, feed stdin, read both streams (capped), kill the group when it ends, overruns
-        or writes too much. Returns (outcome, stdout, stderr, how it ended: "exit" or "timeout", over cap)."""
+        """Start the launcher, feed stdin, collect both streams (capped), kill the group when it ends, overruns
+        or writes too much. Returns (outcome, stdout, stderr, how it ended: "exit" or "timeout", over cap).
+
+        A protocol rather than `create_subprocess_exec`: its `wait()` ends only once every pipe has closed, so a
+        process that escaped the group holding stdout would hold the run for good."""
+        loop = asyncio.get_running_loop()
         status_r, status_w = os.pipe()
         config = self._config(mode, workdir, timeout_s, status_w, list(args))
+        cmd = [self.settings.python, "-I", "-S", "-B", LAUNCHER, orjson.dumps(config).decode()]
         try:
-            proc = await asyncio.create_subprocess_exec(
-                self.settings.python,
-                "-I",
-                "-S",
-                "-B",
-                LAUNCHER,
-                orjson.dumps(config).decode(),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            transport, run = await loop.subprocess_exec(
+                lambda: _Run(loop, self.settings.max_output_bytes),
+                *cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 pass_fds=(status_w,),
                 start_new_session=True,
                 env={"PATH": SAFE_PATH},
@@ -230,33 +232,54 @@ class LocalSandbox:
             raise SandboxUnavailable(f"cannot start the sandbox launcher: {exc}") from exc
         finally:
             os.close(status_w)
-        cap = self.settings.max_output_bytes
-        tasks: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(_feed(proc.stdin, data)),
-            asyncio.ensure_future(_drain(proc.stdout, cap)),
-            asyncio.ensure_future(_drain(proc.stderr, cap)),
-            asyncio.ensure_future(_read_status(status_r)),
-        ]
-        waiter = asyncio.ensure_future(proc.wait())
-        ended, over = "exit", False
+        status = asyncio.ensure_future(_read_status(status_r))
+        ended = "exit"
         try:
-            deadline = time.monotonic() + timeout_s
-            watched: set[asyncio.Future[Any]] = {waiter, tasks[1], tasks[2]}
-            while not waiter.done():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    ended = "timeout"
-                    break
-                done, watched = await asyncio.wait(watched, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                if any(t in done and t.result()[1] for t in tasks[1:3]):
-                    over = True
-                    break
+            stdin = cast("asyncio.WriteTransport | None", transport.get_pipe_transport(0))
+            if stdin is not None:
+                if data:
+                    stdin.write(data)  # buffered by the transport: a program that never reads cannot block us
+                stdin.close()  # after the buffer is written
+            done, _ = await asyncio.wait(
+                {run.exited, run.overflow}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                ended = "timeout"
         finally:
-            _kill_group(proc.pid)
-            await asyncio.shield(waiter)
-            results = await _settle(tasks)
-        out, err = results[1] or (b"", False), results[2] or (b"", False)
-        return results[3] or {}, out[0], err[0], ended, over or out[1] or err[1]
+            _kill_group(transport.get_pid())
+            await asyncio.wait({run.exited, *run.closed}, timeout=DRAIN_S)  # a straggler's pipes are given up
+            transport.close()
+            read, _ = await asyncio.wait({status}, timeout=DRAIN_S)
+            if not read:
+                status.cancel()
+        outcome = status.result() if read and not status.cancelled() else {}
+        return outcome, bytes(run.out), bytes(run.err), ended, run.overflow.done()
+
+
+class _Run(asyncio.SubprocessProtocol):
+    """One launcher's streams, each kept to its first `cap` bytes, and when it exits."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, cap: int) -> None:
+        self.cap = cap
+        self.out, self.err = bytearray(), bytearray()
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.overflow: asyncio.Future[None] = loop.create_future()
+        self.closed: list[asyncio.Future[None]] = [loop.create_future(), loop.create_future()]
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        kept = self.out if fd == 1 else self.err
+        room = self.cap - len(kept)
+        kept += data[: max(room, 0)]
+        if len(data) > room and not self.overflow.done():
+            self.overflow.set_result(None)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd in (1, 2) and not self.closed[fd - 1].done():
+            self.closed[fd - 1].set_result(None)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
 
 
 def classify(exit_code: int | None, stderr: str, ended: str, over: bool) -> Status:
@@ -277,30 +300,6 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-async def _feed(stream: asyncio.StreamWriter | None, data: bytes) -> None:
-    if stream is None:
-        return
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the program stopped reading: its business
-        if data:
-            stream.write(data)
-            await stream.drain()
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        stream.close()
-
-
-async def _drain(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bool]:
-    """A stream to its end, or its first `cap` bytes and True once it goes past them."""
-    if stream is None:
-        return b"", False
-    chunks, size = [], 0
-    while chunk := await stream.read(1 << 16):
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > cap:
-            return b"".join(chunks)[:cap], True
-    return b"".join(chunks), False
-
-
 async def _read_status(fd: int) -> dict[str, Any]:
     """The launcher's outcome line, read from its status pipe once every writer has closed it."""
     loop = asyncio.get_running_loop()
@@ -315,13 +314,3 @@ async def _read_status(fd: int) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         return {}
     return outcome if isinstance(outcome, dict) else {}
-
-
-async def _settle(tasks: list[asyncio.Future[Any]]) -> list[Any]:
-    """The tasks' results once the group is dead (its pipes then close); whatever is still open past DRAIN_S (a
-    process that escaped the group on a set-up without pid namespaces) is given up."""
-    done, pending = await asyncio.wait(tasks, timeout=DRAIN_S)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    return [t.result() if t in done and not t.exception() else None for t in tasks]
