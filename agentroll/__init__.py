@@ -19,8 +19,8 @@ from .errors import (
 from .folder import read_groups, read_records
 from .generator import Generator
 from .group import Group
-from .rescoring import rescore
 from .options import GenerateOptions
+from .rescoring import rescore
 from .schema import Sample
 from .systems import System
 

@@ -94,17 +94,18 @@ class ChatEncoder:
     `add_generation_prompt=True`, then tokenized without adding special tokens a second time."""
 
     def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None,
-                 server_render: Callable[[list[dict[str, Any]]], Awaitable[list[int]]] | None = None) -> None:
+                 server_render: Callable[..., Awaitable[list[int]]] | None = None) -> None:
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
         self.server_render = server_render  # set: prompts are rendered by the server's /tokenize instead
 
-    async def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
+    async def render(self, messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
         """The prompt of one call: rendered here, or by the server when its template differs from ours (the
-        text is then the local decoding of the server's ids)."""
+        text is then the local decoding of the server's ids). `tools`: the template's `tools` argument."""
         if self.server_render is None:
-            return self.encode(messages)
-        ids = await self.server_render(messages)
+            return self.encode(messages, tools)
+        ids = await (self.server_render(messages, tools) if tools else self.server_render(messages))
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids
 
     def decode_response(self, ids: list[int], finish_reason: str | None, stop_reason: int | str | None,
@@ -127,9 +128,10 @@ class ChatEncoder:
             text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
         return text
 
-    def encode(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
+    def encode(self, messages: list[dict[str, Any]],
+               tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
         text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **self.kwargs
+            messages, tokenize=False, add_generation_prompt=True, **({"tools": tools} if tools else {}), **self.kwargs
         )
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return text, list(ids)

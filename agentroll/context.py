@@ -29,6 +29,7 @@ from .rewards import RewardRequest, RewardSet
 from .sampling import DEFAULT as DEFAULT_SAMPLING
 from .sampling import KEYS as SAMPLING_KEYS
 from .sampling import Sampling
+from .sandbox import Sandbox
 from .schema import Sample, status_for
 from .stats import RunStats
 from .templates import Templates
@@ -43,6 +44,9 @@ log = logging.getLogger("agentroll")
 
 class ExecutionFailed(Exception):
     """A call or a render of this execution failed for good: the execution (and its group) is not written."""
+
+
+History = tuple[list[int], list[float]]  # a continued turn's history mask and logprobs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +72,10 @@ class SystemConfig:
         sampled = {k: v for k, v in overrides.items() if k in SAMPLING_KEYS}
         rest = {k: v for k, v in overrides.items() if k in ("model", "max_context_len")}
         return replace(self, sampling=self.sampling.with_(sampled, where) if sampled else self.sampling, **rest)
+
+
+def _key(tools: list[dict[str, Any]] | None) -> str:
+    return "" if not tools else hashlib.blake2b(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def call_seed(seed: int, *parts: object) -> int:
@@ -107,7 +115,7 @@ class Engine:
     prompt_key: str = "prompt"
     declared: tuple[str, ...] = ()  # the system's stages; none: any
     # first prompts, rendered once per problem and shared by its K executions (a future: they ask at once)
-    prompts: OrderedDict[tuple[str, str, str], asyncio.Future[tuple[str, list[int]]]] = field(
+    prompts: OrderedDict[tuple[str, str, str, str], asyncio.Future[tuple[str, list[int]]]] = field(
         default_factory=OrderedDict)
     separators: OrderedDict[tuple[int, bytes, int | None], list[int]] = field(default_factory=OrderedDict)
     journal: Journal | None = None  # finished calls of earlier runs, replayed; this run's, kept
@@ -148,29 +156,31 @@ class Context:
         """A template's user message alone: the next turn of a conversation (`complete(after=...)`)."""
         return [m for m in self.messages(template, **variables) if m["role"] == "user"]
 
-    async def render(self, messages: list[dict[str, Any]], stage: str) -> tuple[str, list[int]]:
-        """A prompt's text and ids with the stage's chat template. A render that fails for good fails the
-        execution; a template that rejects the messages is a `UsageError`."""
+    async def render(self, messages: list[dict[str, Any]], stage: str,
+                     tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
+        """A prompt's text and ids with the stage's chat template (`tools`: its `tools` argument). A render that
+        fails for good fails the execution; a template that rejects the messages is a `UsageError`."""
         try:
-            return await self.engine.stage(stage).encoder.render(messages)
+            return await self.engine.stage(stage).encoder.render(messages, tools)
         except CallFailed as exc:
             self.engine.stats.stage(stage).failed_calls += 1
             raise self._failed(f"rendering a {stage} prompt on the server failed: {exc}") from exc
         except Exception as exc:  # jinja2 or the tokenizer: "roles must alternate", a raise_exception(...)
             raise UsageError(f"the chat template rejects the {stage} messages: {first_line(exc)}") from exc
 
-    async def problem_prompt(self, stage: str = "solver", template: str = "solver") -> tuple[str, list[int]]:
-        """The problem as a first prompt: the row's own messages, or its statement in `template`; rendered once
-        for the K executions. A row the chat template rejects, or that leaves no room to generate, is a bad input
-        row (`InputError` naming the prompt field)."""
-        cache, slot = self.engine.prompts, (stage, template, self.problem.content_hash)
+    async def problem_prompt(self, stage: str = "solver", template: str = "solver",
+                             tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
+        """The problem as a first prompt: the row's own messages, or its statement in `template` (`tools`
+        offered through the chat template); rendered once for the K executions. A row the chat template
+        rejects, or that leaves no room to generate, is a bad input row (`InputError` naming the prompt field)."""
+        cache, slot = self.engine.prompts, (stage, template, self.problem.content_hash, _key(tools))
         if slot in cache:
             return await asyncio.shield(cache[slot])
         made = cache[slot] = asyncio.get_running_loop().create_future()
         if len(cache) > 1024:
             cache.popitem(last=False)
         try:
-            rendered = await self._first_prompt(stage, template)
+            rendered = await self._first_prompt(stage, template, tools)
         except BaseException as exc:
             cache.pop(slot, None)  # a later execution tries again (a cancelled one, a failed render)
             if isinstance(exc, asyncio.CancelledError):
@@ -182,12 +192,13 @@ class Context:
         made.set_result(rendered)
         return rendered
 
-    async def _first_prompt(self, stage: str, template: str) -> tuple[str, list[int]]:
+    async def _first_prompt(self, stage: str, template: str,
+                            tools: list[dict[str, Any]] | None) -> tuple[str, list[int]]:
         key = self.engine.prompt_key
         own = isinstance(self.problem.prompt, list)
         messages = self.problem.prompt if own else self.messages(template)
         try:
-            rendered = await self.render(messages, stage)  # type: ignore[arg-type]
+            rendered = await self.render(messages, stage, tools)  # type: ignore[arg-type]
         except UsageError as exc:
             if own:
                 raise InputError(self.problem.source, self.problem.line, key, str(exc)) from exc
@@ -200,7 +211,8 @@ class Context:
 
     # -- calls ------------------------------------------------------------------------------------------------
     async def complete(self, stage: str, prompt: list[dict[str, Any]] | list[int] | tuple[str, list[int]], *,
-                       worker: int = 0, after: Sample | None = None, **overrides: Any) -> Sample | None:
+                       worker: int = 0, after: Sample | None = None, tools: list[dict[str, Any]] | None = None,
+                       **overrides: Any) -> Sample | None:
         """One token-exact call of `stage`, as a `Sample` (reward 0 until `reward`), or None when the prompt
         leaves no room to generate within the context.
 
@@ -208,8 +220,9 @@ class Context:
         With `after`, the call continues that sample's conversation: `prompt` is the new messages only (e.g. one
         user turn), and the prompt sent is `after`'s prompt + response ids + the template's separator and the new
         messages' tokens, never a re-rendering. `worker` tells apart calls of one stage in one execution (it
-        derives the call's seed: two calls with one (stage, worker) are refused). `overrides`: max_tokens,
-        temperature, top_p, top_k, min_p for this call."""
+        derives the call's seed: two calls with one (stage, worker) are refused). `tools`: the chat template's
+        `tools` argument, for messages rendered here (a conversation keeps the tools it started with).
+        `overrides`: max_tokens, temperature, top_p, top_k, min_p for this call."""
         if (stage, worker) in self._seeds:
             raise UsageError(f"the system made two {stage} calls with worker {worker} in one execution: give each "
                              "call its own worker number (it derives the call's seed)")
@@ -230,14 +243,14 @@ class Context:
             if not same_tokens(self.engine.stage(after.stage).encoder, runtime.encoder):
                 raise UsageError(f"a {after.stage} conversation cannot go on as {stage}: their stages use other "
                                  "tokenizers")
-            text, ids, history = await self._continue(after, prompt, runtime)  # type: ignore[arg-type]
+            text, ids, history = await self._continue(after, prompt, runtime, tools)  # type: ignore[arg-type]
         elif isinstance(prompt, tuple):
             text, ids = prompt
         elif prompt and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)  # type: ignore[arg-type]
             text = runtime.encoder.tokenizer.decode(ids, skip_special_tokens=False)
         elif prompt and all(isinstance(m, dict) for m in prompt):
-            text, ids = await self.render(prompt, stage)  # type: ignore[arg-type]
+            text, ids = await self.render(prompt, stage, tools)  # type: ignore[arg-type]
         else:
             raise UsageError("ctx.complete() takes chat messages, token ids or a (text, ids) pair")
         sample = await self._call(runtime, worker, text, ids, overrides)
@@ -249,17 +262,18 @@ class Context:
                 sample.history_mask, sample.history_logprobs = history
         return sample
 
-    async def _continue(self, after: Sample, messages: list[dict[str, Any]],
-                        runtime: Stage) -> tuple[str, list[int], tuple[list[int], list[float]]]:
+    async def _continue(self, after: Sample, messages: list[dict[str, Any]], runtime: Stage,
+                        tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int], History]:
         encoder = runtime.encoder
         last = after.response_token_ids[-1] if after.finish_reason == "stop" and after.response_token_ids and (
             not isinstance(after.stop_reason, str)) else None
         cache = self.engine.separators
-        slot = (id(encoder), orjson.dumps(messages, option=orjson.OPT_SORT_KEYS), last)
+        slot = (id(encoder), orjson.dumps([messages, tools], option=orjson.OPT_SORT_KEYS), last)
         injected = cache.get(slot)
         if injected is None:
             try:
-                injected = await separator(encoder.tokenizer, messages, encoder.kwargs, last, encoder.server_render)
+                injected = await separator(encoder.tokenizer, messages, encoder.kwargs, last, encoder.server_render,
+                                           tools)
             except CallFailed as exc:
                 self.engine.stats.stage(runtime.name).failed_calls += 1
                 raise self._failed(f"rendering a {runtime.name} turn on the server failed: {exc}") from exc
@@ -387,6 +401,11 @@ class Context:
         weight = self.config.correct_reward_weight if won else self.config.incorrect_reward_weight
         for sample in samples:
             sample.reward = sample.raw_reward * weight
+
+    @property
+    def sandbox(self) -> Sandbox:
+        """The run's sandbox for model code (the python tool, `--reward code`): local, or `--sandbox-url`."""
+        return self.engine.rewards.sandbox
 
     def _failed(self, why: str) -> ExecutionFailed:
         failure = ExecutionFailed(why)

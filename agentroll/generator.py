@@ -28,6 +28,7 @@ from .options import GenerateOptions
 from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages, server_renderer
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
 from .rewards import RewardSet
+from .rewards.code import parse_tests
 from .stats import RunStats
 from .systems import System, from_object, identity, load_system, spec_of
 from .templates import Templates
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentroll")
 
-BUILTIN_REWARDS = ("math", "exact", "remote")
+BUILTIN_REWARDS = ("math", "exact", "remote", "code")
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
@@ -199,6 +200,16 @@ class Generator:
         if spec is not None and spec not in (*BUILTIN_REWARDS, self.options.reward, *self.options.allow_reward):
             raise InputError(problem.source, problem.line, self.keys.reward,
                              f"reward {spec!r} is not allowed for rows: pass --allow-reward {spec} to allow it")
+        kind = spec or self.options.reward
+        if kind == "code":  # its tests are checked before anything runs
+            try:
+                parse_tests(problem.label)
+            except ValueError as exc:
+                raise InputError(problem.source, problem.line, self.keys.label,
+                                 f"for the code reward it {exc}") from None
+        elif isinstance(problem.label, dict) and kind in ("math", "exact"):
+            raise InputError(problem.source, problem.line, self.keys.label, f"an object is a label for the code "
+                             f"reward or a reward function, not for {kind}")
         return problem
 
     async def run_group(self, row: dict[str, Any] | Problem) -> Group:
@@ -530,7 +541,16 @@ class Generator:
             "chat_template_kwargs": o.chat_template_kwargs, "chat_render": o.chat_render,
             "prompt_rendering": rendering,  # where prompts actually became ids: --chat-render auto may switch
             **({"length_shaping": self._length.settings()} if self._length.active else {}),
+            **code_settings(o),
         }
+
+
+def code_settings(o: GenerateOptions) -> dict[str, Any]:
+    """What of the code reward's settings changes rewards, for the settings guard: only values other than the
+    defaults, so a folder made before these options existed still resumes."""
+    names = ("code_test_timeout", "code_partial_credit", "sandbox_memory_mb")
+    changed = {n: getattr(o, n) for n in names if getattr(o, n) != GenerateOptions.__dataclass_fields__[n].default}
+    return {"code_reward": changed} if changed else {}
 
 
 async def _rows(rows: Iterable[Any] | AsyncIterable[Any]) -> AsyncGenerator[Any, None]:

@@ -21,6 +21,7 @@ from .rewards import RewardSettings
 from .sampling import DEFAULT as DEFAULT_SAMPLING
 from .sampling import KEYS as SAMPLING_KEYS
 from .sampling import Sampling
+from .sandbox import SandboxSettings
 from .shaping import LengthShaping
 
 TIMEOUTS, RETRIES, HEALTH, CONCURRENCY, REWARDS = Timeouts(), Retries(), Health(), Concurrency(), RewardSettings()
@@ -50,8 +51,8 @@ class GenerateOptions:
     label_key: str = option("label", "Input field holding the reference answer.")
     id_key: str = option("id", "Input field holding the problem id [default id: a hash of prompt and label].")
     reward_key: str = option("reward", "Input field in which a row names its own reward.")
-    system: str = option("three-stage", "Agent system: three-stage | single | critique-revise | FILE.py:CLASS | "
-                                        "MODULE:CLASS (docs/systems.md).")
+    system: str = option("three-stage", "Agent system: three-stage | single | critique-revise | tool-use | "
+                                        "FILE.py:CLASS | MODULE:CLASS (docs/systems.md).")
     system_option: list[str] = option([], "KEY=VALUE for the system (repeatable; the value is JSON or a string).")
     stage: list[str] = option([], "STAGE.KEY=VALUE per-stage setting (repeatable): model, base_url, tokenizer, "
                                   "max_tokens, temperature, top_p, top_k, min_p, trainable.")
@@ -81,7 +82,7 @@ class GenerateOptions:
     correct_reward_weight: float = option(1.0, "Reward multiplier when the selector's pick is correct.")
     incorrect_reward_weight: float = option(1.0, "Reward multiplier otherwise.")
     no_think: bool = option(False, "The whole response is the answer (models that do not reason).")
-    reward: str = option(REWARDS.default, "math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION")
+    reward: str = option(REWARDS.default, "math | exact | code | remote | FILE.py:FUNCTION | MODULE:FUNCTION")
     reward_timeout: float = option(REWARDS.timeout_s, "Seconds per reward check (or reward-model request).")
     reward_url: str | None = option(None, "Reward model URL, for --reward remote.")
     reward_workers: int = option(0, "Math-check worker processes (0: a quarter of the cores, at least 1).")
@@ -105,6 +106,20 @@ class GenerateOptions:
     connect_timeout: float = option(TIMEOUTS.connect_s, "Seconds to open a connection to a server.")
     down_timeout: float = option(HEALTH.down_timeout_s, "Seconds to wait when every endpoint is down.")
     probe_interval: float = option(HEALTH.probe_interval_s, "Seconds between /health probes of a down endpoint.")
+    # -- model code: the sandbox, the code reward (docs/tool-use.md, docs/rewards.md) --------------------------------
+    sandbox_url: str | None = option(None, "SandboxFusion server that runs model code (its /run_code); default: "
+                                           "local child processes.")
+    sandbox_concurrency: int = option(0, "Most sandbox runs at once (0: one per core).")
+    sandbox_memory_mb: int = option(1024, "Memory limit per sandbox run, in MB.")
+    code_test_timeout: float = option(6.0, "--reward code: seconds per test.")
+    code_partial_credit: bool = option(False, "--reward code: the fraction of tests passed, not 1 only when all pass.")
+
+    def _check_sandbox(self) -> None:
+        at_least(self, 0, "sandbox_concurrency")
+        at_least(self, 16, "sandbox_memory_mb")
+        positive(self, "code_test_timeout")
+        if self.sandbox_url is not None and not self.sandbox_url.startswith(("http://", "https://")):
+            raise UsageError(f"--sandbox-url {self.sandbox_url!r} must be an http:// or https:// URL")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -176,6 +191,7 @@ class GenerateOptions:
             raise UsageError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
         self.stage_settings()
         self.system_options()
+        self._check_sandbox()
 
     def stage_settings(self) -> dict[str, dict[str, Any]]:
         """--stage NAME.KEY=VALUE as {stage: {key: value}}, each value of its key's type and range."""
@@ -215,8 +231,11 @@ class GenerateOptions:
 
     def reward_settings(self) -> RewardSettings:
         workers = self.reward_workers or max(1, (os.cpu_count() or 1) // 4)
+        sandbox = SandboxSettings(url=self.sandbox_url, concurrency=self.sandbox_concurrency,
+                                  memory_mb=self.sandbox_memory_mb, max_retries=self.max_retries,
+                                  connect_timeout_s=self.connect_timeout)
         return RewardSettings(self.reward, self.reward_timeout, self.reward_url, self.reward_concurrency,
-                              self.max_retries, workers)
+                              self.max_retries, workers, sandbox, self.code_test_timeout, self.code_partial_credit)
 
     def length_shaping(self) -> LengthShaping:
         return LengthShaping(buffer=self.overlong_buffer, penalty=self.overlong_penalty, filter=self.overlong_filter)

@@ -103,13 +103,13 @@ def local_ids(encoder: ChatEncoder, messages: list[dict[str, Any]]) -> list[int]
 
 
 def server_renderer(client: CompletionClient, model: str,
-                    kwargs: dict[str, Any]) -> Callable[[list[dict[str, Any]]], Awaitable[list[int]]]:
+                    kwargs: dict[str, Any]) -> Callable[..., Awaitable[list[int]]]:
     """Prompt ids from the server's own chat template (`POST /tokenize`), retried like a completion on the
     client's auxiliary cap; a render that fails for good raises `CallFailed`, which fails its execution."""
 
-    async def render(messages: list[dict[str, Any]]) -> list[int]:
+    async def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         body = {"model": model, "messages": messages, "add_generation_prompt": True,
-                **({"chat_template_kwargs": kwargs} if kwargs else {})}
+                **({"chat_template_kwargs": kwargs} if kwargs else {}), **({"tools": tools} if tools else {})}
         answer = await client.post_with_retries("/tokenize", body)
         tokens = answer.get("tokens") if isinstance(answer, dict) else None
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 4  # 2: groups are whole; problem_hash. 3: sampling per record, ranks, top-k, weight versions, routes.
-# 4: pluggable systems: trainable, turn, continues, history_mask, history_logprobs
+SCHEMA_VERSION = 5  # 2: groups are whole; problem_hash. 3: sampling per record, ranks, top-k, weight versions, routes.
+# 4: pluggable systems: trainable, turn, continues, history_mask, history_logprobs. 5: tool use: tool_calls
 
 STAGES = ("solver", "rewriter", "selector")  # the three-stage system's, in order; other systems name their own
 
@@ -91,5 +91,9 @@ class Sample:
     continues: int | None = None
     history_mask: list[int] | None = None
     history_logprobs: list[float] | None = None
+    # tool use: the calls this turn's response made, in order, each {"name", "arguments", "result" (what the model
+    # was shown, cut to max_tool_output; null when not run), "duration_s", "error" (null when it went well),
+    # "status" (ok, malformed, unknown, failed, timeout, not_run)}; null when the response made none
+    tool_calls: list[dict[str, Any]] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION

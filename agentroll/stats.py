@@ -82,6 +82,13 @@ class RunStats:
     reward_invalid: int = 0  # NaN or infinite rewards refused
     calls_replayed: int = 0  # answered from the call journal of an earlier, stopped run (not asked again)
     problems_beyond_target: int = 0  # read, but left when --target-groups was reached (a rerun with more goes on)
+    # tool use: every call the model made, and those that went wrong (the model was shown the error)
+    tool_calls: int = 0
+    tool_calls_malformed: int = 0  # unreadable: broken JSON, no name, no closing tag
+    tool_calls_unknown: int = 0  # named no tool on offer
+    tool_calls_failed: int = 0  # bad arguments, the tool raised, or the python tool's program failed
+    tool_calls_timed_out: int = 0
+    tool_calls_not_run: int = 0  # made on the last turn allowed (max_turns) or with no room left to go on
     # the system's own report, over every execution generated (written or filtered)
     final_reward_sum: float = 0.0
     majority_correct: int = 0

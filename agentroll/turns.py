@@ -33,16 +33,18 @@ class Continuation:
 
 
 async def separator(tokenizer: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any],
-                    last_token: int | None,
-                    server_render: Callable[[list[dict[str, Any]]], Awaitable[list[int]]] | None = None) -> list[int]:
+                    last_token: int | None, server_render: Callable[..., Awaitable[list[int]]] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
     """The ids the template adds after an assistant turn whose last sampled token is `last_token` (None: the
     response was cut by max_tokens, so the template's end-of-turn is added in full), up to and including the
     generation prompt of the next assistant turn. With `server_render` (the server's template differs from
-    ours) they are the server's own ids."""
+    ours) they are the server's own ids. `tools`: the template's `tools` argument, as the conversation has it."""
     probe = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": MARKER}, *messages]
     if server_render is not None:
-        return _after_marker_ids(tokenizer, await server_render(probe), last_token)
-    text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **kwargs)
+        ids = await (server_render(probe, tools) if tools else server_render(probe))
+        return _after_marker_ids(tokenizer, ids, last_token)
+    text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True,
+                                         **({"tools": tools} if tools else {}), **kwargs)
     at = text.find(MARKER)
     if at < 0 or text.find(MARKER, at + 1) >= 0:
         raise UsageError(VERBATIM)

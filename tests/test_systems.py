@@ -28,7 +28,7 @@ from .test_reliability import popen
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "fixtures" / "three_stage_seed7.json"
 NEW_FIELDS = {"rollout_id", "latency_s", "schema_version", "trainable", "turn", "continues", "history_mask",
-              "history_logprobs", "endpoint"}
+              "history_logprobs", "endpoint", "tool_calls"}
 
 
 def args(problems: Path, out: Path, url: str, *extra: str) -> list[str]:

@@ -23,55 +23,135 @@ from .progress import LogLines, RichBar
 from .summary import print_summary
 
 PANELS = {
-    "Input and output": ("output", "mix", "prompt_key", "label_key", "id_key", "reward_key", "overwrite",
-                         "skip_invalid", "limit", "ordered", "consumer", "max_ahead", "quiet", "debug"),
-    "Servers": ("base_url", "api_key", "model", "tokenizer", "api", "concurrency", "max_concurrency",
-                "server_priority", "chat_render", "max_context_len"),
+    "Input and output": (
+        "output",
+        "mix",
+        "prompt_key",
+        "label_key",
+        "id_key",
+        "reward_key",
+        "overwrite",
+        "skip_invalid",
+        "limit",
+        "ordered",
+        "consumer",
+        "max_ahead",
+        "quiet",
+        "debug",
+    ),
+    "Servers": (
+        "base_url",
+        "api_key",
+        "model",
+        "tokenizer",
+        "api",
+        "concurrency",
+        "max_concurrency",
+        "server_priority",
+        "chat_render",
+        "max_context_len",
+    ),
     "Sampling": ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "no_think"),
     "System": ("system", "system_option", "stage", "num_parallel", "prompts", "chat_template_kwargs"),
-    "Rewards": ("reward", "reward_timeout", "reward_url", "reward_workers", "reward_concurrency", "allow_reward",
-                "correct_reward_weight", "incorrect_reward_weight", "overlong_buffer", "overlong_penalty",
-                "overlong_filter"),
+    "Rewards": (
+        "reward",
+        "reward_timeout",
+        "reward_url",
+        "reward_workers",
+        "reward_concurrency",
+        "allow_reward",
+        "correct_reward_weight",
+        "incorrect_reward_weight",
+        "overlong_buffer",
+        "overlong_penalty",
+        "overlong_filter",
+        "code_test_timeout",
+        "code_partial_credit",
+        "sandbox_url",
+        "sandbox_concurrency",
+        "sandbox_memory_mb",
+    ),
     "Groups": ("samples_per_prompt", "filter_uniform_groups", "resample_uniform", "target_groups"),
-    "Reliability": ("max_retries", "request_timeout", "connect_timeout", "down_timeout", "probe_interval",
-                    "max_failures"),
+    "Reliability": (
+        "max_retries",
+        "request_timeout",
+        "connect_timeout",
+        "down_timeout",
+        "probe_interval",
+        "max_failures",
+    ),
     "Scale-out": ("partition", "ray", "partitions", "endpoints_per_task", "ray_retries"),
     "Formats": ("shard_size", "compression", "return_routed_experts"),
 }
 PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
 OTHER = "More options"  # an option no panel lists yet
 METAVARS = {
-    "output": "DIR", "base_url": "URL", "api_key": "KEY", "model": "NAME", "tokenizer": "PATH|ID", "prompts": "DIR",
-    "prompt_key": "FIELD", "label_key": "FIELD", "id_key": "FIELD", "reward_key": "FIELD",
-    "system": "NAME|FILE.py:CLASS", "system_option": "KEY=VALUE", "stage": "STAGE.KEY=VALUE",
-    "concurrency": "N|auto", "api": "auto|completions|generate", "chat_render": "auto|local|server",
-    "server_priority": "auto|on|off", "reward": "SPEC", "reward_url": "URL", "allow_reward": "SPEC",
-    "chat_template_kwargs": "JSON", "compression": "none|zstd", "partition": "I/N", "ray": "ADDRESS",
-    "consumer": "NAME", "seed": "N", "mix": "[NAME:]PATH=WEIGHT",
+    "output": "DIR",
+    "base_url": "URL",
+    "sandbox_url": "URL",
+    "api_key": "KEY",
+    "model": "NAME",
+    "tokenizer": "PATH|ID",
+    "prompts": "DIR",
+    "prompt_key": "FIELD",
+    "label_key": "FIELD",
+    "id_key": "FIELD",
+    "reward_key": "FIELD",
+    "system": "NAME|FILE.py:CLASS",
+    "system_option": "KEY=VALUE",
+    "stage": "STAGE.KEY=VALUE",
+    "concurrency": "N|auto",
+    "api": "auto|completions|generate",
+    "chat_render": "auto|local|server",
+    "server_priority": "auto|on|off",
+    "reward": "SPEC",
+    "reward_url": "URL",
+    "allow_reward": "SPEC",
+    "chat_template_kwargs": "JSON",
+    "compression": "none|zstd",
+    "partition": "I/N",
+    "ray": "ADDRESS",
+    "consumer": "NAME",
+    "seed": "N",
+    "mix": "[NAME:]PATH=WEIGHT",
 }
 
 
 def _parameter(name: str, spec: Any, annotation: Any, default: Any) -> inspect.Parameter:
     meta = spec.metadata
     decls = [f"--{name.replace('_', '-')}", *([meta["short"]] if "short" in meta else [])]
-    info = typer.Option(*decls, help=help_text(meta.get("help")), envvar=meta.get("envvar"),
-                        show_default=not isinstance(default, list | dict), metavar=metavar(name, annotation, METAVARS),
-                        rich_help_panel=PANEL_OF.get(name, OTHER))
+    info = typer.Option(
+        *decls,
+        help=help_text(meta.get("help")),
+        envvar=meta.get("envvar"),
+        show_default=not isinstance(default, list | dict),
+        metavar=metavar(name, annotation, METAVARS),
+        rich_help_panel=PANEL_OF.get(name, OTHER),
+    )
     kind = meta.get("cli_type", annotation)
     value = None if isinstance(default, list | dict) else default
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value,
-                             annotation=Annotated[kind | None if value is None else kind, info])
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=value,
+        annotation=Annotated[kind | None if value is None else kind, info],
+    )
 
 
 def flag(name: str, short: str | None, text: str) -> inspect.Parameter:
-    info = typer.Option(f"--{name}", *([short] if short else []), help=text, metavar="",
-                        rich_help_panel=PANEL_OF[name])
+    info = typer.Option(f"--{name}", *([short] if short else []), help=text, metavar="", rich_help_panel=PANEL_OF[name])
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, info])
 
 
 def build() -> Any:
-    params = [inspect.Parameter("input", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Annotated[
-        str | None, typer.Argument(metavar="INPUT", help=INPUT_HELP, show_default=False)])]
+    params = [
+        inspect.Parameter(
+            "input",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation=Annotated[str | None, typer.Argument(metavar="INPUT", help=INPUT_HELP, show_default=False)],
+        )
+    ]
     for cls in (RunOptions, GenerateOptions):
         hints = get_type_hints(cls)
         for spec in dataclass_fields(cls):
@@ -108,8 +188,10 @@ def register(app: typer.Typer) -> None:
     app.command("generate", cls=GenerateCommand)(build())
 
 
-INPUT_HELP = ("Prompts: JSONL, .jsonl.gz, .jsonl.zst or Parquet (told by their bytes), or - for stdin (JSONL); "
-              "or none, with --mix.")
+INPUT_HELP = (
+    "Prompts: JSONL, .jsonl.gz, .jsonl.zst or Parquet (told by their bytes), or - for stdin (JSONL); "
+    "or none, with --mix."
+)
 DOUBLE_S = 1.0  # two interrupts this close are one said twice (a terminal's, `timeout -s INT`'s)
 
 
@@ -128,15 +210,16 @@ async def _supervised(runner: Runner) -> int | None:
         nonlocal first
         if received:
             if time.monotonic() - first < DOUBLE_S:
-                log.debug("%s again within %.0fs: taken as the same interrupt", signal.Signals(signum).name,
-                          DOUBLE_S)
+                log.debug("%s again within %.0fs: taken as the same interrupt", signal.Signals(signum).name, DOUBLE_S)
                 return
             log.error("second interrupt: stopping at once")
             os._exit(128 + signum)
         received.append(signum)
         first = time.monotonic()
-        log.warning("%s: finishing up; the output folder stays resumable (interrupt again to stop at once)",
-                    signal.Signals(signum).name)
+        log.warning(
+            "%s: finishing up; the output folder stays resumable (interrupt again to stop at once)",
+            signal.Signals(signum).name,
+        )
         task.cancel()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -160,8 +243,14 @@ async def _supervised(runner: Runner) -> int | None:
     return received[0] if received else None
 
 
-def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool,
-                 progress: ProgressHook | None = None, demo: bool = False) -> int:
+def run_generate(
+    run: dict[str, Any],
+    generate: dict[str, Any],
+    quiet: bool,
+    debug: bool,
+    progress: ProgressHook | None = None,
+    demo: bool = False,
+) -> int:
     """The exit code of a whole run (README: exit codes)."""
     restore = setup_logging(quiet, debug)
     try:
@@ -172,8 +261,9 @@ def run_generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, deb
         restore()
 
 
-def _generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool,
-              progress: ProgressHook | None, demo: bool) -> int:
+def _generate(
+    run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool, progress: ProgressHook | None, demo: bool
+) -> int:
     try:
         runner = Runner(RunOptions(**run), generate, demo=demo)
     except AgentrollError as exc:
@@ -188,8 +278,9 @@ def _generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug:
         signum = run_async(_supervised(runner))
         code = 128 + signum if signum is not None else 0
         if signum is not None and runner.result is not None and runner.result.committed:
-            log.info("%s came after the run had written everything (complete: true): exit 0",
-                     signal.Signals(signum).name)
+            log.info(
+                "%s came after the run had written everything (complete: true): exit 0", signal.Signals(signum).name
+            )
             code = 0
     except PipeClosed:
         return PipeClosed.exit_code
@@ -206,9 +297,11 @@ def _generate(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug:
     if result is not None and not quiet:
         print_summary(result)
     if code == 0 and result is not None and not result.complete:
-        missing = IncompleteRun(f"{result.missing_groups} of {result.stats.problems} groups could not be produced "
-                                "(calls failed for good; see the warnings above): run the same command again to "
-                                "redo them")
+        missing = IncompleteRun(
+            f"{result.missing_groups} of {result.stats.problems} groups could not be produced "
+            "(calls failed for good; see the warnings above): run the same command again to "
+            "redo them"
+        )
         error(str(missing))
         code = missing.exit_code
     return code
@@ -227,8 +320,10 @@ def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: 
             log.error("second interrupt: stopping at once")
             job.kill()
             os._exit(128 + signum)
-        log.warning("%s: stopping every partition; their folders stay resumable (interrupt again to stop at once)",
-                    signal.Signals(signum).name)
+        log.warning(
+            "%s: stopping every partition; their folders stay resumable (interrupt again to stop at once)",
+            signal.Signals(signum).name,
+        )
         job.stop(signum)
 
     previous: dict[int, Any] = {}

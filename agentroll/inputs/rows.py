@@ -88,8 +88,9 @@ def problem_from_row(row: Any, line: int = 0, source: str = "<row>", keys: Input
     if keys.label not in row:
         raise InputError(source, line, keys.label, "missing")
     label = row.pop(keys.label)
-    if isinstance(label, bool) or not isinstance(label, str | int | float):
-        raise InputError(source, line, keys.label, f"must be a string or a number, got {type(label).__name__}")
+    if isinstance(label, bool) or not isinstance(label, str | int | float | dict):
+        raise InputError(source, line, keys.label, f"must be a string or a number (or an object of code tests), "
+                                                   f"got {type(label).__name__}")
     digest = content_hash(prompt, label)
     pid = row.pop(keys.id, None)
     if pid is None:

@@ -1,20 +1,23 @@
-"""Rewards: rule-based (`math`, `exact`), a remote reward model (`remote`), or a user's function.
+"""Rewards: rule-based (`math`, `exact`), tests run in a sandbox (`code`), a remote reward model (`remote`), or a
+user's function.
 
 `RewardSet` picks the reward for each problem (the run's default, or the row's own `reward` field) and keeps
-one instance of each kind for the whole run.
+one instance of each kind for the whole run, and the run's sandbox for model code (made on first use).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import RewardError
+from ..sandbox import Sandbox, SandboxSettings, make_sandbox
 from .base import NO_CONTENT, Reward, RewardRequest, RewardResult
+from .code import CodeReward
 from .function import FunctionReward
 from .remote import RemoteReward
 from .rules import ExactReward, MathReward
 
-__all__ = ["NO_CONTENT", "ExactReward", "FunctionReward", "MathReward", "RemoteReward", "Reward",
+__all__ = ["NO_CONTENT", "CodeReward", "ExactReward", "FunctionReward", "MathReward", "RemoteReward", "Reward",
            "RewardRequest", "RewardResult", "RewardSet", "RewardSettings", "make_reward"]
 
 
@@ -26,10 +29,17 @@ class RewardSettings:
     concurrency: int = 32  # --reward-concurrency: reward-model requests in flight, or user-function threads
     max_retries: int = 5  # --max-retries, for remote
     workers: int = 1  # --reward-workers: math-check processes
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # --sandbox-*: the code reward's, the tools'
+    code_test_timeout_s: float = 6.0  # --code-test-timeout
+    code_partial_credit: bool = False  # --code-partial-credit
 
 
-def make_reward(spec: str, settings: RewardSettings | None = None) -> Reward:
+def make_reward(spec: str, settings: RewardSettings | None = None, sandbox: Sandbox | None = None) -> Reward:
     settings = settings or RewardSettings()
+    if spec == "code":
+        made = sandbox or make_sandbox(settings.sandbox)
+        return CodeReward(lambda: made, settings.code_test_timeout_s, settings.code_partial_credit,
+                          settings.sandbox.memory_mb)
     if spec == "math":
         return MathReward(timeout_s=settings.timeout_s, workers=settings.workers)
     if spec == "exact":
@@ -40,7 +50,7 @@ def make_reward(spec: str, settings: RewardSettings | None = None) -> Reward:
         return RemoteReward(settings.url, settings.concurrency, settings.timeout_s, max_retries=settings.max_retries)
     if ":" in spec:
         return FunctionReward(spec, settings.timeout_s, settings.concurrency)
-    raise RewardError(f"unknown reward {spec!r}: use math, exact, remote, FILE.py:FUNCTION or MODULE:FUNCTION")
+    raise RewardError(f"unknown reward {spec!r}: use math, exact, code, remote, FILE.py:FUNCTION or MODULE:FUNCTION")
 
 
 class RewardSet:
@@ -49,12 +59,20 @@ class RewardSet:
     def __init__(self, settings: RewardSettings) -> None:
         self.settings = settings
         self._made: dict[str, Reward] = {}
+        self._sandbox: Sandbox | None = None
         self.get(settings.default)
+
+    @property
+    def sandbox(self) -> Sandbox:
+        """The run's sandbox for model code, shared by the code reward and the python tool."""
+        if self._sandbox is None:
+            self._sandbox = make_sandbox(self.settings.sandbox)
+        return self._sandbox
 
     def get(self, spec: str | None) -> Reward:
         spec = spec or self.settings.default
         if spec not in self._made:
-            self._made[spec] = make_reward(spec, self.settings)
+            self._made[spec] = make_reward(spec, self.settings, self.sandbox if spec == "code" else None)
         return self._made[spec]
 
     async def ready(self) -> None:
@@ -67,3 +85,5 @@ class RewardSet:
     async def aclose(self) -> None:
         for reward in self._made.values():
             await reward.aclose()
+        if self._sandbox is not None:
+            await self._sandbox.aclose()

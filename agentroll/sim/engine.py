@@ -36,6 +36,23 @@ MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 STOP_TOKEN = "<|endoftext|>"  # the extra end-of-text id that `stop_token_rate` emits (Qwen-style chat models)
 
 
+def vllm_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """Tools as vLLM 0.32 passes them to a chat template: `ChatCompletionToolsParam.model_dump()`, so `type` then
+    `function` {`name`, `description`, `parameters`}, the two last null when not given, `strict` only when set."""
+    out = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or tool.get(
+                "type", "function") != "function":
+            raise ValueError(f"tools.{i}: expected {{'type': 'function', 'function': {{'name': ...}}}}")
+        dumped = {"name": function["name"], "description": function.get("description"),
+                  "parameters": function.get("parameters")}
+        if function.get("strict") is not None:
+            dumped["strict"] = function["strict"]
+        out.append({"type": "function", "function": dumped})
+    return out
+
+
 @dataclass
 class Choice:
     """One finished sequence, before it is rendered into a choice."""
@@ -62,7 +79,6 @@ class Engine:
         self.eos_id: int = self.tokenizer.token_to_id(config.get("eos_token") or "<|im_end|>") or 0
         self.stop_token_id: int = self.tokenizer.token_to_id(STOP_TOKEN) or 0
         self._chat_source: str = config["chat_template"]
-        self._chat_template: Any = None
         self._prompt_texts: dict[tuple[int, ...], str] = {}
         self._filler = list(self.tokenizer.encode(" and so on", add_special_tokens=False).ids)
         self._id_strings = [f"token_id:{i}" for i in range(self.vocab_size)]
@@ -92,16 +108,14 @@ class Engine:
                                                        f"{self.model}."), "NotFoundError", 404, "model"))
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None = None,
-                    kwargs: dict[str, Any] | None = None) -> str:
-        import jinja2
+                    kwargs: dict[str, Any] | None = None, tools: list[Any] | None = None) -> str:
+        """The chat template as vLLM applies it: through transformers' template environment, `tools` as vLLM
+        hands them over (validated, then dumped in its field order)."""
+        from ..tokenizer_lite import compile_template
 
-        if template is not None:
-            compiled = jinja2.Environment().from_string(template)
-        else:
-            if self._chat_template is None:
-                self._chat_template = jinja2.Environment().from_string(self._chat_source)
-            compiled = self._chat_template
-        return str(compiled.render(**(kwargs or {}), messages=messages, add_generation_prompt=add_generation_prompt))
+        compiled = compile_template(template if template is not None else self._chat_source)
+        return str(compiled.render(**(kwargs or {}), messages=messages, add_generation_prompt=add_generation_prompt,
+                                   tools=None if tools is None else vllm_tools(tools)))
 
     def tokenize(self, data: Any) -> dict[str, Any]:
         kind, body = validate(data, TOKENIZE_PROMPT, TOKENIZE_CHAT)
@@ -109,7 +123,7 @@ class Engine:
         if kind == 1:
             try:
                 text = self.render_chat(body["messages"], body.get("add_generation_prompt", True),
-                                        body.get("chat_template"), body.get("chat_template_kwargs"))
+                                        body.get("chat_template"), body.get("chat_template_kwargs"), body.get("tools"))
             except Exception as exc:  # jinja2.TemplateError and friends: vLLM answers 400
                 raise bad_request(str(exc)) from None
             ids = self.tokenizer.encode(text, add_special_tokens=body.get("add_special_tokens", False)).ids

@@ -18,6 +18,7 @@ different form, out-of-range or missing judgments.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from .programs import CRASH, LOOP, MALFORMED, arguments_for, call_text, code_tests, offered_tools, program, tool_results
 
 SOLVER_SAYS = "Working it out directly, the answer is \\boxed{"
 REWRITER_SAYS = "Weighing the candidate solutions together, the answer is \\boxed{"
@@ -44,6 +47,18 @@ class Behavior:
     bad_judgment: float = 0.1  # the selector names a solution number that was not listed
     no_judgment: float = 0.05  # the selector writes no "Judgment:" line
     reasoning_words: int = 12  # length of the think block, in words (raise it for realistic token counts)
+    # a code problem (its label holds tests): the program is right with `correct`; else one of these, else wrong
+    program_crash: float = 0.1
+    program_loop: float = 0.05
+    program_memory: float = 0.05
+    # tools on offer (programs.py)
+    tool_call: float = 0.8  # the first response calls a tool
+    tool_again: float = 0.2  # a response after tool results calls again
+    tool_parallel: float = 0.15  # a response that calls makes two calls
+    tool_malformed: float = 0.05  # a call that cannot be read
+    tool_unknown: float = 0.05  # a call of a tool not on offer
+    tool_code_crash: float = 0.05  # the python tool is given code that raises
+    tool_code_loop: float = 0.03  # ... or code that never ends
 
 
 @dataclass(slots=True)
@@ -65,6 +80,23 @@ def wrong(label: str) -> str:
     if _INT.fullmatch(label.strip()):
         return str(int(label) + 1)
     return f"{label}+1"
+
+
+def _longest(table: dict[str, Any], prompt: str) -> Any:
+    best: tuple[int, Any] | None = None
+    for problem, value in table.items():
+        if (best is None or len(problem) > best[0]) and problem in prompt:
+            best = (len(problem), value)
+    return best[1] if best else None
+
+
+def _statement(prompt: str) -> str:
+    """The first user message of a ChatML prompt (the problem, in the bundled templates)."""
+    at = prompt.find("<|im_start|>user\n")
+    if at < 0:
+        return prompt
+    start = at + len("<|im_start|>user\n")
+    return prompt[start:prompt.find("<|im_end|>", start) if "<|im_end|>" in prompt[start:] else None]
 
 
 def last_turn(prompt: str) -> str:
@@ -93,11 +125,13 @@ def quoted_values(prompt: str, says: str) -> list[str]:
 class Script:
     behavior: Behavior = field(default_factory=Behavior)
     answers: dict[str, str] = field(default_factory=dict)  # problem statement -> label
+    tests: dict[str, dict[str, Any]] = field(default_factory=dict)  # problem statement -> code tests
     _thoughts: dict[tuple[str, int], str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_jsonl(cls, path: Path | None, behavior: Behavior | None = None) -> Script:
         answers: dict[str, str] = {}
+        tests: dict[str, dict[str, Any]] = {}
         if path is not None:
             for raw in Path(path).read_bytes().splitlines():
                 if not raw.strip():
@@ -107,17 +141,21 @@ class Script:
                 if isinstance(prompt, list):
                     prompt = next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "")
                 if isinstance(prompt, str) and "label" in row:
-                    answers[prompt] = str(row["label"])
-        return cls(behavior or Behavior(), answers)
+                    found = code_tests(row["label"])
+                    if found is not None:
+                        tests[prompt] = found
+                    else:
+                        answers[prompt] = str(row["label"])
+        return cls(behavior or Behavior(), answers, tests)
 
     def label_for(self, prompt: str) -> str | None:
         """The label of the longest problem statement the prompt contains (a short statement can sit inside a
         longer one)."""
-        best: tuple[int, str] | None = None
-        for problem, label in self.answers.items():
-            if (best is None or len(problem) > best[0]) and problem in prompt:
-                best = (len(problem), label)
-        return best[1] if best else None
+        return _longest(self.answers, prompt)
+
+    def tests_for(self, prompt: str) -> dict[str, Any] | None:
+        """The code tests of the longest problem statement the prompt contains."""
+        return _longest(self.tests, prompt)
 
     @staticmethod
     def stage(prompt: str) -> str:
@@ -131,6 +169,9 @@ class Script:
         stage = self.stage(last_turn(prompt))  # a conversation's earlier turns quote earlier answers
         if stage == "selector":
             return self._select(prompt, rng)
+        tools = offered_tools(prompt)
+        if tools:
+            return self._with_tools(prompt, tools, rng)
         return self._solve(prompt, stage, rng)
 
     def _think(self, rng: random.Random, stage: str) -> str:
@@ -157,6 +198,9 @@ class Script:
         roll -= b.no_think_close
         if roll < b.empty_after_think:
             return Scripted(think + "</think>\n\n")
+        tests = self.tests_for(prompt)
+        if tests is not None:
+            return self._program(think, tests, rng)
         label = self.label_for(prompt)
         if label is None:
             value = str(rng.randint(0, 1000))
@@ -166,6 +210,58 @@ class Script:
             value = wrong(label)
         says = REWRITER_SAYS if stage == "rewriter" else SOLVER_SAYS
         return Scripted(f"{think}</think>\n\n{says}{value}}}.")
+
+    def _program(self, think: str, tests: dict[str, Any], rng: random.Random) -> Scripted:
+        b, kind = self.behavior, "right"
+        if rng.random() >= b.correct:
+            roll, kind = rng.random(), "wrong"
+            for name, p in (("crash", b.program_crash), ("loop", b.program_loop), ("memory", b.program_memory)):
+                if roll < p:
+                    kind = name
+                    break
+                roll -= p
+        return Scripted(f"{think}</think>\n\nHere is my program.\n```python\n{program(tests, kind)}```")
+
+    def _with_tools(self, prompt: str, tools: list[dict[str, Any]], rng: random.Random) -> Scripted:
+        """A turn of a conversation with tools: call (one or two calls), or answer, reading the tools' results."""
+        b = self.behavior
+        think = self._think(rng, "solver")
+        if rng.random() < b.truncate:
+            return Scripted(think + " and so on", truncate=True)
+        results = tool_results(last_turn(prompt))
+        if rng.random() < (b.tool_again if results else b.tool_call):
+            count = 2 if rng.random() < b.tool_parallel else 1
+            return Scripted(f"{think}</think>\n\n" + "\n".join(self._call(prompt, tools, rng) for _ in range(count)))
+        tests = self.tests_for(prompt)
+        if tests is not None:
+            return self._program(think, tests, rng)
+        said = results[-1].strip() if results else ""
+        if said and "\n" not in said and not said.startswith(("error:", "[")) and len(said) < 40:
+            value = said  # what the python tool printed
+        else:
+            label = self.label_for(prompt)
+            value = str(rng.randint(0, 1000)) if label is None else label if rng.random() < b.correct else wrong(label)
+        return Scripted(f"{think}</think>\n\n{SOLVER_SAYS}{value}}}.")
+
+    def _call(self, prompt: str, tools: list[dict[str, Any]], rng: random.Random) -> str:
+        b, roll = self.behavior, rng.random()
+        if roll < b.tool_malformed:
+            return MALFORMED
+        if roll < b.tool_malformed + b.tool_unknown:
+            return call_text("web_search_v2", {"query": "the answer"})
+        names = [t.get("name") for t in tools]
+        if "python" not in names:
+            known = [k for k in (*self.answers, *self.tests) if k in prompt]
+            statement = max(known, key=len) if known else _statement(prompt)
+            return call_text(str(names[0]), arguments_for(tools[0], statement))
+        roll = rng.random()
+        if roll < b.tool_code_crash:
+            return call_text("python", {"code": CRASH})
+        if roll < b.tool_code_crash + b.tool_code_loop:
+            return call_text("python", {"code": LOOP})
+        label = self.label_for(prompt)
+        value = str(rng.randint(0, 1000)) if label is None else label if rng.random() < b.correct else wrong(label)
+        return call_text("python", {"code": f"print({json.dumps(value)})"})
 
     def _select(self, prompt: str, rng: random.Random) -> Scripted:
         b = self.behavior

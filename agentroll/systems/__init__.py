@@ -69,8 +69,9 @@ def builtins() -> dict[str, type[System]]:
     from .critique_revise import CritiqueRevise
     from .single import Single
     from .three_stage import ThreeStage
+    from .tool_use import ToolUse
 
-    return {s.name: s for s in (ThreeStage, Single, CritiqueRevise)}
+    return {s.name: s for s in (ThreeStage, Single, CritiqueRevise, ToolUse)}
 
 
 def load_system(spec: str, options: dict[str, Any] | None = None) -> System:

@@ -17,7 +17,8 @@ its whole-file ones (size, sha256, counts, keys), so the first fault points at a
 - executions: `rollout_size` consecutive records of one rollout, stages in the system's order, one
   `final_reward`: for three-stage the selector's pick (one selector at most, its raw reward the listed
   rewrite's), for single the record's raw reward (one record), for critique-revise the reviser's (the solver's
-  when no room was left to revise);
+  when no room was left to revise), for tool-use the last turn's (every turn's raw reward);
+- tool calls: each `tool_calls` entry has exactly its six fields and a known status;
 - conversations: a record that `continues` another continues an earlier record of its execution, by one turn,
   token for token (that record's prompt + response start its prompt), its history mask and logprobs exactly
   that record's model tokens (its history over its prompt, its loss mask and logprobs over its response; a
@@ -57,6 +58,9 @@ from .system import CRITIQUE_REVISE, LEGACY, SINGLE, SystemInfo, system_fault, s
 
 MAX_FAULTS = 1000  # kept in the report; more are counted (`faults_total`), so a ruined folder cannot eat memory
 WRITTEN_STATUSES = ("completed", "truncated")  # "aborted" is retried, never written (docs/schema.md)
+TOOL_USE = "tool-use"  # every turn carries the final answer's raw reward (systems/tool_use.py)
+TOOL_CALL_KEYS = frozenset({"name", "arguments", "result", "duration_s", "error", "status"})
+TOOL_STATUSES = ("ok", "malformed", "unknown", "failed", "timeout", "not_run")
 _TOLERANCE = 1e-9
 
 
@@ -301,6 +305,11 @@ def record_faults(record: dict[str, Any], stages: tuple[str, ...] | None = STAGE
                 a["end"] == b["start"] for a, b in itertools.pairwise(spans))
             value("weight_versions", ok, f"weight_versions do not cover the {n} response tokens in order")
     _history_faults(r, typed, faults)
+    if "tool_calls" in typed and r["tool_calls"] is not None:
+        bad = next((i for i, c in enumerate(r["tool_calls"]) if set(c) != TOOL_CALL_KEYS
+                    or c.get("status") not in TOOL_STATUSES or not isinstance(c.get("duration_s"), int | float)), None)
+        value("tool_calls", bad is None, f"tool_calls item {bad} is not {{{', '.join(sorted(TOOL_CALL_KEYS))}}} "
+                                         f"with a status of {', '.join(TOOL_STATUSES)}")
     return faults
 
 
@@ -415,6 +424,16 @@ def _check_execution(rows: list[_Row], add: Callable[[int, str, str], None], sys
             previous = now
     if system.three_stage:
         _check_three_stage(rows, rid, add)
+    elif system.name == TOOL_USE:
+        last = rows[-1]
+        other = next((r for r in rows if r.raw_reward != last.raw_reward), None)
+        if other is not None:
+            add(other.line, "execution", f"raw_reward {other.raw_reward} differs from the final turn's "
+                                         f"({last.raw_reward}, line {last.line}) in tool-use execution {rid}")
+        if last.raw_reward is not None and head.final_reward is not None and not _close(head.final_reward,
+                                                                                         last.raw_reward):
+            add(head.line, "execution", f"final_reward {head.final_reward} is not the raw_reward of the final turn "
+                                        f"({last.raw_reward}, line {last.line}) in execution {rid}")
     elif system.name in (SINGLE, CRITIQUE_REVISE):
         if system.name == SINGLE and len(rows) != 1:
             add(rows[1].line, "execution", f"execution {rid} has {len(rows)} records: the single system writes one")

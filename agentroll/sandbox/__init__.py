@@ -1,0 +1,78 @@
+"""A sandbox for untrusted model code: the `python` tool and `--reward code` run programs through it.
+
+`make_sandbox(settings)` gives a `LocalSandbox` (a child process per run with resource limits, a fresh
+temporary directory, a scrubbed environment, network, pid and user namespaces where the OS allows them:
+`local.py`) or, with `--sandbox-url`, a `RemoteSandbox` speaking SandboxFusion's `/run_code` (`remote.py`).
+Both run Python source with an optional stdin under a wall-clock timeout, at most `concurrency` at once, and
+give a `RunResult`. A sandbox that cannot run anything (a remote one that stays down, a local set-up that
+fails) raises `SandboxUnavailable`: that is an infrastructure failure, never an outcome of the model's code.
+docs/tool-use.md says what is isolated on each set-up.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+__all__ = ["RunResult", "Sandbox", "SandboxSettings", "SandboxUnavailable", "make_sandbox"]
+
+Status = Literal["ok", "error", "timeout", "memory", "output_limit"]
+
+
+class SandboxUnavailable(Exception):
+    """The sandbox could not run the code at all (not a failure of the code)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """One run: `ok` (exit 0), `error` (another exit or a signal), `timeout` (killed at the wall-clock limit),
+    `memory` (it ran out of its memory limit), `output_limit` (killed for writing more than the cap)."""
+
+    status: Status
+    stdout: str
+    stderr: str
+    exit_code: int | None  # negative: killed by that signal; None: unknown (a timeout)
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxSettings:
+    """How code runs. `concurrency` 0: one run per core."""
+
+    url: str | None = None  # SandboxFusion; None: local child processes
+    concurrency: int = 0
+    memory_mb: int = 1024  # address space per run (local), memory_limit_MB (SandboxFusion)
+    file_size_mb: int = 64  # largest file a run may write (local)
+    processes: int = 64  # processes and threads per run (local; see docs/tool-use.md for where it applies)
+    max_output_bytes: int = 4 << 20  # per stream; more ends the run (`output_limit`)
+    python: str = field(default_factory=lambda: sys.executable)  # the interpreter the code runs in (local)
+    tmp_dir: str | None = None  # where run directories are made (local); default: the system's
+    max_retries: int = 5  # SandboxFusion: attempts after the first, for transient failures
+    connect_timeout_s: float = 10.0
+    slack_s: float = 30.0  # SandboxFusion: an HTTP attempt may take the run's timeout plus this
+
+    @property
+    def slots(self) -> int:
+        return self.concurrency or os.cpu_count() or 1
+
+
+class Sandbox(Protocol):
+    kind: str
+
+    async def run(self, code: str, stdin: str | None = None, timeout_s: float = 10.0) -> RunResult: ...
+
+    async def describe(self) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+
+def make_sandbox(settings: SandboxSettings) -> Sandbox:
+    if settings.url:
+        from .remote import RemoteSandbox
+
+        return RemoteSandbox(settings)
+    from .local import LocalSandbox
+
+    return LocalSandbox(settings)

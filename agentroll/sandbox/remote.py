@@ -1,0 +1,139 @@
+"""A SandboxFusion server (`--sandbox-url`): `POST /run_code`, the API verl's code rewards use.
+
+Request: `{"code", "language": "python", "stdin", "run_timeout", "compile_timeout", "memory_limit_MB", "files",
+"fetch_files"}`. Answer: `{"status": "Success" | "Failed" | "SandboxError", "message", "compile_result",
+"run_result": {"status": "Finished" | "TimeLimitExceeded" | "Error", "execution_time", "return_code", "stdout",
+"stderr"}, "files"}`. A `SandboxError` (the sandbox's own failure), a dropped connection, an HTTP timeout or
+408/429/5xx is retried with backoff (`max_retries`); any other answer, or the last failure, raises
+`SandboxUnavailable`. Each attempt may take the run's timeout plus `slack_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import aiohttp
+import orjson
+
+from ..errors import UsageError
+from . import RunResult, SandboxSettings, SandboxUnavailable, Status
+
+RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class RemoteSandbox:
+    kind = "sandboxfusion"
+
+    def __init__(self, settings: SandboxSettings, backoff_base_s: float = 0.5) -> None:
+        url = (settings.url or "").rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"--sandbox-url {settings.url!r} must be an http:// or https:// URL")
+        self.settings = settings
+        self.url = url.removesuffix("/run_code") + "/run_code"
+        self.backoff_base_s = backoff_base_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots = asyncio.Semaphore(settings.slots)
+        self._http: aiohttp.ClientSession | None = None
+
+    async def describe(self) -> str:
+        return f"SandboxFusion at {self.url}: isolation as that server is set up"
+
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._http is None or loop is not self._loop:
+            self._loop = loop
+            self._slots = asyncio.Semaphore(self.settings.slots)
+            self._http = aiohttp.ClientSession(
+                headers={"content-type": "application/json"}, connector=aiohttp.TCPConnector(limit=0)
+            )
+        return self._http
+
+    async def run(self, code: str, stdin: str | None = None, timeout_s: float = 10.0) -> RunResult:
+        s = self.settings
+        body = orjson.dumps(
+            {
+                "code": code,
+                "language": "python",
+                "stdin": stdin or "",
+                "run_timeout": timeout_s,
+                "compile_timeout": timeout_s,
+                "memory_limit_MB": s.memory_mb,
+                "files": {},
+                "fetch_files": [],
+            }
+        )
+        timeout = aiohttp.ClientTimeout(total=timeout_s + s.slack_s, sock_connect=s.connect_timeout_s)
+        session = self._session()
+        problem = ""
+        for attempt in range(s.max_retries + 1):
+            try:
+                async with self._slots, session.post(self.url, data=body, timeout=timeout) as response:
+                    status, reply = response.status, await response.read()
+            except asyncio.TimeoutError:
+                problem = f"no answer within {timeout_s + s.slack_s:g}s"
+            except aiohttp.ClientError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if status == 200:
+                    result = parse(reply, self.url)
+                    if result is not None:
+                        return result
+                    problem = f"SandboxError: {_message(reply)}"
+                elif status in RETRYABLE:
+                    problem = f"HTTP {status}: {reply[:200].decode('utf-8', 'replace')}"
+                else:
+                    raise SandboxUnavailable(
+                        f"sandbox {self.url} answered HTTP {status}: {reply[:200].decode('utf-8', 'replace')}"
+                    )
+            if attempt < s.max_retries:
+                cap = self.backoff_base_s * 2**attempt
+                await asyncio.sleep(random.uniform(cap / 2, cap))
+        raise SandboxUnavailable(f"sandbox {self.url} failed {s.max_retries + 1} times; last: {problem}")
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+
+def _message(reply: bytes) -> str:
+    try:
+        return str(orjson.loads(reply).get("message") or "")[:200]
+    except (orjson.JSONDecodeError, AttributeError):
+        return ""
+
+
+def parse(reply: bytes, url: str) -> RunResult | None:
+    """A `/run_code` answer as a RunResult; None for a `SandboxError` (retried)."""
+    try:
+        data: Any = orjson.loads(reply)
+    except orjson.JSONDecodeError:
+        raise SandboxUnavailable(f"sandbox {url} answered something that is not JSON: {reply[:200]!r}") from None
+    if not isinstance(data, dict) or data.get("status") not in ("Success", "Failed", "SandboxError"):
+        raise SandboxUnavailable(f"sandbox {url} answered without a SandboxFusion status: {reply[:200]!r}")
+    if data["status"] == "SandboxError":
+        return None
+    run = data.get("run_result")
+    if not isinstance(run, dict):  # nothing ran (a compile step failed, for a compiled language)
+        compiled = data.get("compile_result") or {}
+        return RunResult("error", "", str(compiled.get("stderr") or data.get("message") or ""), None, 0.0)
+    stdout, stderr = str(run.get("stdout") or ""), str(run.get("stderr") or "")
+    code = run.get("return_code")
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    took = run.get("execution_time")
+    duration = round(float(took), 4) if isinstance(took, int | float) and not isinstance(took, bool) else 0.0
+    state = run.get("status")
+    if state == "Error":  # the command could not be run: the sandbox's failure
+        return None
+    status: Status
+    if state == "TimeLimitExceeded":
+        status, code = "timeout", None
+    elif code == 0:
+        status = "ok"
+    elif stderr.rstrip().rsplit("\n", 1)[-1].startswith("MemoryError") or code in (-9, 137):
+        status = "memory"  # a MemoryError, or killed by the memory limit (its cgroup's OOM kill)
+    else:
+        status = "error"
+    return RunResult(status, stdout, stderr, code, duration)

@@ -1,0 +1,387 @@
+"""The sandbox: local child processes (limits, fresh directories, scrubbed environment, no network where the OS
+allows it, the whole group killed, nothing surviving agentroll) and a SandboxFusion server over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from aiohttp import web
+
+from agentroll.sandbox import RunResult, SandboxSettings, SandboxUnavailable, make_sandbox
+from agentroll.sandbox.local import LocalSandbox, Mode
+from agentroll.sandbox.remote import RemoteSandbox, parse
+
+
+def run(code: str, stdin: str | None = None, timeout_s: float = 10.0, **settings) -> RunResult:
+    async def main() -> RunResult:
+        return await LocalSandbox(SandboxSettings(**settings)).run(code, stdin, timeout_s)
+
+    return asyncio.run(main())
+
+
+def sleepers(marker: str) -> list[psutil.Process]:
+    """Processes running `sleep MARKER` (a unique number of seconds: the only way to see them from here, as
+    their pids live in the run's own pid namespace)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.info["cmdline"] and proc.info["cmdline"][-1] == marker:
+            found.append(proc)
+    return found
+
+
+def until(condition, timeout_s: float = 20.0) -> bool:
+    """Poll an outside process's state (nothing here can signal us) until it holds or time is up."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def shared_dir() -> Path:
+    """A directory the sandbox's user may write to and remove from, as the system's temp directory is."""
+    path = Path(tempfile.mkdtemp(prefix="agentroll-test-"))
+    path.chmod(0o1777)
+    return path
+
+
+# -- outcomes --------------------------------------------------------------------------------------------------
+def test_a_program_reads_stdin_and_its_output_comes_back():
+    result = run("name = input()\nprint(f'hello {name}')\nimport sys; print('note', file=sys.stderr)", "world\n")
+    assert (result.status, result.exit_code, result.stdout, result.stderr) == ("ok", 0, "hello world\n", "note\n")
+
+
+def test_an_exception_is_an_error_with_its_traceback():
+    result = run("raise ValueError('boom')")
+    assert result.status == "error" and result.exit_code == 1
+    assert result.stderr.rstrip().endswith("ValueError: boom")
+
+
+def test_a_loop_is_killed_at_its_timeout():
+    result = run("while True:\n    pass\n", timeout_s=0.5)
+    assert result.status == "timeout" and result.exit_code is None
+
+
+def test_a_memory_hog_stops_at_its_memory_limit():
+    result = run("blocks = []\nwhile True:\n    blocks.append(bytes(1 << 26))\n", memory_mb=256)
+    assert result.status == "memory", result.stderr
+    assert "MemoryError" in result.stderr
+
+
+def test_writing_past_the_output_cap_ends_the_run():
+    result = run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", max_output_bytes=100_000)
+    assert result.status == "output_limit"
+    assert len(result.stdout) == 100_000
+
+
+def test_the_process_limit_stops_a_fork_bomb():
+    code = (
+        "import os, time\nmade = 0\nfor _ in range(50):\n    try:\n        pid = os.fork()\n    except OSError:\n"
+        "        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    made += 1\nprint(made)\n"
+    )
+    result = run(code, processes=8)
+    assert result.status == "ok" and 0 < int(result.stdout) < 8
+
+
+def test_the_environment_is_scrubbed_and_the_directory_is_fresh_and_removed(monkeypatch):
+    monkeypatch.setenv("AGENTROLL_TEST_SECRET", "hunter2")
+    code = "import os, json\nopen('made.txt', 'w').write('x')\nprint(json.dumps([os.getcwd(), dict(os.environ)]))"
+    first, second = run(code), run(code)
+    (cwd, env), (cwd2, _) = json.loads(first.stdout), json.loads(second.stdout)
+    assert "AGENTROLL_TEST_SECRET" not in env and "hunter2" not in first.stdout
+    assert set(env) <= {
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "LANG",
+        "LC_ALL",
+        "OPENBLAS_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "LC_CTYPE",
+    }
+    assert cwd != cwd2 and not Path(cwd).exists() and not Path(cwd2).exists()
+
+
+def test_the_network_is_cut_where_the_sandbox_says_so():
+    async def main() -> tuple[str, RunResult]:
+        sandbox = LocalSandbox()
+        described = await sandbox.describe()
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            port = server.getsockname()[1]
+            code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\nprint('reached')"
+            return described, await sandbox.run(code, None, 10)
+
+    described, result = asyncio.run(main())
+    if "no network" not in described:
+        pytest.skip(f"this machine gives the sandbox no network namespace ({described})")
+    assert result.status == "error" and "reached" not in result.stdout
+    assert "unreachable" in result.stderr or "refused" in result.stderr
+
+
+def test_the_code_runs_as_nobody_when_agentroll_is_root():
+    if os.geteuid() != 0:
+        pytest.skip("agentroll runs as root only on some machines")
+    result = run("import os\nprint(os.getuid())\nopen('/root/agentroll-should-not-write', 'w')")
+    assert result.stdout.strip() == "65534"
+    assert result.status == "error" and "PermissionError" in result.stderr
+
+
+def test_the_whole_group_dies_at_the_timeout_even_a_child_that_left_it():
+    marker = f"{300 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
+    code = (
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '"
+        + marker
+        + "'])\nimport time\ntime.sleep(300)\n"
+    )
+    result = run(code, timeout_s=1.0)
+    assert result.status == "timeout"
+    described = asyncio.run(LocalSandbox().describe())
+    survivors = sleepers(marker)
+    for proc in survivors:  # leave nothing behind, whatever the verdict
+        proc.kill()
+    if "pid" not in described:
+        pytest.skip(f"without a pid namespace a child that leaves the group can survive ({described})")
+    assert survivors == []
+
+
+def test_a_child_that_escapes_with_the_programs_stdout_does_not_hold_the_run():
+    """Without namespaces (forced here) a child can leave the group and keep stdout open: the run still ends when
+    the program does, with its output."""
+    marker = f"{300 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
+
+    async def main() -> RunResult:
+        sandbox = LocalSandbox()
+        real = await sandbox._ready()
+        sandbox.mode = Mode("none", real.uid, real.python)
+        code = (
+            "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '"
+            + marker
+            + "'])\nprint('done', flush=True)\n"
+        )
+        return await sandbox.run(code, None, 60)
+
+    try:
+        result = asyncio.run(main())
+    finally:
+        for proc in sleepers(marker):
+            proc.kill()
+    assert (result.status, result.stdout) == ("ok", "done\n")
+
+
+def test_a_cancelled_run_kills_its_program():
+    marker = f"{300 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
+
+    async def main() -> bool:
+        sandbox = LocalSandbox()
+        task = asyncio.ensure_future(sandbox.run(f"import os\nos.execv('/bin/sleep', ['sleep', '{marker}'])"))
+        while not sleepers(marker):  # the loop stays free while the program runs
+            await asyncio.sleep(0.02)
+            assert not task.done(), task.result()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return not sleepers(marker)
+
+    assert asyncio.run(main())
+
+
+def test_nothing_survives_a_kill_9_of_agentroll():
+    described = asyncio.run(LocalSandbox().describe())
+    if "pid" not in described:
+        pytest.skip(f"without a pid namespace a child that leaves the group can outlive agentroll ({described})")
+    base = shared_dir()
+    marker = f"{300 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
+    script = (
+        "import asyncio, sys\nfrom agentroll.sandbox import SandboxSettings\nfrom agentroll.sandbox.local import "
+        "LocalSandbox\ncode = \"import os\\nif os.fork() == 0:\\n    os.setsid()\\n    os.execv('/bin/sleep', "
+        f"['sleep', '{marker}'])\\nprint('started', flush=True)\\nimport time\\ntime.sleep(300)\\n\"\n"
+        f"asyncio.run(LocalSandbox(SandboxSettings(tmp_dir={str(base)!r})).run(code, None, 600))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        assert until(lambda: bool(sleepers(marker)) or proc.poll() is not None) and proc.poll() is None
+        assert list(base.iterdir())  # the run's directory
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert until(lambda: not sleepers(marker)), "a process of the run outlived agentroll"
+        assert until(lambda: not list(base.iterdir())), f"left behind: {list(base.iterdir())}"
+    finally:
+        for left in sleepers(marker):
+            left.kill()
+        proc.kill()
+
+
+def test_runs_are_bounded_and_waiting_ones_do_not_block_the_loop():
+    async def main() -> tuple[int, int]:
+        sandbox = LocalSandbox(SandboxSettings(concurrency=2))
+        gate, peak, running = asyncio.Event(), [0], [0]
+
+        async def parked(mode, code, stdin, timeout_s):
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            await gate.wait()
+            running[0] -= 1
+            return RunResult("ok", code, "", 0, 0.0)
+
+        await sandbox.describe()
+        sandbox._run = parked  # type: ignore[method-assign]
+        tasks = [asyncio.ensure_future(sandbox.run(str(i))) for i in range(6)]
+        while running[0] < 2:
+            await asyncio.sleep(0)
+        for _ in range(20):  # the others stay queued however long the loop spins
+            await asyncio.sleep(0)
+        queued = sum(not t.done() for t in tasks)
+        gate.set()
+        results = await asyncio.gather(*tasks)
+        assert [r.stdout for r in results] == [str(i) for i in range(6)]
+        return peak[0], queued
+
+    peak, queued = asyncio.run(main())
+    assert peak == 2 and queued == 6
+
+
+# -- SandboxFusion ---------------------------------------------------------------------------------------------
+class FakeFusion:
+    """A SandboxFusion `/run_code` on loopback that runs code in a local sandbox; `faults` are answered first,
+    one per request: an HTTP status, or "sandbox-error" for `{"status": "SandboxError"}`."""
+
+    def __init__(self, faults: list[int | str] | None = None) -> None:
+        self.faults = list(faults or [])
+        self.bodies: list[dict] = []
+        self.local = LocalSandbox()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.bodies.append(body)
+        if self.faults:
+            fault = self.faults.pop(0)
+            if fault == "sandbox-error":
+                return web.json_response({"status": "SandboxError", "message": "worker pod lost", "run_result": None})
+            return web.Response(status=int(fault), text="overloaded")
+        result = await self.local.run(body["code"], body.get("stdin"), body["run_timeout"])
+        state = "TimeLimitExceeded" if result.status == "timeout" else "Finished"
+        run_result = {
+            "status": state,
+            "execution_time": result.duration_s,
+            "return_code": result.exit_code,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+        }
+        status = "Success" if state == "Finished" and result.exit_code == 0 else "Failed"
+        return web.json_response(
+            {
+                "status": status,
+                "message": "",
+                "compile_result": None,
+                "run_result": run_result,
+                "executor_pod_name": None,
+                "files": {},
+            }
+        )
+
+    async def __aenter__(self) -> str:
+        app = web.Application()
+        app.router.add_post("/run_code", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.runner.cleanup()
+
+
+def remote(fake: FakeFusion, code: str, stdin: str | None = None, timeout_s: float = 5.0, **settings) -> RunResult:
+    async def main() -> RunResult:
+        async with fake as url:
+            sandbox = make_sandbox(SandboxSettings(url=url, memory_mb=300, **settings))
+            assert isinstance(sandbox, RemoteSandbox)
+            try:
+                return await sandbox.run(code, stdin, timeout_s)
+            finally:
+                await sandbox.aclose()
+
+    return asyncio.run(main())
+
+
+def test_sandboxfusion_gets_its_request_shape_and_its_answer_is_read():
+    fake = FakeFusion()
+    result = remote(fake, "print(int(input()) * 2)", "21\n")
+    assert (result.status, result.stdout, result.exit_code) == ("ok", "42\n", 0)
+    assert fake.bodies == [
+        {
+            "code": "print(int(input()) * 2)",
+            "language": "python",
+            "stdin": "21\n",
+            "run_timeout": 5.0,
+            "compile_timeout": 5.0,
+            "memory_limit_MB": 300,
+            "files": {},
+            "fetch_files": [],
+        }
+    ]
+
+
+def test_sandboxfusion_timeouts_and_errors_are_outcomes():
+    assert remote(FakeFusion(), "while True: pass", timeout_s=0.5).status == "timeout"
+    crashed = remote(FakeFusion(), "raise KeyError('k')")
+    assert crashed.status == "error" and crashed.exit_code == 1 and "KeyError" in crashed.stderr
+
+
+def test_sandboxfusion_failures_are_retried_then_answered():
+    fake = FakeFusion([503, "sandbox-error", 502])
+    result = remote(fake, "print('at last')", max_retries=3)
+    assert result.stdout == "at last\n" and len(fake.bodies) == 4
+
+
+def test_a_sandboxfusion_that_stays_down_or_refuses_is_unavailable():
+    fake = FakeFusion([503] * 3)
+    with pytest.raises(SandboxUnavailable, match="failed 3 times; last: HTTP 503"):
+        remote(fake, "print(1)", max_retries=2)
+    with pytest.raises(SandboxUnavailable, match="answered HTTP 422"):
+        remote(FakeFusion([422]), "print(1)")
+
+
+def test_sandboxfusion_answers_are_classified():
+    def answer(run_result, status="Failed") -> bytes:
+        return json.dumps({"status": status, "message": "", "run_result": run_result}).encode()
+
+    memory = parse(
+        answer(
+            {
+                "status": "Finished",
+                "return_code": 1,
+                "stdout": "",
+                "stderr": "...\nMemoryError\n",
+                "execution_time": 0.2,
+            }
+        ),
+        "u",
+    )
+    assert memory is not None and memory.status == "memory"
+    killed = parse(answer({"status": "Finished", "return_code": 137, "stdout": "", "stderr": ""}), "u")
+    assert killed is not None and killed.status == "memory"
+    assert parse(answer({"status": "Error", "stderr": "cannot exec"}), "u") is None  # the sandbox's own failure
+    assert parse(answer(None, "SandboxError"), "u") is None
+    with pytest.raises(SandboxUnavailable, match="not JSON"):
+        parse(b"<html>", "u")
+    with pytest.raises(SandboxUnavailable, match="without a SandboxFusion status"):
+        parse(b'{"ok": true}', "u")
