@@ -43,9 +43,10 @@ async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: st
     /tokenize that fails for a while (5xx, timeouts) is retried and then ends the run (`ServerError`): taking it
     for "no /tokenize" would switch the check off.
 
-    `fallback` (a tokenizer loaded by its config's class name has one: `AutoTokenizer` of the same files) takes
-    the encoder's place when the server renders differently or cannot be asked, and is compared in its turn:
-    vLLM loads its tokenizer with `AutoTokenizer`, which may pick another class (docs/performance.md)."""
+    `fallback` (`AutoTokenizer` of the same name, for a tokenizer that may have been loaded by its config's class
+    name) takes the encoder's place when the server renders differently or cannot be asked, and is compared in its
+    turn: vLLM loads with `AutoTokenizer`, whose model-type tables may pick another class (docs/performance.md).
+    If it cannot load, ours stands."""
     answers = await asyncio.gather(*(_server_ids(client, encoder, model, m) for m in conversations),
                                    return_exceptions=True)
     for answer in answers:
