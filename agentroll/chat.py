@@ -1,4 +1,11 @@
-"""Local prompt rendering: the model's chat template applied with its own `transformers` tokenizer."""
+"""Local prompt rendering: the model's chat template applied with its own `transformers` tokenizer.
+
+Two ways to load it. `load_tokenizer` is `AutoTokenizer`, which reads the model's config through modules that
+import torch (two seconds and 200 MB with torch installed). `load_by_class` loads the class that the
+tokenizer's `tokenizer_config.json` names, from transformers' top level, which does not import torch; it is the
+class `AutoTokenizer` picks except where transformers' model-type tables say otherwise (the parity check with the
+server catches that: docs/performance.md, "Issue 22").
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,17 @@ import os
 import socket
 import threading
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
+
 from .errors import UsageError, first_line
+
+# AutoTokenizer overrides these names (a byte-level tokenizer.json declared as Llama's gets the generic backend,
+# while the class itself builds a pipeline of its own): AutoTokenizer decides.
+AUTO_DECIDES = frozenset({"LlamaTokenizer", "LlamaTokenizerFast"})
 
 
 def _hub_reachable(timeout_s: float = 1.5) -> str | None:
@@ -49,12 +63,65 @@ def load_tokenizer(name_or_path: str) -> Any:
             raise UsageError(f"cannot load tokenizer {name_or_path!r}: {first_line(exc)} ({hint})") from exc
         offline = _hub_reachable()
         if offline is not None:
-            raise UsageError(f"cannot load tokenizer {name_or_path!r}: not on disk, and the hub is out of reach: "
-                             f"{offline} ({hint})") from exc
+            raise UsageError(
+                f"cannot load tokenizer {name_or_path!r}: not on disk, and the hub is out of reach: {offline} ({hint})"
+            ) from exc
         try:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         except Exception as exc2:
             raise UsageError(f"cannot load tokenizer {name_or_path!r}: {first_line(exc2)} ({hint})") from exc2
+    return _with_template(tokenizer, name_or_path)
+
+
+def load_by_class(name_or_path: str) -> Any | None:
+    """The tokenizer as the class its `tokenizer_config.json` names (`tokenizer_class`), taken from transformers'
+    top level and loaded from disk only: a folder, or a hub id already in the hub cache. None, for
+    `AutoTokenizer` to load, when the files are not on disk, the config names no class, asks for remote code or
+    names a class that is not a `tokenizers` backend (or one of `AUTO_DECIDES`), or when loading it fails."""
+    config = _tokenizer_config(name_or_path)
+    kind = config.get("tokenizer_class")
+    if not isinstance(kind, str) or kind in AUTO_DECIDES or "auto_map" in config:
+        return None
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        import transformers
+
+        backend = transformers.TokenizersBackend
+        # a legacy "...Fast" name is the class itself in transformers 5 (PreTrainedTokenizerFast is the backend)
+        found = (getattr(transformers, name, None) for name in (kind, kind.removesuffix("Fast")))
+        cls = next((c for c in found if isinstance(c, type) and issubclass(c, backend)), None)
+        if cls is None:
+            return None
+        tokenizer = cls.from_pretrained(name_or_path, local_files_only=True)
+    except Exception:  # whatever the reason, AutoTokenizer loads it, or says in one line why it cannot
+        return None
+    return _with_template(tokenizer, name_or_path)
+
+
+def _tokenizer_config(name_or_path: str) -> dict[str, Any]:
+    """`tokenizer_config.json` of a folder, or of a hub id in the hub cache (revision main); {} if not on disk."""
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir():
+        path: Any = folder / "tokenizer_config.json"
+    elif name_or_path.startswith(("/", ".", "~")):
+        return {}
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(name_or_path, "tokenizer_config.json")
+        except Exception:  # not a valid repo id
+            return {}
+        if not isinstance(path, str):  # not cached, or cached as missing
+            return {}
+    try:
+        config = orjson.loads(Path(path).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _with_template(tokenizer: Any, name_or_path: str) -> Any:
     if not getattr(tokenizer, "chat_template", None):
         raise UsageError(f"tokenizer {name_or_path!r} has no chat template")
     return tokenizer
@@ -69,20 +136,15 @@ def tokenizer_candidates(explicit: str | None, model: str, root: str | None) -> 
     return list(dict.fromkeys([*local_root, model, *([root] if root else [])]))
 
 
-def load_first(candidates: list[str], lite: bool = False) -> tuple[str, Any]:
-    """The first candidate that loads, with its name; the first candidate's error when none does. With `lite`,
-    a tokenizer that loads exactly without transformers is a `tokenizer_lite.LiteTokenizer` (no torch import):
-    `check_parity` keeps it only when the server proves its ids."""
+def load_first(candidates: list[str], by_class: bool = False) -> tuple[str, Any]:
+    """The first candidate that loads, with its name; the first candidate's error when none does. With
+    `by_class`, each candidate is first loaded by its config's class name (`load_by_class`: no torch import),
+    then by `AutoTokenizer`."""
     error: UsageError | None = None
     for name in candidates:
-        if lite:
-            from . import tokenizer_lite
-
-            fast = tokenizer_lite.load(name)
-            if fast is not None and getattr(fast, "chat_template", None):
-                return name, fast
         try:
-            return name, load_tokenizer(name)
+            tokenizer = load_by_class(name) if by_class else None
+            return name, tokenizer if tokenizer is not None else load_tokenizer(name)
         except UsageError as exc:
             error = error or exc
     assert error is not None
@@ -108,8 +170,13 @@ class ChatEncoder:
         ids = await (self.server_render(messages, tools) if tools else self.server_render(messages))
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids
 
-    def decode_response(self, ids: list[int], finish_reason: str | None, stop_reason: int | str | None,
-                        prompt_ids: list[int] | None = None) -> str:
+    def decode_response(
+        self,
+        ids: list[int],
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+        prompt_ids: list[int] | None = None,
+    ) -> str:
         """A response's text from its ids, as vLLM's /v1/completions writes it: the stop token that ended it
         (EOS or a stop token id; both stay in the ids) left out, special tokens skipped, and decoded as vLLM's
         detokenizer does, a token at a time after the prompt (`tokenizers`' DecodeStream primed with the prompt

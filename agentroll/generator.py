@@ -12,13 +12,14 @@ import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from . import provenance
-from .chat import ChatEncoder, load_first, tokenizer_candidates
+from .chat import ChatEncoder, load_first, load_tokenizer, tokenizer_candidates
 from .client import Budget, ClientCounters, CompletionClient
 from .context import Stage
 from .errors import InputError, ServerError, UsageError
@@ -464,15 +465,16 @@ class Generator:
 
     async def _tokenizer(self, model: str, root: str | None) -> Any:
         candidates = tokenizer_candidates(self.options.tokenizer, model, root)
-        # --chat-render auto: without transformers when it loads exactly so; the parity check must prove it
+        # --chat-render auto: by its config's class name (no torch import); the parity check compares it
         self.tokenizer_name, tokenizer = await asyncio.to_thread(load_first, candidates,
                                                                  self.options.chat_render == "auto")
         return tokenizer
 
-    @staticmethod
-    async def _differs(client: CompletionClient, encoder: ChatEncoder, model: str, templates: Templates) -> bool:
-        """Does our rendering of the stage prompts differ from the server's? (README: `agentroll doctor`)"""
-        parity = await check_parity(client, encoder, model, probe_messages(templates))
+    async def _differs(self, client: CompletionClient, encoder: ChatEncoder, model: str, templates: Templates) -> bool:
+        """Does our rendering of the stage prompts differ from the server's? (README: `agentroll doctor`) Before
+        saying so, `AutoTokenizer`'s choice of class gets its turn (`check_parity`)."""
+        parity = await check_parity(client, encoder, model, probe_messages(templates),
+                                    partial(load_tokenizer, self.tokenizer_name))
         if not parity.supported:
             log.warning("the server has no /tokenize for chat messages: prompts are rendered locally, unchecked")
         elif parity.mismatch:

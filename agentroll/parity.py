@@ -15,7 +15,6 @@ from .chat import ChatEncoder
 from .client import CallFailed, CompletionClient
 from .errors import ServerError, UsageError, first_line
 from .templates import Templates
-from .tokenizer_lite import LiteTokenizer
 
 PROBE_PROBLEM = "What is 17 + 25?"
 PROBE_ANSWERS = ["The sum is \\boxed{42}.", "It is \\boxed{\\frac{84}{2}}."]
@@ -38,28 +37,37 @@ NO_CHAT_TOKENIZE = frozenset({400, 404, 405, 422, 501})
 
 
 async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: str,
-                       conversations: list[list[dict[str, Any]]]) -> Parity:
+                       conversations: list[list[dict[str, Any]]],
+                       fallback: Callable[[], Any] | None = None) -> Parity:
     """Compare our ids with the server's, prompt by prompt (the server is asked for all of them at once). A
     /tokenize that fails for a while (5xx, timeouts) is retried and then ends the run (`ServerError`): taking it
     for "no /tokenize" would switch the check off.
 
-    A tokenizer loaded without transformers (`tokenizer_lite.LiteTokenizer`) stays only when the server proves
-    it: otherwise (a difference, or no /tokenize to ask) the encoder gets the transformers tokenizer of the same
-    files, checked again."""
+    `fallback` (`AutoTokenizer` of the same name, for a tokenizer that may have been loaded by its config's class
+    name) takes the encoder's place when the server renders differently or cannot be asked, and is compared in its
+    turn: vLLM loads with `AutoTokenizer`, whose model-type tables may pick another class (docs/performance.md).
+    If it cannot load, ours stands."""
     answers = await asyncio.gather(*(_server_ids(client, encoder, model, m) for m in conversations),
                                    return_exceptions=True)
     for answer in answers:
         if isinstance(answer, BaseException):
             raise answer
     served: list[list[int] | None] = answers  # type: ignore[assignment]
-    if not isinstance(encoder.tokenizer, LiteTokenizer):
+    if fallback is None:
         return _compare(encoder, conversations, served)
+    rejected: UsageError | None = None
     try:
-        parity: Parity | None = _compare(encoder, conversations, served)
-    except UsageError:  # the template rejects the prompts: transformers' verdict is the one to report
-        parity = None
-    if parity is None or parity.mismatch or not parity.supported:
-        encoder.tokenizer = await asyncio.to_thread(encoder.tokenizer.full)
+        parity = _compare(encoder, conversations, served)
+    except UsageError as exc:  # the template rejects the prompts: the fallback's verdict is the one to report
+        parity, rejected = Parity(0, str(exc)), exc
+    if parity.mismatch or not parity.supported:
+        try:
+            replacement = await asyncio.to_thread(fallback)
+        except (UsageError, ImportError):  # AutoTokenizer cannot load here (a broken torch, say): ours stands
+            if rejected is not None:
+                raise rejected from None
+            return parity
+        encoder.tokenizer = replacement
         parity = _compare(encoder, conversations, served)
     return parity
 

@@ -111,11 +111,12 @@ class Engine:
                     kwargs: dict[str, Any] | None = None, tools: list[Any] | None = None) -> str:
         """The chat template as vLLM applies it: through transformers' template environment, `tools` as vLLM
         hands them over (validated, then dumped in its field order)."""
-        from ..tokenizer_lite import compile_template
+        from transformers.utils.chat_template_utils import render_jinja_template
 
-        compiled = compile_template(template if template is not None else self._chat_source)
-        return str(compiled.render(**(kwargs or {}), messages=messages, add_generation_prompt=add_generation_prompt,
-                                   tools=None if tools is None else vllm_tools(tools)))
+        rendered, _ = render_jinja_template(
+            [messages], tools=None if tools is None else vllm_tools(tools), add_generation_prompt=add_generation_prompt,
+            chat_template=template if template is not None else self._chat_source, **(kwargs or {}))
+        return str(rendered[0])
 
     def tokenize(self, data: Any) -> dict[str, Any]:
         kind, body = validate(data, TOKENIZE_PROMPT, TOKENIZE_CHAT)

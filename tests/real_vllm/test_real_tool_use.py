@@ -113,13 +113,13 @@ CONVERSATIONS = [
 
 def test_the_template_with_tools_renders_the_ids_vllm_renders(tool_vllm, tool_model):
     folder, which = tool_model
-    for lite in (True, False):  # without transformers (tokenizer_lite) and with it
-        _, tokenizer = load_first([str(folder)], lite=lite)
+    for by_class in (True, False):  # by the class its config names (no torch import), and by AutoTokenizer
+        _, tokenizer = load_first([str(folder)], by_class=by_class)
         encoder = ChatEncoder(tokenizer)
         for tools in ([PYTHON.schema], [PYTHON.schema, SEARCH]):
             for messages in CONVERSATIONS:
                 ours = encoder.encode(messages, tools)[1]
-                assert ours == server_ids(tool_vllm, messages, tools), (lite, messages)
+                assert ours == server_ids(tool_vllm, messages, tools), (by_class, messages)
                 assert ours != encoder.encode(messages)[1]  # the tools are in it
     # the turn after a tool call: our separator is the template's, as the server renders it
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
