@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from .errors import UsageError, first_line
+from .errors import UsageError
 
 # AutoTokenizer overrides these names (a byte-level tokenizer.json declared as Llama's gets the generic backend,
 # while the class itself builds a pipeline of its own): AutoTokenizer decides.
@@ -49,28 +49,56 @@ def _hub_reachable(timeout_s: float = 1.5) -> str | None:
     return outcome[0] if outcome else f"no answer from {host}:{port} within {timeout_s:g}s"
 
 
+HINT = "pass --tokenizer with a local folder or a hub id"  # said only when the user did not name one
+
+
 def load_tokenizer(name_or_path: str) -> Any:
     """`AutoTokenizer.from_pretrained`: from disk (a path or the hub cache) first, from the hub only if it is
-    reachable; a one-line `UsageError` instead of a hub traceback."""
+    reachable; a one-line `UsageError` in our words instead of a hub traceback."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # hides the "PyTorch was not found" advisory
     from transformers import AutoTokenizer
 
-    hint = "pass --tokenizer with a local path or a hub id"
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, HF hub errors...
-        if os.path.exists(name_or_path) or name_or_path.startswith(("/", "./", "../", "~")):
-            raise UsageError(f"cannot load tokenizer {name_or_path!r}: {first_line(exc)} ({hint})") from exc
+        local = _local_fault(name_or_path)
+        if local is not None:
+            raise UsageError(f"cannot load tokenizer {name_or_path!r}: {local or _whole(exc)}") from exc
         offline = _hub_reachable()
         if offline is not None:
             raise UsageError(
-                f"cannot load tokenizer {name_or_path!r}: not on disk, and the hub is out of reach: {offline} ({hint})"
+                f"cannot load tokenizer {name_or_path!r}: not on disk, and the hub is out of reach: {offline}"
             ) from exc
         try:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         except Exception as exc2:
-            raise UsageError(f"cannot load tokenizer {name_or_path!r}: {first_line(exc2)} ({hint})") from exc2
+            raise UsageError(f"cannot load tokenizer {name_or_path!r}: {_whole(exc2)}") from exc2
     return _with_template(tokenizer, name_or_path)
+
+
+def _local_fault(name: str) -> str | None:
+    """Why `name` cannot be a tokenizer on disk nor a hub id, in our words; "" when it is a folder transformers
+    could not read (its message says why); None when it may be a hub id to fetch."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+        return "" if any((path / f).exists() for f in files) else f"the folder holds none of {', '.join(files)}"
+    if path.exists():
+        return "it is a file; --tokenizer takes the folder that holds the tokenizer's files"
+    if name.startswith(("/", "./", "../", "~")):
+        return "no such folder"
+    try:
+        from huggingface_hub.utils import validate_repo_id
+
+        validate_repo_id(name)
+    except Exception:  # HFValidationError: neither a path here nor NAMESPACE/NAME
+        return "no such folder, and not a hub id (NAME or NAMESPACE/NAME)"
+    return None
+
+
+def _whole(exc: BaseException) -> str:
+    """transformers' reason on one line, whole (a first line alone can stop mid-sentence)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def load_by_class(name_or_path: str) -> Any | None:
@@ -136,10 +164,10 @@ def tokenizer_candidates(explicit: str | None, model: str, root: str | None) -> 
     return list(dict.fromkeys([*local_root, model, *([root] if root else [])]))
 
 
-def load_first(candidates: list[str], by_class: bool = False) -> tuple[str, Any]:
-    """The first candidate that loads, with its name; the first candidate's error when none does. With
-    `by_class`, each candidate is first loaded by its config's class name (`load_by_class`: no torch import),
-    then by `AutoTokenizer`."""
+def load_first(candidates: list[str], by_class: bool = False, hint: bool = True) -> tuple[str, Any]:
+    """The first candidate that loads, with its name; the first candidate's error when none does, with `HINT`
+    when `hint` (the candidates were guessed, not named by --tokenizer). With `by_class`, each candidate is first
+    loaded by its config's class name (`load_by_class`: no torch import), then by `AutoTokenizer`."""
     error: UsageError | None = None
     for name in candidates:
         try:
@@ -148,6 +176,8 @@ def load_first(candidates: list[str], by_class: bool = False) -> tuple[str, Any]
         except UsageError as exc:
             error = error or exc
     assert error is not None
+    if hint:
+        raise UsageError(f"{error} ({HINT})") from error
     raise error
 
 

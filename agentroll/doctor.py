@@ -51,7 +51,7 @@ async def diagnose(base_url: str, api_key: str | None = None, model: str | None 
         checks.append(Check("max_model_len", "ok" if limit else "warn",
                             f"{limit} tokens of prompt + response" if limit else "not reported by /v1/models"))
         try:
-            _, loaded = load_first(tokenizer_candidates(tokenizer, str(name), entry.get("root")))
+            _, loaded = load_first(tokenizer_candidates(tokenizer, str(name), entry.get("root")), hint=not tokenizer)
             encoder = ChatEncoder(loaded)
         except AgentrollError as exc:
             checks.append(Check("tokenizer", "fail", str(exc)))

@@ -406,7 +406,8 @@ class Generator:
                 length = o.max_context_len or served
             model = model or self.model
             if tokenizer_name or model != self.model:
-                _, tokenizer = await asyncio.to_thread(load_first, tokenizer_candidates(tokenizer_name, model, root))
+                _, tokenizer = await asyncio.to_thread(load_first, tokenizer_candidates(tokenizer_name, model, root),
+                                                       False, not tokenizer_name)
                 encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
             overrides = {k: v for k, v in settings.items() if k not in ("base_url", "tokenizer", "trainable")}
             config = main.config.with_overrides({**overrides, "model": model, "max_context_len": length},
@@ -467,7 +468,8 @@ class Generator:
         candidates = tokenizer_candidates(self.options.tokenizer, model, root)
         # --chat-render auto: by its config's class name (no torch import); the parity check compares it
         self.tokenizer_name, tokenizer = await asyncio.to_thread(load_first, candidates,
-                                                                 self.options.chat_render == "auto")
+                                                                 self.options.chat_render == "auto",
+                                                                 not self.options.tokenizer)
         return tokenizer
 
     async def _differs(self, client: CompletionClient, encoder: ChatEncoder, model: str, templates: Templates) -> bool:

@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 import pytest
 from math_verify import parse, verify
 
+from agentroll.errors import UsageError
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
@@ -206,3 +207,35 @@ def test_a_missing_input_file_is_named_before_anything_is_created(sim, tmp_path)
                    "--tokenizer", TOKENIZER)
     assert proc.returncode == 3 and f"{tmp_path / 'nope.jsonl'}: no such file".encode() in proc.stderr
     assert not (tmp_path / "o").exists() and sim.log == []
+
+
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ("{tmp}/nowhere", "no such folder"),
+        ("{tmp}/empty", "the folder holds none of tokenizer.json, tokenizer_config.json"),
+        ("{tmp}/p.jsonl", "it is a file; --tokenizer takes the folder"),
+        ("no/such thing//", "no such folder, and not a hub id"),
+    ],
+)
+def test_a_tokenizer_named_but_unusable_is_told_in_our_words_without_advice_to_name_one(sim, tmp_path, given, why):
+    (tmp_path / "empty").mkdir()
+    write_problems(tmp_path / "p.jsonl", 1)
+    name = given.format(tmp=tmp_path)
+    proc = run_cli("generate", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "o"), "--base-url", sim.url,
+                   "--tokenizer", name)
+    line = proc.stderr.decode().strip()
+    assert proc.returncode == 2 and len(line.splitlines()) == 1, line
+    assert line.startswith(f"error: cannot load tokenizer {name!r}: {why}"), line
+    assert "--tokenizer with" not in line and "Repo id" not in line  # no transformers text, no advice to pass it
+    assert not (tmp_path / "o").exists()  # nothing touched
+
+
+def test_a_guessed_tokenizer_that_cannot_load_says_to_name_one(tmp_path):
+    from agentroll.chat import HINT, load_first
+
+    with pytest.raises(UsageError, match=re.escape(f"'{tmp_path}/absent': no such folder ({HINT})")):
+        load_first([str(tmp_path / "absent")])
+    with pytest.raises(UsageError) as raised:
+        load_first([str(tmp_path / "absent")], hint=False)
+    assert HINT not in str(raised.value)

@@ -113,10 +113,11 @@ class Engine:
         hands them over (validated, then dumped in its field order)."""
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        rendered, _ = render_jinja_template(
-            [messages], tools=None if tools is None else vllm_tools(tools), add_generation_prompt=add_generation_prompt,
+        offered: list[Any] | None = None if tools is None else vllm_tools(tools)
+        rendered: Any = render_jinja_template(
+            [messages], tools=offered, add_generation_prompt=add_generation_prompt,
             chat_template=template if template is not None else self._chat_source, **(kwargs or {}))
-        return str(rendered[0])
+        return str(rendered[0][0])  # (one rendering per conversation, generation indices)
 
     def tokenize(self, data: Any) -> dict[str, Any]:
         kind, body = validate(data, TOKENIZE_PROMPT, TOKENIZE_CHAT)
