@@ -8,25 +8,24 @@ vLLM aborts them.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from . import provenance
-from .chat import ChatEncoder, load_first, load_tokenizer, tokenizer_candidates
+from .admission import depth_first
+from .chat import ChatEncoder, load_first, tokenizer_candidates
 from .client import Budget, ClientCounters, CompletionClient
 from .context import Stage
-from .errors import InputError, ServerError, UsageError
+from .errors import InputError, UsageError
 from .group import Group, annotate
+from .handshake import discover, renders_otherwise, server_facts, settle_stage_api
 from .inputs import InputKeys, Problem, problem_from_row
 from .options import GenerateOptions
-from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages, server_renderer
+from .parity import server_renderer
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
 from .rewards import RewardSet
 from .rewards.code import parse_tests
@@ -37,10 +36,7 @@ from .templates import Templates
 if TYPE_CHECKING:
     from .folder.journal import Journal
 
-log = logging.getLogger("agentroll")
-
 BUILTIN_REWARDS = ("math", "exact", "remote", "code")
-VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
 class Generator:
@@ -105,21 +101,23 @@ class Generator:
         system = self._load_system()
         self._client = client = self._new_client(o.base_url)
         try:
-            model, model_len, root = await self._discover(client)
+            model, model_len, root = await discover(client, o.model)
             self.model = model
             self.max_context_len = o.max_context_len or model_len
             tokenizer = await self._tokenizer(model, root)
             templates = Templates(Path(o.prompts) if o.prompts else None, system.templates)
             encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
             if o.chat_render == "server" or (
-                    o.chat_render == "auto" and await self._differs(client, encoder, model, templates)):
+                    o.chat_render == "auto"
+                    and await renders_otherwise(client, encoder, model, templates, self.tokenizer_name)):
                 encoder.server_render = server_renderer(client, model, o.chat_template_kwargs)
             self._rewards = RewardSet(o.reward_settings())
             # a reward that cannot score (no math worker) ends the run before a group is handed out: checked
             # alongside the first calls, awaited by `run_group`
             self._rewards_ready = asyncio.ensure_future(self._rewards.ready())
             config = o.system_config(model, self.max_context_len)
-            server = await self._provenance(client, encoder, templates, config, root)
+            server = await server_facts(client, o, model, encoder, templates, config, root)
+            self.logprobs_mode = server["logprobs_mode"]
             if client.adaptive:
                 await client.start_adaptive()
             stages, stage_settings = await self._stages(Stage("", client, encoder, config))
@@ -265,106 +263,18 @@ class Generator:
         for samples in executions:
             self.stats.add_execution(samples)
 
-    async def stream(self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int | None = None,
-                     ordered: bool = False) -> AsyncGenerator[Group, None]:
-        """Groups of `rows` as they finish, or in input order with `ordered` (a reorder buffer inside the same
-        bound), each settled (`settle`) when the next one is asked for.
+    @property
+    def next_group(self) -> int:
+        return self._admitted
 
-        Depth first: a new group starts only when the groups in flight cannot fill the free completion slots
-        (and the last one started has placed its first call), and the calls of older groups take slots first,
-        so groups finish about in the order they started and are committed steadily. The groups in flight or
-        waiting to be taken are at most what the servers can run now (the endpoints' current limits added up),
-        and at most `max_ahead` when given; a slow consumer slows the producer. A row that fails validation
-        raises after the groups already started are yielded; leaving the loop early cancels the groups still
-        running."""
-        if max_ahead is not None and max_ahead < 1:
-            raise UsageError("max_ahead must be at least 1")
+    def stream(self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int | None = None,
+               ordered: bool = False) -> AsyncGenerator[Group, None]:
+        """Groups of `rows` as they finish, or in input order with `ordered`, each settled (`settle`) when the
+        next one is asked for; admitted depth first (`agentroll.admission`), at most `max_ahead` in flight or
+        waiting to be taken."""
         self._require()
         assert self._budget is not None
-        budget = self._budget
-        pending: set[asyncio.Future[Any]] = set()
-        finished: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue()  # None: the budget has room again
-        source = _rows(rows)
-        fetch: asyncio.Future[Any] | None = None  # the next row, awaited alongside the groups in flight
-        row_error: BaseException | None = None
-        exhausted = False
-        order: dict[asyncio.Future[Any], int] = {}  # with `ordered`: each group's place in the input
-        ready: dict[int, asyncio.Future[Any]] = {}  # finished, waiting for the groups before them
-        started = handed = 0
-        warming = -1  # the number of the last group started: admission waits until it has asked for a slot
-        warming_task: asyncio.Future[Any] | None = None
-        told = False
-
-        def room() -> None:
-            nonlocal told
-            if not told:
-                told = True
-                finished.put_nowait(None)
-
-        def admit() -> bool:
-            if fetch is not None or exhausted or row_error is not None:
-                return False
-            bound = min(budget.capacity, max_ahead) if max_ahead is not None else budget.capacity
-            if len(pending) >= max(1, bound):
-                return False
-            placed = budget.newest_group >= warming or warming_task is None or warming_task.done()
-            return not pending or (placed and budget.spare())
-
-        budget.listeners.append(room)
-        try:
-            while True:
-                if admit():
-                    fetch = asyncio.ensure_future(anext(source))
-                    fetch.add_done_callback(finished.put_nowait)
-                if not pending and fetch is None:
-                    break
-                task = await finished.get()
-                if task is None:
-                    told = False
-                    continue
-                if task is fetch:
-                    fetch = None
-                    try:
-                        problem = self.problem(task.result())
-                    except StopAsyncIteration:
-                        exhausted = True
-                    except Exception as exc:  # a bad row: finish what was started, then raise it
-                        row_error = exc
-                    else:
-                        warming = self._admitted
-                        group = warming_task = asyncio.create_task(self.run_group(problem))
-                        group.add_done_callback(finished.put_nowait)
-                        pending.add(group)
-                        order[group], started = started, started + 1
-                elif not ordered:  # while the consumer holds a group, nothing new starts
-                    pending.discard(task)
-                    del order[task]  # kept, it would hold every finished group: memory growing with the input
-                    done = task.result()
-                    yield done
-                    self.settle(done)  # the next one is asked for: this one is stored
-                else:
-                    ready[order.pop(task)] = task
-                    while handed in ready:
-                        head = ready.pop(handed)
-                        pending.discard(head)
-                        handed += 1
-                        done = head.result()
-                        yield done
-                        self.settle(done)
-            if row_error is not None:
-                raise row_error
-        finally:
-            budget.listeners.remove(room)
-            leftovers = [*pending, *([fetch] if fetch is not None else [])]
-            for task in leftovers:
-                task.remove_done_callback(finished.put_nowait)
-                task.cancel()
-            await asyncio.gather(*leftovers, return_exceptions=True)
-            while not finished.empty():  # finished, never handed over: an error that ends the run is raised
-                task = finished.get_nowait()  # once; the others are not worth a warning
-                if task is not None and not task.cancelled():
-                    task.exception()
-            await source.aclose()
+        return depth_first(self, self._budget, rows, max_ahead, ordered)
 
     # -- set-up helpers -----------------------------------------------------------------------------------------
     def _require(self) -> AgentSystem:
@@ -402,7 +312,7 @@ class Generator:
                 client = clients.get(url) or await self._stage_client(url, main)
                 clients[url] = client
             if url or model:
-                model, served, root = await self._discover(client, model or (None if url else self.model), name)
+                model, served, root = await discover(client, model or (None if url else self.model), name)
                 length = o.max_context_len or served
             model = model or self.model
             if tokenizer_name or model != self.model:
@@ -419,50 +329,12 @@ class Generator:
     async def _stage_client(self, url: str, main: Stage) -> CompletionClient:
         """A client for a stage's own server, inside the run's request budget and counters (under auto, with a cap
         of its own that follows its /metrics), on the run's token API."""
-        o = self.options
         client = self._new_client([url])
         self._stage_clients.append(client)
         if client.adaptive:  # under auto its server gets a cap of its own, following its /metrics
             await client.start_adaptive()
-        if o.api != "auto":
-            client.api = o.api
-        probe = local_ids(main.encoder, [{"role": "user", "content": PROBE_PROBLEM}])
-        if o.api == "auto" and main.config.alternatives < VLLM_MAX_LOGPROBS:
-            client.api = await client.detect_api(main.config.model, probe)
+        await settle_stage_api(client, self.options, main.encoder, main.config)
         return client
-
-    async def _discover(self, client: CompletionClient, name: str | None = None,
-                        stage: str | None = None) -> tuple[str, int | None, str | None]:
-        """Fail fast on a dead server; pick the served model and read its context length. Every endpoint is
-        asked; one that does not answer starts out of rotation (and is probed), unless none answers."""
-        answers = await asyncio.gather(*(client.get_json("/v1/models", e) for e in client.endpoints),
-                                       return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, BaseException) and (
-                    not isinstance(answer, ServerError) or answer.status in (401, 403)):
-                raise answer  # a wrong key is wrong everywhere: no point waiting for a probe
-        listing: Any = next((a for a in answers if not isinstance(a, BaseException)), None)
-        if listing is None:
-            raise next(a for a in answers if isinstance(a, BaseException))
-        for endpoint, answer in zip(client.endpoints, answers, strict=True):
-            if isinstance(answer, ServerError):
-                client.mark_down(endpoint, str(answer))
-        models = listing.get("data") if isinstance(listing, dict) else None
-        if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
-            raise ServerError(f"{client.endpoints[0].url}/v1/models did not answer a model list: {str(listing)[:200]}")
-        names = [m.get("id") for m in models]
-        name = name or self.options.model if client is self._client else name
-        if name is None:
-            if len(names) != 1:
-                flag = f"--stage {stage}.model" if stage else "--model"
-                raise UsageError(f"{client.endpoints[0].url} lists {len(names)} models ({', '.join(map(str, names))}): "
-                                 f"pass {flag}")
-            name = names[0]
-        entry = next((m for m in models if m.get("id") == name), None)
-        if entry is None:
-            raise ServerError(f"model {name!r} is not served (available: {', '.join(map(str, names))})")
-        length = entry.get("max_model_len")
-        return str(name), length if isinstance(length, int) and length > 1 else None, entry.get("root")
 
     async def _tokenizer(self, model: str, root: str | None) -> Any:
         candidates = tokenizer_candidates(self.options.tokenizer, model, root)
@@ -471,65 +343,6 @@ class Generator:
                                                                  self.options.chat_render == "auto",
                                                                  not self.options.tokenizer)
         return tokenizer
-
-    async def _differs(self, client: CompletionClient, encoder: ChatEncoder, model: str, templates: Templates) -> bool:
-        """Does our rendering of the stage prompts differ from the server's? (README: `agentroll doctor`) Before
-        saying so, `AutoTokenizer`'s choice of class gets its turn (`check_parity`)."""
-        parity = await check_parity(client, encoder, model, probe_messages(templates),
-                                    partial(load_tokenizer, self.tokenizer_name))
-        if not parity.supported:
-            log.warning("the server has no /tokenize for chat messages: prompts are rendered locally, unchecked")
-        elif parity.mismatch:
-            log.warning("the local chat template does not render prompts as the server does (%s): prompts are "
-                        "rendered by the server's /tokenize for this run; pass the server's tokenizer with "
-                        "--tokenizer to render locally", parity.mismatch)
-        return parity.mismatch is not None
-
-    async def _provenance(self, client: CompletionClient, encoder: ChatEncoder, templates: Templates,
-                          config: SystemConfig, root: str | None) -> dict[str, Any]:
-        """Settle --api auto and find what the server's logprobs mean, with two one-token calls that also ask for
-        this run's top-k and routes: a server that refuses them ends the run here, not on every call."""
-        o = self.options
-        prompts = [local_ids(encoder, m) for m in probe_messages(templates) or [
-            [{"role": "user", "content": PROBE_PROBLEM}]]]
-        probe = prompts[0]
-        if o.api == "auto" and config.alternatives >= VLLM_MAX_LOGPROBS:
-            # /generate is asked for K + 1 alternatives (wire.py), beyond vLLM's default --max-logprobs
-            log.info("--logprobs %d: using /v1/completions, which gives that many within vLLM's default "
-                     "--max-logprobs of %d", config.alternatives, VLLM_MAX_LOGPROBS)
-            client.api = "completions"
-        else:
-            client.api = await client.detect_api(self.model, probe) if o.api == "auto" else o.api
-        await self._priority(client, self.model, probe)
-        self.logprobs_mode, routes = await provenance.logprobs_mode(client, self.model, probe, config.alternatives)
-        if config.routes and routes is False:
-            raise ServerError("the server sends no routed_experts: start vLLM with --enable-return-routed-experts "
-                              "(a MoE model), or drop --return-routed-experts")
-        warning = provenance.mode_warning(self.logprobs_mode, config.sampling.params())
-        if warning:
-            log.warning(warning)
-        try:
-            version = (await client.get_json("/version")).get("version")
-        except (ServerError, AttributeError):
-            version = None
-        return {
-            "api": client.api, "priority": client.send_priority, "vllm_version": version, "root": root,
-            "revision": provenance.revision(root),
-            "logprobs_mode": self.logprobs_mode,
-            "tokenizer_sha256": provenance.tokenizer_sha256(encoder.tokenizer),
-            "chat_template_sha256": provenance.chat_template_sha256(encoder.tokenizer),
-            "rendered_prompts_sha256": provenance.rendered_sha256(prompts),
-        }
-
-    async def _priority(self, client: CompletionClient, model: str, probe: list[int]) -> None:
-        """--server-priority: auto sends vLLM's request priority when the server takes it; on insists."""
-        choice = self.options.server_priority
-        if choice == "off":
-            return
-        client.send_priority = await client.detect_priority(model, probe)
-        if choice == "on" and not client.send_priority:
-            raise ServerError(f"{client.endpoints[0].url} does not take a request priority: start vLLM with "
-                              "--scheduling-policy priority, or pass --server-priority auto")
 
     def _fingerprint(self, templates: Templates, rendering: str, config: SystemConfig) -> dict[str, Any]:
         o = self.options
@@ -555,12 +368,3 @@ def code_settings(o: GenerateOptions) -> dict[str, Any]:
     names = ("code_test_timeout", "code_partial_credit", "sandbox_memory_mb")
     changed = {n: getattr(o, n) for n in names if getattr(o, n) != GenerateOptions.__dataclass_fields__[n].default}
     return {"code_reward": changed} if changed else {}
-
-
-async def _rows(rows: Iterable[Any] | AsyncIterable[Any]) -> AsyncGenerator[Any, None]:
-    if isinstance(rows, AsyncIterable):
-        async for row in rows:
-            yield row
-    else:
-        for row in rows:
-            yield row

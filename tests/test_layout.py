@@ -22,6 +22,8 @@ ABOVE = {
     "agentroll.rewards": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.context",
                           "agentroll.folder"),
     "agentroll.generator": ("agentroll.cli", "agentroll.runner"),
+    "agentroll.admission": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.folder"),
+    "agentroll.handshake": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.folder"),
     "agentroll.runner": ("agentroll.cli",),
 }
 

@@ -1,0 +1,131 @@
+"""What a run learns from its servers before the first real call: the served model and its context length, where
+prompts are rendered, the token API, the request priority and what the logprobs mean.
+
+Each step asks the server once and fails the run here, with one line, rather than on every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from functools import partial
+from typing import Any
+
+from . import provenance
+from .chat import ChatEncoder, load_tokenizer
+from .client import CompletionClient
+from .errors import ServerError, UsageError
+from .options import GenerateOptions
+from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages
+from .pipeline import SystemConfig
+from .templates import Templates
+
+log = logging.getLogger("agentroll")
+
+VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
+async def discover(client: CompletionClient, name: str | None = None,
+                   stage: str | None = None) -> tuple[str, int | None, str | None]:
+    """The served model `name` (the only one served when None), its context length and root. Fails fast on a
+    dead server; every endpoint is asked, and one that does not answer starts out of rotation (and is probed),
+    unless none answers."""
+    answers = await asyncio.gather(*(client.get_json("/v1/models", e) for e in client.endpoints),
+                                   return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException) and (
+                not isinstance(answer, ServerError) or answer.status in (401, 403)):
+            raise answer  # a wrong key is wrong everywhere: no point waiting for a probe
+    listing: Any = next((a for a in answers if not isinstance(a, BaseException)), None)
+    if listing is None:
+        raise next(a for a in answers if isinstance(a, BaseException))
+    for endpoint, answer in zip(client.endpoints, answers, strict=True):
+        if isinstance(answer, ServerError):
+            client.mark_down(endpoint, str(answer))
+    models = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
+        raise ServerError(f"{client.endpoints[0].url}/v1/models did not answer a model list: {str(listing)[:200]}")
+    names = [m.get("id") for m in models]
+    if name is None:
+        if len(names) != 1:
+            flag = f"--stage {stage}.model" if stage else "--model"
+            raise UsageError(f"{client.endpoints[0].url} lists {len(names)} models ({', '.join(map(str, names))}): "
+                             f"pass {flag}")
+        name = names[0]
+    entry = next((m for m in models if m.get("id") == name), None)
+    if entry is None:
+        raise ServerError(f"model {name!r} is not served (available: {', '.join(map(str, names))})")
+    length = entry.get("max_model_len")
+    return str(name), length if isinstance(length, int) and length > 1 else None, entry.get("root")
+
+
+async def renders_otherwise(client: CompletionClient, encoder: ChatEncoder, model: str, templates: Templates,
+                            tokenizer_name: str) -> bool:
+    """Does our rendering of the stage prompts differ from the server's? (README: `agentroll doctor`) Before
+    saying so, `AutoTokenizer`'s choice of class gets its turn (`check_parity`)."""
+    parity = await check_parity(client, encoder, model, probe_messages(templates),
+                                partial(load_tokenizer, tokenizer_name))
+    if not parity.supported:
+        log.warning("the server has no /tokenize for chat messages: prompts are rendered locally, unchecked")
+    elif parity.mismatch:
+        log.warning("the local chat template does not render prompts as the server does (%s): prompts are "
+                    "rendered by the server's /tokenize for this run; pass the server's tokenizer with "
+                    "--tokenizer to render locally", parity.mismatch)
+    return parity.mismatch is not None
+
+
+async def settle_stage_api(client: CompletionClient, options: GenerateOptions, encoder: ChatEncoder,
+                           config: SystemConfig) -> None:
+    """A stage's own server speaks the run's token API (`--api`), or the one it is found to take."""
+    if options.api != "auto":
+        client.api = options.api
+    elif config.alternatives < VLLM_MAX_LOGPROBS:
+        probe = local_ids(encoder, [{"role": "user", "content": PROBE_PROBLEM}])
+        client.api = await client.detect_api(config.model, probe)
+
+
+async def server_facts(client: CompletionClient, options: GenerateOptions, model: str, encoder: ChatEncoder,
+                       templates: Templates, config: SystemConfig, root: str | None) -> dict[str, Any]:
+    """Settle --api auto and --server-priority, and find what the server's logprobs mean, with two one-token
+    calls that also ask for this run's top-k and routes: a server that refuses them ends the run here, not on
+    every call. Returns where the numbers came from (the manifest's `servers` entry)."""
+    prompts = [local_ids(encoder, m) for m in probe_messages(templates) or [
+        [{"role": "user", "content": PROBE_PROBLEM}]]]
+    probe = prompts[0]
+    if options.api == "auto" and config.alternatives >= VLLM_MAX_LOGPROBS:
+        # /generate is asked for K + 1 alternatives (wire.py), beyond vLLM's default --max-logprobs
+        log.info("--logprobs %d: using /v1/completions, which gives that many within vLLM's default "
+                 "--max-logprobs of %d", config.alternatives, VLLM_MAX_LOGPROBS)
+        client.api = "completions"
+    else:
+        client.api = await client.detect_api(model, probe) if options.api == "auto" else options.api
+    await settle_priority(client, options.server_priority, model, probe)
+    mode, routes = await provenance.logprobs_mode(client, model, probe, config.alternatives)
+    if config.routes and routes is False:
+        raise ServerError("the server sends no routed_experts: start vLLM with --enable-return-routed-experts "
+                          "(a MoE model), or drop --return-routed-experts")
+    warning = provenance.mode_warning(mode, config.sampling.params())
+    if warning:
+        log.warning(warning)
+    try:
+        version = (await client.get_json("/version")).get("version")
+    except (ServerError, AttributeError):
+        version = None
+    return {
+        "api": client.api, "priority": client.send_priority, "vllm_version": version, "root": root,
+        "revision": provenance.revision(root),
+        "logprobs_mode": mode,
+        "tokenizer_sha256": provenance.tokenizer_sha256(encoder.tokenizer),
+        "chat_template_sha256": provenance.chat_template_sha256(encoder.tokenizer),
+        "rendered_prompts_sha256": provenance.rendered_sha256(prompts),
+    }
+
+
+async def settle_priority(client: CompletionClient, choice: str, model: str, probe: list[int]) -> None:
+    """--server-priority: auto sends vLLM's request priority when the server takes it; on insists."""
+    if choice == "off":
+        return
+    client.send_priority = await client.detect_priority(model, probe)
+    if choice == "on" and not client.send_priority:
+        raise ServerError(f"{client.endpoints[0].url} does not take a request priority: start vLLM with "
+                          "--scheduling-policy priority, or pass --server-priority auto")
