@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .chat import ChatEncoder, load_first, tokenizer_candidates
-from .client import ClientSettings, CompletionClient, Concurrency, Retries, Timeouts
+from .client import ClientSettings, CompletionClient, Concurrency, Retries, Timeouts, detect_api
 from .errors import AgentrollError
 from .parity import check_parity, probe_messages
 from .provenance import logprobs_mode, mode_warning
@@ -122,7 +122,7 @@ async def _apis_and_logprobs(client: CompletionClient, encoder: ChatEncoder, mod
     """Which token API the server offers, and what its logprobs are (found by experiment: see provenance)."""
     _, ids = encoder.encode([{"role": "user", "content": "Say hello."}])
     try:
-        client.api = await client.detect_api(model, ids)
+        client.api = await detect_api(client, model, ids)
         mode, _ = await logprobs_mode(client, model, ids)
     except AgentrollError as exc:
         return [Check("logprobs mode", "fail", str(exc))]

@@ -18,7 +18,7 @@ import orjson
 
 from .admission import depth_first
 from .chat import ChatEncoder, load_first, tokenizer_candidates
-from .client import Budget, ClientCounters, CompletionClient
+from .client import Budget, ClientCounters, CompletionClient, follow_metrics
 from .context import Stage
 from .errors import InputError, UsageError
 from .group import Group, annotate
@@ -119,7 +119,7 @@ class Generator:
             server = await server_facts(client, o, model, encoder, templates, config, root)
             self.logprobs_mode = server["logprobs_mode"]
             if client.adaptive:
-                await client.start_adaptive()
+                await follow_metrics(client)
             stages, stage_settings = await self._stages(Stage("", client, encoder, config))
             self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
                                        prompt_key=self.keys.prompt, system=system, stages=stages)
@@ -332,7 +332,7 @@ class Generator:
         client = self._new_client([url])
         self._stage_clients.append(client)
         if client.adaptive:  # under auto its server gets a cap of its own, following its /metrics
-            await client.start_adaptive()
+            await follow_metrics(client)
         await settle_stage_api(client, self.options, main.encoder, main.config)
         return client
 

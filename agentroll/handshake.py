@@ -13,7 +13,7 @@ from typing import Any
 
 from . import provenance
 from .chat import ChatEncoder, load_tokenizer
-from .client import CompletionClient
+from .client import CompletionClient, detect_api, detect_priority
 from .errors import ServerError, UsageError
 from .options import GenerateOptions
 from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages
@@ -81,7 +81,7 @@ async def settle_stage_api(client: CompletionClient, options: GenerateOptions, e
         client.api = options.api
     elif config.alternatives < VLLM_MAX_LOGPROBS:
         probe = local_ids(encoder, [{"role": "user", "content": PROBE_PROBLEM}])
-        client.api = await client.detect_api(config.model, probe)
+        client.api = await detect_api(client, config.model, probe)
 
 
 async def server_facts(client: CompletionClient, options: GenerateOptions, model: str, encoder: ChatEncoder,
@@ -98,7 +98,7 @@ async def server_facts(client: CompletionClient, options: GenerateOptions, model
                  "--max-logprobs of %d", config.alternatives, VLLM_MAX_LOGPROBS)
         client.api = "completions"
     else:
-        client.api = await client.detect_api(model, probe) if options.api == "auto" else options.api
+        client.api = await detect_api(client, model, probe) if options.api == "auto" else options.api
     await settle_priority(client, options.server_priority, model, probe)
     mode, routes = await provenance.logprobs_mode(client, model, probe, config.alternatives)
     if config.routes and routes is False:
@@ -125,7 +125,7 @@ async def settle_priority(client: CompletionClient, choice: str, model: str, pro
     """--server-priority: auto sends vLLM's request priority when the server takes it; on insists."""
     if choice == "off":
         return
-    client.send_priority = await client.detect_priority(model, probe)
+    client.send_priority = await detect_priority(client, model, probe)
     if choice == "on" and not client.send_priority:
         raise ServerError(f"{client.endpoints[0].url} does not take a request priority: start vLLM with "
                           "--scheduling-policy priority, or pass --server-priority auto")

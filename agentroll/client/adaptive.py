@@ -15,9 +15,17 @@ An endpoint without `/metrics` (or with unreadable ones) keeps a fixed `fallback
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .transport import TransportFailure
+
+if TYPE_CHECKING:
+    from .core import CompletionClient
+    from .endpoints import Endpoint
 
 log = logging.getLogger("agentroll")
 
@@ -74,3 +82,41 @@ class Controller:
             step = self.limit if self.slow_start else max(1, self.limit // 8)
             self.limit = min(self.maximum, self.limit + step)
         return self.limit
+
+
+async def follow_metrics(client: CompletionClient, interval_s: float = 1.0) -> None:
+    """--concurrency auto: each endpoint starts at `start` and follows its /metrics ; one
+    without readable metrics keeps `fallback`, with a warning."""
+    c = client.settings.concurrency
+    for endpoint in client.endpoints:
+        try:
+            status, body = await client.side_request("GET", f"{endpoint.url}/metrics")
+        except TransportFailure:
+            status, body = 0, b""
+        if status != 200 or parse_metrics(body.decode("utf-8", "replace")) is None:
+            endpoint.limit = min(c.fallback, c.per_endpoint)
+            log.warning("%s has no readable vLLM /metrics (HTTP %s): its concurrency stays at %d",
+                        endpoint.url, status or "none", endpoint.limit)
+        else:
+            controller = Controller(min(c.start, c.per_endpoint), minimum=min(4, c.per_endpoint),
+                                    maximum=c.per_endpoint)
+            endpoint.limit = controller.limit
+            client.spawn(_follow(client, endpoint, controller, interval_s, parse_metrics))
+        client.counters.concurrency[endpoint.url] = int(endpoint.limit)
+
+async def _follow(client: CompletionClient, endpoint: Endpoint, controller: Controller, interval_s: float,
+                  parse: Any) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        if endpoint.down:
+            continue
+        try:
+            status, body = await client.side_request("GET", f"{endpoint.url}/metrics")
+        except TransportFailure:
+            continue
+        load = parse(body.decode("utf-8", "replace")) if status == 200 else None
+        if load is None:
+            continue
+        endpoint.limit = controller.update(load, endpoint.in_flight)
+        client.counters.concurrency[endpoint.url] = int(endpoint.limit)
+        client.budget.dispatch()

@@ -73,8 +73,8 @@ class CompletionClient:
         if api not in APIS:
             raise ValueError(f"api must be one of {APIS}, not {api!r}")
         self.settings = s = settings or ClientSettings()
-        self.api = api  # "completions" or "generate"; `detect_api` settles --api auto
-        self.send_priority = False  # send each call's group number as vLLM's `priority` (`detect_priority`)
+        self.api = api  # "completions" or "generate"; `probes.detect_api` settles --api auto
+        self.send_priority = False  # send each call's group number as vLLM's `priority` (`probes.detect_priority`)
         self.endpoints = [Endpoint(normalize_base_url(u), s.health) for u in dict.fromkeys(base_urls)]
         self.by_url = {e.url: e for e in self.endpoints}
         self.budget = budget or Budget(s.concurrency.fixed)
@@ -105,12 +105,14 @@ class CompletionClient:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.transport.aclose()
 
-    def _spawn(self, coroutine: Any) -> None:
+    def spawn(self, coroutine: Any) -> None:
+        """A background task of the client's (an endpoint's probe, its metrics), cancelled by `aclose`."""
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _aux(self, method: str, url: str, payload: bytes | None = None) -> tuple[int, bytes]:
+    async def side_request(self, method: str, url: str, payload: bytes | None = None) -> tuple[int, bytes]:
+        """A request outside the completion slots (health, metrics, model list, probes), a few at a time."""
         async with self._aux_slots:
             return await self.transport.request(method, url, payload, self.settings.timeouts.aux_s)
 
@@ -187,7 +189,7 @@ class CompletionClient:
             return
         if endpoint.may_probe():
             endpoint.probing, endpoint.last_probe = True, time.monotonic()
-            self._spawn(self._check(endpoint))
+            self.spawn(self._check(endpoint))
 
     async def _check(self, endpoint: Endpoint) -> None:
         try:
@@ -199,7 +201,7 @@ class CompletionClient:
 
     async def _healthy(self, endpoint: Endpoint) -> bool:
         try:
-            status, _ = await self._aux("GET", f"{endpoint.url}/health")
+            status, _ = await self.side_request("GET", f"{endpoint.url}/health")
         except TransportFailure:
             return False
         return status == 200
@@ -211,12 +213,12 @@ class CompletionClient:
         endpoint.down, endpoint.last_error = True, error
         log.warning("endpoint %s out of rotation (%s); probing /health every %.0fs", endpoint.url, error,
                     self.settings.health.probe_interval_s)
-        self._spawn(self._probe(endpoint))
+        self.spawn(self._probe(endpoint))
         if all(e.down for e in self.endpoints) and self._outage is None:
             self._outage = time.monotonic()
             log.warning("every endpoint is down: calls wait up to %.0fs for one to answer /health",
                         self.settings.health.down_timeout_s)
-            self._spawn(self._outage_deadline())
+            self.spawn(self._outage_deadline())
 
     async def _probe(self, endpoint: Endpoint) -> None:
         while True:
@@ -243,50 +245,12 @@ class CompletionClient:
             self.budget.fail_all(self.queue, self._dead)
             self._back.set()
 
-    async def start_adaptive(self, interval_s: float = 1.0) -> None:
-        """--concurrency auto: each endpoint starts at `start` and follows its /metrics (`adaptive.py`); one
-        without readable metrics keeps `fallback`, with a warning."""
-        from .adaptive import Controller, parse_metrics
-
-        c = self.settings.concurrency
-        for endpoint in self.endpoints:
-            try:
-                status, body = await self._aux("GET", f"{endpoint.url}/metrics")
-            except TransportFailure:
-                status, body = 0, b""
-            if status != 200 or parse_metrics(body.decode("utf-8", "replace")) is None:
-                endpoint.limit = min(c.fallback, c.per_endpoint)
-                log.warning("%s has no readable vLLM /metrics (HTTP %s): its concurrency stays at %d",
-                            endpoint.url, status or "none", endpoint.limit)
-            else:
-                controller = Controller(min(c.start, c.per_endpoint), minimum=min(4, c.per_endpoint),
-                                        maximum=c.per_endpoint)
-                endpoint.limit = controller.limit
-                self._spawn(self._adapt(endpoint, controller, interval_s, parse_metrics))
-            self.counters.concurrency[endpoint.url] = int(endpoint.limit)
-
-    async def _adapt(self, endpoint: Endpoint, controller: Any, interval_s: float, parse: Any) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            if endpoint.down:
-                continue
-            try:
-                status, body = await self._aux("GET", f"{endpoint.url}/metrics")
-            except TransportFailure:
-                continue
-            load = parse(body.decode("utf-8", "replace")) if status == 200 else None
-            if load is None:
-                continue
-            endpoint.limit = controller.update(load, endpoint.in_flight)
-            self.counters.concurrency[endpoint.url] = int(endpoint.limit)
-            self.budget.dispatch()
-
     # -- plain requests -------------------------------------------------------------------------------------------
     async def get_json(self, path: str, endpoint: Endpoint | None = None) -> Any:
         """A plain GET (model list, version) with the server's error message on failure."""
-        url = f"{(endpoint or self._first_up()).url}{path}"
+        url = f"{(endpoint or self.first_up()).url}{path}"
         try:
-            status, body = await self._aux("GET", url)
+            status, body = await self.side_request("GET", url)
         except TransportFailure as exc:
             raise ServerError(f"cannot reach {url}: {exc}") from None
         if status != 200:
@@ -296,14 +260,14 @@ class CompletionClient:
         except orjson.JSONDecodeError:
             raise ServerError(f"{url} answered 200 with a body that is not JSON: {body[:120]!r}") from None
 
-    def _first_up(self) -> Endpoint:
+    def first_up(self) -> Endpoint:
         return next((e for e in self.endpoints if not e.down), self.endpoints[0])
 
     async def post_json(self, path: str, body: dict[str, Any], endpoint: Endpoint | None = None) -> tuple[int, Any]:
         """One POST outside the completion path (the parity probe): (status, parsed JSON or None)."""
-        url = f"{(endpoint or self._first_up()).url}{path}"
+        url = f"{(endpoint or self.first_up()).url}{path}"
         try:
-            status, raw = await self._aux("POST", url, orjson.dumps(body))
+            status, raw = await self.side_request("POST", url, orjson.dumps(body))
         except TransportFailure as exc:
             raise ServerError(f"cannot reach {url}: {exc}") from None
         try:
@@ -322,7 +286,7 @@ class CompletionClient:
             attempt += 1
             endpoint = await self.live(avoid=avoid)
             try:
-                status, raw = await self._aux("POST", f"{endpoint.url}{path}", payload)
+                status, raw = await self.side_request("POST", f"{endpoint.url}{path}", payload)
             except TransportFailure as exc:
                 problem = CallFailed(f"{endpoint.url}{path}: {exc}", retryable=True, endpoint=endpoint)
             else:
@@ -346,46 +310,6 @@ class CompletionClient:
             self.counters.retries += 1
             avoid = problem.endpoint
             await asyncio.sleep(self._backoff(attempt))
-
-    async def detect_api(self, model: str, token_ids: list[int]) -> str:
-        """`--api auto`: the native generate endpoint when every answering server offers it (one tiny call
-        each), else /v1/completions. vLLM answers 403 without `--enable-scale-out`; older ones and others 404."""
-        body = orjson.dumps(request_body("generate", model, token_ids, {"max_tokens": 1, "temperature": 1.0}, 0))
-        path = PATHS["generate"]
-
-        async def offers(endpoint: Endpoint) -> bool | None:
-            try:
-                status, raw = await self._aux("POST", f"{endpoint.url}{path}", body)
-            except TransportFailure:
-                return None  # down: its calls will tell
-            if status == 401:
-                raise ServerError(f"{endpoint.url}{path} answered 401: {error_message(raw, status)}", status)
-            if status >= 500 and status != 501:
-                return None  # failing for now: no verdict from it
-            return status == 200
-
-        answers = [a for a in await asyncio.gather(*(offers(e) for e in self.endpoints if not e.down))
-                   if a is not None]
-        if answers and all(answers):
-            return "generate"
-        if any(answers):
-            log.warning("only some endpoints serve %s (vllm serve --enable-scale-out): using /v1/completions", path)
-        return "completions"
-
-    async def detect_priority(self, model: str, token_ids: list[int]) -> bool:
-        """Does the server take a request `priority`? One one-token call with priority 1: vLLM without
-        `--scheduling-policy priority` may refuse it (400, "Priority scheduling is not enabled"); vLLM 0.32 takes
-        it under either policy (under fcfs it orders nothing)."""
-        body = orjson.dumps(request_body(self.api, model, token_ids, {"max_tokens": 1, "temperature": 1.0}, 0, 1))
-        endpoint = self._first_up()
-        try:
-            status, raw = await self._aux("POST", f"{endpoint.url}{PATHS[self.api]}", body)
-        except TransportFailure:
-            return False
-        if status == 400 and "priority" in error_message(raw, status).lower():
-            log.info("%s does not take a request priority (vllm serve --scheduling-policy priority): groups are "
-                     "ordered by agentroll's own slots only", endpoint.url)
-        return status == 200
 
     # -- completions ----------------------------------------------------------------------------------------------
     async def complete(self, prompt_ids: list[int], params: dict[str, Any], model: str, alternatives: int = 0,
