@@ -17,9 +17,10 @@ from typing import Any
 import orjson
 import pytest
 
-from agentroll import cluster
+from agentroll import cluster, cluster_task
 from agentroll.client import ClientCounters
-from agentroll.cluster import RayJob, import_ray, run_partition
+from agentroll.cluster import RayJob
+from agentroll.cluster_task import import_ray, run_partition
 from agentroll.errors import ClusterError, InputError, OutputError, UsageError
 from agentroll.folder import lock as folder_lock
 from agentroll.folder.job import lock_job, prepare_output
@@ -497,7 +498,7 @@ def test_the_relay_drains_the_childs_pipe_when_the_board_fails():
 
     stream = io.BytesIO(b"".join(orjson.dumps({"stats": {"problems": k}}) + b"\n" for k in range(500)) + b"noise\n")
     last: list[dict[str, Any]] = []
-    cluster._relay(stream, SimpleNamespace(report=Board()), 0, 1, last)
+    cluster_task._relay(stream, SimpleNamespace(report=Board()), 0, 1, last)
     assert stream.read() == b"" and Board.calls == 500 and last == [{"stats": {"problems": 499}}]
 
 
@@ -510,5 +511,5 @@ def test_a_retry_does_not_wait_on_storage_without_locks(tmp_path, monkeypatch):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
     monkeypatch.setattr(folder_lock.fcntl, "flock", no_locks)
-    cluster._wait_for_writer(part, tmp_path / "part-0.log", "part-0, attempt 2")
+    cluster_task._wait_for_writer(part, tmp_path / "part-0.log", "part-0, attempt 2")
     assert not (tmp_path / "part-0.log").exists()  # it said nothing of waiting: it did not wait
