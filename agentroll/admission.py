@@ -33,8 +33,13 @@ class GroupRunner(Protocol):
     def settle(self, group: Group) -> None: ...
 
 
-async def depth_first(source_of: GroupRunner, budget: Budget, rows: Iterable[Any] | AsyncIterable[Any],
-                      max_ahead: int | None = None, ordered: bool = False) -> AsyncGenerator[Group, None]:
+async def depth_first(
+    source_of: GroupRunner,
+    budget: Budget,
+    rows: Iterable[Any] | AsyncIterable[Any],
+    max_ahead: int | None = None,
+    ordered: bool = False,
+) -> AsyncGenerator[Group, None]:
     """`Generator.stream`: the groups of `rows` as they finish, or in input order with `ordered` (a reorder
     buffer inside the same bound), each settled when the next one is asked for. A slow consumer slows the
     producer. A row that fails validation raises after the groups already started are yielded; leaving the loop

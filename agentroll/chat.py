@@ -56,8 +56,11 @@ def load_tokenizer(name_or_path: str) -> Any:
     """`AutoTokenizer.from_pretrained`: from disk (a path or the hub cache) first, from the hub only if it is
     reachable; a one-line `UsageError` in our words instead of a hub traceback."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # hides the "PyTorch was not found" advisory
-    from transformers import AutoTokenizer
-
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:  # AutoTokenizer imports torch: a broken torch install breaks it
+        raise UsageError(f"cannot load tokenizer {name_or_path!r}: transformers' AutoTokenizer does not import "
+                         f"here ({_whole(exc)})") from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, HF hub errors...

@@ -71,8 +71,16 @@ def run_partition(spec: dict[str, Any], board: Any) -> dict[str, Any]:
     node = ray.util.get_node_ip_address()
     files = folder_job.PartitionState(Path(spec["state"]), index)
     attempt = 1 + files.attempts_of(spec["job"])
-    outcome: dict[str, Any] = {"index": index, "attempt": attempt, "code": None, "cancelled": False, "node": node,
-                               "stats": None, "requests": None, "tail": ""}
+    outcome: dict[str, Any] = {
+        "index": index,
+        "attempt": attempt,
+        "code": None,
+        "cancelled": False,
+        "node": node,
+        "stats": None,
+        "requests": None,
+        "tail": "",
+    }
     try:
         _attempt(spec, board, outcome, files)
     except OSError as exc:
@@ -80,8 +88,10 @@ def run_partition(spec: dict[str, Any], board: Any) -> dict[str, Any]:
         outcome.update(code=OutputError.exit_code, tail=f"the task on {node}: {exc.strerror or exc}{where}")
     code = outcome["code"]
     if not outcome["cancelled"] and code is not None and (code < 0 or code in (130, 143)):
-        raise PartitionLost(f"part-{index}: its process on {node} was stopped by signal "
-                            f"{-code if code < 0 else code - 128} (attempt {attempt}); Ray runs it again")
+        raise PartitionLost(
+            f"part-{index}: its process on {node} was stopped by signal "
+            f"{-code if code < 0 else code - 128} (attempt {attempt}); Ray runs it again"
+        )
     return outcome
 
 
@@ -94,19 +104,34 @@ def _attempt(spec: dict[str, Any], board: Any, outcome: dict[str, Any], files: f
     part = Path(spec["run"]["output"])
     _wait_for_writer(part, files, f"part-{index}, attempt {attempt}")
     with files.open_log() as log_file:
-        log_file.write(f"--- part-{index}, attempt {attempt} of job {spec['job']} on {node}, "
-                       f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+        log_file.write(
+            f"--- part-{index}, attempt {attempt} of job {spec['job']} on {node}, "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode()
+        )
         log_file.flush()
         offset = log_file.tell()
-        child = subprocess.Popen([sys.executable, "-m", "agentroll", "ray-partition"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=log_file, start_new_session=True,
-                                 cwd=spec["cwd"] if os.path.isdir(spec["cwd"]) else None)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "agentroll", "ray-partition"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            start_new_session=True,
+            cwd=spec["cwd"] if os.path.isdir(spec["cwd"]) else None,
+        )
     last: list[dict[str, Any]] = []
     relay: threading.Thread | None = None
     try:
         assert child.stdin is not None and child.stdout is not None
-        files.add_attempt({"job": spec["job"], "attempt": attempt, "node": node, "pid": os.getpid(),
-                           "child": child.pid, "time": time.time()})
+        files.add_attempt(
+            {
+                "job": spec["job"],
+                "attempt": attempt,
+                "node": node,
+                "pid": os.getpid(),
+                "child": child.pid,
+                "time": time.time(),
+            }
+        )
         with contextlib.suppress(BrokenPipeError):  # a child that could not start: its exit code and log say why
             child.stdin.write(orjson.dumps({**spec, "parent": os.getpid()}))
             child.stdin.close()
@@ -131,8 +156,9 @@ def _attempt(spec: dict[str, Any], board: Any, outcome: dict[str, Any], files: f
                     stream.close()
     code = child.returncode
     figures = _last_run(part) if code in (0, 7, 8) else (last[-1] if last else {})
-    outcome.update(code=code, stats=figures.get("stats"), requests=figures.get("requests"),
-                   tail=files.tail(offset) if code else "")
+    outcome.update(
+        code=code, stats=figures.get("stats"), requests=figures.get("requests"), tail=files.tail(offset) if code else ""
+    )
 
 
 def _relay(stream: IO[bytes], board: Any, index: int, attempt: int, last: list[dict[str, Any]]) -> None:
@@ -157,8 +183,10 @@ def _wait_for_writer(part: Path, files: folder_job.PartitionState, who: str) -> 
     partition's log. Past `LOCK_WAIT_S` the run itself says the folder is busy."""
 
     def note() -> None:
-        files.note(f"--- {who}: waiting up to {LOCK_WAIT_S:.0f} s for {part} to be let go by the process of a "
-                   f"lost attempt ({time.strftime('%H:%M:%S')}) ---")
+        files.note(
+            f"--- {who}: waiting up to {LOCK_WAIT_S:.0f} s for {part} to be let go by the process of a "
+            f"lost attempt ({time.strftime('%H:%M:%S')}) ---"
+        )
 
     folder_lock.wait_until_free(Layout(part).lock, LOCK_WAIT_S, note)
 

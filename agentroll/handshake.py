@@ -25,16 +25,17 @@ log = logging.getLogger("agentroll")
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
-async def discover(client: CompletionClient, name: str | None = None,
-                   stage: str | None = None) -> tuple[str, int | None, str | None]:
+async def discover(
+    client: CompletionClient, name: str | None = None, stage: str | None = None
+) -> tuple[str, int | None, str | None]:
     """The served model `name` (the only one served when None), its context length and root. Fails fast on a
     dead server; every endpoint is asked, and one that does not answer starts out of rotation (and is probed),
     unless none answers."""
-    answers = await asyncio.gather(*(client.get_json("/v1/models", e) for e in client.endpoints),
-                                   return_exceptions=True)
+    answers = await asyncio.gather(
+        *(client.get_json("/v1/models", e) for e in client.endpoints), return_exceptions=True
+    )
     for answer in answers:
-        if isinstance(answer, BaseException) and (
-                not isinstance(answer, ServerError) or answer.status in (401, 403)):
+        if isinstance(answer, BaseException) and (not isinstance(answer, ServerError) or answer.status in (401, 403)):
             raise answer  # a wrong key is wrong everywhere: no point waiting for a probe
     listing: Any = next((a for a in answers if not isinstance(a, BaseException)), None)
     if listing is None:
@@ -49,8 +50,9 @@ async def discover(client: CompletionClient, name: str | None = None,
     if name is None:
         if len(names) != 1:
             flag = f"--stage {stage}.model" if stage else "--model"
-            raise UsageError(f"{client.endpoints[0].url} lists {len(names)} models ({', '.join(map(str, names))}): "
-                             f"pass {flag}")
+            raise UsageError(
+                f"{client.endpoints[0].url} lists {len(names)} models ({', '.join(map(str, names))}): pass {flag}"
+            )
         name = names[0]
     entry = next((m for m in models if m.get("id") == name), None)
     if entry is None:
@@ -59,23 +61,29 @@ async def discover(client: CompletionClient, name: str | None = None,
     return str(name), length if isinstance(length, int) and length > 1 else None, entry.get("root")
 
 
-async def renders_otherwise(client: CompletionClient, encoder: ChatEncoder, model: str, templates: Templates,
-                            tokenizer_name: str) -> bool:
+async def renders_otherwise(
+    client: CompletionClient, encoder: ChatEncoder, model: str, templates: Templates, tokenizer_name: str
+) -> bool:
     """Does our rendering of the stage prompts differ from the server's? (README: `agentroll doctor`) Before
     saying so, `AutoTokenizer`'s choice of class gets its turn (`check_parity`)."""
-    parity = await check_parity(client, encoder, model, probe_messages(templates),
-                                partial(load_tokenizer, tokenizer_name))
+    parity = await check_parity(
+        client, encoder, model, probe_messages(templates), partial(load_tokenizer, tokenizer_name)
+    )
     if not parity.supported:
         log.warning("the server has no /tokenize for chat messages: prompts are rendered locally, unchecked")
     elif parity.mismatch:
-        log.warning("the local chat template does not render prompts as the server does (%s): prompts are "
-                    "rendered by the server's /tokenize for this run; pass the server's tokenizer with "
-                    "--tokenizer to render locally", parity.mismatch)
+        log.warning(
+            "the local chat template does not render prompts as the server does (%s): prompts are "
+            "rendered by the server's /tokenize for this run; pass the server's tokenizer with "
+            "--tokenizer to render locally",
+            parity.mismatch,
+        )
     return parity.mismatch is not None
 
 
-async def settle_stage_api(client: CompletionClient, options: GenerateOptions, encoder: ChatEncoder,
-                           config: SystemConfig) -> None:
+async def settle_stage_api(
+    client: CompletionClient, options: GenerateOptions, encoder: ChatEncoder, config: SystemConfig
+) -> None:
     """A stage's own server speaks the run's token API (`--api`), or the one it is found to take."""
     if options.api != "auto":
         client.api = options.api
@@ -84,26 +92,39 @@ async def settle_stage_api(client: CompletionClient, options: GenerateOptions, e
         client.api = await detect_api(client, config.model, probe)
 
 
-async def server_facts(client: CompletionClient, options: GenerateOptions, model: str, encoder: ChatEncoder,
-                       templates: Templates, config: SystemConfig, root: str | None) -> dict[str, Any]:
+async def server_facts(
+    client: CompletionClient,
+    options: GenerateOptions,
+    model: str,
+    encoder: ChatEncoder,
+    templates: Templates,
+    config: SystemConfig,
+    root: str | None,
+) -> dict[str, Any]:
     """Settle --api auto and --server-priority, and find what the server's logprobs mean, with two one-token
     calls that also ask for this run's top-k and routes: a server that refuses them ends the run here, not on
     every call. Returns where the numbers came from (the manifest's `servers` entry)."""
-    prompts = [local_ids(encoder, m) for m in probe_messages(templates) or [
-        [{"role": "user", "content": PROBE_PROBLEM}]]]
+    prompts = [
+        local_ids(encoder, m) for m in probe_messages(templates) or [[{"role": "user", "content": PROBE_PROBLEM}]]
+    ]
     probe = prompts[0]
     if options.api == "auto" and config.alternatives >= VLLM_MAX_LOGPROBS:
         # /generate is asked for K + 1 alternatives (wire.py), beyond vLLM's default --max-logprobs
-        log.info("--logprobs %d: using /v1/completions, which gives that many within vLLM's default "
-                 "--max-logprobs of %d", config.alternatives, VLLM_MAX_LOGPROBS)
+        log.info(
+            "--logprobs %d: using /v1/completions, which gives that many within vLLM's default --max-logprobs of %d",
+            config.alternatives,
+            VLLM_MAX_LOGPROBS,
+        )
         client.api = "completions"
     else:
         client.api = await detect_api(client, model, probe) if options.api == "auto" else options.api
     await settle_priority(client, options.server_priority, model, probe)
     mode, routes = await provenance.logprobs_mode(client, model, probe, config.alternatives)
     if config.routes and routes is False:
-        raise ServerError("the server sends no routed_experts: start vLLM with --enable-return-routed-experts "
-                          "(a MoE model), or drop --return-routed-experts")
+        raise ServerError(
+            "the server sends no routed_experts: start vLLM with --enable-return-routed-experts "
+            "(a MoE model), or drop --return-routed-experts"
+        )
     warning = provenance.mode_warning(mode, config.sampling.params())
     if warning:
         log.warning(warning)
@@ -112,7 +133,10 @@ async def server_facts(client: CompletionClient, options: GenerateOptions, model
     except (ServerError, AttributeError):
         version = None
     return {
-        "api": client.api, "priority": client.send_priority, "vllm_version": version, "root": root,
+        "api": client.api,
+        "priority": client.send_priority,
+        "vllm_version": version,
+        "root": root,
         "revision": provenance.revision(root),
         "logprobs_mode": mode,
         "tokenizer_sha256": provenance.tokenizer_sha256(encoder.tokenizer),
@@ -127,5 +151,7 @@ async def settle_priority(client: CompletionClient, choice: str, model: str, pro
         return
     client.send_priority = await detect_priority(client, model, probe)
     if choice == "on" and not client.send_priority:
-        raise ServerError(f"{client.endpoints[0].url} does not take a request priority: start vLLM with "
-                          "--scheduling-policy priority, or pass --server-priority auto")
+        raise ServerError(
+            f"{client.endpoints[0].url} does not take a request priority: start vLLM with "
+            "--scheduling-policy priority, or pass --server-priority auto"
+        )

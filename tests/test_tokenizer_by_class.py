@@ -442,3 +442,20 @@ def test_generate_under_auto_renders_locally_with_auto_tokenizers_class_when_the
     by_name = ChatEncoder(load_by_class(str(folder))).encode(messages)[1]
     assert by_name != theirs  # the class the config names would have rendered other ids
     assert settings["prompt_rendering"] == "local" and solver["prompt_token_ids"] == theirs
+
+
+def test_auto_tokenizer_under_a_torch_that_fails_on_import_is_a_one_line_usage_error(tmp_path):
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "torch.py").write_text(FAKE_TORCH)
+    child = (
+        "import sys\nfrom agentroll.chat import load_tokenizer\nfrom agentroll.errors import UsageError\n"
+        "try:\n    load_tokenizer(sys.argv[1])\nexcept UsageError as exc:\n    print(exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "HF_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(fake), env.get("PYTHONPATH", "")) if p)
+    out = subprocess.run([sys.executable, "-c", child, str(SIM)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert len(line.splitlines()) == 1
+    assert line.startswith(f"cannot load tokenizer '{SIM}': transformers' AutoTokenizer does not import here"), line

@@ -38,13 +38,13 @@ async def detect_api(client: CompletionClient, model: str, token_ids: list[int])
             return None  # failing for now: no verdict from it
         return status == 200
 
-    answers = [a for a in await asyncio.gather(*(offers(e) for e in client.endpoints if not e.down))
-               if a is not None]
+    answers = [a for a in await asyncio.gather(*(offers(e) for e in client.endpoints if not e.down)) if a is not None]
     if answers and all(answers):
         return "generate"
     if any(answers):
         log.warning("only some endpoints serve %s (vllm serve --enable-scale-out): using /v1/completions", path)
     return "completions"
+
 
 async def detect_priority(client: CompletionClient, model: str, token_ids: list[int]) -> bool:
     """Does the server take a request `priority`? One one-token call with priority 1: vLLM without
@@ -57,6 +57,9 @@ async def detect_priority(client: CompletionClient, model: str, token_ids: list[
     except TransportFailure:
         return False
     if status == 400 and "priority" in error_message(raw, status).lower():
-        log.info("%s does not take a request priority (vllm serve --scheduling-policy priority): groups are "
-                 "ordered by agentroll's own slots only", endpoint.url)
+        log.info(
+            "%s does not take a request priority (vllm serve --scheduling-policy priority): groups are "
+            "ordered by agentroll's own slots only",
+            endpoint.url,
+        )
     return status == 200

@@ -8,7 +8,6 @@ cuts it short. Logprobs are seeded noise shaped like vLLM's (the sampled token f
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import orjson
 
 from .faults import Faults
+from .logprobs import completion_logprobs, generate_logprobs, processed, routed_experts
 from .validation import (
     COMPLETION,
     DETOKENIZE,
@@ -301,7 +301,7 @@ class Engine:
         logprobs = None
         if k is not None:
             values, tops, _ = self._draw(seq.ids, seq.logprobs_of or seq.ids, k, request, rng, want_ranks=False)
-            logprobs = self._completion_logprobs(seq.ids, values, tops, request)
+            logprobs = completion_logprobs(seq.ids, values, tops, request, self._id_strings, self._decode_one)
         return {
             "index": index, "text": seq.text, "logprobs": logprobs,
             "finish_reason": seq.finish, "stop_reason": seq.stop_reason,
@@ -338,74 +338,14 @@ class Engine:
             tops.append(others)
             ranks.append(rank)
         if self.logprobs_mode == "processed_logprobs":
-            values, tops = self._processed(values, tops, ranks or [1] * len(values), request)
+            values, tops = processed(values, tops, ranks or [1] * len(values), request)
         return values[:len(ids)], tops[:len(ids)], ranks[:len(ids)]
 
-    def _processed(self, values: list[float], tops: list[list[tuple[int, float, int]]], ranks: list[int],
-                   request: dict[str, Any]) -> tuple[list[float], list[list[tuple[int, float, int]]]]:
-        temperature = request.get("temperature")
-        scale = 1.0 / temperature if temperature else 1.0
-        top_k = request.get("top_k") or -1
-        def cut(v, r):
-            return (-9999.0 if 0 < top_k < r else round(v * scale, 6))
-        return ([cut(v, r) for v, r in zip(values, ranks, strict=True)],
-                [[(t, cut(v, r), r) for t, v, r in top] for top in tops])
-
-    def _completion_logprobs(self, ids: list[int], values: list[float], tops: list[list[tuple[int, float, int]]],
-                             request: dict[str, Any]) -> dict[str, Any]:
-        """vLLM's legacy completion logprobs: per token its string, its logprob, its text offset, and the sampled
-        token followed by the k most likely ones (a dict: a repeated token appears once)."""
-        as_ids = bool(request.get("return_tokens_as_token_ids"))
-        if as_ids:
-            tokens = [self._id_strings[t] for t in ids]
-        else:
-            tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-        if not any(tops):  # logprobs 0: the sampled token alone
-            entries = [{token: value} for token, value in zip(tokens, values, strict=True)]
-        else:
-            entries = []
-            for token, value, others in zip(tokens, values, tops, strict=True):
-                entry = {token: value}
-                for other, other_value, _ in others:
-                    name = (self._id_strings[other] if as_ids
-                            else self.tokenizer.decode([other], skip_special_tokens=False))
-                    entry.setdefault(name, other_value)
-                entries.append(entry)
-        offsets = [0, *itertools.accumulate(len(t) for t in tokens)][:-1]
-        return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": entries}
-
-    def _generate_logprobs(self, ids: list[int], values: list[float], tops: list[list[tuple[int, float, int]]],
-                           ranks: list[int], k: int) -> dict[str, Any]:
-        """/generate's logprobs: integer ids with ranks; `top_logprobs` is the first max(k, 1) entries of the
-        sampled token followed by the top k (vLLM's own cut: a sampled token outside the top k pushes one out)."""
-        content = []
-        for token, value, others, rank in zip(ids, values, tops, ranks, strict=True):
-            entry = {"token_id": token, "logprob": value, "rank": rank}
-            listed: dict[int, dict[str, Any]] = {token: entry}
-            for other, other_value, other_rank in others:
-                listed.setdefault(other, {"token_id": other, "logprob": other_value, "rank": other_rank})
-            content.append({**entry, "top_logprobs": list(listed.values())[:max(k, 1)]})
-        return {"content": content}
-
     def routes(self, prompt_ids: list[int], seq: Choice) -> str | None:
-        """vLLM's `routed_experts` (`--enable-return-routed-experts` on a MoE model): base64 of a .npy array
-        (prompt + output - 1, layers, experts per token). The experts are a function of a position's token,
-        index and layer, so two requests that share a prompt share its rows, as a real model's would."""
-        if self.moe is None or not seq.ids:
-            return None
-        import base64
-        import io
+        return routed_experts(self.moe, prompt_ids, seq.ids)
 
-        import numpy as np
-
-        layers, experts, per_token = self.moe
-        tokens = np.asarray(prompt_ids + seq.ids[:-1], dtype=np.int64)
-        position = np.arange(len(tokens), dtype=np.int64)
-        base = (tokens * 31 + position * 7)[:, None, None] + np.arange(layers)[None, :, None] * 13
-        routed = (base + np.arange(per_token)[None, None, :]) % experts
-        buffer = io.BytesIO()
-        np.save(buffer, routed.astype(np.uint8 if experts <= 256 else np.uint16))
-        return base64.b64encode(buffer.getvalue()).decode()
+    def _decode_one(self, token: int) -> str:
+        return str(self.tokenizer.decode([token], skip_special_tokens=False))
 
     # -- /inference/v1/generate --------------------------------------------------------------------------------
     def parse_generate(self, data: Any) -> dict[str, Any]:
@@ -432,7 +372,7 @@ class Engine:
         logprobs = None
         if k is not None:
             values, tops, ranks = self._draw(seq.ids, seq.logprobs_of or seq.ids, k, params, rng)
-            logprobs = self._generate_logprobs(seq.ids, values, tops, ranks, k)
+            logprobs = generate_logprobs(seq.ids, values, tops, ranks, k)
         choice = {"index": 0, "finish_reason": seq.finish, "stop_reason": seq.stop_reason, "token_ids": seq.ids,
                   "routed_experts": self.routes(prompt_ids, seq), "sampling_mask": None,
                   "weight_versions": [{"version": self.weight_version, "start": 0, "end": len(seq.ids)}],
