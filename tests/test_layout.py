@@ -5,6 +5,7 @@ even through an import inside a function."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "agentroll"
@@ -105,3 +106,12 @@ def test_no_module_reaches_back_up_the_flow():
             if name == layer or name.startswith(layer + "."):
                 wrong += [(name, t) for t in targets if any(t == f or t.startswith(f + ".") for f in forbidden)]
     assert not wrong, wrong
+
+
+def test_the_readme_development_section_names_every_module_and_package_of_the_top_level():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme[readme.index("## Development") :]
+    named = set(re.findall(r"`([a-z_]+)/?`", section))
+    top = {p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    top |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert sorted(top - named) == []  # a module the layout table does not place
