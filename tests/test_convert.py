@@ -30,65 +30,13 @@ from pydantic import BaseModel, ConfigDict
 
 from agentroll.convert import convert
 from agentroll.errors import OutputError, UsageError
-from agentroll.folder import read_records
 from agentroll.schema import STAGES
-from agentroll.sim.script import Script
-from agentroll.sim.server import SimServer
 
-from . import synthetic
-from .conftest import TOKENIZER, run_cli, write_problems
+from . import convert_support, synthetic
+from .conftest import TOKENIZER
+from .convert_support import EOS, edited_copy, lines, stage_groups
 
-ROOT = Path(__file__).resolve().parent.parent
-EOS = 2  # the simulated tokenizer's <|im_end|>, its EOS
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real output folder: 8 problems, 3 solvers and 3 rewriters per execution, 3 executions per problem,
-    rewards 0, 0.5 (a correct answer in an execution whose selector picked wrong) or 1."""
-    tmp = tmp_path_factory.mktemp("convert")
-    problems = write_problems(tmp / "problems.jsonl", 8)
-    server = SimServer(script=Script.from_jsonl(problems))
-    server.start()
-    try:
-        out = tmp / "rollouts"
-        result = run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
-                         "--num-parallel", "3", "--samples-per-prompt", "3", "--reward", "exact", "--seed", "7",
-                         "--incorrect-reward-weight", "0.5")
-        assert result.returncode == 0, result.stderr.decode()[-2000:]
-    finally:
-        server.stop()
-    return out
-
-
-@pytest.fixture(scope="module")
-def records(folder: Path) -> list[dict[str, Any]]:
-    found = list(read_records(folder))
-    assert {r["stage"] for r in found} == set(STAGES)
-    assert {r["reward"] for r in found} == {0.0, 0.5, 1.0}  # the data exercises every case below
-    return found
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(TOKENIZER)
-
-
-def lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def stage_groups(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """(problem, stage) -> its records in folder order; dict order = the converters' output order."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for pid in dict.fromkeys(r["problem_id"] for r in records):
-        for stage in STAGES:
-            members = [r for r in records if r["problem_id"] == pid and r["stage"] == stage]
-            if members:
-                groups[pid, stage] = members
-    return groups
+folder, records, tokenizer = convert_support.folder, convert_support.records, convert_support.tokenizer  # fixtures
 
 
 def render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
@@ -212,24 +160,6 @@ def test_sft_keeps_correct_finished_samples_of_the_stages_asked_with_the_prompt_
         assert row["labels"] == [-100] * len(prompt) + response
         assert row["messages"][-1] == {"role": "assistant", "content": source["response"]}
         assert render(tokenizer, row["messages"][:-1]) == source["prompt"]
-
-
-def edited_copy(folder: Path, dest: Path, edit: Any) -> Path:
-    """A copy of the folder with `edit(records)` applied, its manifest's sizes and hashes kept true."""
-    import hashlib
-    import shutil
-
-    shutil.copytree(folder, dest)
-    manifest = json.loads((dest / "manifest.json").read_text())
-    shards = [dest / s["file"] for s in manifest["shards"]]
-    found = [[json.loads(line) for line in shard.read_text().splitlines()] for shard in shards]
-    edit([r for shard in found for r in shard])
-    for shard, entry, shard_records in zip(shards, manifest["shards"], found, strict=True):
-        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in shard_records).encode()
-        shard.write_bytes(data)
-        entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
-    (dest / "manifest.json").write_text(json.dumps(manifest))
-    return dest
 
 
 def test_sft_leaves_out_a_correct_truncated_sample_and_masks_what_the_loss_mask_does(folder, tmp_path):

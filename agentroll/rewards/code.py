@@ -108,7 +108,8 @@ def _equal(got: Any, want: Any) -> bool:
     return bool(got == want)
 
 
-def _arguments(given: Any) -> list[Any]:
+def call_arguments(given: Any) -> list[Any]:
+    """A call-based test's input as the function's arguments: a list as it is, a string as one JSON value a line."""
     if isinstance(given, list):
         return given
     if isinstance(given, str):
@@ -185,7 +186,7 @@ class CodeReward:
             wanted = want[at] if at < len(want) else "(nothing)"
             return f"wrong output: line {at + 1}: expected {_short(wanted)!r}, got {_short(seen)!r}"
         try:
-            arguments = json.dumps(_arguments(tests.inputs[i]))
+            arguments = json.dumps(call_arguments(tests.inputs[i]))
         except ValueError:
             return "its arguments in the label are not JSON"
         program = code + HARNESS.format(name=tests.fn_name, mark=MARK)

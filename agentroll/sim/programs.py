@@ -15,6 +15,8 @@ import json
 import re
 from typing import Any
 
+from ..rewards.code import call_arguments
+
 _TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 _TOOL_TURN = re.compile(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>|<tool_response>\n(.*?)\n</tool_response>", re.S)
 CRASH = "raise RuntimeError('the simulated program gives up')\n"
@@ -40,21 +42,13 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _arguments(given: Any) -> list[Any]:
-    if isinstance(given, list):
-        return given
-    if isinstance(given, str):
-        return [json.loads(line) for line in given.split("\n") if line.strip()]
-    return [given]
-
-
 def program(tests: dict[str, Any], kind: str) -> str:
     """The source of a program of `kind`: right, wrong, crash, loop or memory."""
     if kind in ("crash", "loop", "memory"):
         return {"crash": CRASH, "loop": LOOP, "memory": HOG}[kind]
     name = tests.get("fn_name")
     if name:
-        table = {json.dumps(_arguments(i)): o for i, o in zip(tests["inputs"], tests["outputs"], strict=False)}
+        table = {json.dumps(call_arguments(i)): o for i, o in zip(tests["inputs"], tests["outputs"], strict=False)}
         body = "return None" if kind == "wrong" else "return _ANSWERS[json.dumps(list(args))]"
         return f"import json\n_ANSWERS = json.loads({json.dumps(table)!r})\n\n\ndef {name}(*args):\n    {body}\n"
     answers = {_text(i).strip(): _text(o) for i, o in zip(tests["inputs"], tests["outputs"], strict=False)}
