@@ -98,6 +98,14 @@ def test_call_based_tests_call_the_function_or_a_solution_method():
     assert missing.info.startswith("passed 0 of 3 tests; test 1: error: NameError: the program defines no function add")
 
 
+def test_a_call_based_solution_is_loaded_as_a_module_so_its_main_block_stays_idle():
+    label = {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}
+    program = "import sys\n\ndef add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(sys.stdin.read())"
+    assert score(answer(program), label).value == 1.0  # its main block would have eaten the arguments
+    named = "def add(a, b):\n    return __name__"
+    assert score(answer(named), {"fn_name": "add", "inputs": [[1, 2]], "outputs": ["solution"]}).value == 1.0
+
+
 def test_a_label_in_a_json_string_and_arguments_in_lines_are_read():
     label = json.dumps({"fn_name": "scale", "inputs": ["[1, 2]\n3", "[0]\n5"], "outputs": [[3, 6], [0]]})
     assert score(answer("def scale(xs, k):\n    return [x * k for x in xs]"), label).value == 1.0

@@ -32,18 +32,19 @@ __all__ = ["CodeReward", "CodeTests", "last_python_block", "parse_tests"]
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.S | re.I)
 MARK = "\x1eagentroll-result\x1e"  # where the call-based harness's JSON answer starts in stdout
-HARNESS = """
-
-import json as _agentroll_json, sys as _agentroll_sys
+HARNESS = """import json as _agentroll_json, sys as _agentroll_sys, types as _agentroll_types
 _agentroll_args = _agentroll_json.loads(_agentroll_sys.stdin.read())
-_agentroll_fn = globals().get({name!r})
-if _agentroll_fn is None and "Solution" in globals():
-    _agentroll_fn = getattr(globals()["Solution"](), {name!r}, None)
+_agentroll_module = _agentroll_types.ModuleType("solution")
+_agentroll_sys.modules["solution"] = _agentroll_module
+exec(compile({source!r}, "solution.py", "exec"), _agentroll_module.__dict__)
+_agentroll_fn = getattr(_agentroll_module, {name!r}, None)
+if _agentroll_fn is None and hasattr(_agentroll_module, "Solution"):
+    _agentroll_fn = getattr(_agentroll_module.Solution(), {name!r}, None)
 if not callable(_agentroll_fn):
     raise NameError("the program defines no function {name}")
 _agentroll_out = _agentroll_fn(*_agentroll_args)
 _agentroll_sys.stdout.write("\\n{mark}" + _agentroll_json.dumps(_agentroll_out, default=repr) + "\\n")
-"""
+"""  # the solution runs as a module named "solution", as APPS/TACO graders load it: its __main__ block stays idle
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +190,7 @@ class CodeReward:
             arguments = json.dumps(call_arguments(tests.inputs[i]))
         except ValueError:
             return "its arguments in the label are not JSON"
-        program = code + HARNESS.format(name=tests.fn_name, mark=MARK)
+        program = HARNESS.format(source=code, name=tests.fn_name, mark=MARK)
         result = await sandbox.run(program, arguments, self.timeout_s)
         if result.status != "ok":
             return _failure(result, self.timeout_s, self.memory_mb)
