@@ -19,6 +19,7 @@ import psutil
 import pytest
 from aiohttp import web
 
+import agentroll.sandbox.local
 from agentroll.sandbox import RunResult, SandboxSettings, SandboxUnavailable, make_sandbox
 from agentroll.sandbox.local import LocalSandbox, Mode
 from agentroll.sandbox.remote import RemoteSandbox, parse
@@ -114,6 +115,46 @@ def test_the_environment_is_scrubbed_and_the_directory_is_fresh_and_removed(monk
         "LC_CTYPE",
     }
     assert cwd != cwd2 and not Path(cwd).exists() and not Path(cwd2).exists()
+
+
+def test_the_program_may_reopen_its_own_pipes_by_path():
+    code = "print(open('/dev/stdin').read().upper(), end='', flush=True)\nopen('/dev/stdout', 'w').write(' and back')"
+    result = run(code, "through the path")
+    assert (result.status, result.stdout) == ("ok", "THROUGH THE PATH and back"), result.stderr
+
+
+def test_the_launcher_removes_the_run_directory_itself(monkeypatch):
+    """agentroll may be killed between its launcher's end and its own clean-up: the launcher does not wait."""
+    base = shared_dir()
+    monkeypatch.setattr("agentroll.sandbox.local.shutil.rmtree", lambda *a, **k: None)  # agentroll's own, off
+    result = run("open('made.txt', 'w').write('x')\nprint('done')", tmp_dir=str(base))
+    assert result.stdout == "done\n" and list(base.iterdir()) == []
+
+
+def test_a_launcher_whose_agentroll_is_already_gone_removes_the_directory(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    workdir = tmp_path / "agentroll-sandbox-run"
+    workdir.mkdir()
+    (workdir / "main.py").write_text("print('never')")
+    config = {"parent": gone.pid, "workdir": str(workdir), "status_fd": 1, "namespaces": "none", "argv":
+              [sys.executable, "main.py"], "env": {}, "limits": {"cpu_s": 5}}
+    launcher = str(Path(agentroll.sandbox.local.__file__).with_name("_launch.py"))
+    out = subprocess.run([sys.executable, "-I", "-S", "-B", launcher, json.dumps(config)], capture_output=True,
+                         timeout=60, start_new_session=True)  # as agentroll starts it: the group it kills is its own
+    assert b"never" not in out.stdout and not workdir.exists()
+
+
+def test_run_directories_of_a_gone_agentroll_are_swept_at_start():
+    tmp_path = shared_dir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / f"agentroll-sandbox-{gone.pid}-abc"
+    live, other = tmp_path / f"agentroll-sandbox-{os.getpid()}-x", tmp_path / "agentroll-sandbox-notapid"
+    for folder in (stale, live, other):
+        folder.mkdir()
+    asyncio.run(LocalSandbox(SandboxSettings(tmp_dir=str(tmp_path))).describe())
+    assert not stale.exists() and live.exists() and other.exists()
 
 
 def test_the_network_is_cut_where_the_sandbox_says_so():

@@ -10,7 +10,9 @@ It imports nothing of agentroll (a start costs milliseconds) and only the standa
        └─ B  the program: resource limits set, then execve of the interpreter on main.py
 
 L dies with agentroll (PR_SET_PDEATHSIG, SIGTERM): it then kills what it started and removes the working
-directory, so nothing survives a kill -9 of agentroll. A and B die with their parents (SIGKILL).
+directory, so nothing survives a kill -9 of agentroll; it also removes the directory when the program ends, as
+agentroll may be killed before it does. A and B die with their parents (SIGKILL). The pipes are handed to the
+dropped user, so the program may reopen them by path.
 
 CONFIG: `parent` (agentroll's pid), `workdir`, `argv`, `env`, `uid`/`gid` (drop to them first: agentroll runs
 as root), `namespaces` ("user": unprivileged user + network + pid namespaces, made after the drop; "root":
@@ -51,7 +53,8 @@ def die_with(parent: int | None, sig: int) -> None:
     `parent` None: the parent is outside our pid namespace (its pid reads 0), so it cannot be checked."""
     if LINUX:
         LIBC.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    if parent is not None and os.getppid() != parent:  # it went before the prctl took effect
+    if parent is not None and os.getppid() != parent:  # it went before the prctl took effect: as if signalled
+        os.kill(os.getpid(), sig)
         os._exit(SETUP_FAILED)
 
 
@@ -71,6 +74,9 @@ def setup(config: dict[str, object], parent: int) -> None:
     if mode == "root":
         unshare(CLONE_NEWNET | CLONE_NEWPID)
     if isinstance(uid, int) and isinstance(gid, int):
+        for fd in (0, 1, 2):  # the pipes are root's: the program may reopen them (/dev/stdin, /dev/stdout)
+            with contextlib.suppress(OSError):
+                os.fchown(fd, uid, gid)
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
@@ -176,6 +182,7 @@ def main() -> None:
     if pid_namespace:
         os.close(STATUS_FD)  # A reports B's outcome
     _, status = os.waitpid(child, 0)
+    shutil.rmtree(workdir, ignore_errors=True)  # here, not only by agentroll: it may be killed before it does
     if not pid_namespace:
         report(outcome_of(status))
     os._exit(0)

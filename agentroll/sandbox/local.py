@@ -39,6 +39,7 @@ SETUP_FAILED = 125  # _launch.py's exit code when the program could not start
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 DRAIN_S = 2.0  # after the kill, how long the pipes may take to close
+WORKDIR_PREFIX = "agentroll-sandbox-"  # then the pid of the agentroll that made it
 Launched = tuple[dict[str, Any], bytes, bytes, str, bool]  # outcome, stdout, stderr, "exit" | "timeout", over cap
 
 
@@ -105,6 +106,7 @@ class LocalSandbox:
             return self.mode
         async with self._lock:
             if self.mode is None:
+                sweep(self.settings.tmp_dir or tempfile.gettempdir())
                 why = []
                 for mode in candidates(self.settings.python):
                     failure = await self._probe(mode)
@@ -140,7 +142,7 @@ class LocalSandbox:
         return str(outcome.get("setup") or last or outcome or "the launcher said nothing")
 
     def _workdir(self, mode: Mode) -> str:
-        workdir = tempfile.mkdtemp(prefix="agentroll-sandbox-", dir=self.settings.tmp_dir)
+        workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=self.settings.tmp_dir)
         if mode.uid is not None:
             os.chown(workdir, mode.uid, mode.uid)
         return workdir
@@ -293,6 +295,26 @@ def classify(exit_code: int | None, stderr: str, ended: str, over: bool) -> Stat
     if tail.startswith("MemoryError") or "Cannot allocate memory" in tail:
         return "memory"
     return "error"
+
+
+def sweep(tmp_dir: str) -> None:
+    """Remove the run directories of an agentroll that is gone: one killed between making a directory and
+    handing it to its launcher (which removes it in every other case) leaves it behind."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(tmp_dir):
+            pid = entry.name.removeprefix(WORKDIR_PREFIX).split("-", 1)[0]
+            if entry.name.startswith(WORKDIR_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _kill_group(pgid: int) -> None:
