@@ -46,7 +46,8 @@ class GenerateOptions:
     api_key: str | None = option(None, "Sent as a Bearer token.", envvar="OPENAI_API_KEY")
     model: str | None = option(None, "Served model name (default: the only one listed).")
     tokenizer: str | None = option(None, "Path or hub id for AutoTokenizer (default: the server's model root).")
-    prompts: str | None = option(None, "Folder of stage templates (default: bundled).")
+    prompts: str | None = option(None, "Folder of stage templates (default: bundled; `code`: the bundled set that asks for a "
+                                          "program, for --reward code).")
     prompt_key: str = option("prompt", "Input field holding the problem or chat messages.")
     label_key: str = option("label", "Input field holding the reference answer.")
     id_key: str = option("id", "Input field holding the problem id [default id: a hash of prompt and label].")

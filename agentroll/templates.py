@@ -1,4 +1,5 @@
-"""The stage prompt templates: plain Jinja2 files a user can copy and edit (`--prompts DIR`).
+"""The stage prompt templates: plain Jinja2 files a user can copy and edit (`--prompts DIR`, or `--prompts code`
+for the bundled set that asks for a program).
 
 A system names the templates it renders (`System.templates`); only those are loaded and fingerprinted, so a
 folder holds what its system needs and the settings guard sees exactly the text that made the prompts."""
@@ -17,11 +18,19 @@ THREE_STAGE = ("solver", "rewriter", "selector")
 SYSTEM_FILE = "system.jinja"
 
 
+def bundled_or(directory: Path) -> Path:
+    """`--prompts NAME` where no folder NAME exists: the bundled set of that name (`code`: for code rows)."""
+    bundled = prompts_dir() / directory.name
+    if not directory.exists() and len(directory.parts) == 1 and bundled.is_dir():
+        return bundled
+    return directory
+
+
 class Templates:
     """Renders each named template's user message (and an optional system message) from a folder."""
 
     def __init__(self, directory: Path | None = None, names: tuple[str, ...] = THREE_STAGE) -> None:
-        self.directory = Path(directory) if directory else prompts_dir()
+        self.directory = bundled_or(Path(directory)) if directory else prompts_dir()
         self.names = tuple(names)
         env = jinja2.Environment(
             undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False

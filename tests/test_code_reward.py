@@ -153,3 +153,34 @@ def test_object_labels_are_for_code_rows_and_leave_other_rows_as_they_were():
     assert (
         problem_from_row({"prompt": "What is 1 plus 1?", "label": "2"}).id == "bc903b21bf9b6eb1"
     )  # as main computed it
+
+
+def test_the_three_stage_system_judges_programs_on_the_simulator(tmp_path):
+    """The simulator tells a selector prompt over programs from a rewriter's: every selector call is judged."""
+    from agentroll.folder import read_records
+    from agentroll.sim.script import Behavior, Script
+    from agentroll.sim.server import SimServer
+
+    from .conftest import TOKENIZER, run_cli
+
+    problems = tmp_path / "code.jsonl"
+    rows = [
+        {"id": "double", "prompt": "Read n and print 2n.", "label": DOUBLE},
+        {"id": "add", "prompt": "Write add(a, b).", "label": {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}},
+    ]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    quiet = Behavior(truncate=0, no_think_close=0, empty_after_think=0, no_judgment=0, bad_judgment=0, correct=0.5)
+    server = SimServer(script=Script.from_jsonl(problems, quiet))
+    server.start()
+    try:
+        out = tmp_path / "out"
+        done = run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
+                       "--reward", "code", "--num-parallel", "2", "--samples-per-prompt", "4", "--seed", "5", "-q")
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    finally:
+        server.stop()
+    records = list(read_records(out))
+    selectors = [r for r in records if r["stage"] == "selector"]
+    assert len(selectors) == 8 and all(isinstance(r["judgment"], int) for r in selectors)
+    rewriters = [r for r in records if r["stage"] == "rewriter"]
+    assert all("```python" in r["content"] for r in rewriters) and {r["raw_reward"] for r in rewriters} == {0.0, 1.0}

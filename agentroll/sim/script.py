@@ -1,15 +1,17 @@
 """What the simulated model says: scripted, seeded answers for each stage of the agent system.
 
 The stage is recognised from the script's own earlier answers, never from the templates' wording (users bring
-their own `--prompts`). Every answer content the script writes ends in a fixed sentence that says which stage
+their own `--prompts`). Every answer content the script writes holds a fixed sentence that says which stage
 wrote it: a solver's "Working it out directly, the answer is \\boxed{V}.", a rewriter's "Weighing the candidate
-solutions together, the answer is \\boxed{V}.". The pipeline lists solver contents in rewriter prompts and
-rewriter contents in selector prompts, so a prompt quoting a rewriter sentence is a selector prompt, one
-quoting a solver sentence a rewriter prompt, and any other a solver prompt; the order in which the rewriter
-sentences appear is the 1-based numbering the selector's `Judgment: K` refers to. Being stateless, this keeps
-working across a server restart mid-run (a resumed run's prompts quote answers an earlier server wrote). In a
-multi-turn prompt only its last user turn says the stage (earlier turns hold the model's own earlier answers), so
-a follow-up turn such as critique-revise's is answered like a solver, from the problem it still contains.
+solutions together, the answer is \\boxed{V}." (before a program, for a problem with code tests: "Working it out
+directly, here is my program." and "Weighing the candidate solutions together, here is my program."). The
+pipeline lists solver contents in rewriter prompts and rewriter contents in selector prompts, so a prompt quoting
+a rewriter sentence is a selector prompt, one quoting a solver sentence a rewriter prompt, and any other a solver
+prompt; the order in which the rewriter sentences appear is the 1-based numbering the selector's `Judgment: K`
+refers to. Being stateless, this keeps working across a server restart mid-run (a resumed run's prompts quote
+answers an earlier server wrote). In a multi-turn prompt only its last user turn says the stage (earlier turns
+hold the model's own earlier answers), so a follow-up turn such as critique-revise's is answered like a solver,
+from the problem it still contains.
 
 The answer key (problem statement -> label) decides right and wrong, and `Behavior` mixes in what the pipeline
 must handle: no closing think tag, nothing after it, truncation, wrong answers, answers in an equal but
@@ -31,6 +33,8 @@ from .programs import CRASH, LOOP, MALFORMED, arguments_for, call_text, code_tes
 
 SOLVER_SAYS = "Working it out directly, the answer is \\boxed{"
 REWRITER_SAYS = "Weighing the candidate solutions together, the answer is \\boxed{"
+SOLVER_CODES = "Working it out directly, here is my program."  # the same, for a problem with code tests
+REWRITER_CODES = "Weighing the candidate solutions together, here is my program."
 _INT = re.compile(r"-?\d+")
 
 
@@ -160,9 +164,9 @@ class Script:
     @staticmethod
     def stage(prompt: str) -> str:
         """Which stage a prompt is for, from the answers it quotes (see the module docstring)."""
-        if REWRITER_SAYS in prompt:
+        if REWRITER_SAYS in prompt or REWRITER_CODES in prompt:
             return "selector"
-        return "rewriter" if SOLVER_SAYS in prompt else "solver"
+        return "rewriter" if SOLVER_SAYS in prompt or SOLVER_CODES in prompt else "solver"
 
     def answer(self, prompt: str, rng: random.Random, request: dict[str, Any] | None = None) -> Scripted:
         """The text for one completion. `request` is the raw body, for scripts that key on its fields."""
@@ -200,7 +204,7 @@ class Script:
             return Scripted(think + "</think>\n\n")
         tests = self.tests_for(prompt)
         if tests is not None:
-            return self._program(think, tests, rng)
+            return self._program(think, tests, rng, REWRITER_CODES if stage == "rewriter" else SOLVER_CODES)
         label = self.label_for(prompt)
         if label is None:
             value = str(rng.randint(0, 1000))
@@ -211,7 +215,7 @@ class Script:
         says = REWRITER_SAYS if stage == "rewriter" else SOLVER_SAYS
         return Scripted(f"{think}</think>\n\n{says}{value}}}.")
 
-    def _program(self, think: str, tests: dict[str, Any], rng: random.Random) -> Scripted:
+    def _program(self, think: str, tests: dict[str, Any], rng: random.Random, says: str = SOLVER_CODES) -> Scripted:
         b, kind = self.behavior, "right"
         if rng.random() >= b.correct:
             roll, kind = rng.random(), "wrong"
@@ -220,7 +224,7 @@ class Script:
                     kind = name
                     break
                 roll -= p
-        return Scripted(f"{think}</think>\n\nHere is my program.\n```python\n{program(tests, kind)}```")
+        return Scripted(f"{think}</think>\n\n{says}\n```python\n{program(tests, kind)}```")
 
     def _with_tools(self, prompt: str, tools: list[dict[str, Any]], rng: random.Random) -> Scripted:
         """A turn of a conversation with tools: call (one or two calls), or answer, reading the tools' results."""
@@ -266,7 +270,7 @@ class Script:
     def _select(self, prompt: str, rng: random.Random) -> Scripted:
         b = self.behavior
         listed = quoted_values(prompt, REWRITER_SAYS)
-        count = len(listed)
+        count = len(listed) or prompt.count(REWRITER_CODES)  # programs: listed, but no value to judge them by
         think = self._think(rng, "selector") + "</think>\n\n"
         roll = rng.random()
         if roll < b.no_judgment:
