@@ -59,8 +59,9 @@ def load_tokenizer(name_or_path: str) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:  # AutoTokenizer imports torch: a broken torch install breaks it
-        raise UsageError(f"cannot load tokenizer {name_or_path!r}: transformers' AutoTokenizer does not import "
-                         f"here ({_whole(exc)})") from exc
+        raise UsageError(
+            f"cannot load tokenizer {name_or_path!r}: transformers' AutoTokenizer does not import here ({_whole(exc)})"
+        ) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except Exception as exc:  # transformers raises OSError, ValueError, HF hub errors...
@@ -188,14 +189,19 @@ class ChatEncoder:
     """Messages -> (rendered text, token ids), exactly as vLLM renders a chat request: the template with
     `add_generation_prompt=True`, then tokenized without adding special tokens a second time."""
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None,
-                 server_render: Callable[..., Awaitable[list[int]]] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        server_render: Callable[..., Awaitable[list[int]]] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
         self.server_render = server_render  # set: prompts are rendered by the server's /tokenize instead
 
-    async def render(self, messages: list[dict[str, Any]],
-                     tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
+    async def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> tuple[str, list[int]]:
         """The prompt of one call: rendered here, or by the server when its template differs from ours (the
         text is then the local decoding of the server's ids). `tools`: the template's `tools` argument."""
         if self.server_render is None:
@@ -228,8 +234,9 @@ class ChatEncoder:
             text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
         return text
 
-    def encode(self, messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
+    def encode(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> tuple[str, list[int]]:
         text = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, **({"tools": tools} if tools else {}), **self.kwargs
         )

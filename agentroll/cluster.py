@@ -83,11 +83,16 @@ class JobResult:
             if o.attempts > 1:
                 out.append(f"part-{o.index}: {o.attempts} attempts (Ray ran it again after a loss; it resumed)")
             if o.code != 0 and (o.code is not None or o.error):
-                out.append(f"part-{o.index}: " + (f"exit {o.code}" if o.code is not None else "lost")
-                           + (f"\n  {o.error.replace(chr(10), chr(10) + '  ')}" if o.error else ""))
+                out.append(
+                    f"part-{o.index}: "
+                    + (f"exit {o.code}" if o.code is not None else "lost")
+                    + (f"\n  {o.error.replace(chr(10), chr(10) + '  ')}" if o.error else "")
+                )
         if self.merged is not None:
-            out.append(f"merged -> {Layout(Path(self.run.output)).manifest}: {self.merged.records} records, "
-                       f"{self.merged.groups} groups")
+            out.append(
+                f"merged -> {Layout(Path(self.run.output)).manifest}: {self.merged.records} records, "
+                f"{self.merged.groups} groups"
+            )
         return out
 
 
@@ -95,8 +100,9 @@ class RayJob:
     """`connect()`, then `run()`; `stop(signum)` from a signal handler asks the job to stop, `kill()` stops it at
     once; `close()` leaves the cluster and lets go of the job's folder."""
 
-    def __init__(self, run: dict[str, Any], generate: dict[str, Any], progress: Progress | None = None,
-                 debug: bool = False) -> None:
+    def __init__(
+        self, run: dict[str, Any], generate: dict[str, Any], progress: Progress | None = None, debug: bool = False
+    ) -> None:
         self.options = RunOptions(**run)
         self.given = generate
         self.generate = GenerateOptions(**generate)
@@ -153,8 +159,10 @@ class RayJob:
             if self.debug:
                 raise
             lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-            raise ClusterError(f"Ray failed during the job ({type(exc).__name__}: {lines[-1] if lines else '-'}); "
-                               "the partitions' folders stay resumable: run the same command again") from exc
+            raise ClusterError(
+                f"Ray failed during the job ({type(exc).__name__}: {lines[-1] if lines else '-'}); "
+                "the partitions' folders stay resumable: run the same command again"
+            ) from exc
 
     def _run(self) -> JobResult:
         ray, opts = self._ray, self.options
@@ -169,31 +177,46 @@ class RayJob:
         if self.stopped is not None:  # a signal while the folder was made ready: no task was started
             for outcome in outcomes:
                 outcome.cancelled = True
-            return JobResult(RunResult(RunStats(), ClientCounters(), time.monotonic() - started, "", str(self.out)),
-                             outcomes, nodes, at_once, code=128 + self.stopped)
+            return JobResult(
+                RunResult(RunStats(), ClientCounters(), time.monotonic() - started, "", str(self.out)),
+                outcomes,
+                nodes,
+                at_once,
+                code=128 + self.stopped,
+            )
         if opts.endpoints_per_task and partitions * opts.endpoints_per_task < len(self.generate.base_url):
-            log.warning("--endpoints-per-task %d over %d partitions leaves some of the %d endpoints unused",
-                        opts.endpoints_per_task, partitions, len(self.generate.base_url))
+            log.warning(
+                "--endpoints-per-task %d over %d partitions leaves some of the %d endpoints unused",
+                opts.endpoints_per_task,
+                partitions,
+                len(self.generate.base_url),
+            )
         if not nodes:
-            log.warning("no node of the cluster has a CPU for a task yet: the tasks wait for one (an autoscaler "
-                        "may add it); the job gives up after %.0f s", NO_CPU_WAIT_S)
+            log.warning(
+                "no node of the cluster has a CPU for a task yet: the tasks wait for one (an autoscaler "
+                "may add it); the job gives up after %.0f s",
+                NO_CPU_WAIT_S,
+            )
         job = uuid.uuid4().hex[:12]
         board = ray.remote(num_cpus=0)(Board).remote()
         remote = ray.remote(run_partition).options(
-            num_cpus=TASK_CPUS, max_retries=self.retries, retry_exceptions=[PartitionLost],
-            scheduling_strategy="SPREAD")
+            num_cpus=TASK_CPUS, max_retries=self.retries, retry_exceptions=[PartitionLost], scheduling_strategy="SPREAD"
+        )
         log.info("ray: %d partitions (%d at once) on %d node(s) -> %s", partitions, at_once, nodes, self.out)
         spec = {"job": job, "cwd": os.getcwd(), "state": str(Layout(self.out).ray), "debug": self.debug}
-        self._refs = {remote.remote({**spec, "index": t.index, "run": t.run, "generate": t.generate}, board): t.index
-                      for t in tasks}
+        self._refs = {
+            remote.remote({**spec, "index": t.index, "run": t.run, "generate": t.generate}, board): t.index
+            for t in tasks
+        }
         self.progress.start(_count_rows(opts.input, None))
         try:
             live = self._wait(board, outcomes, None if nodes else time.monotonic())
         finally:
             self.progress.stop()
         stats, requests = self._figures(outcomes, live)
-        result = JobResult(RunResult(stats, requests, time.monotonic() - started, "", str(self.out)), outcomes,
-                           nodes, at_once)
+        result = JobResult(
+            RunResult(stats, requests, time.monotonic() - started, "", str(self.out)), outcomes, nodes, at_once
+        )
         if self.stopped is not None:
             result.code = 128 + self.stopped  # said when the signal came; the folders stay resumable
             result.run.model = _model(self.out, partitions)
@@ -206,8 +229,11 @@ class RayJob:
 
     def _cpu_nodes(self) -> int:
         """Nodes alive that can run a task: a head started with --num-cpus 0 cannot."""
-        return sum(1 for node in self._ray.nodes()
-                   if node.get("Alive") and (node.get("Resources") or {}).get("CPU", 0) >= TASK_CPUS)
+        return sum(
+            1
+            for node in self._ray.nodes()
+            if node.get("Alive") and (node.get("Resources") or {}).get("CPU", 0) >= TASK_CPUS
+        )
 
     def _wait(self, board: Any, outcomes: list[Outcome], no_cpu_since: float | None) -> dict[int, dict[str, Any]]:
         """Until every task has ended: settle each, feed the bar, and carry out a stop. Returns each
@@ -222,9 +248,11 @@ class RayJob:
                 if self._cpu_nodes():
                     no_cpu_since = None
                 elif time.monotonic() - no_cpu_since >= NO_CPU_WAIT_S:
-                    raise ClusterError(f"no node of the Ray cluster had a CPU for a task ({TASK_CPUS:g} CPU each) "
-                                       f"in {NO_CPU_WAIT_S:.0f} s: add a node with CPUs (a head started with "
-                                       "--num-cpus 0 runs no task), then run the same command again")
+                    raise ClusterError(
+                        f"no node of the Ray cluster had a CPU for a task ({TASK_CPUS:g} CPU each) "
+                        f"in {NO_CPU_WAIT_S:.0f} s: add a node with CPUs (a head started with "
+                        "--num-cpus 0 runs no task), then run the same command again"
+                    )
             if self.stopped is not None and deadline is None:
                 for ref in pending:
                     with contextlib.suppress(Exception):
@@ -261,8 +289,13 @@ class RayJob:
         for index, (attempt, figures) in parts.items():
             outcome = outcomes[index]
             if attempt > max(outcome.attempts, 1):
-                log.warning("part-%d: attempt %d (the last one was lost with its node or process); it resumes "
-                            "from what %s holds", index, attempt, folder_job.part_dir(self.out, index))
+                log.warning(
+                    "part-%d: attempt %d (the last one was lost with its node or process); it resumes "
+                    "from what %s holds",
+                    index,
+                    attempt,
+                    folder_job.part_dir(self.out, index),
+                )
             outcome.attempts = max(outcome.attempts, attempt)
             live[index] = figures
         stats, requests = self._figures(outcomes, live)
@@ -272,8 +305,12 @@ class RayJob:
     @staticmethod
     def _figures(outcomes: list[Outcome], live: dict[int, dict[str, Any]]) -> tuple[RunStats, ClientCounters]:
         """Every partition's figures added up: its final ones when it has ended, else its latest streamed."""
-        parts = [(o.stats, o.requests) if o.stats is not None else
-                 (live.get(o.index, {}).get("stats"), live.get(o.index, {}).get("requests")) for o in outcomes]
+        parts = [
+            (o.stats, o.requests)
+            if o.stats is not None
+            else (live.get(o.index, {}).get("stats"), live.get(o.index, {}).get("requests"))
+            for o in outcomes
+        ]
         return (add_stats([s for s, _ in parts if s]), add_requests([r for _, r in parts if r]))
 
     def _merge(self, result: JobResult, partitions: int) -> None:

@@ -88,7 +88,9 @@ def same_tokens(a: ChatEncoder, b: ChatEncoder) -> bool:
     """A conversation only goes on under one tokenizer and chat template: the same encoder, or equal hashes
     (worked out only when a conversation crosses encoders)."""
     return a is b or (tokenizer_sha256(a.tokenizer), chat_template_sha256(a.tokenizer)) == (
-        tokenizer_sha256(b.tokenizer), chat_template_sha256(b.tokenizer))
+        tokenizer_sha256(b.tokenizer),
+        chat_template_sha256(b.tokenizer),
+    )
 
 
 @dataclass(slots=True)
@@ -116,7 +118,8 @@ class Engine:
     declared: tuple[str, ...] = ()  # the system's stages; none: any
     # first prompts, rendered once per problem and shared by its K executions (a future: they ask at once)
     prompts: OrderedDict[tuple[str, str, str, str], asyncio.Future[tuple[str, list[int]]]] = field(
-        default_factory=OrderedDict)
+        default_factory=OrderedDict
+    )
     separators: OrderedDict[tuple[int, bytes, int | None], list[int]] = field(default_factory=OrderedDict)
     journal: Journal | None = None  # finished calls of earlier runs, replayed; this run's, kept
 
@@ -156,8 +159,9 @@ class Context:
         """A template's user message alone: the next turn of a conversation (`complete(after=...)`)."""
         return [m for m in self.messages(template, **variables) if m["role"] == "user"]
 
-    async def render(self, messages: list[dict[str, Any]], stage: str,
-                     tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
+    async def render(
+        self, messages: list[dict[str, Any]], stage: str, tools: list[dict[str, Any]] | None = None
+    ) -> tuple[str, list[int]]:
         """A prompt's text and ids with the stage's chat template (`tools`: its `tools` argument). A render that
         fails for good fails the execution; a template that rejects the messages is a `UsageError`."""
         try:
@@ -168,8 +172,9 @@ class Context:
         except Exception as exc:  # jinja2 or the tokenizer: "roles must alternate", a raise_exception(...)
             raise UsageError(f"the chat template rejects the {stage} messages: {first_line(exc)}") from exc
 
-    async def problem_prompt(self, stage: str = "solver", template: str = "solver",
-                             tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
+    async def problem_prompt(
+        self, stage: str = "solver", template: str = "solver", tools: list[dict[str, Any]] | None = None
+    ) -> tuple[str, list[int]]:
         """The problem as a first prompt: the row's own messages, or its statement in `template` (`tools`
         offered through the chat template); rendered once for the K executions. A row the chat template
         rejects, or that leaves no room to generate, is a bad input row (`InputError` naming the prompt field)."""
@@ -192,8 +197,9 @@ class Context:
         made.set_result(rendered)
         return rendered
 
-    async def _first_prompt(self, stage: str, template: str,
-                            tools: list[dict[str, Any]] | None) -> tuple[str, list[int]]:
+    async def _first_prompt(
+        self, stage: str, template: str, tools: list[dict[str, Any]] | None
+    ) -> tuple[str, list[int]]:
         key = self.engine.prompt_key
         own = isinstance(self.problem.prompt, list)
         messages = self.problem.prompt if own else self.messages(template)
@@ -205,14 +211,25 @@ class Context:
             raise
         limit = self.engine.stage(stage).config.max_context_len
         if limit is not None and len(rendered[1]) >= limit:
-            raise InputError(self.problem.source, self.problem.line, key, f"the rendered prompt has "
-                             f"{len(rendered[1])} tokens: no room to generate within a context of {limit}")
+            raise InputError(
+                self.problem.source,
+                self.problem.line,
+                key,
+                f"the rendered prompt has {len(rendered[1])} tokens: no room to generate within a context of {limit}",
+            )
         return rendered
 
     # -- calls ------------------------------------------------------------------------------------------------
-    async def complete(self, stage: str, prompt: list[dict[str, Any]] | list[int] | tuple[str, list[int]], *,
-                       worker: int = 0, after: Sample | None = None, tools: list[dict[str, Any]] | None = None,
-                       **overrides: Any) -> Sample | None:
+    async def complete(
+        self,
+        stage: str,
+        prompt: list[dict[str, Any]] | list[int] | tuple[str, list[int]],
+        *,
+        worker: int = 0,
+        after: Sample | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        **overrides: Any,
+    ) -> Sample | None:
         """One token-exact call of `stage`, as a `Sample` (reward 0 until `reward`), or None when the prompt
         leaves no room to generate within the context.
 
@@ -224,15 +241,19 @@ class Context:
         `tools` argument, for messages rendered here (a conversation keeps the tools it started with).
         `overrides`: max_tokens, temperature, top_p, top_k, min_p for this call."""
         if (stage, worker) in self._seeds:
-            raise UsageError(f"the system made two {stage} calls with worker {worker} in one execution: give each "
-                             "call its own worker number (it derives the call's seed)")
+            raise UsageError(
+                f"the system made two {stage} calls with worker {worker} in one execution: give each "
+                "call its own worker number (it derives the call's seed)"
+            )
         self._seeds.add((stage, worker))
         unknown = set(overrides) - set(SAMPLING_KEYS)
         if unknown:
             raise UsageError(f"ctx.complete() takes {', '.join(SAMPLING_KEYS)} as overrides, not {sorted(unknown)}")
         if self.engine.declared and stage not in self.engine.declared:
-            raise UsageError(f"the system calls stage {stage!r}, which it does not declare (its stages: "
-                             f"{', '.join(self.engine.declared)})")
+            raise UsageError(
+                f"the system calls stage {stage!r}, which it does not declare (its stages: "
+                f"{', '.join(self.engine.declared)})"
+            )
         runtime = self.engine.stage(stage)
         history: tuple[list[int], list[float]] | None = None
         if after is not None:
@@ -241,8 +262,9 @@ class Context:
             if self._made.get(id(after)) is not after:
                 raise UsageError("ctx.complete(after=...) continues a sample of this execution only")
             if not same_tokens(self.engine.stage(after.stage).encoder, runtime.encoder):
-                raise UsageError(f"a {after.stage} conversation cannot go on as {stage}: their stages use other "
-                                 "tokenizers")
+                raise UsageError(
+                    f"a {after.stage} conversation cannot go on as {stage}: their stages use other tokenizers"
+                )
             text, ids, history = await self._continue(after, prompt, runtime, tools)  # type: ignore[arg-type]
         elif isinstance(prompt, tuple):
             text, ids = prompt
@@ -262,18 +284,23 @@ class Context:
                 sample.history_mask, sample.history_logprobs = history
         return sample
 
-    async def _continue(self, after: Sample, messages: list[dict[str, Any]], runtime: Stage,
-                        tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int], History]:
+    async def _continue(
+        self, after: Sample, messages: list[dict[str, Any]], runtime: Stage, tools: list[dict[str, Any]] | None = None
+    ) -> tuple[str, list[int], History]:
         encoder = runtime.encoder
-        last = after.response_token_ids[-1] if after.finish_reason == "stop" and after.response_token_ids and (
-            not isinstance(after.stop_reason, str)) else None
+        last = (
+            after.response_token_ids[-1]
+            if after.finish_reason == "stop" and after.response_token_ids and (not isinstance(after.stop_reason, str))
+            else None
+        )
         cache = self.engine.separators
         slot = (id(encoder), orjson.dumps([messages, tools], option=orjson.OPT_SORT_KEYS), last)
         injected = cache.get(slot)
         if injected is None:
             try:
-                injected = await separator(encoder.tokenizer, messages, encoder.kwargs, last, encoder.server_render,
-                                           tools)
+                injected = await separator(
+                    encoder.tokenizer, messages, encoder.kwargs, last, encoder.server_render, tools
+                )
             except CallFailed as exc:
                 self.engine.stats.stage(runtime.name).failed_calls += 1
                 raise self._failed(f"rendering a {runtime.name} turn on the server failed: {exc}") from exc
@@ -285,13 +312,21 @@ class Context:
             if len(cache) > 1024:
                 cache.popitem(last=False)
         # a frozen stage's tokens (another model's: loss mask 0) count as injected in the trajectory
-        turn = continue_turn(after.prompt_token_ids, after.history_mask, after.history_logprobs,
-                             after.response_token_ids, after.response_logprobs, after.loss_mask, injected)
+        turn = continue_turn(
+            after.prompt_token_ids,
+            after.history_mask,
+            after.history_logprobs,
+            after.response_token_ids,
+            after.response_logprobs,
+            after.loss_mask,
+            injected,
+        )
         text = encoder.tokenizer.decode(turn.ids, skip_special_tokens=False)
         return text, turn.ids, (turn.mask, turn.logprobs)
 
-    async def _call(self, runtime: Stage, worker: int, text: str, ids: list[int],
-                    overrides: dict[str, Any]) -> Sample | None:
+    async def _call(
+        self, runtime: Stage, worker: int, text: str, ids: list[int], overrides: dict[str, Any]
+    ) -> Sample | None:
         cfg = runtime.config.with_overrides(overrides, "ctx.complete()") if overrides else runtime.config
         stage, p, sampling = runtime.name, self.problem, cfg.sampling
         max_tokens = sampling.max_tokens
@@ -299,8 +334,9 @@ class Context:
             max_tokens = min(max_tokens, cfg.max_context_len - len(ids))
         if max_tokens <= 0:
             self.engine.stats.stage(stage).skipped_calls += 1
-            log.debug("%s/%s %s %d: prompt of %d tokens leaves no room", p.id, self.sample_index, stage, worker,
-                      len(ids))
+            log.debug(
+                "%s/%s %s %d: prompt of %d tokens leaves no room", p.id, self.sample_index, stage, worker, len(ids)
+            )
             return None
         params = {**sampling.params(), "max_tokens": max_tokens}
         seed = None
@@ -313,8 +349,15 @@ class Context:
         if done is None:
             prefer = self._endpoints.get(id(client))
             try:
-                done = await client.complete(ids, params, cfg.model, cfg.alternatives, prefer=prefer,
-                                             key=p.content_hash, priority=(self.group, self._rank(stage)))
+                done = await client.complete(
+                    ids,
+                    params,
+                    cfg.model,
+                    cfg.alternatives,
+                    prefer=prefer,
+                    key=p.content_hash,
+                    priority=(self.group, self._rank(stage)),
+                )
             except CallFailed as exc:
                 self.engine.stats.stage(stage).failed_calls += 1
                 log.warning("problem %s sample %d %s %d failed: %s", p.id, self.sample_index, stage, worker, exc)
@@ -323,23 +366,54 @@ class Context:
         if done.endpoint in client.by_url:
             self._endpoints[id(client)] = client.by_url[done.endpoint]
         if cfg.routes and done.routed_experts is None:
-            raise ServerError(f"{done.endpoint} sent no routed_experts: start vLLM with "
-                              "--enable-return-routed-experts, or drop --return-routed-experts")
-        response = done.text if done.text is not None else runtime.encoder.decode_response(
-            done.token_ids, done.finish_reason, done.stop_reason, ids)
+            raise ServerError(
+                f"{done.endpoint} sent no routed_experts: start vLLM with "
+                "--enable-return-routed-experts, or drop --return-routed-experts"
+            )
+        response = (
+            done.text
+            if done.text is not None
+            else runtime.encoder.decode_response(done.token_ids, done.finish_reason, done.stop_reason, ids)
+        )
         return Sample(
-            problem_id=p.id, problem_hash=p.content_hash, rollout_id=self.rollout_id,
-            sample_index=self.sample_index, group_size=cfg.samples_per_prompt, stage=stage, worker=worker,
-            prompt=text, prompt_token_ids=ids, response=response, response_token_ids=done.token_ids,
-            response_logprobs=done.logprobs, loss_mask=[int(runtime.trainable)] * len(done.token_ids),
-            status=status_for(done.finish_reason), finish_reason=done.finish_reason, stop_reason=done.stop_reason,
-            content=answer_content(response, think=cfg.think), raw_reward=0.0, reward=0.0, label=p.label,
-            model=cfg.model, endpoint=done.endpoint, latency_s=round(done.latency_s, 4), attempts=done.attempts,
+            problem_id=p.id,
+            problem_hash=p.content_hash,
+            rollout_id=self.rollout_id,
+            sample_index=self.sample_index,
+            group_size=cfg.samples_per_prompt,
+            stage=stage,
+            worker=worker,
+            prompt=text,
+            prompt_token_ids=ids,
+            response=response,
+            response_token_ids=done.token_ids,
+            response_logprobs=done.logprobs,
+            loss_mask=[int(runtime.trainable)] * len(done.token_ids),
+            status=status_for(done.finish_reason),
+            finish_reason=done.finish_reason,
+            stop_reason=done.stop_reason,
+            content=answer_content(response, think=cfg.think),
+            raw_reward=0.0,
+            reward=0.0,
+            label=p.label,
+            model=cfg.model,
+            endpoint=done.endpoint,
+            latency_s=round(done.latency_s, 4),
+            attempts=done.attempts,
             metadata=p.metadata,
-            sampling={"seed": seed, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                      "top_k": sampling.top_k, "min_p": sampling.min_p, "max_tokens": max_tokens},
-            response_ranks=done.ranks, top_token_ids=done.top_token_ids, top_logprobs=done.top_logprobs,
-            weight_versions=done.weight_versions, routed_experts=done.routed_experts if cfg.routes else None,
+            sampling={
+                "seed": seed,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k,
+                "min_p": sampling.min_p,
+                "max_tokens": max_tokens,
+            },
+            response_ranks=done.ranks,
+            top_token_ids=done.top_token_ids,
+            top_logprobs=done.top_logprobs,
+            weight_versions=done.weight_versions,
+            routed_experts=done.routed_experts if cfg.routes else None,
             trainable=runtime.trainable,
         )
 
@@ -347,8 +421,9 @@ class Context:
         declared = self.engine.declared
         return declared.index(stage) if stage in declared else len(declared)
 
-    def _call_key(self, stage: str, worker: int, ids: list[int], params: dict[str, Any], model: str,
-                  alternatives: int) -> tuple[str, str]:
+    def _call_key(
+        self, stage: str, worker: int, ids: list[int], params: dict[str, Any], model: str, alternatives: int
+    ) -> tuple[str, str]:
         """A call's identity (problem, execution, attempt, stage, worker: what makes its seed) and a digest of
         what it sends: a journaled answer is replayed only for exactly this request."""
         p = self.problem
@@ -356,8 +431,9 @@ class Context:
         sent = orjson.dumps([ids, params, model, alternatives], option=orjson.OPT_SORT_KEYS)
         return key, hashlib.blake2b(sent, digest_size=12).hexdigest()
 
-    def _replayed(self, stage: str, worker: int, ids: list[int], params: dict[str, Any], model: str,
-                  alternatives: int) -> Completion | None:
+    def _replayed(
+        self, stage: str, worker: int, ids: list[int], params: dict[str, Any], model: str, alternatives: int
+    ) -> Completion | None:
         """This call's answer from an earlier run's journal, when it asked exactly this."""
         journal = self.engine.journal
         if journal is None:
@@ -368,8 +444,16 @@ class Context:
         self.engine.stats.calls_replayed += 1
         return Completion.from_json(found)
 
-    def _journal(self, stage: str, worker: int, ids: list[int], params: dict[str, Any], model: str,
-                 alternatives: int, done: Completion) -> None:
+    def _journal(
+        self,
+        stage: str,
+        worker: int,
+        ids: list[int],
+        params: dict[str, Any],
+        model: str,
+        alternatives: int,
+        done: Completion,
+    ) -> None:
         journal = self.engine.journal
         if journal is not None:
             key, digest = self._call_key(stage, worker, ids, params, model, alternatives)
@@ -382,8 +466,10 @@ class Context:
         if not samples:
             return
         p, stats = self.problem, self.engine.stats
-        requests = [RewardRequest(s.content, p.label, p.statement, s.stage, p.metadata, s.response, p.prompt, p.id)
-                    for s in samples]
+        requests = [
+            RewardRequest(s.content, p.label, p.statement, s.stage, p.metadata, s.response, p.prompt, p.id)
+            for s in samples
+        ]
         results = await self.engine.rewards.get(p.reward).score(requests)
         for sample, result in zip(samples, results, strict=True):
             sample.raw_reward = sample.reward = float(result.value)
@@ -419,16 +505,20 @@ class Context:
         position: dict[int, int] = {}
         for i, sample in enumerate(samples):
             if not isinstance(sample, Sample) or self._made.get(id(sample)) is not sample:
-                raise UsageError("a system must return the Samples its ctx.complete() calls made in this "
-                                 f"execution, got {type(sample).__name__}")
+                raise UsageError(
+                    "a system must return the Samples its ctx.complete() calls made in this "
+                    f"execution, got {type(sample).__name__}"
+                )
             if id(sample) in position:
                 raise UsageError("a system returned one sample twice")
             position[id(sample)] = i
             parent = self._parents.get(id(sample))
             if parent is not None:
                 if id(parent) not in position:
-                    raise UsageError(f"a system returned a {sample.stage} turn without the {parent.stage} turn it "
-                                     "continues, or after it: a trajectory needs every turn, in order")
+                    raise UsageError(
+                        f"a system returned a {sample.stage} turn without the {parent.stage} turn it "
+                        "continues, or after it: a trajectory needs every turn, in order"
+                    )
                 sample.continues = position[id(parent)]
         if not samples:
             raise UsageError("a system returned no samples for an execution")

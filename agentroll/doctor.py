@@ -23,11 +23,20 @@ class Check:
     detail: str
 
 
-async def diagnose(base_url: str, api_key: str | None = None, model: str | None = None,
-                   tokenizer: str | None = None, prompts: Path | None = None,
-                   sampling: dict[str, Any] | None = None) -> list[Check]:
-    settings = ClientSettings(api_key=api_key, concurrency=Concurrency(fixed=4), timeouts=Timeouts(request_s=120),
-                              retries=Retries(max_retries=1))
+async def diagnose(
+    base_url: str,
+    api_key: str | None = None,
+    model: str | None = None,
+    tokenizer: str | None = None,
+    prompts: Path | None = None,
+    sampling: dict[str, Any] | None = None,
+) -> list[Check]:
+    settings = ClientSettings(
+        api_key=api_key,
+        concurrency=Concurrency(fixed=4),
+        timeouts=Timeouts(request_s=120),
+        retries=Retries(max_retries=1),
+    )
     client = CompletionClient([base_url], settings)
     checks: list[Check] = []
     try:
@@ -48,8 +57,13 @@ async def diagnose(base_url: str, api_key: str | None = None, model: str | None 
             version = "unknown"
         checks.append(Check("server", "ok", f"{client.endpoints[0].url} serves {name!r} (vLLM {version})"))
         limit = entry.get("max_model_len")
-        checks.append(Check("max_model_len", "ok" if limit else "warn",
-                            f"{limit} tokens of prompt + response" if limit else "not reported by /v1/models"))
+        checks.append(
+            Check(
+                "max_model_len",
+                "ok" if limit else "warn",
+                f"{limit} tokens of prompt + response" if limit else "not reported by /v1/models",
+            )
+        )
         try:
             _, loaded = load_first(tokenizer_candidates(tokenizer, str(name), entry.get("root")), hint=not tokenizer)
             encoder = ChatEncoder(loaded)
@@ -67,11 +81,22 @@ async def diagnose(base_url: str, api_key: str | None = None, model: str | None 
         if not parity.supported:
             checks.append(Check("chat template", "warn", "the server has no /tokenize for messages: not checked"))
         elif parity.mismatch:
-            checks.append(Check("chat template", "fail", f"{parity.mismatch}; generate would render prompts on the "
-                                                         "server (--chat-render auto) or use yours (local)"))
+            checks.append(
+                Check(
+                    "chat template",
+                    "fail",
+                    f"{parity.mismatch}; generate would render prompts on the "
+                    "server (--chat-render auto) or use yours (local)",
+                )
+            )
         else:
-            checks.append(Check("chat template", "ok", f"{parity.checked} stage prompts render to the same ids "
-                                                        "as the server's /tokenize"))
+            checks.append(
+                Check(
+                    "chat template",
+                    "ok",
+                    f"{parity.checked} stage prompts render to the same ids as the server's /tokenize",
+                )
+            )
     finally:
         await client.aclose()
     return checks
@@ -86,21 +111,39 @@ def _prefix_property(encoder: ChatEncoder) -> Check:
         except Exception:  # a template that takes no system message (Gemma): the turns without it
             broken = prefix_break(encoder.tokenizer, encoder.kwargs, SAMPLE_TURNS[1:])
     except Exception as exc:  # a template that refuses the turns whatever they are
-        return Check("multi-turn", "warn", f"could not render a sample conversation to check the prefix property: "
-                                           f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
+        return Check(
+            "multi-turn",
+            "warn",
+            f"could not render a sample conversation to check the prefix property: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}",
+        )
     if broken is None:
-        return Check("multi-turn", "ok", "the template's prefix property holds: rendering turns[:k] is a prefix of "
-                                         "rendering turns[:k+1]")
-    return Check("multi-turn", "warn", f"the template breaks the prefix property: {broken}. agentroll continues "
-                                       "conversations by token ids (prompt + response + the template's separator), "
-                                       "so its records hold what the model saw; re-rendering a conversation would not")
+        return Check(
+            "multi-turn",
+            "ok",
+            "the template's prefix property holds: rendering turns[:k] is a prefix of rendering turns[:k+1]",
+        )
+    return Check(
+        "multi-turn",
+        "warn",
+        f"the template breaks the prefix property: {broken}. agentroll continues "
+        "conversations by token ids (prompt + response + the template's separator), "
+        "so its records hold what the model saw; re-rendering a conversation would not",
+    )
 
 
 async def _token_ids(client: CompletionClient, encoder: ChatEncoder, model: str) -> Check:
     """One short greedy completion: does the server return token ids, and do both ways of reading them agree?"""
     _, ids = encoder.encode([{"role": "user", "content": "Say hello."}])
-    body = {"model": model, "prompt": ids, "max_tokens": 8, "temperature": 0.0, "logprobs": 0,
-            "return_token_ids": True, "return_tokens_as_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": ids,
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
     status, payload = await client.post_json("/v1/completions", body)
     if status != 200 or not isinstance(payload, dict):
         return Check("return_token_ids", "fail", f"completion answered HTTP {status}: {payload}")
@@ -110,15 +153,19 @@ async def _token_ids(client: CompletionClient, encoder: ChatEncoder, model: str)
     except WireError as exc:
         return Check("return_token_ids", "fail", f"logprobs unreadable: {exc}")
     if choice.get("token_ids") is None:
-        return Check("return_token_ids", "warn", "not supported (vLLM < 0.10?): ids are read from "
-                                                 "'token_id:N' logprob tokens instead")
+        return Check(
+            "return_token_ids",
+            "warn",
+            "not supported (vLLM < 0.10?): ids are read from 'token_id:N' logprob tokens instead",
+        )
     if choice["token_ids"] != from_strings:
         return Check("return_token_ids", "fail", "token_ids and the 'token_id:N' strings disagree")
     return Check("return_token_ids", "ok", f"supported; {len(from_strings)} ids agree with the logprob tokens")
 
 
-async def _apis_and_logprobs(client: CompletionClient, encoder: ChatEncoder, model: str,
-                             sampling: dict[str, Any]) -> list[Check]:
+async def _apis_and_logprobs(
+    client: CompletionClient, encoder: ChatEncoder, model: str, sampling: dict[str, Any]
+) -> list[Check]:
     """Which token API the server offers, and what its logprobs are (found by experiment: see provenance)."""
     _, ids = encoder.encode([{"role": "user", "content": "Say hello."}])
     try:
@@ -126,14 +173,21 @@ async def _apis_and_logprobs(client: CompletionClient, encoder: ChatEncoder, mod
         mode, _ = await logprobs_mode(client, model, ids)
     except AgentrollError as exc:
         return [Check("logprobs mode", "fail", str(exc))]
-    api = Check("token API", "ok", "/inference/v1/generate (native: ids, ranks, weight versions) and /v1/completions"
-                if client.api == "generate" else "/v1/completions (start vLLM with --enable-scale-out for the native "
-                "/inference/v1/generate)")
+    api = Check(
+        "token API",
+        "ok",
+        "/inference/v1/generate (native: ids, ranks, weight versions) and /v1/completions"
+        if client.api == "generate"
+        else "/v1/completions (start vLLM with --enable-scale-out for the native /inference/v1/generate)",
+    )
     if mode == "unknown":
         return [api, Check("logprobs mode", "warn", "could not be determined (no answer, or top tokens disagree)")]
     warning = mode_warning(mode, sampling)
     if warning:
         return [api, Check("logprobs mode", "warn", warning)]
-    meaning = ("the sampling distribution's (after temperature, top-p, top-k)" if mode.startswith("processed")
-               else "the model's own distribution, before temperature, top-p and top-k")
+    meaning = (
+        "the sampling distribution's (after temperature, top-p, top-k)"
+        if mode.startswith("processed")
+        else "the model's own distribution, before temperature, top-p and top-k"
+    )
     return [api, Check("logprobs mode", "ok", f"{mode}: logprobs are {meaning}")]

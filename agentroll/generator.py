@@ -108,8 +108,9 @@ class Generator:
             templates = Templates(Path(o.prompts) if o.prompts else None, system.templates)
             encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
             if o.chat_render == "server" or (
-                    o.chat_render == "auto"
-                    and await renders_otherwise(client, encoder, model, templates, self.tokenizer_name)):
+                o.chat_render == "auto"
+                and await renders_otherwise(client, encoder, model, templates, self.tokenizer_name)
+            ):
                 encoder.server_render = server_renderer(client, model, o.chat_template_kwargs)
             self._rewards = RewardSet(o.reward_settings())
             # a reward that cannot score (no math worker) ends the run before a group is handed out: checked
@@ -121,8 +122,17 @@ class Generator:
             if client.adaptive:
                 await follow_metrics(client)
             stages, stage_settings = await self._stages(Stage("", client, encoder, config))
-            self._system = AgentSystem(client, encoder, templates, self._rewards, config, self.stats,
-                                       prompt_key=self.keys.prompt, system=system, stages=stages)
+            self._system = AgentSystem(
+                client,
+                encoder,
+                templates,
+                self._rewards,
+                config,
+                self.stats,
+                prompt_key=self.keys.prompt,
+                system=system,
+                stages=stages,
+            )
             self.server = server
             self._settings = self._fingerprint(templates, "server" if encoder.server_render else "local", config)
             self._settings["system"] = identity(system, o.system)
@@ -197,18 +207,27 @@ class Generator:
         problem = row if isinstance(row, Problem) else problem_from_row(row, line, source, self.keys)
         spec = problem.reward
         if spec is not None and spec not in (*BUILTIN_REWARDS, self.options.reward, *self.options.allow_reward):
-            raise InputError(problem.source, problem.line, self.keys.reward,
-                             f"reward {spec!r} is not allowed for rows: pass --allow-reward {spec} to allow it")
+            raise InputError(
+                problem.source,
+                problem.line,
+                self.keys.reward,
+                f"reward {spec!r} is not allowed for rows: pass --allow-reward {spec} to allow it",
+            )
         kind = spec or self.options.reward
         if kind == "code":  # its tests are checked before anything runs
             try:
                 parse_tests(problem.label)
             except ValueError as exc:
-                raise InputError(problem.source, problem.line, self.keys.label,
-                                 f"for the code reward it {exc}") from None
+                raise InputError(
+                    problem.source, problem.line, self.keys.label, f"for the code reward it {exc}"
+                ) from None
         elif isinstance(problem.label, dict) and kind in ("math", "exact"):
-            raise InputError(problem.source, problem.line, self.keys.label, f"an object is a label for the code "
-                             f"reward or a reward function, not for {kind}")
+            raise InputError(
+                problem.source,
+                problem.line,
+                self.keys.label,
+                f"an object is a label for the code reward or a reward function, not for {kind}",
+            )
         return problem
 
     async def run_group(self, row: dict[str, Any] | Problem) -> Group:
@@ -237,7 +256,8 @@ class Generator:
                 self.stats.groups_resampled += 1
             try:
                 executions = await gather_or_cancel(
-                    *(system.run(problem, k, attempt, group) for k in range(o.samples_per_prompt)))
+                    *(system.run(problem, k, attempt, group) for k in range(o.samples_per_prompt))
+                )
             except ExecutionFailed as exc:
                 self.stats.groups_failed += 1
                 return Group(problem, [], "failed", str(exc), attempt + 1)
@@ -267,8 +287,9 @@ class Generator:
     def next_group(self) -> int:
         return self._admitted
 
-    def stream(self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int | None = None,
-               ordered: bool = False) -> AsyncGenerator[Group, None]:
+    def stream(
+        self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int | None = None, ordered: bool = False
+    ) -> AsyncGenerator[Group, None]:
         """Groups of `rows` as they finish, or in input order with `ordered`, each settled (`settle`) when the
         next one is asked for; admitted depth first (`agentroll.admission`), at most `max_ahead` in flight or
         waiting to be taken."""
@@ -285,12 +306,16 @@ class Generator:
     def _load_system(self) -> System:
         """The agent system, its options and per-stage settings checked before any server is asked."""
         o = self.options
-        system = (load_system(o.system, o.system_options()) if self._system_object is None
-                  else from_object(self._system_object, o.system, o.system_options()))
+        system = (
+            load_system(o.system, o.system_options())
+            if self._system_object is None
+            else from_object(self._system_object, o.system, o.system_options())
+        )
         unknown = sorted(set(o.stage_settings()) - set(system.stages)) if system.stages else []
         if unknown:
-            raise UsageError(f"--stage names {', '.join(unknown)}: system {system.name} has the stages "
-                             f"{', '.join(system.stages)}")
+            raise UsageError(
+                f"--stage names {', '.join(unknown)}: system {system.name} has the stages {', '.join(system.stages)}"
+            )
         self.stats.use_stages(system.stages)  # none declared: each stage is added as it first runs
         return system
 
@@ -316,12 +341,14 @@ class Generator:
                 length = o.max_context_len or served
             model = model or self.model
             if tokenizer_name or model != self.model:
-                _, tokenizer = await asyncio.to_thread(load_first, tokenizer_candidates(tokenizer_name, model, root),
-                                                       False, not tokenizer_name)
+                _, tokenizer = await asyncio.to_thread(
+                    load_first, tokenizer_candidates(tokenizer_name, model, root), False, not tokenizer_name
+                )
                 encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
             overrides = {k: v for k, v in settings.items() if k not in ("base_url", "tokenizer", "trainable")}
-            config = main.config.with_overrides({**overrides, "model": model, "max_context_len": length},
-                                                f"--stage {name}")
+            config = main.config.with_overrides(
+                {**overrides, "model": model, "max_context_len": length}, f"--stage {name}"
+            )
             out[name] = Stage(name, client, encoder, config, settings.get("trainable", model == self.model))
             guard[name] = {**{k: v for k, v in settings.items() if k != "base_url"}, "model": model}
         return out, guard
@@ -339,23 +366,35 @@ class Generator:
     async def _tokenizer(self, model: str, root: str | None) -> Any:
         candidates = tokenizer_candidates(self.options.tokenizer, model, root)
         # --chat-render auto: by its config's class name (no torch import); the parity check compares it
-        self.tokenizer_name, tokenizer = await asyncio.to_thread(load_first, candidates,
-                                                                 self.options.chat_render == "auto",
-                                                                 not self.options.tokenizer)
+        self.tokenizer_name, tokenizer = await asyncio.to_thread(
+            load_first, candidates, self.options.chat_render == "auto", not self.options.tokenizer
+        )
         return tokenizer
 
     def _fingerprint(self, templates: Templates, rendering: str, config: SystemConfig) -> dict[str, Any]:
         o = self.options
         return {
-            "model": self.model, "tokenizer": self.tokenizer_name, "templates": templates.fingerprint,
-            "num_parallel": o.num_parallel, "samples_per_prompt": o.samples_per_prompt,
-            "max_tokens": o.max_tokens, "max_context_len": self.max_context_len,
-            "sampling": config.sampling.params(), "seed": o.seed, "logprobs": o.logprobs,
-            "return_routed_experts": o.return_routed_experts, "think": not o.no_think,
-            "reward": o.reward, "reward_url": o.reward_url, "correct_reward_weight": o.correct_reward_weight,
-            "incorrect_reward_weight": o.incorrect_reward_weight, "filter_uniform_groups": o.filter_uniform_groups,
-            "resample_uniform": o.resample_uniform, "keys": asdict(self.keys),
-            "chat_template_kwargs": o.chat_template_kwargs, "chat_render": o.chat_render,
+            "model": self.model,
+            "tokenizer": self.tokenizer_name,
+            "templates": templates.fingerprint,
+            "num_parallel": o.num_parallel,
+            "samples_per_prompt": o.samples_per_prompt,
+            "max_tokens": o.max_tokens,
+            "max_context_len": self.max_context_len,
+            "sampling": config.sampling.params(),
+            "seed": o.seed,
+            "logprobs": o.logprobs,
+            "return_routed_experts": o.return_routed_experts,
+            "think": not o.no_think,
+            "reward": o.reward,
+            "reward_url": o.reward_url,
+            "correct_reward_weight": o.correct_reward_weight,
+            "incorrect_reward_weight": o.incorrect_reward_weight,
+            "filter_uniform_groups": o.filter_uniform_groups,
+            "resample_uniform": o.resample_uniform,
+            "keys": asdict(self.keys),
+            "chat_template_kwargs": o.chat_template_kwargs,
+            "chat_render": o.chat_render,
             "prompt_rendering": rendering,  # where prompts actually became ids: --chat-render auto may switch
             **({"length_shaping": self._length.settings()} if self._length.active else {}),
             **code_settings(o),

@@ -41,45 +41,75 @@ class GenerateOptions:
     """Everything that decides how a group is generated. Run-level options (input, output, shards, resume,
     limits) belong to the CLI's runner, not here."""
 
-    base_url: list[str] = option([], "vLLM server (with or without /v1). Repeat or comma-separate for several.",
-                                 envvar=["AGENTROLL_BASE_URL", "OPENAI_BASE_URL"])
+    base_url: list[str] = option(
+        [],
+        "vLLM server (with or without /v1). Repeat or comma-separate for several.",
+        envvar=["AGENTROLL_BASE_URL", "OPENAI_BASE_URL"],
+    )
     api_key: str | None = option(None, "Sent as a Bearer token.", envvar="OPENAI_API_KEY")
     model: str | None = option(None, "Served model name (default: the only one listed).")
     tokenizer: str | None = option(None, "Path or hub id for AutoTokenizer (default: the server's model root).")
-    prompts: str | None = option(None, "Folder of stage templates (default: bundled; `code`: the bundled set that asks for a "
-                                          "program, for --reward code).")
+    prompts: str | None = option(
+        None,
+        "Folder of stage templates (default: bundled; `code`: the bundled set that asks for a "
+        "program, for --reward code).",
+    )
     prompt_key: str = option("prompt", "Input field holding the problem or chat messages.")
     label_key: str = option("label", "Input field holding the reference answer.")
     id_key: str = option("id", "Input field holding the problem id [default id: a hash of prompt and label].")
     reward_key: str = option("reward", "Input field in which a row names its own reward.")
-    system: str = option("three-stage", "Agent system: three-stage | single | critique-revise | tool-use | "
-                                        "FILE.py:CLASS | MODULE:CLASS (docs/systems.md).")
+    system: str = option(
+        "three-stage",
+        "Agent system: three-stage | single | critique-revise | tool-use | "
+        "FILE.py:CLASS | MODULE:CLASS (docs/systems.md).",
+    )
     system_option: list[str] = option([], "KEY=VALUE for the system (repeatable; the value is JSON or a string).")
-    stage: list[str] = option([], "STAGE.KEY=VALUE per-stage setting (repeatable): model, base_url, tokenizer, "
-                                  "max_tokens, temperature, top_p, top_k, min_p, trainable.")
-    num_parallel: int = option(4, "Parallel calls per stage where the system has them (three-stage: solvers, "
-                                  "and rewriters, per execution).")
+    stage: list[str] = option(
+        [],
+        "STAGE.KEY=VALUE per-stage setting (repeatable): model, base_url, tokenizer, "
+        "max_tokens, temperature, top_p, top_k, min_p, trainable.",
+    )
+    num_parallel: int = option(
+        4, "Parallel calls per stage where the system has them (three-stage: solvers, and rewriters, per execution)."
+    )
     samples_per_prompt: int = option(1, "Executions per prompt (one group).")
-    concurrency: int | str = option("auto", "Most completion requests in flight over the run; or auto: per endpoint, "
-                                        "following its vLLM /metrics (queue, KV cache, preemptions).", cli_type=str)
-    max_concurrency: int = option(CONCURRENCY.per_endpoint, "With --concurrency auto: most requests in flight per "
-                                                            "endpoint.")
+    concurrency: int | str = option(
+        "auto",
+        "Most completion requests in flight over the run; or auto: per endpoint, "
+        "following its vLLM /metrics (queue, KV cache, preemptions).",
+        cli_type=str,
+    )
+    max_concurrency: int = option(
+        CONCURRENCY.per_endpoint, "With --concurrency auto: most requests in flight per endpoint."
+    )
     max_tokens: int = option(DEFAULT_SAMPLING.max_tokens, "Most tokens per response (capped to the context left).")
     max_context_len: int | None = option(None, "Prompt + response budget (default: the server's max_model_len).")
     temperature: float = option(DEFAULT_SAMPLING.temperature, "Sampling temperature.")
-    top_p: float = option(DEFAULT_SAMPLING.top_p, "Top-p (1: off). Every sampling parameter is sent, so the model's "
-                               "generation_config.json never changes one unseen.")
+    top_p: float = option(
+        DEFAULT_SAMPLING.top_p,
+        "Top-p (1: off). Every sampling parameter is sent, so the model's "
+        "generation_config.json never changes one unseen.",
+    )
     top_k: int = option(DEFAULT_SAMPLING.top_k, "Top-k (-1: off).")
     min_p: float = option(DEFAULT_SAMPLING.min_p, "Min-p (0: off).")
     seed: int | None = option(None, "Base seed; each call gets its own derived seed.")
-    api: str = option("auto", "auto | completions | generate: vLLM's /v1/completions, or its native "
-                              "/inference/v1/generate (vllm serve --enable-scale-out). auto prefers generate.")
-    server_priority: str = option("auto", "auto | on | off: send each call's group number as vLLM's request "
-                                          "priority (older groups first under vllm serve --scheduling-policy "
-                                          "priority); auto sends it when the server takes it.")
+    api: str = option(
+        "auto",
+        "auto | completions | generate: vLLM's /v1/completions, or its native "
+        "/inference/v1/generate (vllm serve --enable-scale-out). auto prefers generate.",
+    )
+    server_priority: str = option(
+        "auto",
+        "auto | on | off: send each call's group number as vLLM's request "
+        "priority (older groups first under vllm serve --scheduling-policy "
+        "priority); auto sends it when the server takes it.",
+    )
     logprobs: int = option(0, "Also store the K most likely tokens at each response position (ids, logprobs).")
-    return_routed_experts: bool = option(False, "Store vLLM's MoE routing per token in a sidecar beside each shard "
-                                                "(vllm serve --enable-return-routed-experts).")
+    return_routed_experts: bool = option(
+        False,
+        "Store vLLM's MoE routing per token in a sidecar beside each shard "
+        "(vllm serve --enable-return-routed-experts).",
+    )
     correct_reward_weight: float = option(1.0, "Reward multiplier when the selector's pick is correct.")
     incorrect_reward_weight: float = option(1.0, "Reward multiplier otherwise.")
     no_think: bool = option(False, "The whole response is the answer (models that do not reason).")
@@ -87,20 +117,32 @@ class GenerateOptions:
     reward_timeout: float = option(REWARDS.timeout_s, "Seconds per reward check (or reward-model request).")
     reward_url: str | None = option(None, "Reward model URL, for --reward remote.")
     reward_workers: int = option(0, "Math-check worker processes (0: a quarter of the cores, at least 1).")
-    reward_concurrency: int = option(REWARDS.concurrency, "Most reward calls in flight: reward-model requests or "
-                                                          "function threads.")
-    allow_reward: list[str] = option([], "A reward a row's own reward field may name besides math and exact "
-                                         "(repeatable). Rows cannot import code otherwise.")
-    overlong_buffer: int = option(0, "DAPO's soft overlong punishment: a response within this many tokens of its "
-                                     "max_tokens loses up to --overlong-penalty, linearly (0: off).")
-    overlong_penalty: float = option(1.0, "What a response that uses its whole max_tokens loses, with "
-                                          "--overlong-buffer.")
-    overlong_filter: str = option("none", "none | mask | drop: truncated samples get loss mask 0 (mask), and are "
-                                          "also marked trainable false so converters leave them out (drop).")
+    reward_concurrency: int = option(
+        REWARDS.concurrency, "Most reward calls in flight: reward-model requests or function threads."
+    )
+    allow_reward: list[str] = option(
+        [],
+        "A reward a row's own reward field may name besides math and exact "
+        "(repeatable). Rows cannot import code otherwise.",
+    )
+    overlong_buffer: int = option(
+        0,
+        "DAPO's soft overlong punishment: a response within this many tokens of its "
+        "max_tokens loses up to --overlong-penalty, linearly (0: off).",
+    )
+    overlong_penalty: float = option(
+        1.0, "What a response that uses its whole max_tokens loses, with --overlong-buffer."
+    )
+    overlong_filter: str = option(
+        "none",
+        "none | mask | drop: truncated samples get loss mask 0 (mask), and are "
+        "also marked trainable false so converters leave them out (drop).",
+    )
     filter_uniform_groups: bool = option(False, "Leave out groups whose outcomes are all alike.")
     resample_uniform: int = option(0, "Re-run a uniform group up to N more times.")
-    chat_template_kwargs: dict[str, Any] = option({}, 'JSON object for the chat template, e.g. {"enable_thinking": '
-                                                      'true}.', cli_type=str)
+    chat_template_kwargs: dict[str, Any] = option(
+        {}, 'JSON object for the chat template, e.g. {"enable_thinking": true}.', cli_type=str
+    )
     chat_render: str = option("auto", "auto | local | server: where prompts become token ids.")
     max_retries: int = option(RETRIES.max_retries, "Retries per call for transient failures.")
     request_timeout: float = option(TIMEOUTS.request_s, "Seconds per completion attempt, once connected.")
@@ -108,8 +150,9 @@ class GenerateOptions:
     down_timeout: float = option(HEALTH.down_timeout_s, "Seconds to wait when every endpoint is down.")
     probe_interval: float = option(HEALTH.probe_interval_s, "Seconds between /health probes of a down endpoint.")
     # -- model code: the sandbox, the code reward (docs/tool-use.md, docs/rewards.md) --------------------------------
-    sandbox_url: str | None = option(None, "SandboxFusion server that runs model code (its /run_code); default: "
-                                           "local child processes.")
+    sandbox_url: str | None = option(
+        None, "SandboxFusion server that runs model code (its /run_code); default: local child processes."
+    )
     sandbox_concurrency: int = option(0, "Most sandbox runs at once (0: one per core).")
     sandbox_memory_mb: int = option(1024, "Memory limit per sandbox run, in MB.")
     code_test_timeout: float = option(6.0, "--reward code: seconds per test.")
@@ -127,8 +170,10 @@ class GenerateOptions:
         for name in ("base_url", "api_key"):  # as the CLI does: the environment fills what is not given
             if not getattr(self, name):
                 envvar = GenerateOptions.__dataclass_fields__[name].metadata["envvar"]
-                found = next((os.environ[v] for v in ([envvar] if isinstance(envvar, str) else envvar)
-                              if os.environ.get(v)), None)
+                found = next(
+                    (os.environ[v] for v in ([envvar] if isinstance(envvar, str) else envvar) if os.environ.get(v)),
+                    None,
+                )
                 if found:
                     set_(self, name, found)
         urls = [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
@@ -219,24 +264,50 @@ class GenerateOptions:
         return out
 
     def sampling(self) -> Sampling:
-        return Sampling(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                        min_p=self.min_p)
+        return Sampling(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+        )
 
     def system_config(self, model: str, max_context_len: int | None) -> SystemConfig:
         """How the run's stages sample and shape rewards, as the context's value object."""
-        return SystemConfig(model=model, sampling=self.sampling(), num_parallel=self.num_parallel,
-                            samples_per_prompt=self.samples_per_prompt, max_context_len=max_context_len,
-                            seed=self.seed, alternatives=self.logprobs, routes=self.return_routed_experts,
-                            correct_reward_weight=self.correct_reward_weight,
-                            incorrect_reward_weight=self.incorrect_reward_weight, think=not self.no_think)
+        return SystemConfig(
+            model=model,
+            sampling=self.sampling(),
+            num_parallel=self.num_parallel,
+            samples_per_prompt=self.samples_per_prompt,
+            max_context_len=max_context_len,
+            seed=self.seed,
+            alternatives=self.logprobs,
+            routes=self.return_routed_experts,
+            correct_reward_weight=self.correct_reward_weight,
+            incorrect_reward_weight=self.incorrect_reward_weight,
+            think=not self.no_think,
+        )
 
     def reward_settings(self) -> RewardSettings:
         workers = self.reward_workers or max(1, (os.cpu_count() or 1) // 4)
-        sandbox = SandboxSettings(url=self.sandbox_url, concurrency=self.sandbox_concurrency,
-                                  memory_mb=self.sandbox_memory_mb, max_retries=self.max_retries,
-                                  connect_timeout_s=self.connect_timeout)
-        return RewardSettings(self.reward, self.reward_timeout, self.reward_url, self.reward_concurrency,
-                              self.max_retries, workers, sandbox, self.code_test_timeout, self.code_partial_credit)
+        sandbox = SandboxSettings(
+            url=self.sandbox_url,
+            concurrency=self.sandbox_concurrency,
+            memory_mb=self.sandbox_memory_mb,
+            max_retries=self.max_retries,
+            connect_timeout_s=self.connect_timeout,
+        )
+        return RewardSettings(
+            self.reward,
+            self.reward_timeout,
+            self.reward_url,
+            self.reward_concurrency,
+            self.max_retries,
+            workers,
+            sandbox,
+            self.code_test_timeout,
+            self.code_partial_credit,
+        )
 
     def length_shaping(self) -> LengthShaping:
         return LengthShaping(buffer=self.overlong_buffer, penalty=self.overlong_penalty, filter=self.overlong_filter)
@@ -249,17 +320,26 @@ class GenerateOptions:
             retries=Retries(max_retries=self.max_retries),
             health=Health(probe_interval_s=self.probe_interval, down_timeout_s=self.down_timeout),
             concurrency=Concurrency(fixed=fixed, per_endpoint=self.max_concurrency),
-            api_key=self.api_key, affinity_slack=self.num_parallel * self.samples_per_prompt)
+            api_key=self.api_key,
+            affinity_slack=self.num_parallel * self.samples_per_prompt,
+        )
 
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
 
-STAGE_KEYS = {"model": str, "base_url": str, "tokenizer": str, "max_tokens": int, "temperature": float,
-              "top_p": float, "top_k": int, "min_p": float, "trainable": bool}
-
-
+STAGE_KEYS = {
+    "model": str,
+    "base_url": str,
+    "tokenizer": str,
+    "max_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "trainable": bool,
+}
 
 
 def _stage_value(item: str, key: str, raw: str) -> Any:

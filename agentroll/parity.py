@@ -36,9 +36,13 @@ def probe_messages(templates: Templates, problem: str = PROBE_PROBLEM) -> list[l
 NO_CHAT_TOKENIZE = frozenset({400, 404, 405, 422, 501})
 
 
-async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: str,
-                       conversations: list[list[dict[str, Any]]],
-                       fallback: Callable[[], Any] | None = None) -> Parity:
+async def check_parity(
+    client: CompletionClient,
+    encoder: ChatEncoder,
+    model: str,
+    conversations: list[list[dict[str, Any]]],
+    fallback: Callable[[], Any] | None = None,
+) -> Parity:
     """Compare our ids with the server's, prompt by prompt (the server is asked for all of them at once). A
     /tokenize that fails for a while (5xx, timeouts) is retried and then ends the run (`ServerError`): taking it
     for "no /tokenize" would switch the check off.
@@ -47,8 +51,9 @@ async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: st
     name) takes the encoder's place when the server renders differently or cannot be asked, and is compared in its
     turn: vLLM loads with `AutoTokenizer`, whose model-type tables may pick another class (docs/performance.md).
     If it cannot load, ours stands."""
-    answers = await asyncio.gather(*(_server_ids(client, encoder, model, m) for m in conversations),
-                                   return_exceptions=True)
+    answers = await asyncio.gather(
+        *(_server_ids(client, encoder, model, m) for m in conversations), return_exceptions=True
+    )
     for answer in answers:
         if isinstance(answer, BaseException):
             raise answer
@@ -72,10 +77,15 @@ async def check_parity(client: CompletionClient, encoder: ChatEncoder, model: st
     return parity
 
 
-async def _server_ids(client: CompletionClient, encoder: ChatEncoder, model: str,
-                      messages: list[dict[str, Any]]) -> list[int] | None:
-    body = {"model": model, "messages": messages, "add_generation_prompt": True, **(
-        {"chat_template_kwargs": encoder.kwargs} if encoder.kwargs else {})}
+async def _server_ids(
+    client: CompletionClient, encoder: ChatEncoder, model: str, messages: list[dict[str, Any]]
+) -> list[int] | None:
+    body = {
+        "model": model,
+        "messages": messages,
+        "add_generation_prompt": True,
+        **({"chat_template_kwargs": encoder.kwargs} if encoder.kwargs else {}),
+    }
     try:
         answer = await client.post_with_retries("/tokenize", body, absent=NO_CHAT_TOKENIZE)
     except CallFailed as exc:
@@ -87,17 +97,22 @@ async def _server_ids(client: CompletionClient, encoder: ChatEncoder, model: str
     return list(answer["tokens"])
 
 
-def _compare(encoder: ChatEncoder, conversations: list[list[dict[str, Any]]],
-             answers: list[list[int] | None]) -> Parity:
+def _compare(
+    encoder: ChatEncoder, conversations: list[list[dict[str, Any]]], answers: list[list[int] | None]
+) -> Parity:
     for i, (messages, theirs) in enumerate(zip(conversations, answers, strict=True)):
         if theirs is None:
             return Parity(i, None, supported=False)
         ours = local_ids(encoder, messages)
         if theirs != ours:
-            at = next((j for j, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
-                      min(len(ours), len(theirs)))
-            return Parity(i + 1, f"prompt {i + 1}: {len(ours)} local vs {len(theirs)} server tokens, first "
-                                 f"difference at token {at} ({ours[at:at + 3]} vs {theirs[at:at + 3]})")
+            at = next(
+                (j for j, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs))
+            )
+            return Parity(
+                i + 1,
+                f"prompt {i + 1}: {len(ours)} local vs {len(theirs)} server tokens, first "
+                f"difference at token {at} ({ours[at : at + 3]} vs {theirs[at : at + 3]})",
+            )
     return Parity(len(conversations), None)
 
 
@@ -106,18 +121,26 @@ def local_ids(encoder: ChatEncoder, messages: list[dict[str, Any]]) -> list[int]
     try:
         return encoder.encode(messages)[1]
     except Exception as exc:  # jinja2 or the tokenizer: the bundled stage prompts cannot be rendered at all
-        raise UsageError(f"the chat template rejects the stage prompts: {first_line(exc)} (see --prompts, --tokenizer, "
-                         "--chat-template-kwargs)") from exc
+        raise UsageError(
+            f"the chat template rejects the stage prompts: {first_line(exc)} (see --prompts, --tokenizer, "
+            "--chat-template-kwargs)"
+        ) from exc
 
 
-def server_renderer(client: CompletionClient, model: str,
-                    kwargs: dict[str, Any]) -> Callable[..., Awaitable[list[int]]]:
+def server_renderer(
+    client: CompletionClient, model: str, kwargs: dict[str, Any]
+) -> Callable[..., Awaitable[list[int]]]:
     """Prompt ids from the server's own chat template (`POST /tokenize`), retried like a completion on the
     client's auxiliary cap; a render that fails for good raises `CallFailed`, which fails its execution."""
 
     async def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        body = {"model": model, "messages": messages, "add_generation_prompt": True,
-                **({"chat_template_kwargs": kwargs} if kwargs else {}), **({"tools": tools} if tools else {})}
+        body = {
+            "model": model,
+            "messages": messages,
+            "add_generation_prompt": True,
+            **({"chat_template_kwargs": kwargs} if kwargs else {}),
+            **({"tools": tools} if tools else {}),
+        }
         answer = await client.post_with_retries("/tokenize", body)
         tokens = answer.get("tokens") if isinstance(answer, dict) else None
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):

@@ -42,7 +42,7 @@ def ray_address(text: str | None) -> str:
         return given
     bad = UsageError(f"--ray {given!r}: expected auto, local, HOST[:PORT] or ray://HOST[:PORT]")
     scheme = "ray://" if given.startswith("ray://") else ""
-    rest = given[len(scheme):]
+    rest = given[len(scheme) :]
     if rest.startswith("["):  # [IPv6]:PORT
         inside, closed, tail = rest[1:].partition("]")
         if not (closed and inside) or tail[:1] not in ("", ":"):
@@ -71,12 +71,15 @@ def check_options(run: RunOptions, generate: GenerateOptions) -> None:
     if run.limit is not None:
         raise UsageError("--limit does not go with --ray (it would apply to each partition)")
     if run.consumer is not None:
-        raise UsageError("--consumer does not go with --ray: a consumer follows one folder (follow OUT/part-I, "
-                         "or read OUT when the job is done)")
+        raise UsageError(
+            "--consumer does not go with --ray: a consumer follows one folder (follow OUT/part-I, "
+            "or read OUT when the job is done)"
+        )
     urls = generate.base_url
     if run.endpoints_per_task is not None and run.endpoints_per_task > len(urls):
-        raise UsageError(f"--endpoints-per-task {run.endpoints_per_task} is more than the {len(urls)} --base-url "
-                         "endpoints")
+        raise UsageError(
+            f"--endpoints-per-task {run.endpoints_per_task} is more than the {len(urls)} --base-url endpoints"
+        )
 
 
 def tasks_at_once(partitions: int, cpus: float, task_cpus: float = 1.0) -> int:
@@ -103,8 +106,9 @@ class Task:
     generate: dict[str, Any]  # the job's generate options with this task's endpoints and concurrency
 
 
-def plan_tasks(run: RunOptions, given: dict[str, Any], generate: GenerateOptions, partitions: int,
-               at_once: int) -> list[Task]:
+def plan_tasks(
+    run: RunOptions, given: dict[str, Any], generate: GenerateOptions, partitions: int, at_once: int
+) -> list[Task]:
     """Each partition's options. `--concurrency` (or, under auto, `--max-concurrency` per endpoint) is the
     whole job's: split between the tasks that run at once (or share an endpoint at once)."""
     out = Path(os.path.abspath(run.output))
@@ -114,9 +118,17 @@ def plan_tasks(run: RunOptions, given: dict[str, Any], generate: GenerateOptions
     tasks = []
     given = absolute_paths(given)
     for index in range(partitions):
-        options = replace(run, input=os.path.abspath(run.input), output=str(part_dir(out, index)),
-                          partition=f"{index}/{partitions}", overwrite=False, ray=None, partitions=None,
-                          endpoints_per_task=None, ray_retries=None)
+        options = replace(
+            run,
+            input=os.path.abspath(run.input),
+            output=str(part_dir(out, index)),
+            partition=f"{index}/{partitions}",
+            overwrite=False,
+            ray=None,
+            partitions=None,
+            endpoints_per_task=None,
+            ray_retries=None,
+        )
         mine = {**given, "base_url": endpoints(urls, index, per_task)}
         if generate.api_key:  # as found on the driver (flag or environment): a node's environment may differ
             mine["api_key"] = generate.api_key
@@ -227,12 +239,16 @@ def job_message(code: int, outcomes: list[Outcome], out: Path, retries: int) -> 
     names = ", ".join(f"part-{o.index}" for o in failed)
     logs = log_path(out, failed[0].index)
     if code == 9:
-        return (f"{names}: lost more often than --ray-retries ({retries}) allows, or Ray could not run it; run "
-                f"the same command again to resume (logs: {logs})")
+        return (
+            f"{names}: lost more often than --ray-retries ({retries}) allows, or Ray could not run it; run "
+            f"the same command again to resume (logs: {logs})"
+        )
     if code in RERUN_HELPS:
         return f"{names} did not finish whole (see above, and {logs}); run the same command again to resume"
-    return (f"{names} failed with exit {code} (see above, and {logs}); the same command would fail the same way: "
-            "fix the cause, then run it again to resume")
+    return (
+        f"{names} failed with exit {code} (see above, and {logs}); the same command would fail the same way: "
+        "fix the cause, then run it again to resume"
+    )
 
 
 def unseen_parts(out: Path, outcomes: list[Outcome]) -> str:
@@ -243,15 +259,19 @@ def unseen_parts(out: Path, outcomes: list[Outcome]) -> str:
         folder = part_dir(out, o.index)
         path = Layout(folder).manifest
         if not path.exists():
-            return (f"{path} is not there for the driver: the driver and every node must see {out} at the same "
-                    "path, on shared storage (docs/ray.md)")
+            return (
+                f"{path} is not there for the driver: the driver and every node must see {out} at the same "
+                "path, on shared storage (docs/ray.md)"
+            )
         try:
             manifest = Manifest.load(folder)
         except OutputError as exc:
             return f"the driver cannot read it ({exc}); the nodes and the driver must share {out}"
         if o.stats is not None and manifest.last_run.get("stats") != o.stats:
-            return (f"{path} as the driver reads it is not what part-{o.index} wrote on its node (an older copy): "
-                    f"the driver and every node must share {out} on storage they all see alike (docs/ray.md)")
+            return (
+                f"{path} as the driver reads it is not what part-{o.index} wrote on its node (an older copy): "
+                f"the driver and every node must share {out} on storage they all see alike (docs/ray.md)"
+            )
     return ""
 
 

@@ -74,8 +74,16 @@ class AgentSystem:
         self.system = system if system is not None else load_system("three-stage")
         self.stats = stats
         default = Stage("", client, encoder, config)
-        self.engine = Engine(dict(stages or {}), default, rewards, templates, stats, dict(self.system.settings),
-                             prompt_key, tuple(self.system.stages))
+        self.engine = Engine(
+            dict(stages or {}),
+            default,
+            rewards,
+            templates,
+            stats,
+            dict(self.system.settings),
+            prompt_key,
+            tuple(self.system.stages),
+        )
 
     def use_journal(self, journal: Journal | None) -> None:
         self.engine.journal = journal
@@ -93,8 +101,9 @@ class AgentSystem:
         except Exception as exc:
             if EXCEPTION_GROUPS and isinstance(exc, EXCEPTION_GROUPS):  # asyncio.TaskGroup in a system: what
                 raise _leaf(exc, self.system.name, problem.id) from exc  # failed inside is what counts
-            raise UsageError(f"system {self.system.name} failed on problem {problem.id}: "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise UsageError(
+                f"system {self.system.name} failed on problem {problem.id}: {type(exc).__name__}: {exc}"
+            ) from exc
         if ctx.failure is not None:  # a failed call the system caught: the execution is still not whole
             raise ctx.failure
         if not isinstance(samples, list):

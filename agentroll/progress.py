@@ -85,9 +85,11 @@ def _ratio(value: float | None) -> str:
 def counts(stats: RunStats, requests: ClientCounters) -> str:
     """Calls in flight and waiting, the running reward and accuracy, and each kind of failure by its name."""
     report = stats.report()
-    parts = [f"in flight {requests.in_flight}, queued {requests.queued}",
-             f"mean reward {_ratio(stats.mean_final_reward)}, system accuracy {_ratio(report.get('system_accuracy'))}",
-             f"groups failed {stats.groups_failed}, calls failed {requests.failures}, retries {requests.retries}"]
+    parts = [
+        f"in flight {requests.in_flight}, queued {requests.queued}",
+        f"mean reward {_ratio(stats.mean_final_reward)}, system accuracy {_ratio(report.get('system_accuracy'))}",
+        f"groups failed {stats.groups_failed}, calls failed {requests.failures}, retries {requests.retries}",
+    ]
     if stats.invalid_rows:
         parts.append(f"invalid rows {stats.invalid_rows}")
     if stats.calls_replayed:
@@ -101,5 +103,7 @@ def done_line(stats: RunStats, requests: ClientCounters, total: int | None, rate
     """`groups 120/315 (38%), 1.9 groups/s, 52.1 requests/s, ETA 1m43s`."""
     done = stats.groups_settled
     share = f" ({100 * done / total:.0f}%)" if total else ""
-    return (f"groups {done}/{total if total is not None else '?'}{share}, {rates.groups_per_s:.2f} groups/s, "
-            f"{rates.requests_per_s:.1f} requests/s, ETA {duration(rates.eta_s(total, done))}")
+    return (
+        f"groups {done}/{total if total is not None else '?'}{share}, {rates.groups_per_s:.2f} groups/s, "
+        f"{rates.requests_per_s:.1f} requests/s, ETA {duration(rates.eta_s(total, done))}"
+    )

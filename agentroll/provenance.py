@@ -30,8 +30,9 @@ PROBE_SEED = 1234
 TOLERANCE = 1e-3  # raw values at two temperatures agree to float noise; processed ones move by far more
 
 
-async def probe_call(client: CompletionClient, model: str, prompt_ids: list[int], params: dict[str, Any],
-                     alternatives: int) -> Completion | None:
+async def probe_call(
+    client: CompletionClient, model: str, prompt_ids: list[int], params: dict[str, Any], alternatives: int
+) -> Completion | None:
     """One one-token call. A refusal (a 4xx: parameters this server does not take) ends the run at once, with
     the server's message; a server failing for a while (5xx, timeouts) gives None: the run's own calls decide."""
     try:
@@ -40,12 +41,14 @@ async def probe_call(client: CompletionClient, model: str, prompt_ids: list[int]
         if exc.retryable:
             log.warning("a one-token probe call failed (%s); going on", exc)
             return None
-        raise ServerError(f"the server refuses a {client.api} call with this run's parameters: {exc}",
-                          exc.status) from exc
+        raise ServerError(
+            f"the server refuses a {client.api} call with this run's parameters: {exc}", exc.status
+        ) from exc
 
 
-async def logprobs_mode(client: CompletionClient, model: str, prompt_ids: list[int],
-                        alternatives: int = 0) -> tuple[str, bool | None]:
+async def logprobs_mode(
+    client: CompletionClient, model: str, prompt_ids: list[int], alternatives: int = 0
+) -> tuple[str, bool | None]:
     """`raw_logprobs`, `processed_logprobs`, `raw_logits`, `processed_logits`, or `unknown`, from the two most
     likely next tokens at temperature 1 and at 0.5 (same seed, nothing truncated). Their gap is a difference of
     logits: raw values keep it, processed ones double it at 0.5 (this holds for a nearly certain next token too,
@@ -56,9 +59,19 @@ async def logprobs_mode(client: CompletionClient, model: str, prompt_ids: list[i
     values = []
     routes: bool | None = None
     # both at once: start-up waits for one round trip, not two
-    answers = await asyncio.gather(*(probe_call(
-        client, model, prompt_ids, {"temperature": t, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": PROBE_SEED},
-        max(PROBE_ALTERNATIVES, alternatives)) for t in (1.0, 0.5)), return_exceptions=True)
+    answers = await asyncio.gather(
+        *(
+            probe_call(
+                client,
+                model,
+                prompt_ids,
+                {"temperature": t, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": PROBE_SEED},
+                max(PROBE_ALTERNATIVES, alternatives),
+            )
+            for t in (1.0, 0.5)
+        ),
+        return_exceptions=True,
+    )
     for done in answers:
         if isinstance(done, BaseException):
             raise done
@@ -98,9 +111,11 @@ def mode_warning(mode: str, sampling: dict[str, Any]) -> str | None:
     shaped = truncates(sampling)
     if not mode.startswith("raw") or not shaped:
         return None
-    return (f"the server returns {mode} (values before {', '.join(shaped)}): the recorded logprobs are not those "
-            "of the distribution the tokens were sampled from; start vLLM with --logprobs-mode processed_logprobs "
-            "if your trainer uses them for importance sampling")
+    return (
+        f"the server returns {mode} (values before {', '.join(shaped)}): the recorded logprobs are not those "
+        "of the distribution the tokens were sampled from; start vLLM with --logprobs-mode processed_logprobs "
+        "if your trainer uses them for importance sampling"
+    )
 
 
 def _sha256(data: bytes) -> str:

@@ -44,8 +44,10 @@ class Rescoring:
     async def reward(self, samples: list[Sample]) -> None:
         if not samples:
             return
-        requests = [RewardRequest(s.content, s.label, self.problem, s.stage, s.metadata, s.response, self.prompt,
-                                  s.problem_id) for s in samples]
+        requests = [
+            RewardRequest(s.content, s.label, self.problem, s.stage, s.metadata, s.response, self.prompt, s.problem_id)
+            for s in samples
+        ]
         results = await self.rewards.get(None).score(requests)
         for sample, result in zip(samples, results, strict=True):
             sample.raw_reward = sample.reward = float(result.value)
@@ -81,14 +83,25 @@ def system_of_folder(manifest: Manifest) -> System:
     try:
         return load_system(name, options)
     except Exception as exc:  # a file moved, a module gone: the default rescoring still holds for most systems
-        log.warning("system %s does not load here (%s): rescoring it the default way (each sample scored, the last "
-                    "one's raw reward the outcome)", name, exc)
+        log.warning(
+            "system %s does not load here (%s): rescoring it the default way (each sample scored, the last "
+            "one's raw reward the outcome)",
+            name,
+            exc,
+        )
         return System()
 
 
-async def rescore(source: str | os.PathLike[str], output: str | os.PathLike[str], reward: str,
-                  reward_url: str | None = None, reward_timeout: float = 10.0, reward_concurrency: int = 32,
-                  filter_uniform_groups: bool | None = None, shard_size: int = 1000) -> RescoreResult:
+async def rescore(
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    reward: str,
+    reward_url: str | None = None,
+    reward_timeout: float = 10.0,
+    reward_concurrency: int = 32,
+    filter_uniform_groups: bool | None = None,
+    shard_size: int = 1000,
+) -> RescoreResult:
     """Rescore the folder `source` into `output` (see the module's docstring). `filter_uniform_groups` None keeps
     the source's setting."""
     src, out = Path(source), Path(output)
@@ -101,8 +114,14 @@ async def rescore(source: str | os.PathLike[str], output: str | os.PathLike[str]
     system = system_of_folder(manifest)
     uniform = bool(settings.get("filter_uniform_groups")) if filter_uniform_groups is None else filter_uniform_groups
     derived = {"folder": str(src.resolve()), "folder_id": manifest.folder_id, "reward": settings.get("reward")}
-    new_settings = {**settings, "reward": reward, "reward_url": reward_url, "filter_uniform_groups": uniform,
-                    "resample_uniform": 0, "derived_from": derived}
+    new_settings = {
+        **settings,
+        "reward": reward,
+        "reward_url": reward_url,
+        "filter_uniform_groups": uniform,
+        "resample_uniform": 0,
+        "derived_from": derived,
+    }
     length = LengthShaping(**settings["length_shaping"]) if settings.get("length_shaping") else LengthShaping()
     weights = (float(settings.get("correct_reward_weight", 1.0)), float(settings.get("incorrect_reward_weight", 1.0)))
     workers = max(1, (os.cpu_count() or 1) // 4)
@@ -133,19 +152,35 @@ async def rescore(source: str | os.PathLike[str], output: str | os.PathLike[str]
         result.complete = True
     finally:
         await rewards.aclose()
-        writer.run_info = {"stats": stats.to_dict(), "wall_s": round(time.monotonic() - started, 3),
-                           "started_at": round(begun, 3), "finished_at": round(time.time(), 3)}
+        writer.run_info = {
+            "stats": stats.to_dict(),
+            "wall_s": round(time.monotonic() - started, 3),
+            "started_at": round(begun, 3),
+            "finished_at": round(time.time(), 3),
+        }
         writer.close(complete=result.complete)
     return result
 
 
-async def _group(group: Group, system: System, rewards: RewardSet, stats: RunStats, weights: tuple[float, float],
-                 length: LengthShaping) -> Group:
+async def _group(
+    group: Group,
+    system: System,
+    rewards: RewardSet,
+    stats: RunStats,
+    weights: tuple[float, float],
+    length: LengthShaping,
+) -> Group:
     for samples in group.executions:
         for sample in samples:  # the run's length shaping is applied again below: its notes go first
             sample.reward_info = length.unnoted(sample.reward_info)
-        execution = Rescoring(samples, rewards, stats, weights, problem=group.problem.prompt
-                              if isinstance(group.problem.prompt, str) else "", prompt=group.problem.prompt)
+        execution = Rescoring(
+            samples,
+            rewards,
+            stats,
+            weights,
+            problem=group.problem.prompt if isinstance(group.problem.prompt, str) else "",
+            prompt=group.problem.prompt,
+        )
         await system.rescore(execution)
         if execution.final_reward is None:
             raise UsageError(f"system {system.name}'s rescore set no outcome (final_reward)")
@@ -158,5 +193,9 @@ async def _group(group: Group, system: System, rewards: RewardSet, stats: RunSta
 
 
 def result_dict(result: RescoreResult) -> dict[str, Any]:
-    return {"source": result.source, "output": result.output, "complete": result.complete,
-            "stats": asdict(result.stats)}
+    return {
+        "source": result.source,
+        "output": result.output,
+        "complete": result.complete,
+        "stats": asdict(result.stats),
+    }

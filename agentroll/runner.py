@@ -37,29 +37,40 @@ class RunOptions:
     """What `agentroll generate` adds around the `Generator`: where rows come from and where groups go."""
 
     input: str = option("-", "Prompts: JSONL, .jsonl.gz, .jsonl.zst or Parquet, or - for stdin.")
-    mix: list[str] = option([], "[NAME:]PATH=WEIGHT: several inputs interleaved by weight, in place of INPUT "
-                                "(repeatable; each record's metadata names its source).")
+    mix: list[str] = option(
+        [],
+        "[NAME:]PATH=WEIGHT: several inputs interleaved by weight, in place of INPUT "
+        "(repeatable; each record's metadata names its source).",
+    )
     output: str = option("", "Output folder, or - to stream JSONL to stdout.", short="-o")
     shard_size: int = option(1000, "Records per shard (whole groups).")
     compression: str = option("none", "none | zstd: shards as rollouts-NNNNN.jsonl.zst, one frame per group.")
     overwrite: bool = option(False, "Delete earlier rollouts in the output folder.")
     skip_invalid: bool = option(False, "Log and count bad input rows instead of stopping.")
     limit: int | None = option(None, "Only the first N problems.")
-    target_groups: int | None = option(None, "Stop once N groups are on disk (with --filter-uniform-groups: N "
-                                             "informative ones), reading only as many prompts as that takes; a "
-                                             "rerun goes on to N.")
+    target_groups: int | None = option(
+        None,
+        "Stop once N groups are on disk (with --filter-uniform-groups: N "
+        "informative ones), reading only as many prompts as that takes; a "
+        "rerun goes on to N.",
+    )
     partition: str | None = option(None, "I/N: only problems whose id hashes to slice I of N.")
     max_failures: int | None = option(None, "Stop (exit 7) past this many calls failed for good.")
     ordered: bool = option(False, "Commit groups in input order (a bounded reorder buffer).")
     consumer: str | None = option(None, "Name of a reader (read_groups(consumer=NAME)) that the run waits for.")
     max_ahead: int | None = option(None, "With --consumer: most committed groups it may leave unconsumed.")
-    ray: str | None = option(None, "Run on a Ray cluster: auto, local, or its address (HOST:PORT, ray://HOST:PORT). "
-                                   "One --partition per task into OUT/part-I, merged into OUT (docs/ray.md).")
+    ray: str | None = option(
+        None,
+        "Run on a Ray cluster: auto, local, or its address (HOST:PORT, ray://HOST:PORT). "
+        "One --partition per task into OUT/part-I, merged into OUT (docs/ray.md).",
+    )
     partitions: int | None = option(None, "With --ray: partitions (Ray tasks) [default: the cluster's nodes].")
-    endpoints_per_task: int | None = option(None, "With --ray: each task gets E of the --base-url endpoints, "
-                                                  "round-robin, instead of all.")
-    ray_retries: int | None = option(None, "With --ray: times Ray reruns a partition whose task was lost (it "
-                                           "resumes) [default: 3].")
+    endpoints_per_task: int | None = option(
+        None, "With --ray: each task gets E of the --base-url endpoints, round-robin, instead of all."
+    )
+    ray_retries: int | None = option(
+        None, "With --ray: times Ray reruns a partition whose task was lost (it resumes) [default: 3]."
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mix", [self.mix] if isinstance(self.mix, str) else list(self.mix or []))
@@ -114,8 +125,15 @@ class RunResult:
         """Rows read whose group is neither on disk nor filtered, and that were not skipped as asked (already
         done, or invalid under --skip-invalid): failed groups, and those a signal or an error cut short."""
         s = self.stats
-        return max(0, s.problems - s.groups_written - s.groups_filtered - s.problems_skipped_done - s.invalid_rows
-                   - s.problems_beyond_target)
+        return max(
+            0,
+            s.problems
+            - s.groups_written
+            - s.groups_filtered
+            - s.problems_skipped_done
+            - s.invalid_rows
+            - s.problems_beyond_target,
+        )
 
 
 def _count_rows(path: str, limit: int | None) -> int | None:
@@ -131,8 +149,9 @@ def _count_rows(path: str, limit: int | None) -> int | None:
 
 
 class Runner:
-    def __init__(self, run: RunOptions, generate: dict[str, Any], progress: Progress | None = None,
-                 demo: bool = False) -> None:
+    def __init__(
+        self, run: RunOptions, generate: dict[str, Any], progress: Progress | None = None, demo: bool = False
+    ) -> None:
         self.run_options = run
         self.demo = demo  # `agentroll demo`: the folder is marked as its own
         journal = None if run.output == "-" else Layout(Path(run.output)).journal
@@ -160,16 +179,26 @@ class Runner:
         started, begun = time.monotonic(), time.time()
         gen = self.generator
         async with gen:
-            settings = {**gen.settings, "partition": list(opts.slice) if opts.slice else None,
-                        "compression": opts.compression}
-            writer = StdoutWriter() if opts.output == "-" else ShardWriter(
-                Path(opts.output), settings, opts.shard_size, opts.overwrite, opts.compression, demo=self.demo)
+            settings = {
+                **gen.settings,
+                "partition": list(opts.slice) if opts.slice else None,
+                "compression": opts.compression,
+            }
+            writer = (
+                StdoutWriter()
+                if opts.output == "-"
+                else ShardWriter(
+                    Path(opts.output), settings, opts.shard_size, opts.overwrite, opts.compression, demo=self.demo
+                )
+            )
             writer.server = gen.server
             done = writer.open()
             replay = gen.open_journal(done)  # once the folder's lock is held: one process per journal
             if replay:
-                log.info("the call journal holds %d finished calls of unfinished groups: they are replayed, not "
-                         "asked again", replay)
+                log.info(
+                    "the call journal holds %d finished calls of unfinished groups: they are replayed, not asked again",
+                    replay,
+                )
             self.result = result = RunResult(self.stats, gen.counters, 0.0, gen.model, opts.output)
             ticker: asyncio.Task[None] | None = None
             try:
@@ -177,8 +206,9 @@ class Runner:
                 ticker = asyncio.create_task(self._tick())
                 rows = self._todo(done, writer)
                 if self._reached(writer):
-                    log.info("--target-groups %d: that many groups are on disk already, nothing to do",
-                             opts.target_groups)
+                    log.info(
+                        "--target-groups %d: that many groups are on disk already, nothing to do", opts.target_groups
+                    )
                 else:
                     async with contextlib.aclosing(gen.stream(rows, ordered=opts.ordered)) as groups:
                         async for group in groups:
@@ -188,12 +218,25 @@ class Runner:
                 if self.target_reached:
                     self.stats.problems_beyond_target = max(0, self.stats.problems - self.stats.groups_settled)
                 elif self.rows_seen == 0:
-                    raise InputError(self._named(), 0, None, "no rows to generate from: the input is "
-                                     "empty (or holds only blank lines)")
-                if (opts.skip_invalid and self.stats.problems and self.stats.invalid_rows == self.stats.problems
-                        and not self.valid_elsewhere):  # a slice's rows may all be bad; the input's may not
-                    raise InputError(self._named(), 0, None, f"every row read ({self.stats.problems}) "
-                                     "was invalid: check --prompt-key, --label-key and the warnings above")
+                    raise InputError(
+                        self._named(),
+                        0,
+                        None,
+                        "no rows to generate from: the input is empty (or holds only blank lines)",
+                    )
+                if (
+                    opts.skip_invalid
+                    and self.stats.problems
+                    and self.stats.invalid_rows == self.stats.problems
+                    and not self.valid_elsewhere
+                ):  # a slice's rows may all be bad; the input's may not
+                    raise InputError(
+                        self._named(),
+                        0,
+                        None,
+                        f"every row read ({self.stats.problems}) "
+                        "was invalid: check --prompt-key, --label-key and the warnings above",
+                    )
                 result.complete = result.missing_groups == 0
             finally:
                 if ticker is not None:
@@ -202,9 +245,13 @@ class Runner:
                         await ticker
                 self.progress.stop()
                 result.wall_s = time.monotonic() - started
-                writer.run_info = {"stats": self.stats.to_dict(), "requests": asdict(gen.counters),
-                                   "wall_s": round(result.wall_s, 3), "started_at": round(begun, 3),
-                                   "finished_at": round(time.time(), 3)}
+                writer.run_info = {
+                    "stats": self.stats.to_dict(),
+                    "requests": asdict(gen.counters),
+                    "wall_s": round(result.wall_s, 3),
+                    "started_at": round(begun, 3),
+                    "finished_at": round(time.time(), 3),
+                }
                 writer.close(complete=result.complete)
                 result.committed = result.complete  # on disk: a signal from now on changes nothing
         return result
@@ -252,8 +299,13 @@ class Runner:
             stats.invalid_rows += 1
             log.warning("skipping invalid row: %s", group.error)
         else:
-            log.warning("problem %s (%s line %d): group not written, a rerun redoes it: %s", group.problem_id,
-                        group.problem.source, group.problem.line, group.error)
+            log.warning(
+                "problem %s (%s line %d): group not written, a rerun redoes it: %s",
+                group.problem_id,
+                group.problem.source,
+                group.problem.line,
+                group.error,
+            )
         self.progress.advance(stats, self.generator.counters)
         limit = self.run_options.max_failures
         if limit is not None and self.generator.counters.failures > limit:
@@ -286,9 +338,13 @@ class Runner:
                 gen.problem(problem)  # a row's own reward must be allowed
                 written = done.get(problem.id)
                 if written is not None and written != problem.content_hash:
-                    raise InputError(problem.source, problem.line, gen.keys.id,
-                                     f"id {problem.id!r} is already in the output folder with another prompt or "
-                                     "label; give this row another id")
+                    raise InputError(
+                        problem.source,
+                        problem.line,
+                        gen.keys.id,
+                        f"id {problem.id!r} is already in the output folder with another prompt or "
+                        "label; give this row another id",
+                    )
             except InputError as exc:
                 if on_invalid is None:
                     raise
@@ -306,8 +362,13 @@ class Runner:
         waiting = False
         while writer.groups_committed - consumed(writer.directory, name) > most:
             if not waiting:
-                log.warning("waiting for consumer %s: %d groups committed, %d consumed (--max-ahead %d)", name,
-                            writer.groups_committed, consumed(writer.directory, name), most)
+                log.warning(
+                    "waiting for consumer %s: %d groups committed, %d consumed (--max-ahead %d)",
+                    name,
+                    writer.groups_committed,
+                    consumed(writer.directory, name),
+                    most,
+                )
                 waiting = True
             await asyncio.sleep(0.2)  # another process's progress: a file to look at again
 

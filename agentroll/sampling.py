@@ -26,8 +26,10 @@ RULES: dict[str, tuple[Any, str]] = {
     "max_tokens": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a whole number of at least 1"),
     "temperature": (lambda v: _number(v) and v >= 0, "0 or more"),
     "top_p": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1]"),
-    "top_k": (lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >= 0 or v == -1),
-              "at least 1 (or -1: off)"),
+    "top_k": (
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >= 0 or v == -1),
+        "at least 1 (or -1: off)",
+    ),
     "min_p": (lambda v: _number(v) and 0 <= v <= 1, "in [0, 1]"),
 }
 
@@ -61,8 +63,13 @@ class Sampling:
 
     def params(self) -> dict[str, Any]:
         """What shapes the distribution, sent explicitly on every call (max_tokens apart: it is capped per call)."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-                **NEUTRAL}
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            **NEUTRAL,
+        }
 
 
 DEFAULT = Sampling()

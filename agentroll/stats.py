@@ -115,8 +115,13 @@ class RunStats:
 
     @property
     def groups_settled(self) -> int:
-        return (self.groups_written + self.groups_filtered + self.groups_failed + self.groups_invalid
-                + self.problems_skipped_done)
+        return (
+            self.groups_written
+            + self.groups_filtered
+            + self.groups_failed
+            + self.groups_invalid
+            + self.problems_skipped_done
+        )
 
     def add_execution(self, samples: list[Sample]) -> None:
         self.executions += 1
@@ -158,17 +163,25 @@ class RunStats:
     def __add__(self, other: RunStats) -> RunStats:
         """Two runs' figures as one, e.g. the partitions of a --ray job; the report is recomputed from the sums.
         Stages keep this run's order, then the other's new ones."""
-        total = RunStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)
-                            if f.name != "stages"})
-        total.stages = {name: self.stages.get(name, StageStats()) + other.stages.get(name, StageStats())
-                        for name in {**self.stages, **other.stages}}
+        total = RunStats(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name != "stages"}
+        )
+        total.stages = {
+            name: self.stages.get(name, StageStats()) + other.stages.get(name, StageStats())
+            for name in {**self.stages, **other.stages}
+        }
         return total
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunStats:
         """`to_dict`'s output (a manifest's `last_run.stats`) back as counters; derived figures are dropped."""
-        stats = cls(**{f.name: data[f.name] for f in fields(cls)
-                       if f.name != "stages" and isinstance(data.get(f.name), int | float)})
+        stats = cls(
+            **{
+                f.name: data[f.name]
+                for f in fields(cls)
+                if f.name != "stages" and isinstance(data.get(f.name), int | float)
+            }
+        )
         if isinstance(data.get("stages"), dict):
             stats.stages = {name: StageStats.from_dict(s) for name, s in data["stages"].items()}
         return stats

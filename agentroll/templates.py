@@ -32,9 +32,7 @@ class Templates:
     def __init__(self, directory: Path | None = None, names: tuple[str, ...] = THREE_STAGE) -> None:
         self.directory = bundled_or(Path(directory)) if directory else prompts_dir()
         self.names = tuple(names)
-        env = jinja2.Environment(
-            undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False
-        )
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False)
         self._stage: dict[str, jinja2.Template] = {}
         digest = hashlib.sha256()
         for stage in self.names:
@@ -54,12 +52,14 @@ class Templates:
         except jinja2.TemplateSyntaxError as exc:
             raise UsageError(f"prompt template {path}:{exc.lineno}: {exc.message}") from None
 
-    def messages(self, stage: str, problem: str, solutions: list[str] | None = None,
-                 **variables: object) -> list[dict[str, str]]:
+    def messages(
+        self, stage: str, problem: str, solutions: list[str] | None = None, **variables: object
+    ) -> list[dict[str, str]]:
         """The chat messages of one call: the optional system message, then the stage's user message."""
         if stage not in self._stage:
-            raise UsageError(f"no template {stage!r} is loaded (the system's templates are "
-                             f"{', '.join(self.names) or 'none'})")
+            raise UsageError(
+                f"no template {stage!r} is loaded (the system's templates are {', '.join(self.names) or 'none'})"
+            )
         try:
             user = self._stage[stage].render(problem=problem, solutions=solutions or [], **variables)
             out = [{"role": "user", "content": user.strip()}]

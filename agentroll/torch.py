@@ -56,7 +56,9 @@ except ModuleNotFoundError as exc:
         raise
     raise ModuleNotFoundError(
         "agentroll.torch needs PyTorch, which agentroll does not install by default: "
-        "pip install 'agentroll[torch]' (or pip install torch)", name="torch") from exc
+        "pip install 'agentroll[torch]' (or pip install torch)",
+        name="torch",
+    ) from exc
 
 __all__ = ["RolloutDataset", "collate", "to_tensors"]
 
@@ -72,8 +74,10 @@ def to_tensors(record: dict[str, Any]) -> Item:
     logprobs, mask = record["response_logprobs"], record["loss_mask"]
     if not len(response) == len(logprobs) == len(mask):
         # a misaligned record would silently shift the loss onto the wrong tokens: refuse it
-        raise OutputError(f"record {record.get('rollout_id')} ({record.get('stage')}): {len(response)} response "
-                          f"tokens, {len(logprobs)} logprobs, {len(mask)} loss mask entries")
+        raise OutputError(
+            f"record {record.get('rollout_id')} ({record.get('stage')}): {len(response)} response "
+            f"tokens, {len(logprobs)} logprobs, {len(mask)} loss mask entries"
+        )
     pad = [0] * len(prompt)
     return {
         "input_ids": torch.tensor(prompt + response, dtype=torch.long),
@@ -114,9 +118,18 @@ class RolloutDataset(IterableDataset[Item]):
     `agentroll.read_groups(path, follow=True)`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, stages: Iterable[str] | str | None = None,
-                 trajectory: bool = False, include_frozen: bool = False, shuffle_shards: bool = False,
-                 seed: int = 0, rank: int | None = None, world_size: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        stages: Iterable[str] | str | None = None,
+        trajectory: bool = False,
+        include_frozen: bool = False,
+        shuffle_shards: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
         super().__init__()
         self.path = Path(path)
         self.shards: list[Path] = shard_paths(self.path)
@@ -129,8 +142,10 @@ class RolloutDataset(IterableDataset[Item]):
         known = self.system.stages
         if self.stages is not None and known is not None and not self.stages <= set(known):
             # a typo would otherwise yield nothing, silently
-            raise UsageError(f"stages {sorted(self.stages - set(known))}: the {self.system.name} system's stages "
-                             f"are {', '.join(known)}")
+            raise UsageError(
+                f"stages {sorted(self.stages - set(known))}: the {self.system.name} system's stages "
+                f"are {', '.join(known)}"
+            )
         self.trajectory, self.include_frozen = trajectory, include_frozen
         self.shuffle_shards, self.seed, self.epoch = shuffle_shards, seed, 0
         if (rank is None) != (world_size is None):
@@ -157,7 +172,7 @@ class RolloutDataset(IterableDataset[Item]):
         """The shards this worker of this rank reads."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.shard_order()[self.rank * workers + worker::self.world_size * workers]
+        return self.shard_order()[self.rank * workers + worker :: self.world_size * workers]
 
     def __iter__(self) -> Iterator[Item]:
         for shard in self.my_shards():
@@ -210,13 +225,13 @@ def collate(batch: Sequence[Item], pad_id: int = 0) -> Item:
         raise ValueError("collate: an empty batch")
 
     def pad(key: str, value: float) -> torch.Tensor:
-        return torch.nn.utils.rnn.pad_sequence([item[key] for item in batch], batch_first=True,
-                                               padding_value=value)
+        return torch.nn.utils.rnn.pad_sequence([item[key] for item in batch], batch_first=True, padding_value=value)
 
     return {
         "input_ids": pad("input_ids", pad_id),
         "attention_mask": torch.nn.utils.rnn.pad_sequence(
-            [torch.ones_like(item["input_ids"]) for item in batch], batch_first=True, padding_value=0),
+            [torch.ones_like(item["input_ids"]) for item in batch], batch_first=True, padding_value=0
+        ),
         "loss_mask": pad("loss_mask", 0),
         "logprobs": pad("logprobs", 0.0),
         "reward": torch.stack([item["reward"] for item in batch]),

@@ -59,8 +59,9 @@ class Completion:
         return cls(**values)
 
 
-def request_body(api: str, model: str, prompt_ids: list[int], params: dict[str, Any],
-                 alternatives: int, priority: int | None = None) -> dict[str, Any]:
+def request_body(
+    api: str, model: str, prompt_ids: list[int], params: dict[str, Any], alternatives: int, priority: int | None = None
+) -> dict[str, Any]:
     """The body of one call. `params` are vLLM SamplingParams names (temperature, top_p, max_tokens, seed...).
 
     `alternatives` (k): /v1/completions answers the sampled token plus the k most likely; /generate answers the
@@ -70,8 +71,15 @@ def request_body(api: str, model: str, prompt_ids: list[int], params: dict[str, 
     if api == "generate":
         sampling = {**params, "logprobs": alternatives + 1 if alternatives else 0}
         return {"model": model, "token_ids": prompt_ids, "sampling_params": sampling, **extra}
-    return {"model": model, "prompt": prompt_ids, **params, "logprobs": alternatives,
-            "return_token_ids": True, "return_tokens_as_token_ids": True, **extra}
+    return {
+        "model": model,
+        "prompt": prompt_ids,
+        **params,
+        "logprobs": alternatives,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        **extra,
+    }
 
 
 def _reasons(choice: dict[str, Any]) -> tuple[str | None, int | str | None]:
@@ -109,7 +117,8 @@ def _extras(choice: dict[str, Any], out: Completion) -> Completion:
     spans = choice.get("weight_versions")
     if spans is not None:
         if not isinstance(spans, list) or not all(
-                isinstance(s, dict) and type(s.get("start")) is int and type(s.get("end")) is int for s in spans):
+            isinstance(s, dict) and type(s.get("start")) is int and type(s.get("end")) is int for s in spans
+        ):
             raise WireError("weight_versions is not a list of {version, start, end} spans")
         out.weight_versions = [{"version": s.get("version"), "start": s["start"], "end": s["end"]} for s in spans]
     routes = choice.get("routed_experts")
@@ -130,8 +139,11 @@ def _extras(choice: dict[str, Any], out: Completion) -> Completion:
 
 
 def parse(api: str, payload: Any, sent_ids: list[int], alternatives: int) -> Completion:
-    return parse_generate(payload, sent_ids, alternatives) if api == "generate" else parse_completions(
-        payload, sent_ids, alternatives)
+    return (
+        parse_generate(payload, sent_ids, alternatives)
+        if api == "generate"
+        else parse_completions(payload, sent_ids, alternatives)
+    )
 
 
 def parse_completions(payload: Any, sent_ids: list[int], alternatives: int = 0) -> Completion:
@@ -143,7 +155,7 @@ def parse_completions(payload: Any, sent_ids: list[int], alternatives: int = 0) 
     ids = choice.get("token_ids")
     if ids is None:
         try:
-            ids = [int(t[len(TOKEN_ID_PREFIX):]) for t in lp["tokens"] if t.startswith(TOKEN_ID_PREFIX)]
+            ids = [int(t[len(TOKEN_ID_PREFIX) :]) for t in lp["tokens"] if t.startswith(TOKEN_ID_PREFIX)]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WireError(f"cannot read token ids from logprobs.tokens: {exc}") from None
         if len(ids) != len(lp["tokens"]):
@@ -170,7 +182,7 @@ def _completions_top(entries: Any, out: Completion, k: int) -> None:
         if not isinstance(entry, dict):
             raise WireError("a top_logprobs entry is not an object")
         try:
-            pairs = sorted(((int(t[len(TOKEN_ID_PREFIX):]), v) for t, v in entry.items()), key=lambda p: -p[1])[:k]
+            pairs = sorted(((int(t[len(TOKEN_ID_PREFIX) :]), v) for t, v in entry.items()), key=lambda p: -p[1])[:k]
         except (TypeError, ValueError):
             raise WireError("top_logprobs keys are not 'token_id:N' strings with numeric logprobs") from None
         ids_out.append([p[0] for p in pairs])
@@ -200,16 +212,17 @@ def parse_generate(payload: Any, sent_ids: list[int], alternatives: int = 0) -> 
     ranks = [c.get("rank") for c in content]
     if not set(map(type, ranks)) <= {int, type(None)}:
         raise WireError("a logprobs rank is not an integer")
-    out = Completion(sent_ids, ids, logprobs, None, *_reasons(choice),
-                     ranks=ranks)
+    out = Completion(sent_ids, ids, logprobs, None, *_reasons(choice), ranks=ranks)
     if alternatives:
         ids_out, lps_out = [], []
         for c in content:
             top = c.get("top_logprobs")
             if not isinstance(top, list) or not all(isinstance(t, dict) for t in top):
                 raise WireError("a logprobs.content entry has no top_logprobs list")
-            ranked = sorted((t for t in top if type(t.get("rank")) is int and 1 <= t["rank"] <= alternatives),
-                            key=lambda t: t["rank"])
+            ranked = sorted(
+                (t for t in top if type(t.get("rank")) is int and 1 <= t["rank"] <= alternatives),
+                key=lambda t: t["rank"],
+            )
             try:
                 ids_out.append([t["token_id"] for t in ranked])
                 lps_out.append([t["logprob"] for t in ranked])

@@ -22,8 +22,16 @@ from urllib.parse import urlsplit
 import orjson
 from common import cpu_seconds, start_sim, stop
 
-BODY = orjson.dumps({"model": "agentroll-sim", "prompt": list(range(5, 300)), "max_tokens": 600, "logprobs": 0,
-                     "return_token_ids": True, "return_tokens_as_token_ids": True})
+BODY = orjson.dumps(
+    {
+        "model": "agentroll-sim",
+        "prompt": list(range(5, 300)),
+        "max_tokens": 600,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
+)
 
 
 class Connection(asyncio.Protocol):
@@ -50,8 +58,8 @@ class Connection(asyncio.Protocol):
             at = head.index(b"content-length:") + len(b"content-length:")
             self.length, self.head = int(head[at:].split(b"\r\n", 1)[0]), end + 4
         if len(self.buffer) >= self.head + self.length:
-            body = bytes(self.buffer[self.head:self.head + self.length])
-            del self.buffer[:self.head + self.length]
+            body = bytes(self.buffer[self.head : self.head + self.length])
+            del self.buffer[: self.head + self.length]
             self.length = -1
             waiter, self.waiter = self.waiter, None
             assert waiter is not None
@@ -66,8 +74,10 @@ class Connection(asyncio.Protocol):
 
 async def run(url: str, concurrency: int, rounds: int) -> None:
     parts = urlsplit(url)
-    request = (f"POST /v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(BODY)}\r\n\r\n").encode() + BODY
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
     loop = asyncio.get_running_loop()
 
     async def connection() -> None:
@@ -98,12 +108,20 @@ def main() -> None:
         stop(sim)
     total = args.concurrency * args.rounds
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    print(json.dumps({"concurrency": args.concurrency, "latency_s": args.latency, "requests": total,
-                      "requests_per_s": round(total / wall, 1),
-                      "ratio": round(args.rounds * args.latency / wall, 3) if args.latency else None,
-                      "client_cpu_ms_per_request": round(1000 * cpu / total, 3),
-                      "server_cpu_ms_per_request": round(1000 * server / total, 3),
-                      "server_cpu_share": round(server / wall, 3)}))
+    print(
+        json.dumps(
+            {
+                "concurrency": args.concurrency,
+                "latency_s": args.latency,
+                "requests": total,
+                "requests_per_s": round(total / wall, 1),
+                "ratio": round(args.rounds * args.latency / wall, 3) if args.latency else None,
+                "client_cpu_ms_per_request": round(1000 * cpu / total, 3),
+                "server_cpu_ms_per_request": round(1000 * server / total, 3),
+                "server_cpu_share": round(server / wall, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

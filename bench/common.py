@@ -36,13 +36,29 @@ def _stop_all() -> None:
         stop(proc, grace_s=5.0)
 
 
-def start_sim(latency: float, reasoning_words: int = 150,
-              extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_sim(
+    latency: float, reasoning_words: int = 150, extra: list[str] | None = None
+) -> tuple[subprocess.Popen, str]:
     """`agentroll serve-sim` on a free loopback port, in its own process; returns it and its URL."""
     proc = spawn(
-        [sys.executable, "-m", "agentroll", "serve-sim", "--port", "0", "--latency", str(latency),
-         "--reasoning-words", str(reasoning_words), "--max-model-len", "8192", *(extra or [])],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "agentroll",
+            "serve-sim",
+            "--port",
+            "0",
+            "--latency",
+            str(latency),
+            "--reasoning-words",
+            str(reasoning_words),
+            "--max-model-len",
+            "8192",
+            *(extra or []),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()  # "... listening on http://127.0.0.1:PORT"
     url = re.search(r"http://\S+", line).group(0)
     return proc, url

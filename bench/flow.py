@@ -27,8 +27,24 @@ from common import ROOT, TOKENIZER, metrics, spawn, start_sim, stop, wait_for, w
 
 
 def generate(source: Path, problems: Path, out: Path, url: str, *extra: str):
-    return spawn([sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out), "--base-url", url,
-                  "--tokenizer", str(TOKENIZER), "--quiet", *extra], cwd=str(source))
+    return spawn(
+        [
+            sys.executable,
+            "-m",
+            "agentroll",
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            url,
+            "--tokenizer",
+            str(TOKENIZER),
+            "--quiet",
+            *extra,
+        ],
+        cwd=str(source),
+    )
 
 
 def delivered(url: str) -> float:
@@ -62,9 +78,19 @@ def commits(source: Path, count: int, latency: float, capacity: int, extra: list
     for point in (0.25, 0.5, 0.75):
         seen = [r for _, c, r in samples if c <= point * calls]
         share[f"records_on_disk_at_{int(point * 100)}pct_calls"] = round((seen[-1] if seen else 0) / records, 3)
-    return {"bench": "commits", "source": str(source), "flags": extra, "problems": count, "latency_s": latency,
-            "capacity": capacity, "wall_s": round(time.monotonic() - started, 1), "calls": int(calls),
-            "records": records, "exit": gen.returncode, **share}
+    return {
+        "bench": "commits",
+        "source": str(source),
+        "flags": extra,
+        "problems": count,
+        "latency_s": latency,
+        "capacity": capacity,
+        "wall_s": round(time.monotonic() - started, 1),
+        "calls": int(calls),
+        "records": records,
+        "exit": gen.returncode,
+        **share,
+    }
 
 
 def stop_cost(source: Path, count: int, latency: float, capacity: int, extra: list[str]) -> dict:
@@ -86,10 +112,19 @@ def stop_cost(source: Path, count: int, latency: float, capacity: int, extra: li
     rerun.wait()
     both = delivered(url) - base
     stop(sim)
-    return {"bench": "stop", "source": str(source), "flags": extra, "problems": count, "latency_s": latency, "capacity": capacity,
-            "calls_uninterrupted": int(calls), "calls_stopped_and_rerun": int(both),
-            "cost": round(both / calls, 3), "records_on_disk_at_stop": at_stop,
-            "exit_codes": [whole.returncode, first.returncode, rerun.returncode]}
+    return {
+        "bench": "stop",
+        "source": str(source),
+        "flags": extra,
+        "problems": count,
+        "latency_s": latency,
+        "capacity": capacity,
+        "calls_uninterrupted": int(calls),
+        "calls_stopped_and_rerun": int(both),
+        "cost": round(both / calls, 3),
+        "records_on_disk_at_stop": at_stop,
+        "exit_codes": [whole.returncode, first.returncode, rerun.returncode],
+    }
 
 
 def faults(source: Path, count: int, latency: float, capacity: int, extra: list[str]) -> dict:
@@ -103,12 +138,23 @@ def faults(source: Path, count: int, latency: float, capacity: int, extra: list[
         started = time.monotonic()
         gen = generate(source, problems, tmp / "out", url, *extra)
         gen.wait()
-        walls[name] = (round(time.monotonic() - started, 2), gen.returncode,
-                       json.loads((tmp / "out" / "manifest.json").read_text())["groups"])
+        walls[name] = (
+            round(time.monotonic() - started, 2),
+            gen.returncode,
+            json.loads((tmp / "out" / "manifest.json").read_text())["groups"],
+        )
         stop(sim)
-    return {"bench": "faults", "source": str(source), "flags": extra, "problems": count, "latency_s": latency, "capacity": capacity,
-            "clean": walls["clean"], "faulty": walls["faulty"],
-            "rate_ratio": round(walls["clean"][0] / walls["faulty"][0], 3)}
+    return {
+        "bench": "faults",
+        "source": str(source),
+        "flags": extra,
+        "problems": count,
+        "latency_s": latency,
+        "capacity": capacity,
+        "clean": walls["clean"],
+        "faulty": walls["faulty"],
+        "rate_ratio": round(walls["clean"][0] / walls["faulty"][0], 3),
+    }
 
 
 def main() -> None:

@@ -59,8 +59,10 @@ async def through_process_pool(checks: int, burst: bool) -> tuple[float, float]:
 
 
 def figures(wall: float, cpu: float, checks: int) -> dict[str, float]:
-    return {"wall_ms_per_check": round(1000 * wall / checks, 4),
-            "parent_cpu_ms_per_check": round(1000 * cpu / checks, 4)}
+    return {
+        "wall_ms_per_check": round(1000 * wall / checks, 4),
+        "parent_cpu_ms_per_check": round(1000 * cpu / checks, 4),
+    }
 
 
 def children_cpu() -> float:
@@ -93,10 +95,12 @@ async def repeated_label(checks: int, kind: str) -> dict[str, float]:
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     await reward.aclose()
     worker = max(0.0, children_cpu() - children - start_up)
-    return {"wall_ms_per_check": round(1000 * wall / checks, 4),
-            "parent_cpu_ms_per_check": round(1000 * cpu / checks, 4),
-            "worker_cpu_ms_per_check": round(1000 * worker / checks, 4),
-            "total_cpu_ms_per_check": round(1000 * (cpu + worker) / checks, 4)}
+    return {
+        "wall_ms_per_check": round(1000 * wall / checks, 4),
+        "parent_cpu_ms_per_check": round(1000 * cpu / checks, 4),
+        "worker_cpu_ms_per_check": round(1000 * worker / checks, 4),
+        "total_cpu_ms_per_check": round(1000 * (cpu + worker) / checks, 4),
+    }
 
 
 def main() -> None:

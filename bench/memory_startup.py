@@ -24,14 +24,34 @@ from pathlib import Path
 from common import TOKENIZER, metrics, spawn, start_sim, stop, write_problems
 
 
-def run(problems: Path, url: str, out: Path, limit: int, extra: tuple[str, ...] = (),
-        source: Path | None = None) -> tuple[float, float]:
+def run(
+    problems: Path, url: str, out: Path, limit: int, extra: tuple[str, ...] = (), source: Path | None = None
+) -> tuple[float, float]:
     """(peak RSS in MB, seconds from launch to the first request the server saw)."""
     launched = time.time()
     proc = spawn(
-        [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out), "--base-url", url,
-         "--tokenizer", str(TOKENIZER), "--limit", str(limit), "--reward", "exact", "--quiet", "--overwrite", *extra],
-        cwd=str(source) if source else None)
+        [
+            sys.executable,
+            "-m",
+            "agentroll",
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            url,
+            "--tokenizer",
+            str(TOKENIZER),
+            "--limit",
+            str(limit),
+            "--reward",
+            "exact",
+            "--quiet",
+            "--overwrite",
+            *extra,
+        ],
+        cwd=str(source) if source else None,
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: `stop` must not signal that pid again
     first = metrics(url)["agentroll_sim_first_request_unix"]

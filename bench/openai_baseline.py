@@ -31,8 +31,9 @@ def baseline(url: str, concurrency: int, window: float) -> dict:
 
         async def one(i: int) -> None:
             async with slots:
-                await client.completions.create(model="agentroll-sim", prompt=f"What is {i} plus 7?",
-                                                max_tokens=600, logprobs=0)
+                await client.completions.create(
+                    model="agentroll-sim", prompt=f"What is {i} plus 7?", max_tokens=600, logprobs=0
+                )
 
         pending: set[asyncio.Task] = set()
         i = 0
@@ -71,10 +72,17 @@ def main() -> None:
         theirs = baseline(url, args.concurrency, args.window)
     finally:
         stop(sim)
-    print(json.dumps({"concurrency": args.concurrency, "latency_s": args.latency,
-                      "agentroll_requests_per_s": ours["requests_per_s"],
-                      "openai_loop_requests_per_s": theirs["requests_per_s"],
-                      "ratio": round(ours["requests_per_s"] / theirs["requests_per_s"], 3)}))
+    print(
+        json.dumps(
+            {
+                "concurrency": args.concurrency,
+                "latency_s": args.latency,
+                "agentroll_requests_per_s": ours["requests_per_s"],
+                "openai_loop_requests_per_s": theirs["requests_per_s"],
+                "ratio": round(ours["requests_per_s"] / theirs["requests_per_s"], 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

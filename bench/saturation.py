@@ -22,27 +22,72 @@ from pathlib import Path
 from common import TOKENIZER, cpu_seconds, metrics, spawn, start_sim, stop, wait_for, write_problems
 
 
-def measure(concurrency: int, latency: float, window: float, num_parallel: int, words: int,
-            reward: str = "math", extra: list[str] | None = None, capacity: int | None = None,
-            auto: bool = False, profile: str | None = None) -> dict:
+def measure(
+    concurrency: int,
+    latency: float,
+    window: float,
+    num_parallel: int,
+    words: int,
+    reward: str = "math",
+    extra: list[str] | None = None,
+    capacity: int | None = None,
+    auto: bool = False,
+    profile: str | None = None,
+) -> dict:
     # without --capacity the server runs whatever it is sent (serve-sim's default --max-running is vLLM's 256)
     sim, url = start_sim(latency, words, ["--max-running", str(capacity or max(256, concurrency))])
     tmp = Path(tempfile.mkdtemp())
     problems = write_problems(tmp / "p.jsonl", 200_000)
     gen = spawn(
-        [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(tmp / "out"), "--base-url", url,
-         "--tokenizer", str(TOKENIZER), "--num-parallel", str(num_parallel),
-         "--concurrency", "auto" if auto else str(concurrency),
-         "--reward", reward, "--max-tokens", "2048", "--quiet", *(extra or [])])
+        [
+            sys.executable,
+            "-m",
+            "agentroll",
+            "generate",
+            str(problems),
+            "-o",
+            str(tmp / "out"),
+            "--base-url",
+            url,
+            "--tokenizer",
+            str(TOKENIZER),
+            "--num-parallel",
+            str(num_parallel),
+            "--concurrency",
+            "auto" if auto else str(concurrency),
+            "--reward",
+            reward,
+            "--max-tokens",
+            "2048",
+            "--quiet",
+            *(extra or []),
+        ]
+    )
     try:
         warm = max(2 * concurrency, 200)
         assert wait_for(lambda: metrics(url)["vllm:request_success_total"] >= warm, 600), "no warm-up"
         m0, c0, s0, t0 = metrics(url), cpu_seconds(gen.pid), cpu_seconds(sim.pid), time.monotonic()
         spy = None
         if profile:  # sampled stacks of the client over the window (py-spy: pip install py-spy)
-            spy = subprocess.Popen(["py-spy", "record", "--pid", str(gen.pid), "--duration", str(int(window)),
-                                    "--rate", "250", "--format", "raw", "--nonblocking", "--output", profile],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "--pid",
+                    str(gen.pid),
+                    "--duration",
+                    str(int(window)),
+                    "--rate",
+                    "250",
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    profile,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         running, waiting = [], []
         while time.monotonic() - t0 < window:  # sample the server's in-flight and waiting gauges
             time.sleep(0.5)
@@ -59,14 +104,22 @@ def measure(concurrency: int, latency: float, window: float, num_parallel: int, 
     rate = done / (t1 - t0)
     busy = capacity if auto else min(concurrency, capacity or concurrency)
     ideal = busy / latency if latency else None
-    return {"concurrency": concurrency, "latency_s": latency, "window_s": round(t1 - t0, 1),
-            "requests": int(done), "requests_per_s": round(rate, 1),
-            "ideal_per_s": ideal, "ratio": round(rate / ideal, 3) if ideal else None,
-            "client_cpu_ms_per_request": round(1000 * (c1 - c0) / done, 3) if done else None,
-            "client_cpu_share": round((c1 - c0) / (t1 - t0), 3),
-            "server_cpu_share": round((s1 - s0) / (t1 - t0), 3),
-            "server_in_flight_mean": round(sum(running) / len(running), 1),
-            "server_waiting_mean": round(sum(waiting) / len(waiting), 1), "capacity": capacity, "auto": auto}
+    return {
+        "concurrency": concurrency,
+        "latency_s": latency,
+        "window_s": round(t1 - t0, 1),
+        "requests": int(done),
+        "requests_per_s": round(rate, 1),
+        "ideal_per_s": ideal,
+        "ratio": round(rate / ideal, 3) if ideal else None,
+        "client_cpu_ms_per_request": round(1000 * (c1 - c0) / done, 3) if done else None,
+        "client_cpu_share": round((c1 - c0) / (t1 - t0), 3),
+        "server_cpu_share": round((s1 - s0) / (t1 - t0), 3),
+        "server_in_flight_mean": round(sum(running) / len(running), 1),
+        "server_waiting_mean": round(sum(waiting) / len(waiting), 1),
+        "capacity": capacity,
+        "auto": auto,
+    }
 
 
 def main() -> None:
@@ -84,8 +137,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.auto and not args.capacity:
         parser.error("--auto needs --capacity")
-    result = measure(args.concurrency, args.latency, args.window, args.num_parallel, args.reasoning_words, args.reward,
-                     ["--ordered"] if args.ordered else [], args.capacity, args.auto, args.profile)
+    result = measure(
+        args.concurrency,
+        args.latency,
+        args.window,
+        args.num_parallel,
+        args.reasoning_words,
+        args.reward,
+        ["--ordered"] if args.ordered else [],
+        args.capacity,
+        args.auto,
+        args.profile,
+    )
     print(json.dumps({"reward": args.reward, "ordered": args.ordered, **result}))
 
 

@@ -1,6 +1,6 @@
 """httpx versus aiohttp as the completion transport: client CPU per request at a fixed concurrency.
 
-    python bench/transport.py --concurrency 64 --latency 0.1 --requests 3000
+python bench/transport.py --concurrency 64 --latency 0.1 --requests 3000
 """
 
 from __future__ import annotations
@@ -15,8 +15,16 @@ import time
 import orjson
 from common import start_sim, stop
 
-BODY = orjson.dumps({"model": "agentroll-sim", "prompt": list(range(5, 300)), "max_tokens": 600, "logprobs": 0,
-                     "return_token_ids": True, "return_tokens_as_token_ids": True})
+BODY = orjson.dumps(
+    {
+        "model": "agentroll-sim",
+        "prompt": list(range(5, 300)),
+        "max_tokens": 600,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
+)
 
 
 async def with_httpx(url: str, concurrency: int, total: int) -> None:
@@ -28,8 +36,9 @@ async def with_httpx(url: str, concurrency: int, total: int) -> None:
 
         async def one() -> None:
             async with slots:
-                response = await client.post(f"{url}/v1/completions", content=BODY,
-                                             headers={"content-type": "application/json"})
+                response = await client.post(
+                    f"{url}/v1/completions", content=BODY, headers={"content-type": "application/json"}
+                )
                 orjson.loads(response.content)
 
         await asyncio.gather(*(one() for _ in range(total)))
@@ -43,8 +52,12 @@ async def with_aiohttp(url: str, concurrency: int, total: int) -> None:
         slots = asyncio.Semaphore(concurrency)
 
         async def one() -> None:
-            async with slots, session.post(f"{url}/v1/completions", data=BODY,
-                                           headers={"content-type": "application/json"}) as response:
+            async with (
+                slots,
+                session.post(
+                    f"{url}/v1/completions", data=BODY, headers={"content-type": "application/json"}
+                ) as response,
+            ):
                 orjson.loads(await response.read())
 
         await asyncio.gather(*(one() for _ in range(total)))
@@ -66,10 +79,18 @@ def main() -> None:
             asyncio.run(run(url, args.concurrency, args.requests))
             after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - start
             cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-            print(json.dumps({"transport": name, "concurrency": args.concurrency, "latency_s": args.latency,
-                              "requests_per_s": round(args.requests / wall, 1),
-                              "ideal_per_s": args.concurrency / args.latency if args.latency else None,
-                              "cpu_ms_per_request": round(1000 * cpu / args.requests, 3)}))
+            print(
+                json.dumps(
+                    {
+                        "transport": name,
+                        "concurrency": args.concurrency,
+                        "latency_s": args.latency,
+                        "requests_per_s": round(args.requests / wall, 1),
+                        "ideal_per_s": args.concurrency / args.latency if args.latency else None,
+                        "cpu_ms_per_request": round(1000 * cpu / args.requests, 3),
+                    }
+                )
+            )
     finally:
         stop(sim)
 

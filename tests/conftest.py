@@ -23,8 +23,12 @@ def write_problems(path: Path, count: int) -> Path:
     with path.open("w") as f:
         for i in range(count):
             a, b = 10 + i, 7 + 3 * i
-            f.write(json.dumps({"id": f"p{i:03d}", "prompt": f"What is {a} plus {b}?", "label": str(a + b),
-                                "topic": "addition"}) + "\n")
+            f.write(
+                json.dumps(
+                    {"id": f"p{i:03d}", "prompt": f"What is {a} plus {b}?", "label": str(a + b), "topic": "addition"}
+                )
+                + "\n"
+            )
     return path
 
 
@@ -45,8 +49,9 @@ def run_process(*args: str, stdin: bytes | None = None, timeout: float = 120) ->
     """`agentroll ...` in a real subprocess, as a user runs it: where the process is the point (fds, signals)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
     env["HF_HUB_OFFLINE"] = "1"  # a test never reaches for the hub
-    return subprocess.run([sys.executable, "-m", "agentroll", *args], input=stdin, capture_output=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "agentroll", *args], input=stdin, capture_output=True, timeout=timeout, env=env
+    )
 
 
 def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
@@ -74,6 +79,7 @@ def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> sub
 
 def generations(server: SimServer) -> list[dict]:
     """The exchanges a run's executions made: without agentroll's start-up probes, which ask for one token."""
+
     def asked(request: dict) -> object:
         return request.get("max_tokens", (request.get("sampling_params") or {}).get("max_tokens"))
 
@@ -88,13 +94,23 @@ def read_records(folder: Path) -> list[dict]:
     return records
 
 
-def settings(*, concurrency: int | None = 64, max_retries: int = 5, timeout_s: float = 3600.0,
-             backoff_base_s: float = 0.5, affinity_slack: int = 8, probe_interval_s: float = 5.0,
-             down_timeout_s: float = 300.0):
+def settings(
+    *,
+    concurrency: int | None = 64,
+    max_retries: int = 5,
+    timeout_s: float = 3600.0,
+    backoff_base_s: float = 0.5,
+    affinity_slack: int = 8,
+    probe_interval_s: float = 5.0,
+    down_timeout_s: float = 300.0,
+):
     """A client's settings for a test (`concurrency` None: auto)."""
     from agentroll.client import ClientSettings, Concurrency, Health, Retries, Timeouts
 
-    return ClientSettings(timeouts=Timeouts(request_s=timeout_s), concurrency=Concurrency(fixed=concurrency),
-                          retries=Retries(max_retries=max_retries, backoff_base_s=backoff_base_s),
-                          health=Health(probe_interval_s=probe_interval_s, down_timeout_s=down_timeout_s),
-                          affinity_slack=affinity_slack)
+    return ClientSettings(
+        timeouts=Timeouts(request_s=timeout_s),
+        concurrency=Concurrency(fixed=concurrency),
+        retries=Retries(max_retries=max_retries, backoff_base_s=backoff_base_s),
+        health=Health(probe_interval_s=probe_interval_s, down_timeout_s=down_timeout_s),
+        affinity_slack=affinity_slack,
+    )

@@ -26,20 +26,51 @@ DEBATE = {"name": "debate.py:Debate", "stages": ["proposer", "judge"], "options"
 THREE_STAGE = {"name": "three-stage", "stages": list(STAGES), "options": {}}
 
 
-def call(pid: str, rid: str, k: int, size: int, stage: str, prompt: list[int], response: list[int], *,
-         raw: float = 0.0, worker: int = 0, loss_mask: list[int] | None = None, trainable: bool = True,
-         logprob: float = -0.25) -> Record:
+def call(
+    pid: str,
+    rid: str,
+    k: int,
+    size: int,
+    stage: str,
+    prompt: list[int],
+    response: list[int],
+    *,
+    raw: float = 0.0,
+    worker: int = 0,
+    loss_mask: list[int] | None = None,
+    trainable: bool = True,
+    logprob: float = -0.25,
+) -> Record:
     """One call as a record (figures filled in by `execution` and `folder`). Logprobs differ per token, so a
     shifted copy would not match."""
     logprobs = [logprob - i / 64 for i in range(len(response))]
-    sample = Sample(problem_id=pid, problem_hash=f"h-{pid}", rollout_id=rid, sample_index=k, group_size=size,
-                    stage=stage, worker=worker, prompt=f"<{stage} prompt {' '.join(map(str, prompt[-3:]))}>",
-                    prompt_token_ids=list(prompt), response=f"<{stage} says {raw}>",
-                    response_token_ids=list(response), response_logprobs=logprobs,
-                    loss_mask=list(loss_mask) if loss_mask is not None else [1] * len(response), status="completed",
-                    finish_reason="stop", stop_reason=None, content=f"\\boxed{{{int(raw)}}}", raw_reward=raw,
-                    reward=raw, label="1", model="m", endpoint="http://e", latency_s=0.1, attempts=1,
-                    trainable=trainable)
+    sample = Sample(
+        problem_id=pid,
+        problem_hash=f"h-{pid}",
+        rollout_id=rid,
+        sample_index=k,
+        group_size=size,
+        stage=stage,
+        worker=worker,
+        prompt=f"<{stage} prompt {' '.join(map(str, prompt[-3:]))}>",
+        prompt_token_ids=list(prompt),
+        response=f"<{stage} says {raw}>",
+        response_token_ids=list(response),
+        response_logprobs=logprobs,
+        loss_mask=list(loss_mask) if loss_mask is not None else [1] * len(response),
+        status="completed",
+        finish_reason="stop",
+        stop_reason=None,
+        content=f"\\boxed{{{int(raw)}}}",
+        raw_reward=raw,
+        reward=raw,
+        label="1",
+        model="m",
+        endpoint="http://e",
+        latency_s=0.1,
+        attempts=1,
+        trainable=trainable,
+    )
     return dataclasses.asdict(sample)
 
 
@@ -50,34 +81,73 @@ def continued(earlier: Record, injected: list[int], **kwargs: Any) -> Record:
     position = kwargs.pop("position")
     stage, response = kwargs.pop("stage"), kwargs.pop("response")
     prompt = earlier["prompt_token_ids"] + earlier["response_token_ids"] + injected
-    record = call(earlier["problem_id"], earlier["rollout_id"], earlier["sample_index"], earlier["group_size"],
-                  stage, prompt, response, **kwargs)
+    record = call(
+        earlier["problem_id"],
+        earlier["rollout_id"],
+        earlier["sample_index"],
+        earlier["group_size"],
+        stage,
+        prompt,
+        response,
+        **kwargs,
+    )
     before = earlier["history_mask"] or [0] * len(earlier["prompt_token_ids"])
     before_logprobs = earlier["history_logprobs"] or [0.0] * len(earlier["prompt_token_ids"])
     sampled = [x if m else 0.0 for x, m in zip(earlier["response_logprobs"], earlier["loss_mask"], strict=True)]
-    record.update(turn=earlier["turn"] + 1, continues=position,
-                  history_mask=before + earlier["loss_mask"] + [0] * len(injected),
-                  history_logprobs=before_logprobs + sampled + [0.0] * len(injected))
+    record.update(
+        turn=earlier["turn"] + 1,
+        continues=position,
+        history_mask=before + earlier["loss_mask"] + [0] * len(injected),
+        history_logprobs=before_logprobs + sampled + [0.0] * len(injected),
+    )
     return record
 
 
-def conversation(pid: str, k: int, size: int, turns: int, raws: list[float], *, frozen_critic: bool = False,
-                 masked: bool = True) -> list[Record]:
+def conversation(
+    pid: str, k: int, size: int, turns: int, raws: list[float], *, frozen_critic: bool = False, masked: bool = True
+) -> list[Record]:
     """A critique-revise execution of `turns` records (1: the solver only; 3: solver, critic, reviser), one
     conversation. `masked`: the solver's response has a token outside its loss mask (a forced token), which the
     later turns' history must leave 0."""
     rid = f"{pid}-r{k}"
     base = 100 * (k + 1)
-    solver = call(pid, rid, k, size, "solver", [1, 2, 3, 4, 5], [base + i for i in range(6)], raw=raws[0],
-                  loss_mask=[1, 1, 0, 1, 1, 1] if masked else None)
+    solver = call(
+        pid,
+        rid,
+        k,
+        size,
+        "solver",
+        [1, 2, 3, 4, 5],
+        [base + i for i in range(6)],
+        raw=raws[0],
+        loss_mask=[1, 1, 0, 1, 1, 1] if masked else None,
+    )
     records = [solver]
     if turns >= 2:
-        records.append(continued(solver, [7, 8, 9], position=0, stage="critic",
-                                 response=[base + 20 + i for i in range(4)], raw=raws[1],
-                                 trainable=not frozen_critic, logprob=-1.5))
+        records.append(
+            continued(
+                solver,
+                [7, 8, 9],
+                position=0,
+                stage="critic",
+                response=[base + 20 + i for i in range(4)],
+                raw=raws[1],
+                trainable=not frozen_critic,
+                logprob=-1.5,
+            )
+        )
     if turns >= 3:
-        records.append(continued(records[1], [7, 10], position=1, stage="reviser",
-                                 response=[base + 40 + i for i in range(5)], raw=raws[2], logprob=-0.5))
+        records.append(
+            continued(
+                records[1],
+                [7, 10],
+                position=1,
+                stage="reviser",
+                response=[base + 40 + i for i in range(5)],
+                raw=raws[2],
+                logprob=-0.5,
+            )
+        )
     return execution(records, final=records[-1]["raw_reward"])
 
 
@@ -98,14 +168,23 @@ def group(executions: list[list[Record]]) -> list[Record]:
     for r in records:
         members = [x["reward"] for x in records if x["stage"] == r["stage"]]
         stage_mean = sum(members) / len(members)
-        r.update(group_reward_mean=mean, group_reward_std=std, group_pass_at_k=passed,
-                 stage_group_size=len(members), stage_group_reward_mean=stage_mean,
-                 stage_group_reward_std=(sum((x - stage_mean) ** 2 for x in members) / len(members)) ** 0.5)
+        r.update(
+            group_reward_mean=mean,
+            group_reward_std=std,
+            group_pass_at_k=passed,
+            stage_group_size=len(members),
+            stage_group_reward_mean=stage_mean,
+            stage_group_reward_std=(sum((x - stage_mean) ** 2 for x in members) / len(members)) ** 0.5,
+        )
     return records
 
 
-def write(folder: Path, shards: list[list[list[Record]]], system: dict[str, Any] | None,
-          stage_settings: dict[str, Any] | None = None) -> Path:
+def write(
+    folder: Path,
+    shards: list[list[list[Record]]],
+    system: dict[str, Any] | None,
+    stage_settings: dict[str, Any] | None = None,
+) -> Path:
     """`shards`: per shard, its groups (each a list of records). `system` None: a folder made before systems
     were pluggable (no `system` in its settings)."""
     folder.mkdir(parents=True)
@@ -118,12 +197,26 @@ def write(folder: Path, shards: list[list[list[Record]]], system: dict[str, Any]
         data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
         name = f"rollouts-{i:05d}.jsonl"
         (folder / name).write_bytes(data)
-        entries.append({"file": name, "records": len(records),
-                        "executions": len({r["rollout_id"] for r in records}), "groups": len(groups),
-                        "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-    manifest = {"format": "agentroll.rollouts", "schema_version": SCHEMA_VERSION, "complete": True,
-                "records": sum(e["records"] for e in entries), "executions": sum(e["executions"] for e in entries),
-                "groups": sum(e["groups"] for e in entries), "shards": entries, "settings": settings}
+        entries.append(
+            {
+                "file": name,
+                "records": len(records),
+                "executions": len({r["rollout_id"] for r in records}),
+                "groups": len(groups),
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
+    manifest = {
+        "format": "agentroll.rollouts",
+        "schema_version": SCHEMA_VERSION,
+        "complete": True,
+        "records": sum(e["records"] for e in entries),
+        "executions": sum(e["executions"] for e in entries),
+        "groups": sum(e["groups"] for e in entries),
+        "shards": entries,
+        "settings": settings,
+    }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
@@ -131,10 +224,18 @@ def write(folder: Path, shards: list[list[list[Record]]], system: dict[str, Any]
 def critique_revise(folder: Path, *, frozen_critic: bool = False, system: dict[str, Any] | None = None) -> Path:
     """Two problems of two executions, in two shards: whole conversations, one that stopped after the solver
     and one after the critic."""
-    a = group([conversation("a", 0, 2, 3, [1.0, 0.0, 1.0], frozen_critic=frozen_critic),
-               conversation("a", 1, 2, 1, [0.0], frozen_critic=frozen_critic)])
-    b = group([conversation("b", 0, 2, 2, [1.0, 1.0], frozen_critic=frozen_critic),
-               conversation("b", 1, 2, 3, [0.0, 1.0, 0.0], frozen_critic=frozen_critic, masked=False)])
+    a = group(
+        [
+            conversation("a", 0, 2, 3, [1.0, 0.0, 1.0], frozen_critic=frozen_critic),
+            conversation("a", 1, 2, 1, [0.0], frozen_critic=frozen_critic),
+        ]
+    )
+    b = group(
+        [
+            conversation("b", 0, 2, 2, [1.0, 1.0], frozen_critic=frozen_critic),
+            conversation("b", 1, 2, 3, [0.0, 1.0, 0.0], frozen_critic=frozen_critic, masked=False),
+        ]
+    )
     return write(folder, [[a], [b]], CRITIQUE_REVISE if system is None else system)
 
 
@@ -145,8 +246,9 @@ def three_stage(folder: Path, system: dict[str, Any] | None = None) -> Path:
     for k in range(2):
         rid = f"t-{k}"
         records = [call("t", rid, k, 2, "solver", [1, 2], [30 + w, 2], raw=float(w), worker=w) for w in range(2)]
-        records += [call("t", rid, k, 2, "rewriter", [1, 2, 3], [40 + w, 2], raw=float(w == k), worker=w)
-                    for w in range(2)]
+        records += [
+            call("t", rid, k, 2, "rewriter", [1, 2, 3], [40 + w, 2], raw=float(w == k), worker=w) for w in range(2)
+        ]
         for w, r in enumerate(records[2:]):
             r["listed_as"] = w + 1
         selector = call("t", rid, k, 2, "selector", [1, 2, 3, 4], [2], raw=records[3]["raw_reward"])
@@ -164,10 +266,13 @@ def debate(folder: Path) -> Path:
         for k in range(2):
             rid = f"{pid}-d{k}"
             raws = [float((k + w) % 2) for w in range(2)]
-            records = [call(pid, rid, k, 2, "proposer", [1, 2, 3], [50 + w, 51, 52 + k], raw=raws[w], worker=w)
-                       for w in range(2)]
-            records.append(call(pid, rid, k, 2, "judge", [1, 2, 3, 50, 51, 52], [60 + k, 2], raw=raws[k % 2],
-                                trainable=False))
+            records = [
+                call(pid, rid, k, 2, "proposer", [1, 2, 3], [50 + w, 51, 52 + k], raw=raws[w], worker=w)
+                for w in range(2)
+            ]
+            records.append(
+                call(pid, rid, k, 2, "judge", [1, 2, 3, 50, 51, 52], [60 + k, 2], raw=raws[k % 2], trainable=False)
+            )
             executions.append(execution(records, final=records[-1]["raw_reward"]))
         groups.append(group(executions))
     return write(folder, [groups], DEBATE)

@@ -14,10 +14,12 @@ from .conftest import TOKENIZER, run_cli, settings, write_problems
 
 
 def test_vllms_metrics_text_is_read_summed_over_label_sets():
-    text = ('# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine="0",model_name="m}"} 7.0\n'
-            'vllm:num_requests_running{engine="1",model_name="m"} 5.0\nvllm:num_requests_waiting{engine="0"} 3.0\n'
-            'vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:num_preemptions_total{engine="0"} 2.0\n'
-            'vllm:num_requests_waiting_by_reason{reason="capacity"} 99.0\n')
+    text = (
+        '# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine="0",model_name="m}"} 7.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 5.0\nvllm:num_requests_waiting{engine="0"} 3.0\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:num_preemptions_total{engine="0"} 2.0\n'
+        'vllm:num_requests_waiting_by_reason{reason="capacity"} 99.0\n'
+    )
     assert parse_metrics(text) == Load(running=12.0, waiting=3.0, kv_usage=0.5, preemptions=2.0)
     assert parse_metrics("# nothing here\nother_metric 1\n") is None
 
@@ -36,14 +38,33 @@ def test_the_controller_grows_with_room_and_backs_off_on_a_queue_or_preemptions(
 def test_auto_finds_an_unknown_capacity_from_metrics(tmp_path):
     capacity = 24
     problems = write_problems(tmp_path / "p.jsonl", 120)
-    server = SimServer(script=Script.from_jsonl(problems), max_running=capacity, record=False,
-                       faults=Faults(latency_s=0.25))
+    server = SimServer(
+        script=Script.from_jsonl(problems), max_running=capacity, record=False, faults=Faults(latency_s=0.25)
+    )
     server.start()
     try:
         out = tmp_path / "out"
-        proc = run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer",
-                       TOKENIZER, "--reward", "exact", "--num-parallel", "4", "--samples-per-prompt", "2",
-                       "--concurrency", "auto", "--max-concurrency", "200", timeout=300)
+        proc = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--reward",
+            "exact",
+            "--num-parallel",
+            "4",
+            "--samples-per-prompt",
+            "2",
+            "--concurrency",
+            "auto",
+            "--max-concurrency",
+            "200",
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr.decode()
         settled = json.loads((out / "manifest.json").read_text())["last_run"]["requests"]["concurrency"]
         assert list(settled) == [server.url]
@@ -59,8 +80,20 @@ def test_a_server_without_metrics_keeps_a_fixed_concurrency_with_a_warning(sim, 
 
     del app.ROUTES["/metrics"]
     try:
-        proc = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url,
-                       "--tokenizer", TOKENIZER, "--reward", "exact", "--concurrency", "auto")
+        proc = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            sim.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--reward",
+            "exact",
+            "--concurrency",
+            "auto",
+        )
     finally:
         app.ROUTES["/metrics"] = {"GET": app.prometheus}
     assert proc.returncode == 0, proc.stderr.decode()

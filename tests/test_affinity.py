@@ -45,9 +45,24 @@ def test_every_execution_of_a_problem_goes_to_one_of_two_servers(tmp_path):
         server.start()
     try:
         out = tmp_path / "out"
-        proc = run_cli("generate", str(problems), "-o", str(out), "--base-url", ",".join(s.url for s in servers),
-                       "--tokenizer", TOKENIZER, "--reward", "exact", "--num-parallel", "2",
-                       "--samples-per-prompt", "4", "--concurrency", "16")
+        proc = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            ",".join(s.url for s in servers),
+            "--tokenizer",
+            TOKENIZER,
+            "--reward",
+            "exact",
+            "--num-parallel",
+            "2",
+            "--samples-per-prompt",
+            "4",
+            "--concurrency",
+            "16",
+        )
         assert proc.returncode == 0, proc.stderr.decode()
         endpoints = defaultdict(set)
         for record in read_records(out):

@@ -23,9 +23,27 @@ from .conftest import TOKENIZER, write_problems
 ROOT = Path(__file__).resolve().parent.parent
 ROW = {"id": "q1", "prompt": "What is 40 plus 2?", "label": "42"}
 
-PUBLIC = ["AgentrollError", "Context", "GenerateOptions", "Generator", "Group", "IncompleteRun", "InputError",
-          "OutputError", "RewardError", "Sample", "ServerError", "System", "TooManyFailures", "UsageError",
-          "__version__", "gather_or_cancel", "read_groups", "read_records", "rescore"]
+PUBLIC = [
+    "AgentrollError",
+    "Context",
+    "GenerateOptions",
+    "Generator",
+    "Group",
+    "IncompleteRun",
+    "InputError",
+    "OutputError",
+    "RewardError",
+    "Sample",
+    "ServerError",
+    "System",
+    "TooManyFailures",
+    "UsageError",
+    "__version__",
+    "gather_or_cancel",
+    "read_groups",
+    "read_records",
+    "rescore",
+]
 
 
 def test_all_is_exactly_the_public_surface():
@@ -54,19 +72,22 @@ def test_the_generator_takes_the_cli_options_with_the_same_defaults():
         agentroll.Generator(base_url="http://127.0.0.1:1", num_paralel=3)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"reward_concurrency": 0}, "--reward-concurrency must be a whole number of at least 1"),
-    ({"probe_interval": 0}, "--probe-interval must be a number of seconds above 0"),
-    ({"request_timeout": float("nan")}, "--request-timeout must be a number of seconds above 0"),
-    ({"top_p": 1.5}, "--top-p must be in (0, 1]"),
-    ({"max_retries": -1}, "--max-retries must be a whole number of at least 0"),
-    ({"concurrency": 2.5}, "--concurrency must be a whole number"),
-    ({"chat_template_kwargs": "[1]"}, "--chat-template-kwargs must be a JSON object"),
-    ({"base_url": []}, "no server given"),
-    ({"max_context_len": 3000.5}, "--max-context-len must be a whole number, got 3000.5"),
-    ({"temperature": True}, "--temperature must be a number, got True"),
-    ({"seed": 1.5}, "--seed must be a whole number"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"reward_concurrency": 0}, "--reward-concurrency must be a whole number of at least 1"),
+        ({"probe_interval": 0}, "--probe-interval must be a number of seconds above 0"),
+        ({"request_timeout": float("nan")}, "--request-timeout must be a number of seconds above 0"),
+        ({"top_p": 1.5}, "--top-p must be in (0, 1]"),
+        ({"max_retries": -1}, "--max-retries must be a whole number of at least 0"),
+        ({"concurrency": 2.5}, "--concurrency must be a whole number"),
+        ({"chat_template_kwargs": "[1]"}, "--chat-template-kwargs must be a JSON object"),
+        ({"base_url": []}, "no server given"),
+        ({"max_context_len": 3000.5}, "--max-context-len must be a whole number, got 3000.5"),
+        ({"temperature": True}, "--temperature must be a number, got True"),
+        ({"seed": 1.5}, "--seed must be a whole number"),
+    ],
+)
 def test_every_numeric_option_is_validated(kwargs, message):
     with pytest.raises(agentroll.UsageError) as info:
         agentroll.Generator(**{"base_url": "http://127.0.0.1:1", **kwargs})
@@ -82,8 +103,9 @@ def test_the_api_reads_the_environment_as_the_cli_does(monkeypatch):
 
 
 def generator(url: str, **kw) -> agentroll.Generator:
-    return agentroll.Generator(base_url=url, tokenizer=TOKENIZER, num_parallel=2, samples_per_prompt=3,
-                               reward="exact", seed=1, **kw)
+    return agentroll.Generator(
+        base_url=url, tokenizer=TOKENIZER, num_parallel=2, samples_per_prompt=3, reward="exact", seed=1, **kw
+    )
 
 
 def test_run_group_gives_a_whole_group_whose_records_are_the_lines_written(sim, tmp_path):
@@ -183,8 +205,9 @@ def test_a_group_whose_calls_fail_comes_back_failed_not_smaller(problems):
 
 def test_a_row_may_name_only_an_allowed_reward(sim, tmp_path):
     module = tmp_path / "evil.py"
-    module.write_text("import pathlib\npathlib.Path(__file__).with_name('ran').touch()\n"
-                      "def score(r):\n    return 1.0\n")
+    module.write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('ran').touch()\ndef score(r):\n    return 1.0\n"
+    )
 
     async def go(**kw):
         async with generator(sim.url, **kw) as gen:

@@ -51,18 +51,32 @@ def test_version_and_short_help():
 def test_data_in_an_error_is_never_read_as_markup_or_emoji(sim, tmp_path):
     path = tmp_path / "l100.jsonl"
     path.write_text("\n" * 99 + "{not json [red]x[/red] :100:\n")
-    proc = run_cli("generate", str(path), "-o", str(tmp_path / "out"), "--base-url", sim.url,
-                   "--tokenizer", TOKENIZER)
+    proc = run_cli("generate", str(path), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER)
     assert proc.returncode == 3
     assert f"{path}:100: malformed JSON".encode() in proc.stderr
     assert "💯".encode() not in proc.stderr
 
 
 def test_a_folder_tools_table_never_cuts_a_figure_at_80_columns(sim, problems, tmp_path):
-    assert run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
-                   TOKENIZER, "--reward", "exact", "-q").returncode == 0
-    result = runner.invoke(app, ["stats", str(tmp_path / "out"), "--by", "topic"], terminal_width=80,
-                           env={"COLUMNS": "80"})
+    assert (
+        run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            sim.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--reward",
+            "exact",
+            "-q",
+        ).returncode
+        == 0
+    )
+    result = runner.invoke(
+        app, ["stats", str(tmp_path / "out"), "--by", "topic"], terminal_width=80, env={"COLUMNS": "80"}
+    )
     assert result.exit_code == 0
     assert "…" not in result.output
 

@@ -67,8 +67,7 @@ def test_top_k_from_generate_keeps_ranks_1_to_k_whatever_the_sampled_rank():
     payload = captured("vllm032_generate_top3.json")
     done = parse_generate(payload, [1, 2, 3, 4, 5], alternatives=2)
     content = payload["choices"][0]["logprobs"]["content"]
-    assert done.top_token_ids == [[c["top_logprobs"][1]["token_id"], c["top_logprobs"][2]["token_id"]]
-                                  for c in content]
+    assert done.top_token_ids == [[c["top_logprobs"][1]["token_id"], c["top_logprobs"][2]["token_id"]] for c in content]
     assert all(a >= b for lps in done.top_logprobs for a, b in itertools.pairwise(lps))
     assert done.ranks == [14, 218, 2095, 2755]
     assert request_body("generate", "m", [1], {"max_tokens": 2}, 2)["sampling_params"]["logprobs"] == 3
@@ -76,11 +75,24 @@ def test_top_k_from_generate_keeps_ranks_1_to_k_whatever_the_sampled_rank():
 
 
 def test_top_k_from_completions_sorted_by_logprob_with_the_sampled_rank_when_listed():
-    payload = {"choices": [{"text": "", "finish_reason": "length", "stop_reason": None, "token_ids": [5, 9],
-                            "logprobs": {"token_logprobs": [-3.0, -0.1], "tokens": ["token_id:5", "token_id:9"],
-                                         "top_logprobs": [
-                                             {"token_id:5": -3.0, "token_id:1": -0.5, "token_id:2": -1.0},
-                                             {"token_id:9": -0.1, "token_id:4": -2.0}]}}]}
+    payload = {
+        "choices": [
+            {
+                "text": "",
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": [5, 9],
+                "logprobs": {
+                    "token_logprobs": [-3.0, -0.1],
+                    "tokens": ["token_id:5", "token_id:9"],
+                    "top_logprobs": [
+                        {"token_id:5": -3.0, "token_id:1": -0.5, "token_id:2": -1.0},
+                        {"token_id:9": -0.1, "token_id:4": -2.0},
+                    ],
+                },
+            }
+        ]
+    }
     done = parse_completions(payload, [1], alternatives=2)
     assert done.top_token_ids == [[1, 2], [9, 4]] and done.top_logprobs == [[-0.5, -1.0], [-0.1, -2.0]]
     assert done.ranks == [None, 1]
@@ -92,8 +104,6 @@ def test_both_vllm_error_shapes_give_the_servers_message():
     assert error_message(new, 400) == "max_tokens=5000 cannot be greater"
     assert error_message(old, 400) == "too long"
     assert error_message(b"upstream gone", 502) == "upstream gone"
-
-
 
 
 def test_a_completion_over_http_is_what_the_server_sent(sim):
@@ -129,17 +139,38 @@ def test_a_400_fails_at_once_with_the_servers_message_and_a_404_ends_the_run(sim
 @pytest.mark.parametrize("finish", [["stop"], {"why": "stop"}, 7])
 def test_a_finish_reason_that_is_not_a_string_is_a_malformed_answer_retried(finish):
     """Over the transport seam: the first answer's finish_reason is no string, the retry's is."""
-    answers = [{"choices": [{"text": "x", "token_ids": [3], "logprobs": {"token_logprobs": [-0.5]},
-                             "finish_reason": finish, "stop_reason": None}]},
-               {"choices": [{"text": "x", "token_ids": [3], "logprobs": {"token_logprobs": [-0.5]},
-                             "finish_reason": "stop", "stop_reason": None}]}]
+    answers = [
+        {
+            "choices": [
+                {
+                    "text": "x",
+                    "token_ids": [3],
+                    "logprobs": {"token_logprobs": [-0.5]},
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "text": "x",
+                    "token_ids": [3],
+                    "logprobs": {"token_logprobs": [-0.5]},
+                    "finish_reason": "stop",
+                    "stop_reason": None,
+                }
+            ]
+        },
+    ]
 
     def handler(method: str, url: str, body: bytes | None) -> tuple[int, bytes]:
         return 200, json.dumps(answers.pop(0)).encode()
 
     async def go():
-        client = CompletionClient(["http://127.0.0.1:9"], settings(max_retries=2, backoff_base_s=0.001),
-                                  transport=FunctionTransport(handler))
+        client = CompletionClient(
+            ["http://127.0.0.1:9"], settings(max_retries=2, backoff_base_s=0.001), transport=FunctionTransport(handler)
+        )
         try:
             return await client.complete([1, 2], {"max_tokens": 4}, "m"), client.counters.retries
         finally:

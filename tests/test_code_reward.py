@@ -100,7 +100,9 @@ def test_call_based_tests_call_the_function_or_a_solution_method():
 
 def test_a_call_based_solution_is_loaded_as_a_module_so_its_main_block_stays_idle():
     label = {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}
-    program = "import sys\n\ndef add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(sys.stdin.read())"
+    program = (
+        "import sys\n\ndef add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(sys.stdin.read())"
+    )
     assert score(answer(program), label).value == 1.0  # its main block would have eaten the arguments
     named = "def add(a, b):\n    return __name__"
     assert score(answer(named), {"fn_name": "add", "inputs": [[1, 2]], "outputs": ["solution"]}).value == 1.0
@@ -174,8 +176,25 @@ def test_the_three_stage_system_judges_programs_on_the_simulator(tmp_path):
     server.start()
     try:
         out = tmp_path / "out"
-        done = run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
-                       "--reward", "code", "--num-parallel", "2", "--samples-per-prompt", "4", "--seed", "5", "-q")
+        done = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--reward",
+            "code",
+            "--num-parallel",
+            "2",
+            "--samples-per-prompt",
+            "4",
+            "--seed",
+            "5",
+            "-q",
+        )
         assert done.returncode == 0, done.stderr.decode()[-2000:]
     finally:
         server.stop()

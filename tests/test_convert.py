@@ -45,8 +45,20 @@ def render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
 
 # ---------------------------------------------------------------------------------------------------------- dpo
 
-DPO_FIELDS = ["problem_id", "stage", "prompt", "prompt_token_ids", "chosen", "chosen_token_ids", "chosen_logprobs",
-              "chosen_reward", "rejected", "rejected_token_ids", "rejected_logprobs", "rejected_reward"]
+DPO_FIELDS = [
+    "problem_id",
+    "stage",
+    "prompt",
+    "prompt_token_ids",
+    "chosen",
+    "chosen_token_ids",
+    "chosen_logprobs",
+    "chosen_reward",
+    "rejected",
+    "rejected_token_ids",
+    "rejected_logprobs",
+    "rejected_reward",
+]
 
 
 def available_pairs(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[float]]:
@@ -62,16 +74,21 @@ def available_pairs(records: list[dict[str, Any]]) -> dict[tuple[str, str], list
 
 def find(records: list[dict[str, Any]], row: dict[str, Any], side: str) -> dict[str, Any]:
     """The record a pair's side was copied from: same problem, stage, prompt ids, response ids, logprobs, reward."""
-    hits = [r for r in records if r["problem_id"] == row["problem_id"] and r["stage"] == row["stage"]
-            and r["prompt_token_ids"] == row["prompt_token_ids"]
-            and r["response_token_ids"] == row[f"{side}_token_ids"]
-            and r["response_logprobs"] == row[f"{side}_logprobs"] and r["reward"] == row[f"{side}_reward"]]
+    hits = [
+        r
+        for r in records
+        if r["problem_id"] == row["problem_id"]
+        and r["stage"] == row["stage"]
+        and r["prompt_token_ids"] == row["prompt_token_ids"]
+        and r["response_token_ids"] == row[f"{side}_token_ids"]
+        and r["response_logprobs"] == row[f"{side}_logprobs"]
+        and r["reward"] == row[f"{side}_reward"]
+    ]
     assert hits, f"no record has the {side} side of {row['problem_id']}/{row['stage']}"
     return hits[0]
 
 
-def test_dpo_pairs_share_prompt_ids_prefer_the_higher_reward_and_are_token_exact(folder, records, tokenizer,
-                                                                                 tmp_path):
+def test_dpo_pairs_share_prompt_ids_prefer_the_higher_reward_and_are_token_exact(folder, records, tokenizer, tmp_path):
     summary = convert(folder, "dpo", tmp_path / "o")
     rows = lines(tmp_path / "o" / "dpo.jsonl")
     gaps = available_pairs(records)
@@ -116,8 +133,9 @@ def test_dpo_output_goes_through_trls_own_data_code(folder, records, tokenizer, 
     from trl.trainer.dpo_trainer import DataCollatorForPreference
 
     convert(folder, "dpo", tmp_path / "o")
-    ds = datasets.load_dataset("json", data_files=str(tmp_path / "o" / "dpo.jsonl"), split="train",
-                               cache_dir=str(tmp_path / "cache"))
+    ds = datasets.load_dataset(
+        "json", data_files=str(tmp_path / "o" / "dpo.jsonl"), split="train", cache_dir=str(tmp_path / "cache")
+    )
     assert len(ds) > 0 and is_conversational(ds[0])
     for example in ds:
         source = find(records, example, "chosen")
@@ -125,14 +143,23 @@ def test_dpo_output_goes_through_trls_own_data_code(folder, records, tokenizer, 
         # with add_generation_prompt=True; TRL's text and ids are the record's, token for token
         text = apply_chat_template({k: example[k] for k in ("prompt", "chosen", "rejected")}, tokenizer)
         assert text["prompt"] == source["prompt"]
-        ids = tokenizer.apply_chat_template(example["prompt"], tokenize=True, add_generation_prompt=True,
-                                            return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(
+            example["prompt"], tokenize=True, add_generation_prompt=True, return_dict=True
+        )["input_ids"]
         assert list(ids) == example["prompt_token_ids"]
     # token-exact DPO: the recorded ids straight into TRL's preference collator
     batch_rows = [ds[i] for i in range(min(4, len(ds)))]
     collator = DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id)
-    batch = collator([{"prompt_ids": r["prompt_token_ids"], "chosen_ids": r["chosen_token_ids"],
-                       "rejected_ids": r["rejected_token_ids"]} for r in batch_rows])
+    batch = collator(
+        [
+            {
+                "prompt_ids": r["prompt_token_ids"],
+                "chosen_ids": r["chosen_token_ids"],
+                "rejected_ids": r["rejected_token_ids"],
+            }
+            for r in batch_rows
+        ]
+    )
     n = len(batch_rows)
     for i, r in enumerate(batch_rows):
         for j, side in ((i, "chosen"), (n + i, "rejected")):
@@ -144,12 +171,17 @@ def test_dpo_output_goes_through_trls_own_data_code(folder, records, tokenizer, 
 # ---------------------------------------------------------------------------------------------------------- sft
 
 
-def test_sft_keeps_correct_finished_samples_of_the_stages_asked_with_the_prompt_masked(folder, records, tokenizer,
-                                                                                       tmp_path):
+def test_sft_keeps_correct_finished_samples_of_the_stages_asked_with_the_prompt_masked(
+    folder, records, tokenizer, tmp_path
+):
     summary = convert(folder, "sft", tmp_path / "o", stages=["solver", "rewriter"])
     rows = lines(tmp_path / "o" / "sft.jsonl")
-    expected = [r for group in stage_groups(records).values() for r in group
-                if r["stage"] in ("solver", "rewriter") and r["raw_reward"] == 1.0 and r["status"] == "completed"]
+    expected = [
+        r
+        for group in stage_groups(records).values()
+        for r in group
+        if r["stage"] in ("solver", "rewriter") and r["raw_reward"] == 1.0 and r["status"] == "completed"
+    ]
     assert any(r["raw_reward"] == 1.0 and r["reward"] != 1.0 for r in expected)  # correct, in a failed execution
     assert summary["rows"] == len(rows) == len(expected) > 0
     for row, source in zip(rows, expected, strict=True):
@@ -174,13 +206,13 @@ def test_sft_leaves_out_a_correct_truncated_sample_and_masks_what_the_loss_mask_
     edited = edited_copy(folder, tmp_path / "edited", edit)
     convert(edited, "sft", tmp_path / "o", layout="standard")
     rows = lines(tmp_path / "o" / "sft.jsonl")
-    masked = [r for r in rows if r["input_ids"][-len(marks["masked"]):] == marks["masked"]]
+    masked = [r for r in rows if r["input_ids"][-len(marks["masked"]) :] == marks["masked"]]
     assert len(masked) == 1 and masked[0]["labels"][-1] == -100 and masked[0]["labels"][-2] == marks["masked"][-2]
     original = lines(Path(convert(folder, "sft", tmp_path / "o2", layout="standard")["files"][0]))
     assert len(rows) == len(original) - 1
     convert(edited, "megatron", tmp_path / "m")
     rollouts = [t for g in lines(tmp_path / "m" / "megatron.jsonl") for t in g["rollouts"] if t["trajectory"]]
-    hit = [t for t in rollouts if t["trajectory"][0][-len(marks["masked"]):] == marks["masked"]]
+    hit = [t for t in rollouts if t["trajectory"][0][-len(marks["masked"]) :] == marks["masked"]]
     assert hit[0]["generation_mask"][0][-2:] == [True, False]
     truncated = [t for t in rollouts if t["logprobs"][0] == marks["truncated"]]
     assert truncated[0]["generation_cap"] == len(truncated[0]["logprobs"][0])
@@ -195,8 +227,9 @@ def test_sft_rows_go_through_trls_language_modeling_collator(folder, tmp_path):
     assert list(rows[0]) == ["problem_id", "stage", "prompt", "completion", "input_ids", "labels"]
     # SFTTrainer._prepare_dataset takes a dataset with "input_ids" as processed and keeps its "labels" as they are;
     # the collator pads them with -100
-    batch = DataCollatorForLanguageModeling(pad_token_id=0)([{k: r[k] for k in ("input_ids", "labels")}
-                                                             for r in rows[:4]])
+    batch = DataCollatorForLanguageModeling(pad_token_id=0)(
+        [{k: r[k] for k in ("input_ids", "labels")} for r in rows[:4]]
+    )
     for i, row in enumerate(rows[:4]):
         width = len(row["labels"])
         assert batch["labels"][i].tolist() == row["labels"] + [-100] * (batch["labels"].shape[1] - width)
@@ -217,8 +250,16 @@ def test_trl_rows_are_what_a_rollout_func_returns_token_for_token(folder, record
     assert len(rows) == len(expected)
     for row, source in zip(rows, expected, strict=True):
         assert set(row) >= TRL_REQUIRED and "advantage" not in row
-        assert list(row) == ["problem_id", "stage", "prompt", "prompt_ids", "completion_ids", "logprobs", "env_mask",
-                             "reward"]
+        assert list(row) == [
+            "problem_id",
+            "stage",
+            "prompt",
+            "prompt_ids",
+            "completion_ids",
+            "logprobs",
+            "env_mask",
+            "reward",
+        ]
         assert row["prompt_ids"] == source["prompt_token_ids"]
         assert row["completion_ids"] == source["response_token_ids"]
         assert row["logprobs"] == source["response_logprobs"] and len(row["logprobs"]) == len(row["completion_ids"])
@@ -298,11 +339,12 @@ def test_megatron_lines_are_rollout_groups_of_token_rollouts(folder, records, tm
         assert set(row) == {"rollouts", "batch_id", "index_in_batch", "uid"} and row["uid"] == f"{pid}/{stage}"
         group = RolloutGroup.model_validate(row)
         assert len(group.rollouts) == size  # padded: Megatron stacks a step's rewards as one array
-        assert all(not t.trajectory for t in group.rollouts[len(members):])  # placeholders
+        assert all(not t.trajectory for t in group.rollouts[len(members) :])  # placeholders
         assert group.batch_id == problems.index(pid)
         assert group.index_in_batch == [s for p, s in groups if p == pid].index(stage)
-        for rollout, raw, source in zip(group.rollouts[:len(members)], row["rollouts"][:len(members)], members,
-                                        strict=True):
+        for rollout, raw, source in zip(
+            group.rollouts[: len(members)], row["rollouts"][: len(members)], members, strict=True
+        ):
             prompt, response = source["prompt_token_ids"], source["response_token_ids"]
             assert rollout.trajectory == [prompt + response]
             assert rollout.generation_mask == [[False] * len(prompt) + [True] * len(response)]
@@ -322,11 +364,37 @@ def test_megatron_lines_are_rollout_groups_of_token_rollouts(folder, records, tm
 
 # slime/utils/types.py `Sample` (dataclass fields) and `Sample.Status` values at 624b824.
 SLIME_FIELDS = {
-    "group_index", "index", "rollout_id", "prompt", "tokens", "multimodal_inputs", "multimodal_train_inputs",
-    "multimodal_train_input_id", "apply_chat_template_kwargs", "response", "response_length", "label", "reward",
-    "loss_mask", "weight_versions", "rollout_log_probs", "rollout_top_p_token_ids", "rollout_top_p_token_offsets",
-    "rollout_routed_experts", "remove_sample", "teacher_log_probs", "status", "metadata", "generate_function_path",
-    "custom_rm_path", "train_metadata", "session_id", "non_generation_time", "spec_info", "prefix_cache_info"}
+    "group_index",
+    "index",
+    "rollout_id",
+    "prompt",
+    "tokens",
+    "multimodal_inputs",
+    "multimodal_train_inputs",
+    "multimodal_train_input_id",
+    "apply_chat_template_kwargs",
+    "response",
+    "response_length",
+    "label",
+    "reward",
+    "loss_mask",
+    "weight_versions",
+    "rollout_log_probs",
+    "rollout_top_p_token_ids",
+    "rollout_top_p_token_offsets",
+    "rollout_routed_experts",
+    "remove_sample",
+    "teacher_log_probs",
+    "status",
+    "metadata",
+    "generate_function_path",
+    "custom_rm_path",
+    "train_metadata",
+    "session_id",
+    "non_generation_time",
+    "spec_info",
+    "prefix_cache_info",
+}
 SLIME_STATUSES = {"pending", "completed", "truncated", "aborted", "failed"}
 
 
@@ -392,26 +460,29 @@ def test_hf_datasets_loads_every_jsonl_format(folder, tmp_path, fmt):
     assert ds.to_list() == lines(Path(summary["files"][0]))  # nothing lost or retyped on the way in
 
 
-@pytest.mark.parametrize(("to", "options", "message"), [
-    ("parquet", {}, "--to takes"),
-    ("trl", {"advantage": "ppo"}, "--advantage takes"),
-    ("dpo", {"advantage": "grpo"}, "--advantage is not for --to dpo"),
-    ("sft", {"advantage": "mean"}, "--advantage is not for --to sft"),
-    ("megatron", {"advantage": "mean"}, "--advantage is not for --to megatron"),
-    ("prime-rl", {"advantage": "none"}, "needs an advantage"),
-    ("trl", {"ranks": 2}, "--ranks is for --to prime-rl"),
-    ("trl", {"trajectories": True}, "trajectories is for --to slime"),
-    ("trl", {"max_pairs_per_group": 2}, "--max-pairs-per-group is for"),
-    ("dpo", {"max_pairs_per_group": 0}, "at least 1"),
-    ("dpo", {"max_pairs_per_group": True}, "at least 1"),
-    ("slime", {"groups_per_file": 0}, "at least 1"),
-    ("megatron", {"groups_per_file": 2}, "--groups-per-file is for"),
-    ("trl", {"stages": ["solver", "judge"]}, "--stages takes"),
-    ("trl", {"stages": ""}, "--stages takes"),
-    ("dpo", {"layout": "chat"}, "--layout takes"),
-    ("trl", {"layout": "standard"}, "--layout is for"),
-    ("sft", {"layout": "standard", "tokenizer": TOKENIZER}, "--tokenizer is for --layout conversational"),
-])
+@pytest.mark.parametrize(
+    ("to", "options", "message"),
+    [
+        ("parquet", {}, "--to takes"),
+        ("trl", {"advantage": "ppo"}, "--advantage takes"),
+        ("dpo", {"advantage": "grpo"}, "--advantage is not for --to dpo"),
+        ("sft", {"advantage": "mean"}, "--advantage is not for --to sft"),
+        ("megatron", {"advantage": "mean"}, "--advantage is not for --to megatron"),
+        ("prime-rl", {"advantage": "none"}, "needs an advantage"),
+        ("trl", {"ranks": 2}, "--ranks is for --to prime-rl"),
+        ("trl", {"trajectories": True}, "trajectories is for --to slime"),
+        ("trl", {"max_pairs_per_group": 2}, "--max-pairs-per-group is for"),
+        ("dpo", {"max_pairs_per_group": 0}, "at least 1"),
+        ("dpo", {"max_pairs_per_group": True}, "at least 1"),
+        ("slime", {"groups_per_file": 0}, "at least 1"),
+        ("megatron", {"groups_per_file": 2}, "--groups-per-file is for"),
+        ("trl", {"stages": ["solver", "judge"]}, "--stages takes"),
+        ("trl", {"stages": ""}, "--stages takes"),
+        ("dpo", {"layout": "chat"}, "--layout takes"),
+        ("trl", {"layout": "standard"}, "--layout is for"),
+        ("sft", {"layout": "standard", "tokenizer": TOKENIZER}, "--tokenizer is for --layout conversational"),
+    ],
+)
 def test_bad_options_are_one_line_usage_errors(folder, tmp_path, to, options, message):
     with pytest.raises(UsageError, match=re.escape(message)) as caught:
         convert(folder, to, tmp_path / "o", **options)
@@ -460,14 +531,16 @@ def conversation_of(records: list[dict[str, Any]], last: int, frozen: bool = Fal
     logprobs: list[float] = []
     for i in reversed(chain):
         r = records[i]
-        injected = r["prompt_token_ids"][len(tokens):]
+        injected = r["prompt_token_ids"][len(tokens) :]
         off = frozen and not r["trainable"]
         tokens += injected + r["response_token_ids"]
         mask += [0] * len(injected) + ([0] * len(r["loss_mask"]) if off else r["loss_mask"])
-        logprobs += [0.0] * len(injected) + (r["response_logprobs"] if i == last else [
-            0.0 if off or not m else x for x, m in zip(r["response_logprobs"], r["loss_mask"], strict=True)])
-    return {"tokens": tokens, "response_length": len(tokens) - start, "loss_mask": mask,
-            "rollout_log_probs": logprobs}
+        logprobs += [0.0] * len(injected) + (
+            r["response_logprobs"]
+            if i == last
+            else [0.0 if off or not m else x for x, m in zip(r["response_logprobs"], r["loss_mask"], strict=True)]
+        )
+    return {"tokens": tokens, "response_length": len(tokens) - start, "loss_mask": mask, "rollout_log_probs": logprobs}
 
 
 def executions_of(folder: Path) -> list[list[dict[str, Any]]]:
@@ -489,7 +562,8 @@ def test_slime_writes_a_conversation_as_one_multi_turn_sample(tmp_path):
     # (problem, stage) groups in the system's order, each conversation once, by its last turn
     ends = [(a1, 0), (a0, 2), (b0, 1), (b1, 2)]
     assert [(s["metadata"]["agentroll"]["rollout_id"], s["metadata"]["agentroll"]["stage"]) for s in samples] == [
-        (e[i]["rollout_id"], e[i]["stage"]) for e, i in ends]
+        (e[i]["rollout_id"], e[i]["stage"]) for e, i in ends
+    ]
     assert [s["group_index"] for s in samples] == [0, 1, 2, 3]
     for sample, (execution, i) in zip(samples, ends, strict=True):
         want = conversation_of(execution, i)
@@ -506,8 +580,9 @@ def test_slime_writes_a_conversation_as_one_multi_turn_sample(tmp_path):
     calls = convert(folder, "slime", tmp_path / "calls", trajectories=False)
     rows = lines(tmp_path / "calls" / "slime.jsonl")
     assert calls["rows"] == 9 and "folded_turns" not in calls
-    assert sorted(r["tokens"] for r in rows) == sorted(r["prompt_token_ids"] + r["response_token_ids"]
-                                                       for r in synthetic.records_of(folder))
+    assert sorted(r["tokens"] for r in rows) == sorted(
+        r["prompt_token_ids"] + r["response_token_ids"] for r in synthetic.records_of(folder)
+    )
 
 
 def test_slime_masks_a_frozen_turn_and_ends_a_conversation_at_its_last_trainable_turn(tmp_path):
@@ -519,13 +594,17 @@ def test_slime_masks_a_frozen_turn_and_ends_a_conversation_at_its_last_trainable
     assert (summary["rows"], summary["skipped_frozen"], summary["folded_turns"]) == (4, 3, 2)
     ends = [(a1, 0), (b0, 0), (a0, 2), (b1, 2)]  # problem a: solver, reviser; b: solver, reviser
     order = [(s["metadata"]["agentroll"]["rollout_id"], s["metadata"]["agentroll"]["stage"]) for s in samples]
-    assert order == [(a1[0]["rollout_id"], "solver"), (a0[2]["rollout_id"], "reviser"),
-                     (b0[0]["rollout_id"], "solver"), (b1[2]["rollout_id"], "reviser")]
+    assert order == [
+        (a1[0]["rollout_id"], "solver"),
+        (a0[2]["rollout_id"], "reviser"),
+        (b0[0]["rollout_id"], "solver"),
+        (b1[2]["rollout_id"], "reviser"),
+    ]
     by_key = {(e[i]["rollout_id"], e[i]["stage"]): conversation_of(e, i, frozen=True) for e, i in ends}
     for sample, key in zip(samples, order, strict=True):
         want = by_key[key]
         assert {k: sample[k] for k in want} == want
-    assert samples[1]["loss_mask"][6 + 3: 6 + 3 + 4] == [0, 0, 0, 0]  # the critic's 4 tokens, after 6 + 3
+    assert samples[1]["loss_mask"][6 + 3 : 6 + 3 + 4] == [0, 0, 0, 0]  # the critic's 4 tokens, after 6 + 3
     everything = convert(folder, "slime", tmp_path / "all", include_frozen=True)
     assert everything["rows"] == 4 and "skipped_frozen" not in everything  # b0 ends with its critic again
     kept = lines(tmp_path / "all" / "slime.jsonl")
@@ -559,8 +638,15 @@ def test_stages_are_the_folders_systems(tmp_path):
     folder = synthetic.critique_revise(tmp_path / "cr")
     summary = convert(folder, "trl", tmp_path / "o", stages="critic,solver")
     assert summary["stages"] == ["solver", "critic"]
-    assert [r["stage"] for r in lines(tmp_path / "o" / "trl.jsonl")] == ["solver", "solver", "critic",
-                                                                          "solver", "solver", "critic", "critic"]
+    assert [r["stage"] for r in lines(tmp_path / "o" / "trl.jsonl")] == [
+        "solver",
+        "solver",
+        "critic",
+        "solver",
+        "solver",
+        "critic",
+        "critic",
+    ]
     with pytest.raises(UsageError, match="--stages takes a comma-separated subset of solver, critic, reviser"):
         convert(folder, "trl", tmp_path / "o2", stages="rewriter")
     legacy = synthetic.three_stage(tmp_path / "legacy")

@@ -23,9 +23,27 @@ def test_target_groups_stops_at_n_informative_groups_and_a_rerun_goes_on(tmp_pat
     out = tmp_path / "out"
 
     def run(target: int):
-        return run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
-                       "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", "--concurrency", "4",
-                       "--filter-uniform-groups", "--target-groups", str(target))
+        return run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--num-parallel",
+            "2",
+            "--samples-per-prompt",
+            "2",
+            "--reward",
+            "exact",
+            "--concurrency",
+            "4",
+            "--filter-uniform-groups",
+            "--target-groups",
+            str(target),
+        )
 
     try:
         first = run(3)
@@ -51,9 +69,28 @@ def test_length_shaping_punishes_long_answers_softly_and_filters_truncated_ones(
     server = SimServer(script=Script.from_jsonl(problems))
     server.start()
     try:
-        proc = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url,
-                       "--tokenizer", TOKENIZER, "--reward", "exact", "--num-parallel", "2", "--max-tokens", "20",
-                       "--overlong-buffer", "12", "--overlong-penalty", "0.5", "--overlong-filter", overlong_filter)
+        proc = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--reward",
+            "exact",
+            "--num-parallel",
+            "2",
+            "--max-tokens",
+            "20",
+            "--overlong-buffer",
+            "12",
+            "--overlong-penalty",
+            "0.5",
+            "--overlong-filter",
+            overlong_filter,
+        )
     finally:
         server.stop()
     assert proc.returncode == 0, proc.stderr.decode()
@@ -78,15 +115,29 @@ def test_length_shaping_punishes_long_answers_softly_and_filters_truncated_ones(
 
 
 def test_length_shaping_values_are_checked(problems, tmp_path, sim):
-    for flag, value, message in (("--overlong-buffer", "-1", b"--overlong-buffer must be"),
-                                 ("--overlong-filter", "cut", b"--overlong-filter must be one of none, mask, drop")):
+    for flag, value, message in (
+        ("--overlong-buffer", "-1", b"--overlong-buffer must be"),
+        ("--overlong-filter", "cut", b"--overlong-filter must be one of none, mask, drop"),
+    ):
         proc = run_cli("generate", str(problems), "-o", str(tmp_path / "o"), "--base-url", sim.url, flag, value)
         assert proc.returncode == 2 and message in proc.stderr
 
 
 def rows(path, prefix: str, count: int):
-    path.write_text("".join(json.dumps({"id": f"{prefix}{i}", "prompt": f"What is {i} plus {i + 1}?",
-                                        "label": str(2 * i + 1), "source": "kept"}) + "\n" for i in range(count)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"{prefix}{i}",
+                    "prompt": f"What is {i} plus {i + 1}?",
+                    "label": str(2 * i + 1),
+                    "source": "kept",
+                }
+            )
+            + "\n"
+            for i in range(count)
+        )
+    )
     return path
 
 
@@ -106,14 +157,30 @@ def test_mixing_interleaves_by_weight_deterministically_names_each_source_and_re
     assert first[:8].count("math.jsonl") == 6 and first[:8].count("code") == 2  # each prefix in its share
     assert first[-1] == "code"  # math ran out first: code takes what is left
     out = tmp_path / "out"
-    args = ["generate", "--mix", f"{math_rows}=0.75", "--mix", f"code:{code_rows}=0.25", "-o", str(out),
-            "--base-url", sim.url, "--tokenizer", TOKENIZER, "--reward", "exact", "--num-parallel", "1"]
+    args = [
+        "generate",
+        "--mix",
+        f"{math_rows}=0.75",
+        "--mix",
+        f"code:{code_rows}=0.25",
+        "-o",
+        str(out),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--reward",
+        "exact",
+        "--num-parallel",
+        "1",
+    ]
     proc = run_cli(*args, "--limit", "8")
     assert proc.returncode == 0, proc.stderr.decode()
     records = list(read_records(out))
     assert {r["problem_id"] for r in records} == {"m0", "m1", "m2", "m3", "m4", "m5", "c0", "c1"}
-    assert all(r["metadata"]["source"] in ("math.jsonl", "code") and r["metadata"]["row_source"] == "kept"
-               for r in records)
+    assert all(
+        r["metadata"]["source"] in ("math.jsonl", "code") and r["metadata"]["row_source"] == "kept" for r in records
+    )
     calls = len(generations(sim))
     proc = run_cli(*args, "--limit", "12")  # a rerun walks the same order: 8 done, 4 more
     assert proc.returncode == 0 and len({r["problem_id"] for r in read_records(out)}) == 12
@@ -125,13 +192,29 @@ def test_mixing_interleaves_by_weight_deterministically_names_each_source_and_re
 
 def test_a_bad_mix_is_one_line(sim, tmp_path):
     good = rows(tmp_path / "a.jsonl", "a", 2)
-    for spec, message in ((f"{good}=0", b"with a weight above 0"), (f"{good}", b"expected PATH=WEIGHT"),
-                          (f"{tmp_path / 'none.jsonl'}=1", b"no such file")):
+    for spec, message in (
+        (f"{good}=0", b"with a weight above 0"),
+        (f"{good}", b"expected PATH=WEIGHT"),
+        (f"{tmp_path / 'none.jsonl'}=1", b"no such file"),
+    ):
         proc = run_cli("generate", "--mix", spec, "-o", str(tmp_path / "o"), "--base-url", sim.url)
         assert proc.returncode in (2, 3) and message in proc.stderr, proc.stderr
     twice = rows(tmp_path / "b.jsonl", "a", 2)  # the same ids as a.jsonl
-    proc = run_cli("generate", "--mix", f"{good}=1", "--mix", f"{twice}=1", "-o", str(tmp_path / "o2"),
-                   "--base-url", sim.url, "--tokenizer", TOKENIZER, "--reward", "exact")
+    proc = run_cli(
+        "generate",
+        "--mix",
+        f"{good}=1",
+        "--mix",
+        f"{twice}=1",
+        "-o",
+        str(tmp_path / "o2"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--reward",
+        "exact",
+    )
     assert proc.returncode == 3 and b"duplicate id 'a0' (first in" in proc.stderr
     proc = run_cli("generate", "-o", str(tmp_path / "o3"), "--base-url", sim.url)
     assert proc.returncode == 2 and b"give INPUT" in proc.stderr

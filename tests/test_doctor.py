@@ -31,8 +31,12 @@ def other_template(tmp_path):
 
 
 def server_ids(sim, messages) -> list[int]:
-    request = urllib.request.Request(f"{sim.url}/tokenize", method="POST", headers={"content-type": "application/json"},
-                                     data=json.dumps({"messages": messages, "add_generation_prompt": True}).encode())
+    request = urllib.request.Request(
+        f"{sim.url}/tokenize",
+        method="POST",
+        headers={"content-type": "application/json"},
+        data=json.dumps({"messages": messages, "add_generation_prompt": True}).encode(),
+    )
     return json.loads(urllib.request.urlopen(request, timeout=10).read())["tokens"]
 
 
@@ -40,8 +44,22 @@ def test_a_different_chat_template_fails_the_doctor_and_generate_renders_on_the_
     folder = other_template(tmp_path)
     doctor = run_cli("doctor", "--base-url", sim.url, "--tokenizer", str(folder))
     assert doctor.returncode == 1 and "fail chat template: prompt 1" in doctor.stderr.decode()
-    args = ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
-            str(folder), "--reward", "exact", "--num-parallel", "2", "--limit", "2"]
+    args = [
+        "generate",
+        str(problems),
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        str(folder),
+        "--reward",
+        "exact",
+        "--num-parallel",
+        "2",
+        "--limit",
+        "2",
+    ]
     proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr.decode()
     assert b"does not render prompts as the server does" in proc.stderr and b"/tokenize" in proc.stderr
@@ -71,8 +89,22 @@ def test_the_doctor_finds_the_tokenizer_where_generate_does_in_the_servers_model
 def test_a_tokenize_that_keeps_failing_ends_the_run_instead_of_switching_the_check_off(sim, problems, tmp_path):
     folder = other_template(tmp_path)  # a mismatch the check must not miss
     sim.faults.tokenize_error_rate = 1.0
-    proc = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
-                   str(folder), "--num-parallel", "1", "--reward", "exact", "--max-retries", "1")
+    proc = run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        str(folder),
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+        "--max-retries",
+        "1",
+    )
     assert proc.returncode == 4, proc.stderr.decode()
     assert b"error: the chat-template check could not ask the server" in proc.stderr
     assert sim.completions == 0 and b"Traceback" not in proc.stderr
@@ -84,8 +116,20 @@ def test_a_chat_template_that_rejects_the_stage_prompts_is_one_usage_line(sim, p
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = "{{ raise_exception('this template needs a system message') }}"
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    base = ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
-            str(folder), "--num-parallel", "1", "--reward", "exact"]
+    base = [
+        "generate",
+        str(problems),
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        str(folder),
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+    ]
     for extra in ([], ["--chat-render", "local", "--skip-invalid"]):
         proc = run_cli(*base, *extra)
         assert proc.returncode == 2, proc.stderr.decode()

@@ -28,8 +28,19 @@ from agentroll.stats import RunStats
 from .conftest import TOKENIZER, settings, write_problems
 
 runner = CliRunner()
-ANSWER = orjson.dumps({"choices": [{"text": "x", "token_ids": [1], "logprobs": {"token_logprobs": [-0.5]},
-                                    "finish_reason": "stop", "stop_reason": None}]})
+ANSWER = orjson.dumps(
+    {
+        "choices": [
+            {
+                "text": "x",
+                "token_ids": [1],
+                "logprobs": {"token_logprobs": [-0.5]},
+                "finish_reason": "stop",
+                "stop_reason": None,
+            }
+        ]
+    }
+)
 
 
 def generate(*args: str) -> tuple[int, str]:
@@ -39,17 +50,18 @@ def generate(*args: str) -> tuple[int, str]:
 
 # -- depth first ----------------------------------------------------------------------------------------------
 
+
 def test_with_the_defaults_groups_are_on_disk_steadily_not_all_at_the_end(tmp_path):
     """The check the issue keeps: when half the calls have been made, a good share of the groups is out."""
     problems = write_problems(tmp_path / "p.jsonl", 48)
-    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.05), max_running=16,
-                       record=False)
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.05), max_running=16, record=False)
     server.start()
     seen: list[tuple[int, int]] = []  # (requests made, groups handed out) each time a group comes
 
     async def run() -> None:
-        async with agentroll.Generator(base_url=server.url, tokenizer=TOKENIZER, num_parallel=2,
-                                       samples_per_prompt=2, reward="exact") as gen:
+        async with agentroll.Generator(
+            base_url=server.url, tokenizer=TOKENIZER, num_parallel=2, samples_per_prompt=2, reward="exact"
+        ) as gen:
             rows = [orjson.loads(line) for line in problems.read_bytes().splitlines()]
             async for _ in gen.stream(rows):
                 seen.append((gen.counters.requests, len(seen) + 1))
@@ -78,13 +90,14 @@ def grant_order(priorities: list[tuple[int, int]]) -> list[int]:
         return 200, ANSWER
 
     async def go() -> None:
-        client = CompletionClient(["http://127.0.0.1:9"], settings(concurrency=1),
-                                  transport=FunctionTransport(handler))
+        client = CompletionClient(["http://127.0.0.1:9"], settings(concurrency=1), transport=FunctionTransport(handler))
         held = asyncio.create_task(client.complete([0], {"max_tokens": 1}, "m"))
         while client.counters.in_flight == 0:
             await asyncio.sleep(0)
-        waiting = [asyncio.create_task(client.complete([i + 1], {"max_tokens": 1}, "m", priority=p))
-                   for i, p in enumerate(priorities)]
+        waiting = [
+            asyncio.create_task(client.complete([i + 1], {"max_tokens": 1}, "m", priority=p))
+            for i, p in enumerate(priorities)
+        ]
         while client.counters.queued < len(priorities):
             await asyncio.sleep(0)
         gate.set()
@@ -101,18 +114,22 @@ def test_when_slots_are_scarce_older_groups_and_later_stages_go_first():
 
 # -- vLLM's request priority ---------------------------------------------------------------------------------
 
+
 def test_the_simulator_orders_its_queue_by_priority_under_the_priority_policy(problems):
     async def go(policy: str) -> list[int]:
-        server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.2), max_running=1,
-                           scheduling_policy=policy)
+        server = SimServer(
+            script=Script.from_jsonl(problems), faults=Faults(latency_s=0.2), max_running=1, scheduling_policy=policy
+        )
         server.start()
         client = CompletionClient([server.url], settings(concurrency=8, max_retries=0))
         client.send_priority = True
         try:
             first = asyncio.create_task(client.complete([5, 6, 7], {"max_tokens": 2}, server.model, priority=(9, 0)))
             await asyncio.to_thread(server.wait_until, lambda: server.scheduler.running == 1, 20)
-            rest = [asyncio.create_task(client.complete([5, 6, 7 + g], {"max_tokens": 2}, server.model,
-                                                        priority=(g, 0))) for g in (4, 2, 3)]
+            rest = [
+                asyncio.create_task(client.complete([5, 6, 7 + g], {"max_tokens": 2}, server.model, priority=(g, 0)))
+                for g in (4, 2, 3)
+            ]
             await asyncio.to_thread(server.wait_until, lambda: server.scheduler.waiting == 3, 20)
             await asyncio.gather(first, *rest)
             return server.scheduler.admitted
@@ -137,14 +154,28 @@ def test_the_simulator_orders_its_queue_by_priority_under_the_priority_policy(pr
         asyncio.run(refused())
 
 
-@pytest.mark.parametrize(("policy", "flag", "code", "sent"), [("priority", "auto", 0, True), ("fcfs", "auto", 0, False),
-                                                             ("fcfs", "on", 4, None), ("priority", "off", 0, False)])
+@pytest.mark.parametrize(
+    ("policy", "flag", "code", "sent"),
+    [("priority", "auto", 0, True), ("fcfs", "auto", 0, False), ("fcfs", "on", 4, None), ("priority", "off", 0, False)],
+)
 def test_generate_sends_the_priority_when_the_server_takes_it(problems, tmp_path, policy, flag, code, sent):
     server = SimServer(script=Script.from_jsonl(problems), scheduling_policy=policy)
     server.start()
     try:
-        exit_code, output = generate(str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url,
-                                     "--tokenizer", TOKENIZER, "--reward", "exact", "--server-priority", flag, "-q")
+        exit_code, output = generate(
+            str(problems),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--reward",
+            "exact",
+            "--server-priority",
+            flag,
+            "-q",
+        )
         bodies = [e["request"] for e in server.log]
     finally:
         server.stop()
@@ -161,13 +192,31 @@ def test_generate_sends_the_priority_when_the_server_takes_it(problems, tmp_path
 
 # -- a hung reward ------------------------------------------------------------------------------------------
 
+
 def test_a_reward_that_hangs_ends_the_run_with_exit_5_naming_reward_and_problem(problems, tmp_path, sim):
     hang = tmp_path / "hang.py"
-    hang.write_text("import threading\nSTOP = threading.Event()\n\ndef reward(request):\n"
-                    "    if request.problem_id == 'p000':\n        STOP.wait()\n    return 1.0\n")
-    code, output = generate(str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
-                            TOKENIZER, "--reward", f"{hang}:reward", "--reward-timeout", "0.3",
-                            "--reward-concurrency", "2", "--num-parallel", "2", "-q")
+    hang.write_text(
+        "import threading\nSTOP = threading.Event()\n\ndef reward(request):\n"
+        "    if request.problem_id == 'p000':\n        STOP.wait()\n    return 1.0\n"
+    )
+    code, output = generate(
+        str(problems),
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--reward",
+        f"{hang}:reward",
+        "--reward-timeout",
+        "0.3",
+        "--reward-concurrency",
+        "2",
+        "--num-parallel",
+        "2",
+        "-q",
+    )
     assert code == 5, output
     assert f"reward {hang}:reward" in output and "p000" in output and "stuck" in output
     assert Manifest.load(tmp_path / "out").groups < 8  # nothing half written: the groups on disk are whole
@@ -175,9 +224,15 @@ def test_a_reward_that_hangs_ends_the_run_with_exit_5_naming_reward_and_problem(
 
 # -- progress a person can read ----------------------------------------------------------------------------------
 
+
 def figures(settled: int) -> tuple[RunStats, ClientCounters]:
-    stats = RunStats(groups_written=settled, groups_failed=1, executions=settled, system_correct=settled // 2,
-                     final_reward_sum=settled / 2)
+    stats = RunStats(
+        groups_written=settled,
+        groups_failed=1,
+        executions=settled,
+        system_correct=settled // 2,
+        final_reward_sum=settled / 2,
+    )
     return stats, ClientCounters(requests=10 * settled, in_flight=7, queued=3, failures=2, retries=5)
 
 
@@ -208,8 +263,16 @@ def test_the_terminal_bar_shows_rates_eta_calls_and_named_failures(monkeypatch):
     bar.live.refresh()
     bar.stop()
     shown = out.getvalue()
-    for text in ("groups", "9/40", "groups/s", "req/s", "ETA", "in flight 7, queued 3", "groups failed 1",
-                 "calls failed 2"):
+    for text in (
+        "groups",
+        "9/40",
+        "groups/s",
+        "req/s",
+        "ETA",
+        "in flight 7, queued 3",
+        "groups failed 1",
+        "calls failed 2",
+    ):
         assert text in shown, text
 
 
@@ -227,9 +290,13 @@ def test_the_runner_reports_progress_before_any_group_is_done(problems, tmp_path
     try:
         from agentroll.cli import run_generate
 
-        code = run_generate({"input": str(problems), "output": str(tmp_path / "out")},
-                            {"base_url": [server.url], "tokenizer": TOKENIZER, "reward": "exact"}, quiet=True,
-                            debug=False, progress=Seen())
+        code = run_generate(
+            {"input": str(problems), "output": str(tmp_path / "out")},
+            {"base_url": [server.url], "tokenizer": TOKENIZER, "reward": "exact"},
+            quiet=True,
+            debug=False,
+            progress=Seen(),
+        )
     finally:
         server.stop()
     assert code == 0
@@ -261,9 +328,11 @@ def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(caplog):
         return (200, b"") if url.endswith("/health") else (200, ANSWER)
 
     async def go() -> None:
-        client = CompletionClient(["http://127.0.0.1:9"], settings(concurrency=16, probe_interval_s=0.05,
-                                                                   backoff_base_s=0.01, max_retries=50),
-                                  transport=FunctionTransport(handler))
+        client = CompletionClient(
+            ["http://127.0.0.1:9"],
+            settings(concurrency=16, probe_interval_s=0.05, backoff_base_s=0.01, max_retries=50),
+            transport=FunctionTransport(handler),
+        )
         calls = [asyncio.create_task(client.complete([i], {"max_tokens": 1}, "m")) for i in range(40)]
         while not client.endpoints[0].down:
             await asyncio.sleep(0.01)
@@ -282,13 +351,25 @@ def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(caplog):
 
 # -- transient faults cost only their retries ----------------------------------------------------------------------
 
+
 def test_under_transient_faults_the_only_endpoint_stays_in_rotation_and_nothing_is_lost(tmp_path):
     problems = write_problems(tmp_path / "p.jsonl", 40)
     server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.05, drop_rate=0.02))
     server.start()
     try:
-        code, output = generate(str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url,
-                                "--tokenizer", TOKENIZER, "--reward", "exact", "--concurrency", "64")
+        code, output = generate(
+            str(problems),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--reward",
+            "exact",
+            "--concurrency",
+            "64",
+        )
     finally:
         server.stop()
     assert code == 0, output
@@ -305,15 +386,22 @@ def test_an_endpoint_whose_health_fails_leaves_and_one_failing_most_calls_is_ben
                 return (200, b"") if url.endswith("/health") else (500, b'{"error": {"message": "boom"}}')
             return (200, b"") if url.endswith("/health") else (200, ANSWER)
 
-        client = CompletionClient(["http://127.0.0.1:1", "http://127.0.0.1:2"],
-                                  settings(concurrency=8, backoff_base_s=0.001), transport=FunctionTransport(handler))
+        client = CompletionClient(
+            ["http://127.0.0.1:1", "http://127.0.0.1:2"],
+            settings(concurrency=8, backoff_base_s=0.001),
+            transport=FunctionTransport(handler),
+        )
         await asyncio.gather(*(client.complete([i], {"max_tokens": 1}, "m") for i in range(200)))
         benched, other = client.endpoints[0].down, client.endpoints[1].down
         await client.aclose()
-        alone = CompletionClient(["http://127.0.0.1:1"], settings(concurrency=8, backoff_base_s=0.001, max_retries=1),
-                                 transport=FunctionTransport(handler))
-        results = await asyncio.gather(*(alone.complete([i], {"max_tokens": 1}, "m") for i in range(40)),
-                                       return_exceptions=True)
+        alone = CompletionClient(
+            ["http://127.0.0.1:1"],
+            settings(concurrency=8, backoff_base_s=0.001, max_retries=1),
+            transport=FunctionTransport(handler),
+        )
+        results = await asyncio.gather(
+            *(alone.complete([i], {"max_tokens": 1}, "m") for i in range(40)), return_exceptions=True
+        )
         kept = not alone.endpoints[0].down  # its /health answers: the last endpoint is never benched
         await alone.aclose()
         return benched and not other, kept, sum(isinstance(r, Exception) for r in results)
@@ -323,6 +411,7 @@ def test_an_endpoint_whose_health_fails_leaves_and_one_failing_most_calls_is_ben
 
 
 # -- signals that tell the truth ---------------------------------------------------------------------------------
+
 
 def test_a_signal_after_the_folder_is_complete_leaves_the_exit_at_0(problems, tmp_path, sim, monkeypatch):
     from agentroll.generator import Generator
@@ -335,8 +424,9 @@ def test_a_signal_after_the_folder_is_complete_leaves_the_exit_at_0(problems, tm
         await closing(self)
 
     monkeypatch.setattr(Generator, "aclose", aclose)
-    code, output = generate(str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
-                            TOKENIZER, "--reward", "exact")
+    code, output = generate(
+        str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--reward", "exact"
+    )
     assert code == 0, output
     assert Manifest.load(tmp_path / "out").complete
 
@@ -347,9 +437,25 @@ def test_two_interrupts_within_a_second_are_one(tmp_path):
     server.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
     try:
-        run = subprocess.Popen([sys.executable, "-m", "agentroll", "generate", str(problems), "-o",
-                                str(tmp_path / "out"), "--base-url", server.url, "--tokenizer", TOKENIZER,
-                                "--reward", "exact"], stderr=subprocess.PIPE, env=env)
+        run = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agentroll",
+                "generate",
+                str(problems),
+                "-o",
+                str(tmp_path / "out"),
+                "--base-url",
+                server.url,
+                "--tokenizer",
+                TOKENIZER,
+                "--reward",
+                "exact",
+            ],
+            stderr=subprocess.PIPE,
+            env=env,
+        )
         manifest = tmp_path / "out" / "manifest.json"  # the run is past its start-up probes
         assert server.wait_until(lambda: manifest.exists() and server.in_flight > 0, 60)
         run.send_signal(signal.SIGINT)

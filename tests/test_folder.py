@@ -43,6 +43,7 @@ def finished(folder: Path, pids: list[str], **kwargs) -> Path:
 
 # -- 1. --overwrite starts over for consumers too ---------------------------------------------------------------
 
+
 def test_overwrite_resets_consumer_positions(tmp_path):
     finished(tmp_path, ["a", "b", "c"])
     taken = read_groups(tmp_path, consumer="trainer")
@@ -81,6 +82,7 @@ def test_a_follower_across_an_overwrite_sees_the_new_groups(tmp_path):
 
 # -- 2. follow works on merged folders ----------------------------------------------------------------------
 
+
 def test_follow_reads_a_merged_folder(tmp_path):
     finished(tmp_path / "p0", ["a", "b"])
     finished(tmp_path / "p1", ["c"])
@@ -90,6 +92,7 @@ def test_follow_reads_a_merged_folder(tmp_path):
 
 
 # -- 3. no stray temporary file is ever taken for a shard -------------------------------------------------------
+
 
 def test_a_temporary_left_while_joining_frames_is_removed_not_taken_for_a_shard(tmp_path):
     writer = write(tmp_path, [group("a", None), group("b", None)], compression="zstd")
@@ -107,6 +110,7 @@ def test_a_temporary_left_while_joining_frames_is_removed_not_taken_for_a_shard(
 
 
 # -- 4. a damaged complete folder raises in follow mode -----------------------------------------------------------
+
 
 def test_following_a_complete_folder_with_a_damaged_shard_raises(tmp_path):
     finished(tmp_path, ["a", "b", "c"], shard_size=6)
@@ -135,6 +139,7 @@ def test_following_a_complete_folder_whose_shard_was_moved_away_raises(tmp_path)
 
 # -- 5. every folder tool gives one line and exit 6 on a broken folder ---------------------------------------------
 
+
 @pytest.mark.parametrize("command", [["stats"], ["inspect"], ["convert", "--to", "trl", "-o", "OUT"], ["validate"]])
 def test_folder_tools_say_a_moved_shard_in_one_line_with_exit_6(tmp_path, command):
     folder = finished(tmp_path / "f", ["a", "b", "c"], shard_size=6)
@@ -145,8 +150,9 @@ def test_folder_tools_say_a_moved_shard_in_one_line_with_exit_6(tmp_path, comman
     assert "Traceback" not in output and "rollouts-00000.jsonl" in output
 
 
-@pytest.mark.parametrize("command", [["stats"], ["inspect"], ["convert", "--to", "trl", "-o", "OUT"],
-                                     ["merge", "-o", "OUT"]])
+@pytest.mark.parametrize(
+    "command", [["stats"], ["inspect"], ["convert", "--to", "trl", "-o", "OUT"], ["merge", "-o", "OUT"]]
+)
 @pytest.mark.parametrize("damage", ["no settings", "no file", "not json"])
 def test_folder_tools_say_a_broken_manifest_in_one_line_with_exit_6(tmp_path, command, damage):
     folder = finished(tmp_path / "f", ["a"])
@@ -166,6 +172,7 @@ def test_folder_tools_say_a_broken_manifest_in_one_line_with_exit_6(tmp_path, co
 
 # -- 6. --overwrite works on an unreadable manifest ------------------------------------------------------------
 
+
 def test_overwrite_recovers_a_folder_whose_manifest_is_unreadable(tmp_path):
     finished(tmp_path, ["a", "b"])
     (tmp_path / "manifest.json").write_bytes(b"\x00garbage")
@@ -179,6 +186,7 @@ def test_overwrite_recovers_a_folder_whose_manifest_is_unreadable(tmp_path):
 
 
 # -- 7. prompt routes are shared only when their bytes are equal ----------------------------------------------------
+
 
 def test_two_calls_on_one_prompt_routed_differently_keep_their_own_prompt_routes(tmp_path):
     first = group("a", Model(seed=1))
@@ -195,6 +203,7 @@ def test_equal_prompt_routes_are_still_stored_once(tmp_path):
 
 
 # -- merge ----------------------------------------------------------------------------------------------------
+
 
 def test_merge_adds_up_the_parts_run_stats(tmp_path):
     for name, problems in (("p0", 3), ("p1", 5)):
@@ -213,8 +222,9 @@ def test_merge_refuses_a_part_whose_run_did_not_complete_unless_allowed(tmp_path
     code, output = cli("merge", str(tmp_path / "p0"), str(tmp_path / "p1"), "-o", str(tmp_path / "all"))
     assert code == 6 and "did not complete" in output and "--allow-incomplete" in output
     assert not (tmp_path / "all" / "manifest.json").exists()
-    code, output = cli("merge", str(tmp_path / "p0"), str(tmp_path / "p1"), "-o", str(tmp_path / "all"),
-                       "--allow-incomplete")
+    code, output = cli(
+        "merge", str(tmp_path / "p0"), str(tmp_path / "p1"), "-o", str(tmp_path / "all"), "--allow-incomplete"
+    )
     assert code == 0, output
     merged = Manifest.load(tmp_path / "all")
     assert not merged.complete
@@ -241,6 +251,7 @@ def test_merge_can_be_redone_with_overwrite_but_never_over_a_run(tmp_path):
 
 
 # -- the folder's edges ------------------------------------------------------------------------------------------
+
 
 def test_an_output_that_is_a_file_is_said_in_our_words(tmp_path):
     afile = tmp_path / "afile"
@@ -271,16 +282,26 @@ def test_demo_runs_again_in_its_own_folder(tmp_path):
 
 
 def test_layout_tells_shards_from_strays(tmp_path):
-    names = ["rollouts-00000.jsonl", "rollouts-00001.jsonl.zst", "rollouts-00002.jsonl.partial",
-             "rollouts-00000.routes", "rollouts-00002.routes.partial", "rollouts-00003.jsonl.zst.partial.tmp",
-             "rollouts-00004.jsonl.tmp", "rollouts-x.jsonl"]
+    names = [
+        "rollouts-00000.jsonl",
+        "rollouts-00001.jsonl.zst",
+        "rollouts-00002.jsonl.partial",
+        "rollouts-00000.routes",
+        "rollouts-00002.routes.partial",
+        "rollouts-00003.jsonl.zst.partial.tmp",
+        "rollouts-00004.jsonl.tmp",
+        "rollouts-x.jsonl",
+    ]
     for name in names:
         (tmp_path / name).write_bytes(b"")
     layout = Layout(tmp_path)
     assert [p.name for p in layout.finished()] == ["rollouts-00000.jsonl", "rollouts-00001.jsonl.zst"]
     assert [p.name for p in layout.partials()] == ["rollouts-00002.jsonl.partial"]
-    assert [p.name for p in layout.strays()] == ["rollouts-00003.jsonl.zst.partial.tmp", "rollouts-00004.jsonl.tmp",
-                                                 "rollouts-x.jsonl"]
+    assert [p.name for p in layout.strays()] == [
+        "rollouts-00003.jsonl.zst.partial.tmp",
+        "rollouts-00004.jsonl.tmp",
+        "rollouts-x.jsonl",
+    ]
     assert os.path.basename(layout.keys("rollouts-00001.jsonl.zst")) == "rollouts-00001.keys"
 
 
@@ -292,8 +313,9 @@ def test_the_public_readers_are_the_folder_packages(tmp_path):
 def test_an_empty_input_is_said_in_one_line_naming_the_file_with_exit_3(sim, tmp_path, content):
     empty = tmp_path / "empty.jsonl"
     empty.write_text(content)
-    code, output = cli("generate", str(empty), "-o", str(tmp_path / "out"), "--base-url", sim.url,
-                       "--tokenizer", TOKENIZER, "-q")
+    code, output = cli(
+        "generate", str(empty), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER, "-q"
+    )
     assert code == 3, output
     assert str(empty) in output and "empty" in output
     assert not Manifest.load(tmp_path / "out").complete
@@ -302,7 +324,8 @@ def test_an_empty_input_is_said_in_one_line_naming_the_file_with_exit_3(sim, tmp
 def test_an_input_that_cannot_be_read_leaves_the_output_folder_untouched(sim, tmp_path):
     misnamed = tmp_path / "rows.parquet"
     misnamed.write_text('{"prompt": "What is 1 plus 1?", "label": "2"}\n')
-    code, output = cli("generate", str(misnamed), "-o", str(tmp_path / "out"), "--base-url", sim.url,
-                       "--tokenizer", TOKENIZER, "-q")
+    code, output = cli(
+        "generate", str(misnamed), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER, "-q"
+    )
     assert code == 3 and "does not start as a Parquet file" in output
     assert not (tmp_path / "out").exists()

@@ -53,10 +53,29 @@ def big(tmp_path):
 
 
 def generate(server, problems, out, *extra):
-    return run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url + "/v1", "--tokenizer",
-                   TOKENIZER, "--num-parallel", "3", "--samples-per-prompt", "2", "--max-tokens", "300",
-                   "--correct-reward-weight", "1.5", "--incorrect-reward-weight", "-0.5", "--shard-size", "100",
-                   *extra)
+    return run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        server.url + "/v1",
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "3",
+        "--samples-per-prompt",
+        "2",
+        "--max-tokens",
+        "300",
+        "--correct-reward-weight",
+        "1.5",
+        "--incorrect-reward-weight",
+        "-0.5",
+        "--shard-size",
+        "100",
+        *extra,
+    )
 
 
 def test_forty_prompts_hold_exactly_the_records_the_semantics_require(big, tmp_path):
@@ -70,8 +89,14 @@ def test_forty_prompts_hold_exactly_the_records_the_semantics_require(big, tmp_p
     def key(prompt, ids, logprobs):
         return (tuple(prompt), tuple(ids), tuple(logprobs))
 
-    served = Counter(key(e["request"]["prompt"], e["response"]["choices"][0]["token_ids"],
-                         e["response"]["choices"][0]["logprobs"]["token_logprobs"]) for e in generations(server))
+    served = Counter(
+        key(
+            e["request"]["prompt"],
+            e["response"]["choices"][0]["token_ids"],
+            e["response"]["choices"][0]["logprobs"]["token_logprobs"],
+        )
+        for e in generations(server)
+    )
     written = Counter(key(r["prompt_token_ids"], r["response_token_ids"], r["response_logprobs"]) for r in records)
     assert written == served
 
@@ -81,8 +106,9 @@ def test_forty_prompts_hold_exactly_the_records_the_semantics_require(big, tmp_p
     executions = defaultdict(list)
     for r in records:
         executions[r["rollout_id"]].append(r)
-    assert sorted(Counter((rs[0]["problem_id"], rs[0]["sample_index"]) for rs in executions.values()).values()) \
-        == [1] * 80
+    assert (
+        sorted(Counter((rs[0]["problem_id"], rs[0]["sample_index"]) for rs in executions.values()).values()) == [1] * 80
+    )
 
     seen = Counter()
     for rs in executions.values():
@@ -145,8 +171,20 @@ def test_forty_prompts_hold_exactly_the_records_the_semantics_require(big, tmp_p
 
 def test_rerunning_the_same_command_makes_no_calls_and_changed_settings_are_refused(sim, problems, tmp_path):
     out = tmp_path / "out"
-    args = ["generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
-            "--num-parallel", "2", "--reward", "exact"]
+    args = [
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--reward",
+        "exact",
+    ]
     assert run_cli(*args).returncode == 0
     calls, before = len(generations(sim)), (out / "rollouts-00000.jsonl").read_bytes()
     again = run_cli(*args)
@@ -159,8 +197,22 @@ def test_rerunning_the_same_command_makes_no_calls_and_changed_settings_are_refu
 
 
 def test_stdout_streams_records_and_logs_go_to_stderr(sim, problems):
-    proc = run_cli("generate", str(problems), "-o", "-", "--base-url", sim.url, "--tokenizer", TOKENIZER,
-                   "--num-parallel", "2", "--reward", "exact", "--limit", "3")
+    proc = run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        "-",
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--reward",
+        "exact",
+        "--limit",
+        "3",
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     assert {r["problem_id"] for r in records} == {"p000", "p001", "p002"}
@@ -168,8 +220,22 @@ def test_stdout_streams_records_and_logs_go_to_stderr(sim, problems):
 
 
 def test_stdin_input_and_the_models_default_name(sim, problems, tmp_path):
-    proc = run_cli("generate", "-", "-o", str(tmp_path / "o"), "--base-url", sim.url, "--tokenizer", TOKENIZER,
-                   "--num-parallel", "1", "--reward", "exact", "--quiet", stdin=problems.read_bytes())
+    proc = run_cli(
+        "generate",
+        "-",
+        "-o",
+        str(tmp_path / "o"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+        "--quiet",
+        stdin=problems.read_bytes(),
+    )
     assert proc.returncode == 0 and proc.stderr == b""
     assert {r["model"] for r in read_records(tmp_path / "o")} == {"agentroll-sim"}
 
@@ -179,8 +245,20 @@ def test_a_bad_line_stops_with_one_line_naming_it_and_keeps_what_was_written(sim
     lines[3] = '{"prompt": "broken", "label": '
     bad = tmp_path / "bad.jsonl"
     bad.write_text("\n".join(lines) + "\n")
-    proc = run_cli("generate", str(bad), "-o", str(tmp_path / "o"), "--base-url", sim.url, "--tokenizer",
-                   TOKENIZER, "--num-parallel", "1", "--reward", "exact")
+    proc = run_cli(
+        "generate",
+        str(bad),
+        "-o",
+        str(tmp_path / "o"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+    )
     message = proc.stderr.decode()
     assert proc.returncode == 3
     assert f"{bad}:4: malformed JSON" in message and "Traceback" not in message
@@ -190,21 +268,45 @@ def test_a_bad_line_stops_with_one_line_naming_it_and_keeps_what_was_written(sim
 
 
 def test_a_dead_server_fails_fast_with_a_clear_message(problems, tmp_path):
-    proc = run_cli("generate", str(problems), "-o", str(tmp_path / "o"), "--base-url", "http://127.0.0.1:9",
-                   "--tokenizer", TOKENIZER)
+    proc = run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(tmp_path / "o"),
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--tokenizer",
+        TOKENIZER,
+    )
     assert proc.returncode == 4
     assert b"cannot reach http://127.0.0.1:9/v1/models" in proc.stderr and b"Traceback" not in proc.stderr
 
 
 def test_a_tokenizer_that_cannot_load_is_a_clear_error(sim, problems, tmp_path):
-    proc = run_cli("generate", str(problems), "-o", str(tmp_path / "o"), "--base-url", sim.url, "--tokenizer",
-                   str(tmp_path / "nowhere"))
+    proc = run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(tmp_path / "o"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        str(tmp_path / "nowhere"),
+    )
     assert proc.returncode == 2 and b"cannot load tokenizer" in proc.stderr and b"Traceback" not in proc.stderr
 
 
 def test_a_missing_input_file_is_named_before_anything_is_created(sim, tmp_path):
-    proc = run_cli("generate", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "o"), "--base-url", sim.url,
-                   "--tokenizer", TOKENIZER)
+    proc = run_cli(
+        "generate",
+        str(tmp_path / "nope.jsonl"),
+        "-o",
+        str(tmp_path / "o"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+    )
     assert proc.returncode == 3 and f"{tmp_path / 'nope.jsonl'}: no such file".encode() in proc.stderr
     assert not (tmp_path / "o").exists() and sim.log == []
 
@@ -222,8 +324,9 @@ def test_a_tokenizer_named_but_unusable_is_told_in_our_words_without_advice_to_n
     (tmp_path / "empty").mkdir()
     write_problems(tmp_path / "p.jsonl", 1)
     name = given.format(tmp=tmp_path)
-    proc = run_cli("generate", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "o"), "--base-url", sim.url,
-                   "--tokenizer", name)
+    proc = run_cli(
+        "generate", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "o"), "--base-url", sim.url, "--tokenizer", name
+    )
     line = proc.stderr.decode().strip()
     assert proc.returncode == 2 and len(line.splitlines()) == 1, line
     assert line.startswith(f"error: cannot load tokenizer {name!r}: {why}"), line

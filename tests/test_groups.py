@@ -33,8 +33,12 @@ class Outcomes:
 
 
 def write(path, names):
-    path.write_text("".join(json.dumps({"id": n, "prompt": f"Problem {n}: the answer is {i + 3}.", "label": str(i + 3)})
-                            + "\n" for i, n in enumerate(names)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": n, "prompt": f"Problem {n}: the answer is {i + 3}.", "label": str(i + 3)}) + "\n"
+            for i, n in enumerate(names)
+        )
+    )
     return path
 
 
@@ -45,9 +49,27 @@ def test_uniform_groups_are_left_out_after_the_resample_cap_and_remembered(tmp_p
     server.start()
     try:
         out = tmp_path / "out"
-        args = ["generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
-                "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", "--seed", "1",
-                "--filter-uniform-groups", "--resample-uniform", "2"]
+        args = [
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--num-parallel",
+            "2",
+            "--samples-per-prompt",
+            "2",
+            "--reward",
+            "exact",
+            "--seed",
+            "1",
+            "--filter-uniform-groups",
+            "--resample-uniform",
+            "2",
+        ]
         proc = run_cli(*args)
         assert proc.returncode == 0, proc.stderr.decode()
         records = read_records(out)
@@ -77,8 +99,22 @@ def test_without_the_filter_every_group_is_written_with_its_figures_and_the_repo
     server.start()
     try:
         out = tmp_path / "out"
-        proc = run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer",
-                       TOKENIZER, "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact")
+        proc = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--num-parallel",
+            "2",
+            "--samples-per-prompt",
+            "2",
+            "--reward",
+            "exact",
+        )
         assert proc.returncode == 0, proc.stderr.decode()
         figures = {r["problem_id"]: (r["group_reward_mean"], r["group_pass_at_k"]) for r in read_records(out)}
         assert figures == {"right-1": (1.0, 1.0), "wrong-1": (0.0, 0.0), "mixed-1": (0.5, 1.0)}

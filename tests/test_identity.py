@@ -19,8 +19,23 @@ def rows(start: int, count: int, **extra) -> list[dict]:
 
 
 def generate(url: str, source: Path, out: Path, *extra: str):
-    return run_cli("generate", str(source), "-o", str(out), "--base-url", url, "--tokenizer", TOKENIZER,
-                   "--num-parallel", "1", "--samples-per-prompt", "2", "--reward", "exact", *extra)
+    return run_cli(
+        "generate",
+        str(source),
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "1",
+        "--samples-per-prompt",
+        "2",
+        "--reward",
+        "exact",
+        *extra,
+    )
 
 
 def groups_on_disk(out: Path) -> Counter:
@@ -53,8 +68,10 @@ def test_rows_appended_to_the_same_file_run_only_the_new_ones(sim, tmp_path):
     stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
     assert (stats["problems"], stats["problems_skipped_done"], stats["groups_written"]) == (5, 3, 2)
     assert len(generations(sim)) > calls
-    asked = {sim.tokenizer.decode(e["request"]["prompt"]).split("What is ")[1].split("?")[0]
-             for e in generations(sim)[calls:]}
+    asked = {
+        sim.tokenizer.decode(e["request"]["prompt"]).split("What is ")[1].split("?")[0]
+        for e in generations(sim)[calls:]
+    }
     assert asked == {"3 plus 3", "4 plus 4"}  # only the appended rows reached the server
     assert set(groups_on_disk(out).values()) == {2} and len(groups_on_disk(out)) == 5
 

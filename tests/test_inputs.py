@@ -15,19 +15,32 @@ def rows(path: Path, *lines: str) -> Path:
 
 
 def test_rows_become_problems_with_metadata_and_content_hash_ids(tmp_path):
-    path = rows(tmp_path / "in.jsonl", '{"prompt": "2+2?", "label": 4, "src": "x"}', "",
-                '{"id": "b", "prompt": [{"role": "user", "content": "hi"}], "label": "1"}')
+    path = rows(
+        tmp_path / "in.jsonl",
+        '{"prompt": "2+2?", "label": 4, "src": "x"}',
+        "",
+        '{"id": "b", "prompt": [{"role": "user", "content": "hi"}], "label": "1"}',
+    )
     first, second = read_problems(str(path))
-    assert (first.id, first.label, first.metadata, first.statement) == (content_hash("2+2?", 4), 4, {"src": "x"},
-                                                                        "2+2?")
+    assert (first.id, first.label, first.metadata, first.statement) == (
+        content_hash("2+2?", 4),
+        4,
+        {"src": "x"},
+        "2+2?",
+    )
     assert (second.id, second.statement, second.line) == ("b", "hi", 3)
     assert second.content_hash == content_hash([{"role": "user", "content": "hi"}], "1")
 
 
 def test_the_default_id_depends_on_prompt_and_label_only_and_is_stable(tmp_path):
     a = rows(tmp_path / "a.jsonl", '{"prompt": "2+2?", "label": 4, "src": "x"}')
-    b = rows(tmp_path / "b.jsonl", '{"label": 4, "other": 1, "prompt": "2+2?"}', '{"prompt": "2+2?", "label": 5}',
-             '{"prompt": "2+2?", "label": "4"}', '{"prompt": "2+3?", "label": 4}')
+    b = rows(
+        tmp_path / "b.jsonl",
+        '{"label": 4, "other": 1, "prompt": "2+2?"}',
+        '{"prompt": "2+2?", "label": 5}',
+        '{"prompt": "2+2?", "label": "4"}',
+        '{"prompt": "2+3?", "label": 4}',
+    )
     (one,) = read_problems(str(a))
     same, *others = read_problems(str(b))
     assert one.id == same.id and len({one.id, *(o.id for o in others)}) == 4
@@ -56,16 +69,19 @@ def test_the_async_reader_gives_the_same_rows_and_errors_as_the_sync_one(tmp_pat
         asyncio.run(collect(str(path)))
 
 
-@pytest.mark.parametrize(("line", "field", "reason"), [
-    ('{"prompt": "x"', None, "malformed JSON"),
-    ('["x"]', None, "expected a JSON object"),
-    ('{"label": "1"}', "prompt", "missing"),
-    ('{"prompt": 3, "label": "1"}', "prompt", "non-empty string"),
-    ('{"prompt": [{"role": "user"}], "label": "1"}', "prompt", "message 0"),
-    ('{"prompt": "x"}', "label", "missing"),
-    ('{"prompt": "x", "label": null}', "label", "string or a number"),
-    ('{"prompt": "x", "label": "1", "id": [1]}', "id", "string or an integer"),
-])
+@pytest.mark.parametrize(
+    ("line", "field", "reason"),
+    [
+        ('{"prompt": "x"', None, "malformed JSON"),
+        ('["x"]', None, "expected a JSON object"),
+        ('{"label": "1"}', "prompt", "missing"),
+        ('{"prompt": 3, "label": "1"}', "prompt", "non-empty string"),
+        ('{"prompt": [{"role": "user"}], "label": "1"}', "prompt", "message 0"),
+        ('{"prompt": "x"}', "label", "missing"),
+        ('{"prompt": "x", "label": null}', "label", "string or a number"),
+        ('{"prompt": "x", "label": "1", "id": [1]}', "id", "string or an integer"),
+    ],
+)
 def test_a_bad_row_names_file_line_and_field(tmp_path, line, field, reason):
     path = rows(tmp_path / "in.jsonl", '{"prompt": "a", "label": 1}', line)
     with pytest.raises(InputError) as info:

@@ -109,9 +109,28 @@ def test_failed_groups_keep_their_calls_until_the_bound_sheds_the_oldest(tmp_pat
 
 
 def args(problems: Path, out: Path, url: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out), "--base-url", url,
-            "--tokenizer", TOKENIZER, "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact",
-            "--seed", "3", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "agentroll",
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--samples-per-prompt",
+        "2",
+        "--reward",
+        "exact",
+        "--seed",
+        "3",
+        *extra,
+    ]
 
 
 def journal_lines(out: Path) -> int:
@@ -126,8 +145,7 @@ def test_a_stop_loses_only_the_calls_in_flight(tmp_path, how):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
     try:
-        run = subprocess.Popen(args(problems, out, server.url, "--concurrency", "3"), env=env,
-                               stderr=subprocess.PIPE)
+        run = subprocess.Popen(args(problems, out, server.url, "--concurrency", "3"), env=env, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 120
         while journal_lines(out) < 6 and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)  # another process's progress: its files are what there is to watch
@@ -137,8 +155,9 @@ def test_a_stop_loses_only_the_calls_in_flight(tmp_path, how):
         first = generations(server)
         kept = {(tuple(e["request"]["prompt"]), e["request"]["seed"]): e["response"] for e in first}
         server.log.clear()
-        rerun = subprocess.run(args(problems, out, server.url, "--concurrency", "3"), env=env,
-                               capture_output=True, timeout=120)
+        rerun = subprocess.run(
+            args(problems, out, server.url, "--concurrency", "3"), env=env, capture_output=True, timeout=120
+        )
         assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
         second = generations(server)
     finally:

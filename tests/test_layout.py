@@ -12,16 +12,47 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentroll"
 
 # a module's imports may not reach these (upward in the flow)
 ABOVE = {
-    "agentroll.folder": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.context",
-                         "agentroll.client", "agentroll.systems", "agentroll.pipeline", "agentroll.cluster"),
-    "agentroll.client": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.context",
-                         "agentroll.systems", "agentroll.pipeline", "agentroll.folder"),
-    "agentroll.context": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.systems",
-                          "agentroll.pipeline", "agentroll.folder"),
-    "agentroll.systems": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.pipeline",
-                          "agentroll.folder"),
-    "agentroll.rewards": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.context",
-                          "agentroll.folder"),
+    "agentroll.folder": (
+        "agentroll.cli",
+        "agentroll.runner",
+        "agentroll.generator",
+        "agentroll.context",
+        "agentroll.client",
+        "agentroll.systems",
+        "agentroll.pipeline",
+        "agentroll.cluster",
+    ),
+    "agentroll.client": (
+        "agentroll.cli",
+        "agentroll.runner",
+        "agentroll.generator",
+        "agentroll.context",
+        "agentroll.systems",
+        "agentroll.pipeline",
+        "agentroll.folder",
+    ),
+    "agentroll.context": (
+        "agentroll.cli",
+        "agentroll.runner",
+        "agentroll.generator",
+        "agentroll.systems",
+        "agentroll.pipeline",
+        "agentroll.folder",
+    ),
+    "agentroll.systems": (
+        "agentroll.cli",
+        "agentroll.runner",
+        "agentroll.generator",
+        "agentroll.pipeline",
+        "agentroll.folder",
+    ),
+    "agentroll.rewards": (
+        "agentroll.cli",
+        "agentroll.runner",
+        "agentroll.generator",
+        "agentroll.context",
+        "agentroll.folder",
+    ),
     "agentroll.generator": ("agentroll.cli", "agentroll.runner"),
     "agentroll.admission": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.folder"),
     "agentroll.handshake": ("agentroll.cli", "agentroll.runner", "agentroll.generator", "agentroll.folder"),
@@ -52,14 +83,18 @@ def imports(path: Path, lazy: bool) -> set[str]:
                 else:
                     base = child.module or ""
                     if child.level:
-                        base = ".".join(package.split(".")[: len(package.split(".")) - child.level + 1]
-                                        + ([base] if base else []))
+                        base = ".".join(
+                            package.split(".")[: len(package.split(".")) - child.level + 1] + ([base] if base else [])
+                        )
                     if base.startswith("agentroll"):
                         if child.module:  # `from . import x` imports the submodule x, not the package
                             found.add(base)
-                        found.update(f"{base}.{a.name}" for a in child.names
-                                     if (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).exists()
-                                     or (PACKAGE.parent / (f"{base}.{a.name}".replace(".", "/") + ".py")).exists())
+                        found.update(
+                            f"{base}.{a.name}"
+                            for a in child.names
+                            if (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).exists()
+                            or (PACKAGE.parent / (f"{base}.{a.name}".replace(".", "/") + ".py")).exists()
+                        )
             visit(child, inner)
 
     visit(tree, True)
@@ -81,7 +116,7 @@ def cycles_of(edges: dict[str, set[str]]) -> list[list[str]]:
         state[node] = 1
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                cycles.append([*trail[trail.index(nxt):], nxt] if nxt in trail else [node, nxt])
+                cycles.append([*trail[trail.index(nxt) :], nxt] if nxt in trail else [node, nxt])
             elif nxt not in state:
                 walk(nxt, [*trail, nxt])
         state[node] = 2

@@ -30,8 +30,23 @@ def start(problems: Path, **faults) -> SimServer:
 
 
 def args(problems, out, url, *extra: str) -> list[str]:
-    return ["generate", str(problems), "-o", str(out), "--base-url", url, "--tokenizer", TOKENIZER,
-            "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", *extra]
+    return [
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--samples-per-prompt",
+        "2",
+        "--reward",
+        "exact",
+        *extra,
+    ]
 
 
 def whole_groups(out: Path, k: int = 2) -> Counter:
@@ -103,8 +118,7 @@ def test_renders_and_probes_do_not_wait_behind_the_completions_in_flight(problem
     async def go():
         client = CompletionClient([server.url], settings(concurrency=2, max_retries=0))
         try:
-            held = [asyncio.create_task(client.complete([5, 6, 7], {"max_tokens": 4}, server.model))
-                    for _ in range(2)]
+            held = [asyncio.create_task(client.complete([5, 6, 7], {"max_tokens": 4}, server.model)) for _ in range(2)]
             await asyncio.to_thread(server.wait_until, lambda: server.in_flight == 2, 20)
             tokens = await client.post_with_retries("/tokenize", {"model": server.model, "prompt": "hello"})
             still_held = server.in_flight == 2 and server.completions == 0
@@ -142,17 +156,34 @@ def test_a_chat_row_that_the_template_rejects_is_a_bad_row(sim, tmp_path):
     strict = tmp_path / "strict-tokenizer"
     shutil.copytree(TOKENIZER, strict)
     config = json.loads((strict / "tokenizer_config.json").read_text())
-    config["chat_template"] = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool "
-                               "turns here') }}{% endif %}" + config["chat_template"].split("{% for message", 1)[0]
-                               + "{% endfor %}" + config["chat_template"])
+    config["chat_template"] = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool "
+        "turns here') }}{% endif %}"
+        + config["chat_template"].split("{% for message", 1)[0]
+        + "{% endfor %}"
+        + config["chat_template"]
+    )
     (strict / "tokenizer_config.json").write_text(json.dumps(config))
-    rows = [{"prompt": "What is 1 plus 1?", "label": "2"},
-            {"prompt": [{"role": "tool", "content": "x"}, {"role": "user", "content": "What is 2 plus 2?"}],
-             "label": "4"}]
+    rows = [
+        {"prompt": "What is 1 plus 1?", "label": "2"},
+        {"prompt": [{"role": "tool", "content": "x"}, {"role": "user", "content": "What is 2 plus 2?"}], "label": "4"},
+    ]
     source = tmp_path / "chat.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    base = ["generate", str(source), "--base-url", sim.url, "--tokenizer", str(strict), "--num-parallel", "1",
-            "--reward", "exact", "--chat-render", "local"]
+    base = [
+        "generate",
+        str(source),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        str(strict),
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+        "--chat-render",
+        "local",
+    ]
     refused = run_cli(*base, "-o", str(tmp_path / "a"))
     assert refused.returncode == 3, refused.stderr.decode()
     assert f"{source}:2: field 'prompt': the chat template rejects".encode() in refused.stderr
@@ -168,8 +199,12 @@ def test_stdin_rows_are_run_as_they_arrive_and_sigterm_does_not_wait_for_stdin(t
     server = start(problems)
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
-    proc = subprocess.Popen([sys.executable, "-m", "agentroll", *args("-", out, server.url)],
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentroll", *args("-", out, server.url)],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     try:
         assert proc.stdin is not None
         proc.stdin.write(problems.read_bytes().splitlines(True)[0])
@@ -193,12 +228,15 @@ def test_stdin_rows_are_run_as_they_arrive_and_sigterm_does_not_wait_for_stdin(t
     assert set(whole_groups(out)) == {"p000", "p001", "p002"}
 
 
-@pytest.mark.parametrize(("flag", "value", "message"), [
-    ("--reward-concurrency", "0", b"--reward-concurrency must be a whole number of at least 1"),
-    ("--probe-interval", "0", b"--probe-interval must be a number of seconds above 0"),
-    ("--shard-size", "0", b"--shard-size must be a whole number of at least 1"),
-    ("--partition", "3/2", b"--partition '3/2': need 0 <= I < N"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--reward-concurrency", "0", b"--reward-concurrency must be a whole number of at least 1"),
+        ("--probe-interval", "0", b"--probe-interval must be a number of seconds above 0"),
+        ("--shard-size", "0", b"--shard-size must be a whole number of at least 1"),
+        ("--partition", "3/2", b"--partition '3/2': need 0 <= I < N"),
+    ],
+)
 def test_bad_numeric_options_are_one_line_usage_errors(problems, tmp_path, flag, value, message):
     proc = run_cli(*args(problems, tmp_path / "out", "http://127.0.0.1:9", flag, value))
     assert proc.returncode == 2 and message in proc.stderr
@@ -208,15 +246,35 @@ def test_bad_numeric_options_are_one_line_usage_errors(problems, tmp_path, flag,
 def test_serve_sim_names_its_tokenizer_so_generate_needs_no_tokenizer_flag(tmp_path):
     problems = write_problems(tmp_path / "p.jsonl", 2)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_", "HF_"))}
-    serve = children.spawn([sys.executable, "-m", "agentroll", "serve-sim", "--port", "0", "--answers",
-                            str(problems)], stdout=subprocess.PIPE, env=env)  # dies with this test run
+    serve = children.spawn(
+        [sys.executable, "-m", "agentroll", "serve-sim", "--port", "0", "--answers", str(problems)],
+        stdout=subprocess.PIPE,
+        env=env,
+    )  # dies with this test run
     try:
         assert serve.stdout is not None
         url = serve.stdout.readline().decode().split()[-1]
         assert url.startswith("http://127.0.0.1:")
-        proc = subprocess.run([sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(tmp_path / "o"),
-                               "--base-url", url, "--num-parallel", "1", "--reward", "exact"],
-                              capture_output=True, env=env, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentroll",
+                "generate",
+                str(problems),
+                "-o",
+                str(tmp_path / "o"),
+                "--base-url",
+                url,
+                "--num-parallel",
+                "1",
+                "--reward",
+                "exact",
+            ],
+            capture_output=True,
+            env=env,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr.decode()
         assert b"hub" not in proc.stderr and len(whole_groups(tmp_path / "o", 1)) == 2
     finally:
@@ -229,9 +287,24 @@ def test_a_tokenizer_neither_on_disk_nor_reachable_fails_at_once_in_one_line(sim
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_", "HF_"))}
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # a closed port on loopback: the hub "offline"
     env["HF_HOME"] = str(tmp_path / "hf")  # an empty cache
-    proc = subprocess.run([sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(tmp_path / "o"),
-                           "--base-url", sim.url, "--tokenizer", "some-org/some-model"],
-                          capture_output=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentroll",
+            "generate",
+            str(problems),
+            "-o",
+            str(tmp_path / "o"),
+            "--base-url",
+            sim.url,
+            "--tokenizer",
+            "some-org/some-model",
+        ],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 2
     line = proc.stderr.decode().strip()
     assert len(line.splitlines()) == 1
@@ -248,8 +321,9 @@ def test_the_uniform_filter_judges_whole_groups_only_and_never_records_a_failure
         first = run_cli(*args(problems, out, server.url, *extra))
         assert first.returncode == 8, first.stderr.decode()
         failed = set(re.findall(r"problem (p\d+) \(.*\): group not written", first.stderr.decode()))
-        filtered = {json.loads(line)["problem_id"]
-                    for line in (out / ".agentroll" / "filtered.jsonl").read_text().splitlines()}
+        filtered = {
+            json.loads(line)["problem_id"] for line in (out / ".agentroll" / "filtered.jsonl").read_text().splitlines()
+        }
         stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
         assert len(failed) == stats["groups_failed"] > 0
         assert not failed & filtered and not failed & set(whole_groups(out))
@@ -258,8 +332,9 @@ def test_the_uniform_filter_judges_whole_groups_only_and_never_records_a_failure
         assert second.returncode == 0, second.stderr.decode()
     finally:
         server.stop()
-    filtered = {json.loads(line)["problem_id"]
-                for line in (out / ".agentroll" / "filtered.jsonl").read_text().splitlines()}
+    filtered = {
+        json.loads(line)["problem_id"] for line in (out / ".agentroll" / "filtered.jsonl").read_text().splitlines()
+    }
     written = set(whole_groups(out))
     assert written | filtered == {f"p{i:03d}" for i in range(16)} and not written & filtered
     for pid in written:  # every written group is mixed: its final rewards differ
@@ -295,8 +370,9 @@ def test_a_context_too_small_for_any_prompt_is_not_a_quiet_success_under_skip_in
 def test_input_from_a_named_pipe_and_output_to_a_full_disk(sim, problems, tmp_path):
     fifo = tmp_path / "rows.fifo"
     os.mkfifo(fifo)
-    proc = subprocess.Popen([sys.executable, "-m", "agentroll", *args(fifo, tmp_path / "out", sim.url)],
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentroll", *args(fifo, tmp_path / "out", sim.url)], stderr=subprocess.PIPE
+    )
     with open(fifo, "wb") as f:  # blocks until agentroll opens it for reading
         f.write(problems.read_bytes())
     _, stderr = proc.communicate(timeout=120)
@@ -304,8 +380,12 @@ def test_input_from_a_named_pipe_and_output_to_a_full_disk(sim, problems, tmp_pa
     assert len(whole_groups(tmp_path / "out")) == 8
 
     with open("/dev/full", "wb") as full:
-        proc = subprocess.run([sys.executable, "-m", "agentroll", *args(problems, "-", sim.url)], stdout=full,
-                              stderr=subprocess.PIPE, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentroll", *args(problems, "-", sim.url)],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
     assert proc.returncode == 6 and b"cannot write to stdout: No space left on device" in proc.stderr
     assert b"Traceback" not in proc.stderr
 

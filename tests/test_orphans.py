@@ -81,9 +81,27 @@ def test_killing_generate_mid_run_leaves_no_process_behind(tmp_path):
     url = server.start()
     log = (tmp_path / "stderr.txt").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", url,
-         "--tokenizer", TOKENIZER, "--samples-per-prompt", str(samples), "--num-parallel", str(parallel)],
-        stdout=subprocess.DEVNULL, stderr=log, env=environment())
+        [
+            sys.executable,
+            "-m",
+            "agentroll",
+            "generate",
+            str(problems),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            url,
+            "--tokenizer",
+            TOKENIZER,
+            "--samples-per-prompt",
+            str(samples),
+            "--num-parallel",
+            str(parallel),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env=environment(),
+    )
     try:
         # A completion past the last solver call is a rewriter's or a selector's: some execution's solvers have
         # been scored, so the math worker exists; and many calls are left, so the run is mid-way.
@@ -106,8 +124,12 @@ def test_killing_demo_while_a_check_hangs_leaves_no_process_behind(tmp_path):
         listener.settimeout(120)
         port = listener.getsockname()[1]
         env = environment(AGENTROLL_MATH_CHECK="tests.test_orphans:report_and_hang", ORPHAN_TEST_PORT=str(port))
-        proc = subprocess.Popen([sys.executable, "-m", "agentroll", "demo", "-o", str(tmp_path / "demo"), "--quiet"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentroll", "demo", "-o", str(tmp_path / "demo"), "--quiet"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         try:
             connection, _ = listener.accept()  # a worker is in a check: the demo is mid-run
             with connection:

@@ -23,10 +23,17 @@ def test_partition_is_a_stable_exact_split():
     # another interpreter with another hash seed (Python's own hash() would not be)
     expected = [int.from_bytes(hashlib.blake2b(i.encode(), digest_size=8).digest(), "big") % 3 for i in ids[:50]]
     assert [next(k for k in range(3) if in_partition(i, k, 3)) for i in ids[:50]] == expected
-    script = "from agentroll.inputs import in_partition; print([[in_partition(f'q{i}', k, 3) for k in range(3)]" \
-             ".index(True) for i in range(50)])"
-    other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": "12345"})
+    script = (
+        "from agentroll.inputs import in_partition; print([[in_partition(f'q{i}', k, 3) for k in range(3)]"
+        ".index(True) for i in range(50)])"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
     assert json.loads(other.stdout) == expected
 
 
@@ -37,16 +44,27 @@ def shard_records(manifest_dir: Path) -> list[dict]:
 
 
 def test_slices_cover_the_input_once_and_merge_joins_them(sim, problems, tmp_path):
-    base = ["generate", str(problems), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "1",
-            "--reward", "exact", "--shard-size", "5"]
+    base = [
+        "generate",
+        str(problems),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+        "--shard-size",
+        "5",
+    ]
     for k in range(2):
         proc = run_cli(*base, "-o", str(tmp_path / f"part{k}"), "--partition", f"{k}/2")
         assert proc.returncode == 0, proc.stderr.decode()
     parts = [{r["problem_id"] for r in read_records(tmp_path / f"part{k}")} for k in range(2)]
     assert not parts[0] & parts[1] and parts[0] | parts[1] == {f"p{i:03d}" for i in range(8)}
 
-    linked = run_cli("merge", str(tmp_path / "part0"), str(tmp_path / "part1"), "-o", str(tmp_path / "all"),
-                     "--verify")
+    linked = run_cli("merge", str(tmp_path / "part0"), str(tmp_path / "part1"), "-o", str(tmp_path / "all"), "--verify")
     assert linked.returncode == 0, linked.stderr.decode()
     merged = json.loads((tmp_path / "all" / "manifest.json").read_text())
     assert merged["complete"] and merged["executions"] == 8 and merged["settings"]["partition"] is None
@@ -54,8 +72,7 @@ def test_slices_cover_the_input_once_and_merge_joins_them(sim, problems, tmp_pat
     records = shard_records(tmp_path / "all")
     assert len(records) == merged["records"] and {r["problem_id"] for r in records} == parts[0] | parts[1]
 
-    copied = run_cli("merge", str(tmp_path / "part0"), str(tmp_path / "part1"), "-o", str(tmp_path / "copy"),
-                     "--copy")
+    copied = run_cli("merge", str(tmp_path / "part0"), str(tmp_path / "part1"), "-o", str(tmp_path / "copy"), "--copy")
     assert copied.returncode == 0
     assert len(list((tmp_path / "copy").glob("rollouts-*.jsonl"))) == len(merged["shards"])
     assert shard_records(tmp_path / "copy") == records
@@ -67,8 +84,18 @@ def test_slices_cover_the_input_once_and_merge_joins_them(sim, problems, tmp_pat
 
 
 def test_merge_refuses_folders_made_with_other_settings(sim, problems, tmp_path):
-    base = ["generate", str(problems), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "1",
-            "--reward", "exact"]
+    base = [
+        "generate",
+        str(problems),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+    ]
     assert run_cli(*base, "-o", str(tmp_path / "a"), "--partition", "0/2").returncode == 0
     assert run_cli(*base, "-o", str(tmp_path / "b"), "--partition", "1/2", "--temperature", "0.3").returncode == 0
     proc = run_cli("merge", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "m"))
@@ -76,8 +103,18 @@ def test_merge_refuses_folders_made_with_other_settings(sim, problems, tmp_path)
 
 
 def test_merge_refuses_to_write_into_one_of_its_inputs_or_to_merge_a_merged_folder(sim, problems, tmp_path):
-    base = ["generate", str(problems), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "1",
-            "--reward", "exact"]
+    base = [
+        "generate",
+        str(problems),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+    ]
     for k in range(2):
         assert run_cli(*base, "-o", str(tmp_path / f"part{k}"), "--partition", f"{k}/2").returncode == 0
     part0 = tmp_path / "part0"
@@ -95,8 +132,20 @@ def test_merge_refuses_to_write_into_one_of_its_inputs_or_to_merge_a_merged_fold
 
 
 def test_merge_reads_folders_copied_without_their_keys_and_with_a_torn_filtered_line(sim, problems, tmp_path):
-    base = ["generate", str(problems), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "1",
-            "--reward", "exact", "--shard-size", "5"]
+    base = [
+        "generate",
+        str(problems),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+        "--shard-size",
+        "5",
+    ]
     for k in range(2):
         assert run_cli(*base, "-o", str(tmp_path / f"part{k}"), "--partition", f"{k}/2").returncode == 0
     shutil.rmtree(tmp_path / "part0" / ".agentroll")  # copied by a tool that skips dot-folders
@@ -113,8 +162,18 @@ def test_a_row_that_cannot_be_read_is_counted_by_one_slice_and_no_slice_fails_fo
     """Under --skip-invalid a row that is not even JSON has no id to place it in a slice: slice 0 counts it, the
     others pass it over, and a slice whose own rows are all bad is no error while the input has good rows (the
     run over the whole input would exit 0 too). An input of bad rows only is exit 3, as without --partition."""
-    base = ["generate", "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "1", "--reward", "exact",
-            "--skip-invalid"]
+    base = [
+        "generate",
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+        "--skip-invalid",
+    ]
     rows = problems.read_text().splitlines()
     mine = [row for row in rows if in_partition(json.loads(row)["id"], 1, 2)]  # every good row in slice 1
     data = tmp_path / "mixed.jsonl"
@@ -130,6 +189,7 @@ def test_a_row_that_cannot_be_read_is_counted_by_one_slice_and_no_slice_fails_fo
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n[1, 2]\n")
-    codes = [run_cli(*base, str(bad), "-o", str(tmp_path / f"bad{k}"), "--partition", f"{k}/2").returncode
-             for k in range(2)]
+    codes = [
+        run_cli(*base, str(bad), "-o", str(tmp_path / f"bad{k}"), "--partition", f"{k}/2").returncode for k in range(2)
+    ]
     assert codes == [3, 0]

@@ -42,17 +42,27 @@ class PerCall:
         return value if isinstance(value, Scripted) else Scripted(str(value))
 
 
-def run(answers: dict[tuple[str, int], object], n: int = 3, max_context_len: int | None = None,
-        stats: RunStats | None = None):
+def run(
+    answers: dict[tuple[str, int], object],
+    n: int = 3,
+    max_context_len: int | None = None,
+    stats: RunStats | None = None,
+):
     server = SimServer(script=PerCall(answers))  # type: ignore[arg-type]
     server.start()
     stats = stats if stats is not None else RunStats()
 
     async def go():
         client = CompletionClient([server.url], settings(concurrency=8, max_retries=0))
-        config = SystemConfig(model=server.model, num_parallel=n, seed=SEED, correct_reward_weight=2.0,
-                              incorrect_reward_weight=-1.0, sampling=Sampling(max_tokens=256),
-                              max_context_len=max_context_len)
+        config = SystemConfig(
+            model=server.model,
+            num_parallel=n,
+            seed=SEED,
+            correct_reward_weight=2.0,
+            incorrect_reward_weight=-1.0,
+            sampling=Sampling(max_tokens=256),
+            max_context_len=max_context_len,
+        )
         rewards = RewardSet(RewardSettings("exact"))
         system = AgentSystem(client, ChatEncoder(load_tokenizer(TOKENIZER)), Templates(), rewards, config, stats)
         try:
@@ -88,16 +98,25 @@ def test_no_solver_answer_stops_after_the_solvers_with_the_incorrect_weight():
 
 def test_rewriters_see_exactly_the_solver_answers_and_none_answering_stops_there():
     samples, _, _log = run({**solvers(RIGHT, OPEN, WRONG), **rewriters(OPEN, OPEN, OPEN)})
-    assert shape(samples) == [("solver", 0, 1.0, -1.0), ("solver", 1, 0.0, -0.0), ("solver", 2, 0.0, -0.0),
-                              ("rewriter", 0, 0.0, -0.0), ("rewriter", 1, 0.0, -0.0), ("rewriter", 2, 0.0, -0.0)]
+    assert shape(samples) == [
+        ("solver", 0, 1.0, -1.0),
+        ("solver", 1, 0.0, -0.0),
+        ("solver", 2, 0.0, -0.0),
+        ("rewriter", 0, 0.0, -0.0),
+        ("rewriter", 1, 0.0, -0.0),
+        ("rewriter", 2, 0.0, -0.0),
+    ]
     rewriter_prompt = samples[3].prompt
     assert "### Solution 1\nThe answer is \\boxed{42}.\n\n### Solution 2\nThe answer is \\boxed{41}." in rewriter_prompt
     assert "### Solution 3" not in rewriter_prompt and "never closes" not in rewriter_prompt
 
 
 def test_a_correct_pick_is_matched_by_position_among_listed_rewrites_and_pays_everyone():
-    answers = {**solvers(RIGHT, RIGHT, RIGHT), **rewriters(WRONG, OPEN, RIGHT),
-               ("selector", 0): "<think>hm</think>Judgment: 2"}
+    answers = {
+        **solvers(RIGHT, RIGHT, RIGHT),
+        **rewriters(WRONG, OPEN, RIGHT),
+        ("selector", 0): "<think>hm</think>Judgment: 2",
+    }
     samples, _, _ = run(answers)
     selector = samples[-1]
     assert (selector.judgment, selector.raw_reward, selector.reward) == (2, 1.0, 2.0)
@@ -110,19 +129,24 @@ def test_a_correct_pick_is_matched_by_position_among_listed_rewrites_and_pays_ev
 
 def test_selection_is_by_index_not_by_substring():
     # Rewrite 2's text is contained in rewrite 1's; a substring match would credit rewrite 1 (wrong).
-    answers = {**solvers(RIGHT, RIGHT, RIGHT),
-               **rewriters("<think>a</think>\\boxed{42} or rather \\boxed{1}", "<think>b</think>\\boxed{42}", OPEN),
-               ("selector", 0): "<think>c</think>Judgment: 2"}
+    answers = {
+        **solvers(RIGHT, RIGHT, RIGHT),
+        **rewriters("<think>a</think>\\boxed{42} or rather \\boxed{1}", "<think>b</think>\\boxed{42}", OPEN),
+        ("selector", 0): "<think>c</think>Judgment: 2",
+    }
     samples, _, _ = run(answers)
     assert [s.raw_reward for s in samples if s.stage == "rewriter"] == [0.0, 1.0, 0.0]
     assert samples[-1].raw_reward == 1.0
 
 
-@pytest.mark.parametrize(("text", "info"), [
-    ("<think>c</think>Judgment: 3", "judgment 3 out of range 1..2"),
-    ("<think>c</think>I like both.", "no judgment"),
-    ("<think>Judgment: 1", "no content"),
-])
+@pytest.mark.parametrize(
+    ("text", "info"),
+    [
+        ("<think>c</think>Judgment: 3", "judgment 3 out of range 1..2"),
+        ("<think>c</think>I like both.", "no judgment"),
+        ("<think>Judgment: 1", "no content"),
+    ],
+)
 def test_a_pick_that_names_nothing_scores_zero_and_shapes_with_the_incorrect_weight(text, info):
     answers = {**solvers(RIGHT, RIGHT, RIGHT), **rewriters(RIGHT, RIGHT, OPEN), ("selector", 0): text}
     samples, _, _ = run(answers)

@@ -35,8 +35,21 @@ def native(problems: Path) -> Iterator[SimServer]:
 
 
 def run(server: SimServer, problems: Path, out: Path, *extra: str):
-    return run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
-                   "--num-parallel", "2", "--reward", "exact", *extra)
+    return run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        server.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--reward",
+        "exact",
+        *extra,
+    )
 
 
 def by_call(records: list[dict]) -> dict[tuple, dict]:
@@ -70,10 +83,14 @@ def test_auto_uses_the_native_generate_api_and_records_what_it_sent(native, prob
         assert record["response_token_ids"] == choice["token_ids"]
         assert record["response_logprobs"] == [c["logprob"] for c in content]
         assert record["response_ranks"] == [c["rank"] for c in content]
-        assert record["weight_versions"] == choice["weight_versions"] == [
-            {"version": "default", "start": 0, "end": len(choice["token_ids"])}]
-        assert record["sampling"] == {k: sent[k] for k in ("seed", "temperature", "top_p", "top_k", "min_p",
-                                                           "max_tokens")}
+        assert (
+            record["weight_versions"]
+            == choice["weight_versions"]
+            == [{"version": "default", "start": 0, "end": len(choice["token_ids"])}]
+        )
+        assert record["sampling"] == {
+            k: sent[k] for k in ("seed", "temperature", "top_p", "top_k", "min_p", "max_tokens")
+        }
         assert sent["top_p"] == 0.9 and sent["repetition_penalty"] == 1.0  # every parameter is sent
     assert len({r["sampling"]["seed"] for r in records}) == len(records)  # each call its own seed
 
@@ -91,8 +108,18 @@ def test_both_apis_give_the_same_records_for_the_same_seed(native, problems, tmp
     stops = 0
     for key, a in completions.items():
         b = generate[key]
-        for field in ("prompt_token_ids", "response_token_ids", "response_logprobs", "response", "content",
-                      "finish_reason", "stop_reason", "raw_reward", "top_token_ids", "top_logprobs"):
+        for field in (
+            "prompt_token_ids",
+            "response_token_ids",
+            "response_logprobs",
+            "response",
+            "content",
+            "finish_reason",
+            "stop_reason",
+            "raw_reward",
+            "top_token_ids",
+            "top_logprobs",
+        ):
             assert a[field] == b[field], (key, field)
         stops += a["finish_reason"] == "stop"
         assert a["weight_versions"] is None and b["weight_versions"] is not None
@@ -152,9 +179,12 @@ def test_routed_experts_round_trip_through_the_sidecar(problems, tmp_path):
         out = tmp_path / "out"
         proc = run(server, problems, out, "--return-routed-experts", "--samples-per-prompt", "2")
         assert proc.returncode == 0, proc.stderr.decode()
-        sent = {tuple(e["request"]["token_ids"] + e["response"]["choices"][0]["token_ids"]):
-                np.load(io.BytesIO(base64.b64decode(e["response"]["choices"][0]["routed_experts"])))
-                for e in generations(server)}
+        sent = {
+            tuple(e["request"]["token_ids"] + e["response"]["choices"][0]["token_ids"]): np.load(
+                io.BytesIO(base64.b64decode(e["response"]["choices"][0]["routed_experts"]))
+            )
+            for e in generations(server)
+        }
         records = list(read_with_routes(out, routes=True))
         assert len(records) == len(generations(server))
         for record in records:
@@ -179,8 +209,11 @@ def test_asking_for_routes_from_a_server_that_sends_none_is_refused_at_start(sim
 
 
 def test_weight_versions_become_megatron_policy_epochs():
-    record = {"problem_id": "p", "prompt_token_ids": [1] * 10, "weight_versions": [
-        {"version": "3", "start": 0, "end": 5}, {"version": "4", "start": 5, "end": 9}]}
+    record = {
+        "problem_id": "p",
+        "prompt_token_ids": [1] * 10,
+        "weight_versions": [{"version": "3", "start": 0, "end": 5}, {"version": "4", "start": 5, "end": 9}],
+    }
     assert policy_epochs(record) == [(0, 3), (15, 4)]
     assert policy_epochs({**record, "weight_versions": [{"version": "default", "start": 0, "end": 9}]}) == [(0, 0)]
     assert policy_epochs({**record, "weight_versions": None}) == [(0, 0)]
@@ -204,8 +237,20 @@ def test_a_trailing_incomplete_character_is_held_back_as_vllms_detokenizer_does(
 
 def test_auto_uses_generate_only_when_every_endpoint_offers_it(native, sim, problems, tmp_path):
     out = tmp_path / "out"
-    proc = run_cli("generate", str(problems), "-o", str(out), "--base-url", f"{native.url},{sim.url}",
-                   "--tokenizer", TOKENIZER, "--num-parallel", "2", "--reward", "exact")
+    proc = run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        f"{native.url},{sim.url}",
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--reward",
+        "exact",
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     assert server_of(out)["api"] == "completions" and b"only some endpoints serve" in proc.stderr
     assert all("prompt" in e["request"] for server in (native, sim) for e in generations(server))

@@ -25,8 +25,25 @@ from .conftest import TOKENIZER, run_cli, write_problems
 
 
 def generate_args(problems: Path, out: Path, url: str, *extra: str) -> list[str]:
-    return ["generate", str(problems), "-o", str(out), "--base-url", url, "--tokenizer", TOKENIZER,
-            "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", "--shard-size", "15", *extra]
+    return [
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--samples-per-prompt",
+        "2",
+        "--reward",
+        "exact",
+        "--shard-size",
+        "15",
+        *extra,
+    ]
 
 
 def test_records_and_groups_come_back_in_manifest_order_whole(sim, problems, tmp_path):
@@ -135,12 +152,17 @@ def test_a_named_consumer_holds_the_run_back_and_takes_every_group_once(tmp_path
         else:
             raise AssertionError("the run never waited for its consumer")
         assert run.poll() is None
-        committed = sum(1 for shard in out.glob("rollouts-*")  # finished shards and the partial one
-                        for _ in shard_groups(shard.read_bytes(), compressed=False))
+        committed = sum(
+            1
+            for shard in out.glob("rollouts-*")  # finished shards and the partial one
+            for _ in shard_groups(shard.read_bytes(), compressed=False)
+        )
         ahead = 2 + 4 * 1  # the runner's groups in flight at --concurrency 4 with N=2, K=2
         assert 3 < committed <= 3 + ahead < 20  # held back, far from done
-        taken = [g.problem_id for g in agentroll.read_groups(out, follow=True, poll_s=0.05, timeout_s=120,
-                                                              consumer="trainer")]
+        taken = [
+            g.problem_id
+            for g in agentroll.read_groups(out, follow=True, poll_s=0.05, timeout_s=120, consumer="trainer")
+        ]
         run.wait(120)
         assert run.returncode == 0
     finally:
@@ -179,13 +201,16 @@ def test_zstd_shards_hold_the_same_groups_and_load_with_datasets(sim, problems, 
     groups = list(agentroll.read_groups(packed))
     assert sorted(g.problem_id for g in groups) == sorted(g.problem_id for g in agentroll.read_groups(plain))
     assert all(len(g.executions) == 2 for g in groups)
-    assert sum(p.stat().st_size for p in packed.glob("rollouts-*")) < sum(
-        p.stat().st_size for p in plain.glob("rollouts-*")) / 2
+    assert (
+        sum(p.stat().st_size for p in packed.glob("rollouts-*"))
+        < sum(p.stat().st_size for p in plain.glob("rollouts-*")) / 2
+    )
     assert run_cli("merge", str(packed), "-o", str(tmp_path / "m"), "--copy", "--verify").returncode == 0
     assert [r["rollout_id"] for r in agentroll.read_records(tmp_path / "m")] == [r["rollout_id"] for r in records]
     datasets = pytest.importorskip("datasets")
-    loaded = datasets.load_dataset("json", data_files=[str(packed / f) for f in files], split="train",
-                                   cache_dir=str(tmp_path / "hf"))
+    loaded = datasets.load_dataset(
+        "json", data_files=[str(packed / f) for f in files], split="train", cache_dir=str(tmp_path / "hf")
+    )
     assert len(loaded) == len(records) and loaded[0]["response_token_ids"] == records[0]["response_token_ids"]
 
 

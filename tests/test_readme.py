@@ -29,15 +29,28 @@ def test_the_training_example_runs_on_a_real_folder(sim, problems, tmp_path):
 
     from .conftest import TOKENIZER, run_cli
 
-    made = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
-                   TOKENIZER, "--num-parallel", "2", "--reward", "exact", "--compression", "zstd")
+    made = run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--reward",
+        "exact",
+        "--compression",
+        "zstd",
+    )
     assert made.returncode == 0, made.stderr.decode()
     section = ROOT.joinpath("README.md").read_text().split("## Training on the output", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
     check = "\nprint(len(rows))\n"
     env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    ran = subprocess.run([sys.executable, "-c", code + check], cwd=tmp_path, env=env, capture_output=True,
-                         timeout=300)
+    ran = subprocess.run([sys.executable, "-c", code + check], cwd=tmp_path, env=env, capture_output=True, timeout=300)
     assert ran.returncode == 0, ran.stderr.decode()[-2000:]
     records = json.loads((tmp_path / "out" / "manifest.json").read_text())["records"]
     assert ran.stdout.decode().split()[-1] == str(records)  # datasets read every record of the zstd shards
@@ -56,17 +69,41 @@ def test_the_pytorch_example_runs_on_a_real_folder(sim, problems, tmp_path):
     pytest.importorskip("torch")
     from .conftest import TOKENIZER, run_cli
 
-    made = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer",
-                   TOKENIZER, "--num-parallel", "2", "--reward", "exact", "--shard-size", "10")
+    made = run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--reward",
+        "exact",
+        "--shard-size",
+        "10",
+    )
     assert made.returncode == 0, made.stderr.decode()
     section = ROOT.joinpath("README.md").read_text().split("## Training on the output", 1)[1]
     code = next(c for c in re.findall(r"```python\n(.*?)```", section, re.S) if "RolloutDataset" in c)
-    check = ("\nbatches = list(loader)\n"
-             "print(sum(len(b['reward']) for b in batches), batches[0]['input_ids'].shape[0])\n")
-    ran = subprocess.run([sys.executable, "-c", code + check], cwd=tmp_path, capture_output=True, timeout=300,
-                         env={**os.environ, "PYTHONWARNINGS": "ignore"})  # a 1-core machine warns about workers
+    check = (
+        "\nbatches = list(loader)\nprint(sum(len(b['reward']) for b in batches), batches[0]['input_ids'].shape[0])\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code + check],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # a 1-core machine warns about workers
     assert ran.returncode == 0, ran.stderr.decode()[-2000:]
-    solvers = sum(1 for shard in (tmp_path / "out").glob("rollouts-*.jsonl") for line in shard.read_text().splitlines()
-                  if json.loads(line)["stage"] == "solver")
+    solvers = sum(
+        1
+        for shard in (tmp_path / "out").glob("rollouts-*.jsonl")
+        for line in shard.read_text().splitlines()
+        if json.loads(line)["stage"] == "solver"
+    )
     total, first_batch = ran.stdout.decode().split()
     assert int(total) == solvers and int(first_batch) <= 8

@@ -24,14 +24,28 @@ def start_sim(problems, **faults) -> SimServer:
 
 
 def generate_args(problems, out, url, *extra):
-    return ["generate", str(problems), "-o", str(out), "--base-url", url, "--tokenizer", TOKENIZER,
-            "--reward", "exact", "--shard-size", "20", *extra]
+    return [
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+        "--tokenizer",
+        TOKENIZER,
+        "--reward",
+        "exact",
+        "--shard-size",
+        "20",
+        *extra,
+    ]
 
 
 def popen(*args: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
-    return subprocess.Popen([sys.executable, "-m", "agentroll", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentroll", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
 
 
 def assert_exactly_once(out, problems_count: int, k: int) -> list[dict]:
@@ -54,14 +68,35 @@ def test_transient_errors_and_dropped_connections_are_retried_to_a_complete_exac
     server = start_sim(problems, error_rate=0.12, drop_rate=0.04)
     try:
         out = tmp_path / "out"
-        proc = run_cli(*generate_args(problems, out, server.url, "--num-parallel", "3", "--samples-per-prompt",
-                                      "2", "--concurrency", "6", "--max-retries", "10"))
+        proc = run_cli(
+            *generate_args(
+                problems,
+                out,
+                server.url,
+                "--num-parallel",
+                "3",
+                "--samples-per-prompt",
+                "2",
+                "--concurrency",
+                "6",
+                "--max-retries",
+                "10",
+            )
+        )
         assert proc.returncode == 0, proc.stderr.decode()
         records = assert_exactly_once(out, 20, 2)
-        sent = Counter((tuple(e["request"]["prompt"]), tuple(e["response"]["choices"][0]["token_ids"]),
-                        tuple(e["response"]["choices"][0]["logprobs"]["token_logprobs"])) for e in generations(server))
-        got = Counter((tuple(r["prompt_token_ids"]), tuple(r["response_token_ids"]), tuple(r["response_logprobs"]))
-                      for r in records)
+        sent = Counter(
+            (
+                tuple(e["request"]["prompt"]),
+                tuple(e["response"]["choices"][0]["token_ids"]),
+                tuple(e["response"]["choices"][0]["logprobs"]["token_logprobs"]),
+            )
+            for e in generations(server)
+        )
+        got = Counter(
+            (tuple(r["prompt_token_ids"]), tuple(r["response_token_ids"]), tuple(r["response_logprobs"]))
+            for r in records
+        )
         assert got == sent
         assert server.peak_in_flight <= 6
         manifest = json.loads((out / "manifest.json").read_text())
@@ -71,8 +106,9 @@ def test_transient_errors_and_dropped_connections_are_retried_to_a_complete_exac
         server.stop()
 
 
-@pytest.mark.parametrize(("sig", "after"), [(signal.SIGTERM, 60), (signal.SIGKILL, 5), (signal.SIGKILL, 60),
-                                            (signal.SIGKILL, 200)])
+@pytest.mark.parametrize(
+    ("sig", "after"), [(signal.SIGTERM, 60), (signal.SIGKILL, 5), (signal.SIGKILL, 60), (signal.SIGKILL, 200)]
+)
 def test_stopped_mid_run_then_rerun_gives_every_execution_exactly_once(tmp_path, sig, after):
     problems = write_problems(tmp_path / "p.jsonl", 120)
     server = start_sim(problems, latency_s=0.02)
@@ -137,8 +173,17 @@ def test_a_400_fails_its_group_which_is_not_written_and_the_run_exits_8(tmp_path
     server = SimServer(script=Script.from_jsonl(problems), max_model_len=100)  # rewriter prompts do not fit
     server.start()
     try:
-        args = generate_args(problems, tmp_path / "out", server.url, "--num-parallel", "2", "--max-context-len",
-                             "4096", "--max-tokens", "50")
+        args = generate_args(
+            problems,
+            tmp_path / "out",
+            server.url,
+            "--num-parallel",
+            "2",
+            "--max-context-len",
+            "4096",
+            "--max-tokens",
+            "50",
+        )
         proc = run_cli(*args)
         assert proc.returncode == 8, proc.stderr.decode()
         assert b"This model's maximum context length is 100 tokens" in proc.stderr
@@ -188,8 +233,9 @@ def test_two_endpoints_one_dies_mid_run_and_nothing_is_lost(tmp_path):
     second = start_sim(problems, latency_s=0.01)
     try:
         out = tmp_path / "out"
-        proc = popen(*generate_args(problems, out, f"{first.url}/v1,{second.url}", "--num-parallel", "2",
-                                    "--concurrency", "8"))
+        proc = popen(
+            *generate_args(problems, out, f"{first.url}/v1,{second.url}", "--num-parallel", "2", "--concurrency", "8")
+        )
         assert first.wait_for_completions(30, timeout=60)
         first.stop()
         _, stderr = proc.communicate(timeout=120)
@@ -207,8 +253,21 @@ def test_when_every_endpoint_is_down_the_run_pauses_then_fails_clearly_and_stays
     problems = write_problems(tmp_path / "p.jsonl", 60)
     server = start_sim(problems, latency_s=0.01)
     out = tmp_path / "out"
-    args = generate_args(problems, out, server.url, "--num-parallel", "2", "--concurrency", "4",
-                         "--down-timeout", "1", "--probe-interval", "0.2", "--max-retries", "20")
+    args = generate_args(
+        problems,
+        out,
+        server.url,
+        "--num-parallel",
+        "2",
+        "--concurrency",
+        "4",
+        "--down-timeout",
+        "1",
+        "--probe-interval",
+        "0.2",
+        "--max-retries",
+        "20",
+    )
     proc = popen(*args)
     assert server.wait_for_completions(20, timeout=60)
     server.stop()
@@ -236,8 +295,9 @@ def test_disk_full_is_a_clear_error_with_no_torn_shard_and_a_rerun_completes(tmp
     out = tmp_path / "out"
     args = generate_args(problems, out, sim.url, "--num-parallel", "2", "--shard-size", "1000", "--max-tokens", "80")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
-    proc = subprocess.run([sys.executable, "-m", "agentroll", *args], capture_output=True, env=env,
-                          preexec_fn=small_files, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentroll", *args], capture_output=True, env=env, preexec_fn=small_files, timeout=120
+    )
     assert proc.returncode == 6 and b"File too large" in proc.stderr and b"Traceback" not in proc.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     kept = read_records(out)  # every line parses: nothing torn

@@ -16,16 +16,33 @@ SCORER = "def score(request):\n    return 1.0 if request.content and 'boxed' in 
 
 def made(sim, problems, tmp_path, *extra: str):
     out = tmp_path / "src"
-    proc = run_cli("generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
-                   "--reward", "exact", "--num-parallel", "2", "--samples-per-prompt", "2", "--seed", "4",
-                   "--correct-reward-weight", "2", *extra)
+    proc = run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--reward",
+        "exact",
+        "--num-parallel",
+        "2",
+        "--samples-per-prompt",
+        "2",
+        "--seed",
+        "4",
+        "--correct-reward-weight",
+        "2",
+        *extra,
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     return out
 
 
 @pytest.mark.parametrize("system", ["three-stage", "single", "critique-revise"])
-def test_rescore_scores_every_record_again_token_for_token_with_the_systems_own_pick(sim, problems, tmp_path,
-                                                                                        system):
+def test_rescore_scores_every_record_again_token_for_token_with_the_systems_own_pick(sim, problems, tmp_path, system):
     src = made(sim, problems, tmp_path, "--system", system)
     calls = len(generations(sim))
     scorer = tmp_path / "scorer.py"
@@ -36,8 +53,17 @@ def test_rescore_scores_every_record_again_token_for_token_with_the_systems_own_
     assert len(generations(sim)) == calls  # no model called
     before, after = list(read_records(src)), list(read_records(out))
     assert len(before) == len(after)
-    keep = ("prompt_token_ids", "response_token_ids", "response_logprobs", "loss_mask", "history_mask", "stage",
-            "judgment", "listed_as", "rollout_id")
+    keep = (
+        "prompt_token_ids",
+        "response_token_ids",
+        "response_logprobs",
+        "loss_mask",
+        "history_mask",
+        "stage",
+        "judgment",
+        "listed_as",
+        "rollout_id",
+    )
     assert [{k: r[k] for k in keep} for r in before] == [{k: r[k] for k in keep} for r in after]
     by_rollout: dict[str, list[dict]] = {}
     for r in after:
@@ -69,7 +95,8 @@ def test_rescore_scores_every_record_again_token_for_token_with_the_systems_own_
     assert validate(out).ok
     report = manifest.last_run["stats"]["report"]
     assert report["system_accuracy"] == pytest.approx(
-        sum(rows[0]["final_reward"] == 1 for rows in by_rollout.values()) / len(by_rollout))
+        sum(rows[0]["final_reward"] == 1 for rows in by_rollout.values()) / len(by_rollout)
+    )
 
 
 def test_rescore_filters_uniform_groups_and_resumes(sim, problems, tmp_path):

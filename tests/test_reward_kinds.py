@@ -32,8 +32,11 @@ class RewardModel(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         type(self).seen.append(body)
         score = grade(body["response"], body["label"])
-        reply = b"<html>oops</html>" if self.bad else json.dumps(
-            score if len(self.seen) % 2 else {"reward": score}).encode()
+        reply = (
+            b"<html>oops</html>"
+            if self.bad
+            else json.dumps(score if len(self.seen) % 2 else {"reward": score}).encode()
+        )
         self.send_response(200)
         self.send_header("content-length", str(len(reply)))
         self.end_headers()
@@ -65,9 +68,25 @@ def shaped_correctly(records, correct_weight=2.0, incorrect_weight=0.5):
 
 
 def generate(sim, problems, out, *extra, run=run_cli):
-    return run("generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
-                   "--num-parallel", "2", "--samples-per-prompt", "2", "--correct-reward-weight", "2",
-                   "--incorrect-reward-weight", "0.5", *extra)
+    return run(
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--samples-per-prompt",
+        "2",
+        "--correct-reward-weight",
+        "2",
+        "--incorrect-reward-weight",
+        "0.5",
+        *extra,
+    )
 
 
 def test_a_remote_reward_model_scores_every_sample_and_drives_shaping(sim, problems, tmp_path, reward_model):
@@ -87,8 +106,9 @@ def test_a_remote_reward_model_scores_every_sample_and_drives_shaping(sim, probl
 def test_a_reward_model_that_answers_nonsense_stops_the_run(sim, problems, tmp_path, reward_model):
     RewardModel.bad = True
     # a process of its own: this test's reward server (a thread here) may print its own broken pipes
-    proc = generate(sim, problems, tmp_path / "out", "--reward", "remote", "--reward-url", reward_model,
-                    run=run_process)
+    proc = generate(
+        sim, problems, tmp_path / "out", "--reward", "remote", "--reward-url", reward_model, run=run_process
+    )
     assert proc.returncode == 5 and b"reply is not JSON" in proc.stderr and b"Traceback" not in proc.stderr
 
 
@@ -248,10 +268,15 @@ def gives_some_nan(requests):
 gives_some_nan.batched = True  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(("name", "info"), [("gives_nan", "reward function returned nan"),
-                                            ("gives_inf_with_info", "reward function returned inf"),
-                                            ("gives_minus_inf", "reward function returned -inf"),
-                                            ("gives_huge_int", "reward function returned inf")])
+@pytest.mark.parametrize(
+    ("name", "info"),
+    [
+        ("gives_nan", "reward function returned nan"),
+        ("gives_inf_with_info", "reward function returned inf"),
+        ("gives_minus_inf", "reward function returned -inf"),
+        ("gives_huge_int", "reward function returned inf"),
+    ],
+)
 def test_a_function_returning_nan_or_infinity_is_refused(name, info):
     reward = FunctionReward(f"tests.test_reward_kinds:{name}")
     (result,) = asyncio.run(reward.score([RewardRequest("a", "1", "p", "solver")]))
@@ -304,8 +329,12 @@ def test_a_reward_model_returning_nan_or_infinity_is_refused():
 
     results = asyncio.run(go())
     assert [(r.value, r.failed) for r in results] == [(0.0, "invalid")] * 4 + [(0.5, None)]
-    assert [r.info for r in results[:4]] == ["the reward model returned nan", "the reward model returned inf",
-                                             "the reward model returned -inf", "the reward model returned inf"]
+    assert [r.info for r in results[:4]] == [
+        "the reward model returned nan",
+        "the reward model returned inf",
+        "the reward model returned -inf",
+        "the reward model returned inf",
+    ]
 
 
 # --- the reward model has --reward-timeout per attempt ---------------------------------------------------------

@@ -27,18 +27,28 @@ def score(reward, *pairs):
 
 
 def test_math_counts_equal_values_in_other_forms():
-    got = score(MathReward(), ("so \\boxed{\\frac{84}{2}}", "42"), ("\\boxed{\\frac12}", "0.5"),
-                ("\\boxed{3\\sqrt{2}}", "\\sqrt{18}"), ("\\boxed{\\{2,1\\}}", "\\{1,2\\}"), ("\\boxed{41}", "42"),
-                ("first \\boxed{42} then \\boxed{7}", "42"), ("42 without a box", "42"), (None, "42"),
-                ("\\boxed{50\\%}", "0.5"), ("\\boxed{0.5}", "\\frac{1}{2}"))
+    got = score(
+        MathReward(),
+        ("so \\boxed{\\frac{84}{2}}", "42"),
+        ("\\boxed{\\frac12}", "0.5"),
+        ("\\boxed{3\\sqrt{2}}", "\\sqrt{18}"),
+        ("\\boxed{\\{2,1\\}}", "\\{1,2\\}"),
+        ("\\boxed{41}", "42"),
+        ("first \\boxed{42} then \\boxed{7}", "42"),
+        ("42 without a box", "42"),
+        (None, "42"),
+        ("\\boxed{50\\%}", "0.5"),
+        ("\\boxed{0.5}", "\\frac{1}{2}"),
+    )
     assert got == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
 
 
 def test_math_explains_a_zero():
     reward = MathReward()
     try:
-        results = asyncio.run(reward.score([RewardRequest("no box", "1", "p", "solver"),
-                                            RewardRequest(None, "1", "p", "solver")]))
+        results = asyncio.run(
+            reward.score([RewardRequest("no box", "1", "p", "solver"), RewardRequest(None, "1", "p", "solver")])
+        )
     finally:
         asyncio.run(reward.aclose())
     assert [r.info for r in results] == ["no \\boxed{} answer", "no answer content"]
@@ -46,7 +56,10 @@ def test_math_explains_a_zero():
 
 def test_exact_normalizes_case_space_and_dollars():
     assert score(ExactReward(), ("\\boxed{ Paris }", "paris"), ("$x  +1$", "X +1"), ("\\boxed{1/2}", "0.5")) == [
-        1.0, 1.0, 0.0]
+        1.0,
+        1.0,
+        0.0,
+    ]
 
 
 def test_unknown_reward_is_an_error():
@@ -81,6 +94,7 @@ def fake_check(monkeypatch):
 def ask(*pairs):
     """Math requests for the stand-in check. Numbers become `n7`: plain numbers take the parent's fast path
     (rules.quick_verdict) and would never reach the worker these tests are about."""
+
     def tag(x: str) -> str:
         if x.startswith("slow:"):
             return "slow:" + tag(x[5:])
@@ -104,7 +118,11 @@ def test_a_hung_check_times_out_alone_and_the_checks_queued_behind_it_go_on(fake
     results = asyncio.run(go())
     elapsed = time.monotonic() - started
     assert [(r.value, r.failed) for r in results] == [
-        (0.0, "timeout"), *[(0.0 if k % 3 == 0 else 1.0, None) for k in range(8)], (0.0, "timeout"), (1.0, None)]
+        (0.0, "timeout"),
+        *[(0.0 if k % 3 == 0 else 1.0, None) for k in range(8)],
+        (0.0, "timeout"),
+        (1.0, None),
+    ]
     assert results[0].info == "math-verify timed out after 0.6s"
     # Each queued check waited past the timeout in all, and none counted that wait against itself.
     assert elapsed > 2 * 0.6 + 8 * SLOW_S
@@ -156,7 +174,8 @@ def test_a_check_that_raises_or_kills_its_worker_scores_zero_and_the_next_ones_w
     async def go():
         try:
             return await reward.score(ask(("die", "1"), ("raise", "1"), ("1", "1"))), await reward.score(
-                ask(("2", "2")))
+                ask(("2", "2"))
+            )
         finally:
             await reward.aclose()
 
@@ -193,8 +212,9 @@ def test_a_worker_that_cannot_start_is_a_set_up_failure_not_a_zero_for_every_ans
 def test_a_worker_whose_parent_is_already_gone_exits_at_once():
     """The race PR_SET_PDEATHSIG leaves open (the parent died before the call) is closed by a parent check."""
     not_its_parent = os.getppid()
-    done = subprocess.run([sys.executable, WORKER, str(not_its_parent)], input=b'["1", "1", 1]\n',
-                          capture_output=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, WORKER, str(not_its_parent)], input=b'["1", "1", 1]\n', capture_output=True, timeout=60
+    )
     assert (done.returncode, done.stdout) == (0, b"")
 
 
@@ -223,12 +243,50 @@ def test_the_fast_paths_give_math_verifys_own_verdicts_on_a_corpus():
     from agentroll.rewards._worker import math_equal
     from agentroll.rewards.rules import quick_verdict
 
-    labels = ["42", "-7", "0", "042", "+5", "1000000000000000000001", "0.5", "\\frac{1}{2}", "x^2+1", "3.14159",
-              "\\dfrac{3}{4}", "-\\frac{14}{2}"]
-    answers = ["42", "43", "-7", "7", "-0", "0", "42.0", "\\frac{84}{2}", "5", "+5", "05", "1000000000000000000001",
-               "1000000000000000000000", "\\frac{1}{2}", "0.5", "1+x^2", "x^2", "3.141592", "4 2", " 42 ",
-               "\\frac{85}{2}", "-\\frac{14}{2}", "\\tfrac{6}{8}", "\\frac{3}{4}", "\\frac{1}{0}", "\\frac{0}{5}",
-               "\\frac{ 84 }{ 2 }", "\\frac{2}{4}"]
+    labels = [
+        "42",
+        "-7",
+        "0",
+        "042",
+        "+5",
+        "1000000000000000000001",
+        "0.5",
+        "\\frac{1}{2}",
+        "x^2+1",
+        "3.14159",
+        "\\dfrac{3}{4}",
+        "-\\frac{14}{2}",
+    ]
+    answers = [
+        "42",
+        "43",
+        "-7",
+        "7",
+        "-0",
+        "0",
+        "42.0",
+        "\\frac{84}{2}",
+        "5",
+        "+5",
+        "05",
+        "1000000000000000000001",
+        "1000000000000000000000",
+        "\\frac{1}{2}",
+        "0.5",
+        "1+x^2",
+        "x^2",
+        "3.141592",
+        "4 2",
+        " 42 ",
+        "\\frac{85}{2}",
+        "-\\frac{14}{2}",
+        "\\tfrac{6}{8}",
+        "\\frac{3}{4}",
+        "\\frac{1}{0}",
+        "\\frac{0}{5}",
+        "\\frac{ 84 }{ 2 }",
+        "\\frac{2}{4}",
+    ]
     fast = 0
     for label in labels:
         for answer in answers:
@@ -242,16 +300,17 @@ def test_the_fast_paths_give_math_verifys_own_verdicts_on_a_corpus():
     assert fast >= 60  # the corpus exercises the fast path, not only the slow one
 
 
-def test_a_math_worker_that_cannot_start_is_exit_5_before_any_group_is_written(sim, problems, tmp_path,
-                                                                                 monkeypatch):
+def test_a_math_worker_that_cannot_start_is_exit_5_before_any_group_is_written(sim, problems, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from agentroll.cli import app
     from agentroll.folder import Manifest
 
     monkeypatch.setenv("AGENTROLL_MATH_CHECK", "no_such_module_here:check")  # the worker dies as it starts
-    result = CliRunner().invoke(app, ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url,
-                                      "--tokenizer", TOKENIZER, "-q"])
+    result = CliRunner().invoke(
+        app,
+        ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER, "-q"],
+    )
     assert result.exit_code == 5, result.output
     assert "the math reward cannot check answers" in result.output
     assert Manifest.load(tmp_path / "out").groups == 0 and not Manifest.load(tmp_path / "out").complete

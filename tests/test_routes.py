@@ -52,14 +52,36 @@ class Model:
         return self.rng.integers(0, 256, size=(n, LAYERS, TOP_K), dtype=np.uint8)
 
 
-def sample(problem: Problem, k: int, stage: str, worker: int, prompt_ids: list[int], response_len: int,
-           routes: Any) -> Sample:
-    return Sample(problem_id=problem.id, problem_hash=problem.content_hash, rollout_id=f"{problem.id}-{k}",
-                  sample_index=k, group_size=2, stage=stage, worker=worker, prompt="p", prompt_token_ids=prompt_ids,
-                  response="r", response_token_ids=list(range(7, 7 + response_len)),
-                  response_logprobs=[-0.5] * response_len, loss_mask=[1] * response_len, status="completed",
-                  finish_reason="stop", stop_reason=None, content="c", raw_reward=1.0, reward=1.0, label="1",
-                  model="m", endpoint="e", latency_s=0.1, attempts=1, routed_experts=routes)
+def sample(
+    problem: Problem, k: int, stage: str, worker: int, prompt_ids: list[int], response_len: int, routes: Any
+) -> Sample:
+    return Sample(
+        problem_id=problem.id,
+        problem_hash=problem.content_hash,
+        rollout_id=f"{problem.id}-{k}",
+        sample_index=k,
+        group_size=2,
+        stage=stage,
+        worker=worker,
+        prompt="p",
+        prompt_token_ids=prompt_ids,
+        response="r",
+        response_token_ids=list(range(7, 7 + response_len)),
+        response_logprobs=[-0.5] * response_len,
+        loss_mask=[1] * response_len,
+        status="completed",
+        finish_reason="stop",
+        stop_reason=None,
+        content="c",
+        raw_reward=1.0,
+        reward=1.0,
+        label="1",
+        model="m",
+        endpoint="e",
+        latency_s=0.1,
+        attempts=1,
+        routed_experts=routes,
+    )
 
 
 def group(pid: str, model: Model | None) -> Group:
@@ -71,8 +93,9 @@ def group(pid: str, model: Model | None) -> Group:
     for k in range(2):
         plan = [("solver", w, solver_prompt, 1 + w + 2 * k) for w in range(2)]
         plan.append(("rewriter", 0, [*solver_prompt, 50 + k], 3))
-        executions.append([sample(problem, k, stage, w, ids, n, model.routes(ids, n) if model else None)
-                           for stage, w, ids, n in plan])
+        executions.append(
+            [sample(problem, k, stage, w, ids, n, model.routes(ids, n) if model else None) for stage, w, ids, n in plan]
+        )
     for samples in executions:
         for s in samples:
             s.rollout_size = len(samples)
@@ -81,14 +104,22 @@ def group(pid: str, model: Model | None) -> Group:
 
 
 def expected(groups: list[Group]) -> dict[tuple[str, str, int], np.ndarray]:
-    return {(s.rollout_id, s.stage, s.worker): np.load(io.BytesIO(s.routed_experts))
-            for g in groups for e in g.executions for s in e if s.routed_experts is not None}
+    return {
+        (s.rollout_id, s.stage, s.worker): np.load(io.BytesIO(s.routed_experts))
+        for g in groups
+        for e in g.executions
+        for s in e
+        if s.routed_experts is not None
+    }
 
 
 def assert_same(records: list[dict[str, Any]], groups: list[Group]) -> None:
     want = expected(groups)
-    got = {(r["rollout_id"], r["stage"], r["worker"]): r["routed_experts"] for r in records
-           if r["routed_experts"] is not None}
+    got = {
+        (r["rollout_id"], r["stage"], r["worker"]): r["routed_experts"]
+        for r in records
+        if r["routed_experts"] is not None
+    }
     assert got.keys() == want.keys()
     for key, array in want.items():
         assert got[key].dtype == array.dtype and got[key].shape == array.shape
@@ -132,8 +163,11 @@ def test_routes_round_trip_and_a_prompt_is_stored_once_per_shard(tmp_path, compr
     assert sorted(p.name for p in tmp_path.glob("rollouts-*")) == sorted([shard, "rollouts-00000.routes"])
     sidecar = (tmp_path / "rollouts-00000.routes").read_bytes()
     entry = json.loads((tmp_path / MANIFEST).read_text())["shards"][0]
-    assert entry["routes"] == {"file": "rollouts-00000.routes", "bytes": len(sidecar),
-                               "sha256": hashlib.sha256(sidecar).hexdigest()}
+    assert entry["routes"] == {
+        "file": "rollouts-00000.routes",
+        "bytes": len(sidecar),
+        "sha256": hashlib.sha256(sidecar).hexdigest(),
+    }
 
     records = list(read_records(tmp_path, routes=True))
     assert_same(records, groups)
@@ -149,12 +183,15 @@ def test_routes_round_trip_and_a_prompt_is_stored_once_per_shard(tmp_path, compr
     naive = sum(len(npy(a)) for a in expected(groups).values())
     assert len(sidecar) < naive
     for offset, size in blobs:  # each span is a whole .npy file, as documented
-        assert np.load(io.BytesIO(sidecar[offset:offset + size])).shape[1:] == (LAYERS, TOP_K)
+        assert np.load(io.BytesIO(sidecar[offset : offset + size])).shape[1:] == (LAYERS, TOP_K)
 
     [first] = [g for g in read_groups(tmp_path, routes=True) if g.problem_id == "a"]
     solver = first.executions[1][1]
-    assert solver.routed_experts.shape == (len(solver.prompt_token_ids) + len(solver.response_token_ids) - 1,
-                                           LAYERS, TOP_K)
+    assert solver.routed_experts.shape == (
+        len(solver.prompt_token_ids) + len(solver.response_token_ids) - 1,
+        LAYERS,
+        TOP_K,
+    )
     assert validate(tmp_path).ok
 
 
@@ -172,8 +209,11 @@ def test_routes_whose_rows_do_not_fit_the_tokens_are_stored_whole(tmp_path):
 
 def test_routes_that_are_not_an_integer_array_are_refused_before_anything_is_written(tmp_path):
     writer = write(tmp_path, [group("a", Model())])
-    for bad, says in ((b"not npy", "not a .npy array"), (npy(np.zeros((9, 3, 2), np.float32)), "integer array"),
-                      ({"rows": [0, 10]}, "another folder's routes sidecar")):
+    for bad, says in (
+        (b"not npy", "not a .npy array"),
+        (npy(np.zeros((9, 3, 2), np.float32)), "integer array"),
+        ({"rows": [0, 10]}, "another folder's routes sidecar"),
+    ):
         g = group("b", Model())
         g.executions[1][0].routed_experts = bad
         with pytest.raises(ValueError, match=says):
@@ -193,7 +233,7 @@ def test_a_crash_keeps_whole_groups_and_cuts_the_sidecar_to_what_they_reference(
     partial = next(tmp_path.glob("*.jsonl.partial"))
     data = partial.read_bytes()
     c_start = len(b"".join(line + b"\n" for line in data.splitlines()[:12]))
-    partial.write_bytes(data[:c_start + (len(data) - c_start) // 2])
+    partial.write_bytes(data[: c_start + (len(data) - c_start) // 2])
     side = tmp_path / "rollouts-00000.routes.partial"
     before = side.read_bytes()
     kept_end = reference_end(records[:12])
@@ -288,8 +328,11 @@ def test_a_finished_shard_adopted_after_a_crash_keeps_its_sidecar(tmp_path):
     writer.close(complete=True)
     side = (tmp_path / "rollouts-00001.routes").read_bytes()
     entry = json.loads((tmp_path / MANIFEST).read_text())["shards"][1]
-    assert entry["routes"] == {"file": "rollouts-00001.routes", "bytes": len(side),
-                               "sha256": hashlib.sha256(side).hexdigest()}
+    assert entry["routes"] == {
+        "file": "rollouts-00001.routes",
+        "bytes": len(side),
+        "sha256": hashlib.sha256(side).hexdigest(),
+    }
     assert_same(list(read_records(tmp_path, routes=True)), groups)
 
 
@@ -315,7 +358,8 @@ def test_merge_carries_sidecars(tmp_path, copy):
     assert [s.routes is not None for s in merged.shards] == [True, True, True]
     if copy:
         assert sorted(p.name for p in (tmp_path / "all").glob("*.routes")) == [
-            f"rollouts-0000{i}.routes" for i in range(3)]
+            f"rollouts-0000{i}.routes" for i in range(3)
+        ]
     assert_same(list(read_records(tmp_path / "all", routes=True)), parts["p0"] + parts["p1"])
     assert validate(tmp_path / "all").ok
 
@@ -353,7 +397,7 @@ def test_validate_reports_a_bad_reference_a_damaged_blob_and_rows_that_do_not_ma
     offset, _ = next(read_records(good))["routed_experts"]["prompt"]
     side = good / "rollouts-00000.routes"
     data = bytearray(side.read_bytes())
-    data[offset:offset + 6] = b"NOTNPY"
+    data[offset : offset + 6] = b"NOTNPY"
     side.write_bytes(bytes(data))
     report = validate(good)
     kinds = {(f.kind, f.line) for f in report.faults}
@@ -384,8 +428,15 @@ def test_a_follower_reads_routes_from_the_partial_shard_and_after_it_is_finished
     rest = list(follower)  # the finished shard: a and b are not given again
     got = live + rest
     assert [g.problem_id for g in got] == ["a", "b", "c"]
-    assert_same([{"rollout_id": s.rollout_id, "stage": s.stage, "worker": s.worker,
-                  "routed_experts": s.routed_experts} for g in got for e in g.executions for s in e], groups)
+    assert_same(
+        [
+            {"rollout_id": s.rollout_id, "stage": s.stage, "worker": s.worker, "routed_experts": s.routed_experts}
+            for g in got
+            for e in g.executions
+            for s in e
+        ],
+        groups,
+    )
 
 
 def test_a_follower_finds_a_sidecar_renamed_ahead_of_its_shard(tmp_path):

@@ -137,11 +137,22 @@ def test_a_launcher_whose_agentroll_is_already_gone_removes_the_directory(tmp_pa
     workdir = tmp_path / "agentroll-sandbox-run"
     workdir.mkdir()
     (workdir / "main.py").write_text("print('never')")
-    config = {"parent": gone.pid, "workdir": str(workdir), "status_fd": 1, "namespaces": "none", "argv":
-              [sys.executable, "main.py"], "env": {}, "limits": {"cpu_s": 5}}
+    config = {
+        "parent": gone.pid,
+        "workdir": str(workdir),
+        "status_fd": 1,
+        "namespaces": "none",
+        "argv": [sys.executable, "main.py"],
+        "env": {},
+        "limits": {"cpu_s": 5},
+    }
     launcher = str(Path(agentroll.sandbox.local.__file__).with_name("_launch.py"))
-    out = subprocess.run([sys.executable, "-I", "-S", "-B", launcher, json.dumps(config)], capture_output=True,
-                         timeout=60, start_new_session=True)  # as agentroll starts it: the group it kills is its own
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", launcher, json.dumps(config)],
+        capture_output=True,
+        timeout=60,
+        start_new_session=True,
+    )  # as agentroll starts it: the group it kills is its own
     assert b"never" not in out.stdout and not workdir.exists()
 
 

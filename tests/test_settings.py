@@ -27,10 +27,30 @@ def test_a_stage_on_its_own_server_gets_as_many_requests_at_once_as_the_budget_a
     main.start()
     judge.start()
     try:
-        result = CliRunner().invoke(app, [
-            "generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", main.url, "--tokenizer", TOKENIZER,
-            "--reward", "exact", "--concurrency", "12", "--num-parallel", "4", "--samples-per-prompt", "3",
-            "--stage", f"rewriter.base_url={judge.url}", "-q"])
+        result = CliRunner().invoke(
+            app,
+            [
+                "generate",
+                str(problems),
+                "-o",
+                str(tmp_path / "out"),
+                "--base-url",
+                main.url,
+                "--tokenizer",
+                TOKENIZER,
+                "--reward",
+                "exact",
+                "--concurrency",
+                "12",
+                "--num-parallel",
+                "4",
+                "--samples-per-prompt",
+                "3",
+                "--stage",
+                f"rewriter.base_url={judge.url}",
+                "-q",
+            ],
+        )
         peak_judge, peak_main = judge.peak_in_flight, main.peak_in_flight
     finally:
         main.stop()
@@ -41,15 +61,20 @@ def test_a_stage_on_its_own_server_gets_as_many_requests_at_once_as_the_budget_a
 
 
 def test_sampling_is_checked_in_one_place_for_flags_stages_and_calls():
-    for (key, value), message in ((("top_p", 0), "--top-p must be in (0, 1]"), (("temperature", -1), "--temperature"),
-                                  (("top_k", -2), "--top-k must be at least 1"), (("max_tokens", 0), "--max-tokens")):
+    for (key, value), message in (
+        (("top_p", 0), "--top-p must be in (0, 1]"),
+        (("temperature", -1), "--temperature"),
+        (("top_k", -2), "--top-k must be at least 1"),
+        (("max_tokens", 0), "--max-tokens"),
+    ):
         with pytest.raises(agentroll.UsageError, match=re.escape(message)):
             Sampling(**{key: value})
         with pytest.raises(agentroll.UsageError, match=re.escape(f"--stage 'solver.{key}={value}': {message}")):
             GenerateOptions(base_url=["http://127.0.0.1:1"], stage=[f"solver.{key}={value}"])
     assert Sampling(top_k=0).top_k == -1
     assert GenerateOptions(base_url=["http://127.0.0.1:1"], stage=["solver.top_k=0"]).stage_settings() == {
-        "solver": {"top_k": -1}}
+        "solver": {"top_k": -1}
+    }
 
 
 def test_the_options_take_their_defaults_from_the_value_objects():

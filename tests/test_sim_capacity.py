@@ -26,8 +26,11 @@ class Fixed:
 def metrics(url: str) -> dict[str, float]:
     """Samples by their full name with labels, as a Prometheus scraper keys them."""
     text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line and not line.startswith("#")}
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def labels(model: str, **extra: str) -> str:
@@ -44,8 +47,13 @@ async def complete(session: aiohttp.ClientSession, url: str, mark: int) -> dict:
 
 def test_requests_past_max_running_wait_in_order_and_metrics_show_running_waiting_and_kv_usage():
     # 10 prompt tokens + 6 output tokens = one 16-token KV block per request; 16 blocks in all.
-    server = SimServer(script=Fixed(), max_model_len=256, kv_cache_tokens=256, max_running=2,  # type: ignore[arg-type]
-                       faults=Faults(latency_s=1.0))
+    server = SimServer(
+        script=Fixed(),
+        max_model_len=256,
+        kv_cache_tokens=256,
+        max_running=2,  # type: ignore[arg-type]
+        faults=Faults(latency_s=1.0),
+    )
     server.start()
 
     async def go():
@@ -127,8 +135,11 @@ def raw_request(url: str, path: str = "/health", body: bytes | None = None) -> s
     if body is None:
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     else:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-                     f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
     return sock
 
 

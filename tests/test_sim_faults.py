@@ -17,11 +17,21 @@ from agentroll.sim.script import Scripted
 from agentroll.sim.server import Faults, SimServer
 
 
-def call(url: str, path: str, body: bytes | dict | None = None, content_type: str = "application/json",
-         method: str | None = None, headers: dict | None = None) -> tuple[int, bytes, dict]:
+def call(
+    url: str,
+    path: str,
+    body: bytes | dict | None = None,
+    content_type: str = "application/json",
+    method: str | None = None,
+    headers: dict | None = None,
+) -> tuple[int, bytes, dict]:
     data = json.dumps(body).encode() if isinstance(body, dict) else body
-    request = urllib.request.Request(url + path, data=data, method=method or ("GET" if data is None else "POST"),
-                                     headers={"content-type": content_type, **(headers or {})})
+    request = urllib.request.Request(
+        url + path,
+        data=data,
+        method=method or ("GET" if data is None else "POST"),
+        headers={"content-type": content_type, **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=20) as answer:
             return answer.status, answer.read(), {k.lower(): v for k, v in answer.headers.items()}
@@ -77,8 +87,12 @@ def test_error_rate_answers_500_and_503_in_both_vllm_error_shapes(server):
 def test_drop_rate_closes_the_connection_with_no_answer(server):
     sim = server(faults=Faults(drop_rate=1.0))
     connection = http.client.HTTPConnection(sim.url.removeprefix("http://"), timeout=10)
-    connection.request("POST", "/v1/completions", body=b'{"prompt": [5, 6], "max_tokens": 4}',
-                       headers={"content-type": "application/json"})
+    connection.request(
+        "POST",
+        "/v1/completions",
+        body=b'{"prompt": [5, 6], "max_tokens": 4}',
+        headers={"content-type": "application/json"},
+    )
     with pytest.raises(http.client.RemoteDisconnected):
         connection.getresponse()
     connection.close()
@@ -106,7 +120,7 @@ def test_abort_rate_cuts_sequences_short_with_finish_reason_abort_as_vllm_does(s
     full, cut = completion(whole.url, **body), completion(sim.url, **body)
     for a, b in zip(full["choices"], cut["choices"], strict=True):
         assert b["finish_reason"] == "abort" and b["stop_reason"] is None
-        assert len(b["token_ids"]) < len(a["token_ids"]) and b["token_ids"] == a["token_ids"][:len(b["token_ids"])]
+        assert len(b["token_ids"]) < len(a["token_ids"]) and b["token_ids"] == a["token_ids"][: len(b["token_ids"])]
         assert b["text"] == sim.tokenizer.decode(b["token_ids"], skip_special_tokens=True)
         assert len(b["logprobs"]["tokens"]) == len(b["token_ids"])
     assert cut["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in cut["choices"])
@@ -146,7 +160,8 @@ def test_a_stop_string_cuts_the_text_before_it_and_is_the_stop_reason(server):
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == "answer"
     assert choice["text"] == "<think>a</think>The "
     assert "answer" in sim.tokenizer.decode(choice["token_ids"]) and "answer" not in sim.tokenizer.decode(
-        choice["token_ids"][:-1])
+        choice["token_ids"][:-1]
+    )
 
 
 def test_n_samples_count_the_prompt_once_in_usage_as_vllm_does(server):
@@ -173,29 +188,45 @@ def test_tokenize_errors_and_latency(server):
 
 
 REAL_VLLM_400 = {  # request body -> the body vLLM 0.32 answered, with status 400
-    b"{bad json": {"message": "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body.1', 'msg': 'JSON decode "
-                              "error', 'input': '<dict of 0 items>', 'ctx': {'error': 'Expecting property name "
-                              "enclosed in double quotes'}}", "param": "body.1"},
-    b"": {"message": "1 validation error:\n  {'type': 'missing', 'loc': 'body', 'msg': 'Field required', 'input': "
-                     "'None'}", "param": "body"},
-    b"[]": {"message": "2 validation errors:\n  {'type': 'model_attributes_type', 'loc': 'body', 'msg': 'Input "
-                       "should be a valid dictionary or object to extract fields from', 'input': '<list of 0 "
-                       "items>'}\n  {'type': 'model_attributes_type', 'loc': 'body', 'msg': 'Input should be a "
-                       "valid dictionary or object to extract fields from', 'input': '<list of 0 items>'}",
-            "param": "body"},
-    b"{}": {"message": "2 validation errors:\n  {'type': 'missing', 'loc': 'body.prompt', 'msg': 'Field required', "
-                       "'input': '<dict of 0 items>'}\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field "
-                       "required', 'input': '<dict of 0 items>'}", "param": "body.prompt"},
-    b'{"messages": "hi"}': {"message": "2 validation errors:\n  {'type': 'missing', 'loc': 'body.prompt', 'msg': "
-                                       "'Field required', 'input': '<dict of 1 items>'}\n  {'type': 'list_type', "
-                                       "'loc': 'body.messages', 'msg': 'Input should be a valid list', 'input': "
-                                       "'hi'}", "param": "body.prompt"},
+    b"{bad json": {
+        "message": "1 validation error:\n  {'type': 'json_invalid', 'loc': 'body.1', 'msg': 'JSON decode "
+        "error', 'input': '<dict of 0 items>', 'ctx': {'error': 'Expecting property name "
+        "enclosed in double quotes'}}",
+        "param": "body.1",
+    },
+    b"": {
+        "message": "1 validation error:\n  {'type': 'missing', 'loc': 'body', 'msg': 'Field required', 'input': "
+        "'None'}",
+        "param": "body",
+    },
+    b"[]": {
+        "message": "2 validation errors:\n  {'type': 'model_attributes_type', 'loc': 'body', 'msg': 'Input "
+        "should be a valid dictionary or object to extract fields from', 'input': '<list of 0 "
+        "items>'}\n  {'type': 'model_attributes_type', 'loc': 'body', 'msg': 'Input should be a "
+        "valid dictionary or object to extract fields from', 'input': '<list of 0 items>'}",
+        "param": "body",
+    },
+    b"{}": {
+        "message": "2 validation errors:\n  {'type': 'missing', 'loc': 'body.prompt', 'msg': 'Field required', "
+        "'input': '<dict of 0 items>'}\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field "
+        "required', 'input': '<dict of 0 items>'}",
+        "param": "body.prompt",
+    },
+    b'{"messages": "hi"}': {
+        "message": "2 validation errors:\n  {'type': 'missing', 'loc': 'body.prompt', 'msg': "
+        "'Field required', 'input': '<dict of 1 items>'}\n  {'type': 'list_type', "
+        "'loc': 'body.messages', 'msg': 'Input should be a valid list', 'input': "
+        "'hi'}",
+        "param": "body.prompt",
+    },
     b'{"prompt": "hi", "add_special_tokens": "maybe"}': {
         "message": "3 validation errors:\n  {'type': 'bool_parsing', 'loc': 'body.add_special_tokens', 'msg': 'Input "
-                   "should be a valid boolean, unable to interpret input', 'input': 'maybe'}\n  {'type': 'missing', "
-                   "'loc': 'body.messages', 'msg': 'Field required', 'input': '<dict of 2 items>'}\n  {'type': "
-                   "'bool_parsing', 'loc': 'body.add_special_tokens', 'msg': 'Input should be a valid boolean, "
-                   "unable to interpret input', 'input': 'maybe'}", "param": "body.add_special_tokens"},
+        "should be a valid boolean, unable to interpret input', 'input': 'maybe'}\n  {'type': 'missing', "
+        "'loc': 'body.messages', 'msg': 'Field required', 'input': '<dict of 2 items>'}\n  {'type': "
+        "'bool_parsing', 'loc': 'body.add_special_tokens', 'msg': 'Input should be a valid boolean, "
+        "unable to interpret input', 'input': 'maybe'}",
+        "param": "body.add_special_tokens",
+    },
 }
 
 
@@ -212,17 +243,24 @@ def test_messages_that_are_not_objects_fail_each_member_of_vllms_message_union(s
     status, answer, _ = call(sim.url, "/tokenize", {"messages": ["hi"]})
     error = json.loads(answer)["error"]
     assert status == 400 and error["param"] == "body.prompt" and error["message"].startswith("9 validation errors:")
-    assert "'loc': 'body.messages.0.ChatCompletionUserMessageParam', 'msg': 'Input should be a valid dictionary'" \
+    assert (
+        "'loc': 'body.messages.0.ChatCompletionUserMessageParam', 'msg': 'Input should be a valid dictionary'"
         in error["message"]
+    )
 
 
 def test_a_body_that_is_not_declared_json_is_refused_as_vllm_refuses_it(server):
     sim = server()
     for path in ("/tokenize", "/v1/completions", "/detokenize"):
         status, answer, _ = call(sim.url, path, b'{"prompt": "hi"}', content_type="text/plain")
-        assert status == 400 and json.loads(answer) == {"error": {
-            "message": "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
-            "type": "Bad Request", "param": None, "code": 400}}
+        assert status == 400 and json.loads(answer) == {
+            "error": {
+                "message": "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+                "type": "Bad Request",
+                "param": None,
+                "code": 400,
+            }
+        }
 
 
 def test_unknown_paths_wrong_methods_api_key_and_the_disabled_generate_endpoint(server):
@@ -235,11 +273,15 @@ def test_unknown_paths_wrong_methods_api_key_and_the_disabled_generate_endpoint(
         assert call(sim.url, path)[:2] == (401, b'{"error":"Unauthorized"}')
     key = {"Authorization": "bearer sesame"}  # the scheme is case-insensitive
     assert call(sim.url, "/v1/models", headers=key)[0] == 200
-    status, body, _ = call(sim.url, "/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {}},
-                           headers=key)
-    assert status == 403 and json.loads(body) == {"error": {
-        "message": "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.",
-        "type": "PermissionDeniedError", "param": None, "code": 403}}
+    status, body, _ = call(sim.url, "/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {}}, headers=key)
+    assert status == 403 and json.loads(body) == {
+        "error": {
+            "message": "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.",
+            "type": "PermissionDeniedError",
+            "param": None,
+            "code": 403,
+        }
+    }
 
 
 def test_faults_refuse_rates_that_cannot_be_probabilities():

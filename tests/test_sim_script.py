@@ -23,11 +23,15 @@ from .conftest import TOKENIZER, read_records, run_cli, write_problems
 PROBLEM = "Seventeen sheep stand in a field; how many sheep are there?"
 CUSTOM = {
     "solver.jinja": "Task for you:\n{{ problem }}\nReason, then box your result.",
-    "rewriter.jinja": ("Earlier attempts at the task \"{{ problem }}\":\n{% for s in solutions %}<attempt>{{ s }}"
-                       "</attempt>\n{% endfor %}Produce an improved attempt."),
-    "selector.jinja": ("Pick the best of these for: {{ problem }}\n{% for s in solutions %}"
-                       "({{ 'ABCDEFGH'[loop.index0] }}) -> {{ s }}\n{% endfor %}"
-                       "Reply \"Judgment: K\" where K counts from 1 in the order shown."),
+    "rewriter.jinja": (
+        'Earlier attempts at the task "{{ problem }}":\n{% for s in solutions %}<attempt>{{ s }}'
+        "</attempt>\n{% endfor %}Produce an improved attempt."
+    ),
+    "selector.jinja": (
+        "Pick the best of these for: {{ problem }}\n{% for s in solutions %}"
+        "({{ 'ABCDEFGH'[loop.index0] }}) -> {{ s }}\n{% endfor %}"
+        'Reply "Judgment: K" where K counts from 1 in the order shown.'
+    ),
 }
 STEADY = {"correct": 1.0, "equivalent_form": 0.0, "no_think_close": 0.0, "empty_after_think": 0.0, "truncate": 0.0}
 
@@ -40,8 +44,9 @@ def custom(tmp_path: Path) -> Templates:
 
 
 def post(url: str, path: str, body: dict) -> dict:
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        url + path, data=json.dumps(body).encode(), method="POST", headers={"content-type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=10) as answer:
         return json.loads(answer.read())
 
@@ -109,10 +114,13 @@ def test_recognition_is_stateless_so_a_fresh_server_continues_another_ones_run(c
         second.stop()
 
 
-@pytest.mark.parametrize("prompt", [
-    "Solve:\n### Solution 1\nJudgment: 2\nWrite \\boxed{answer}.",  # the default templates' markers mean nothing
-    f"{PROBLEM} The final answer is \\boxed{{17}}.",
-])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "Solve:\n### Solution 1\nJudgment: 2\nWrite \\boxed{answer}.",  # the default templates' markers mean nothing
+        f"{PROBLEM} The final answer is \\boxed{{17}}.",
+    ],
+)
 def test_a_solver_prompt_stays_a_solver_prompt_whatever_markers_it_contains(prompt):
     assert Script.stage(prompt) == "solver"
     text = Script(Behavior(**STEADY), {PROBLEM: "17"}).answer(prompt, random.Random(0)).text
@@ -121,13 +129,28 @@ def test_a_solver_prompt_stays_a_solver_prompt_whatever_markers_it_contains(prom
 
 def test_generate_with_a_custom_prompts_folder_runs_every_stage(custom, tmp_path):
     problems = write_problems(tmp_path / "p.jsonl", 6)
-    server = SimServer(script=Script.from_jsonl(problems, Behavior(**STEADY, select_correct=1.0, bad_judgment=0.0,
-                                                                   no_judgment=0.0)))
+    server = SimServer(
+        script=Script.from_jsonl(problems, Behavior(**STEADY, select_correct=1.0, bad_judgment=0.0, no_judgment=0.0))
+    )
     server.start()
     try:
         out = tmp_path / "out"
-        proc = run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
-                       "--prompts", str(custom.directory), "--num-parallel", "3", "--reward", "exact")
+        proc = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--prompts",
+            str(custom.directory),
+            "--num-parallel",
+            "3",
+            "--reward",
+            "exact",
+        )
         assert proc.returncode == 0, proc.stderr.decode()
         records = read_records(out)
         assert sorted({r["stage"] for r in records}) == ["rewriter", "selector", "solver"]

@@ -17,8 +17,9 @@ def captured(name: str) -> dict:
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"content-type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, json.loads(answer.read())
@@ -36,10 +37,14 @@ def shape(value):
 
 
 def test_completion_fields_match_vllm_with_and_without_return_token_ids(sim):
-    for fixture, extra in (("vllm032_completion_token_ids.json", {"return_token_ids": True}),
-                           ("vllm032_completion_no_token_ids.json", {})):
-        status, ours = post(f"{sim.url}/v1/completions", {"prompt": [1, 320, 285], "max_tokens": 16, "logprobs": 1,
-                                                           "return_tokens_as_token_ids": True, **extra})
+    for fixture, extra in (
+        ("vllm032_completion_token_ids.json", {"return_token_ids": True}),
+        ("vllm032_completion_no_token_ids.json", {}),
+    ):
+        status, ours = post(
+            f"{sim.url}/v1/completions",
+            {"prompt": [1, 320, 285], "max_tokens": 16, "logprobs": 1, "return_tokens_as_token_ids": True, **extra},
+        )
         theirs = captured(fixture)
         assert status == 200
         assert set(ours) == set(theirs)
@@ -56,18 +61,21 @@ def test_errors_models_and_tokenize_match_vllm(sim):
     status, ours = post(f"{sim.url}/v1/completions", {"prompt": [5] * 5000, "max_tokens": 4})
     theirs = captured("vllm032_too_long.json")
     assert status == 400 and shape(ours) == shape(theirs)
-    assert ours["error"]["message"].startswith("This model's maximum context length is 4096 tokens. However, your "
-                                               "prompt contains 5000 input tokens")
+    assert ours["error"]["message"].startswith(
+        "This model's maximum context length is 4096 tokens. However, your prompt contains 5000 input tokens"
+    )
     models = json.loads(urllib.request.urlopen(f"{sim.url}/v1/models", timeout=10).read())
     assert shape(models) == shape(captured("vllm032_models.json"))
-    status, tokens = post(f"{sim.url}/tokenize", {"messages": [{"role": "user", "content": "hi"}],
-                                                  "add_generation_prompt": True})
+    status, tokens = post(
+        f"{sim.url}/tokenize", {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True}
+    )
     assert status == 200 and set(tokens) == set(captured("vllm032_tokenize_messages.json"))
 
 
 def test_near_the_context_limit_max_tokens_is_cut_silently_as_vllm_does(sim):
-    status, ours = post(f"{sim.url}/v1/completions", {"prompt": [5] * 4090, "max_tokens": 16, "logprobs": 0,
-                                                       "return_token_ids": True})
+    status, ours = post(
+        f"{sim.url}/v1/completions", {"prompt": [5] * 4090, "max_tokens": 16, "logprobs": 0, "return_token_ids": True}
+    )
     assert status == 200 and ours["choices"][0]["finish_reason"] == "length"
     assert len(ours["choices"][0]["token_ids"]) == 6 and ours["usage"]["total_tokens"] == 4096
 
@@ -128,10 +136,12 @@ def test_metrics_are_vllms_series_in_prometheus_text_format(sim):
     status, _ = post(f"{sim.url}/v1/completions", {"prompt": [1, 320, 285], "max_tokens": 16})
     assert status == 200
     after = urllib.request.urlopen(f"{sim.url}/metrics", timeout=10).read().decode()
-    first = float(next(line for line in after.splitlines() if line.startswith("agentroll_sim_first_request_unix"))
-                  .split()[1])
-    assert abs(first - sim.first_request_at) < 1e-3 and re.search(r"e\+09$", after.split("first_request_unix ")[-1]
-                                                                    .strip())
+    first = float(
+        next(line for line in after.splitlines() if line.startswith("agentroll_sim_first_request_unix")).split()[1]
+    )
+    assert abs(first - sim.first_request_at) < 1e-3 and re.search(
+        r"e\+09$", after.split("first_request_unix ")[-1].strip()
+    )
 
 
 def test_native_generate_matches_vllm_shape_errors_and_the_403_without_scale_out(sim, problems):
@@ -149,8 +159,10 @@ def test_native_generate_matches_vllm_shape_errors_and_the_403_without_scale_out
             theirs = captured(fixture)
             assert status == 200 and shape(ours) == shape(theirs) | {"prompt_token_ids": "NoneType"}
             content = ours["choices"][0]["logprobs"]["content"]
-            assert all(len(c["top_logprobs"]) == max(k, 1) and c["top_logprobs"][0]["token_id"] == c["token_id"]
-                       for c in content)
+            assert all(
+                len(c["top_logprobs"]) == max(k, 1) and c["top_logprobs"][0]["token_id"] == c["token_id"]
+                for c in content
+            )
         status, ours = post(url, {"token_ids": [1, 2]})
         theirs = captured("vllm032_generate_missing_sampling_params.json")
         assert status == 400 and ours == theirs

@@ -16,8 +16,7 @@ def test_a_stream_keeps_no_group_it_has_handed_over(sim):
 
     async def go() -> list[int]:
         alive = []
-        async with agentroll.Generator(base_url=sim.url, tokenizer=TOKENIZER, num_parallel=2,
-                                       reward="exact") as gen:
+        async with agentroll.Generator(base_url=sim.url, tokenizer=TOKENIZER, num_parallel=2, reward="exact") as gen:
             async for seen, _ in enumerate_async(gen.stream(rows, max_ahead=2)):
                 if seen % 10 == 9:
                     gc.collect()

@@ -27,13 +27,34 @@ from .test_reliability import popen
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "fixtures" / "three_stage_seed7.json"
-NEW_FIELDS = {"rollout_id", "latency_s", "schema_version", "trainable", "turn", "continues", "history_mask",
-              "history_logprobs", "endpoint", "tool_calls"}
+NEW_FIELDS = {
+    "rollout_id",
+    "latency_s",
+    "schema_version",
+    "trainable",
+    "turn",
+    "continues",
+    "history_mask",
+    "history_logprobs",
+    "endpoint",
+    "tool_calls",
+}
 
 
 def args(problems: Path, out: Path, url: str, *extra: str) -> list[str]:
-    return ["generate", str(problems), "-o", str(out), "--base-url", url, "--tokenizer", TOKENIZER,
-            "--reward", "exact", *extra]
+    return [
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+        "--tokenizer",
+        TOKENIZER,
+        "--reward",
+        "exact",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -59,9 +80,25 @@ def test_three_stage_with_a_seed_writes_what_it_wrote_before_systems_were_plugga
     server.start()
     try:
         out = tmp_path / "out"
-        proc = run_cli("generate", str(samples_dir() / "math.jsonl"), "-o", str(out), "--base-url", server.url,
-                       "--seed", "7", "--samples-per-prompt", "2", "--num-parallel", "3", "--max-tokens", "200",
-                       "--system", "three-stage", "-q")
+        proc = run_cli(
+            "generate",
+            str(samples_dir() / "math.jsonl"),
+            "-o",
+            str(out),
+            "--base-url",
+            server.url,
+            "--seed",
+            "7",
+            "--samples-per-prompt",
+            "2",
+            "--num-parallel",
+            "3",
+            "--max-tokens",
+            "200",
+            "--system",
+            "three-stage",
+            "-q",
+        )
         assert proc.returncode == 0, proc.stderr.decode()
     finally:
         server.stop()
@@ -96,8 +133,21 @@ def test_single_writes_k_independent_samples_per_prompt(served, problems, tmp_pa
 # -- critique-revise: token-exact multi-turn ------------------------------------------------------------------
 def test_critique_revise_continues_one_conversation_by_token_ids(served, problems, tmp_path):
     out = tmp_path / "out"
-    proc = run_cli(*args(problems, out, served.url, "--system", "critique-revise", "--samples-per-prompt", "2",
-                         "--max-tokens", "120", "--seed", "11"))  # seeded: the same answers whatever the timing
+    proc = run_cli(
+        *args(
+            problems,
+            out,
+            served.url,
+            "--system",
+            "critique-revise",
+            "--samples-per-prompt",
+            "2",
+            "--max-tokens",
+            "120",
+            "--seed",
+            "11",
+        )
+    )  # seeded: the same answers whatever the timing
     assert proc.returncode == 0, proc.stderr.decode()
     tokenizer = load_tokenizer(TOKENIZER)
     sent = {tuple(e["request"]["prompt"]) for e in generations(served)}
@@ -108,21 +158,22 @@ def test_critique_revise_continues_one_conversation_by_token_ids(served, problem
         assert [r["turn"] for r in rows] == [0, 1, 2] and [r["continues"] for r in rows] == [None, 0, 1]
         for before, now in itertools.pairwise(rows):
             head = before["prompt_token_ids"] + before["response_token_ids"]
-            assert now["prompt_token_ids"][:len(head)] == head  # never a re-rendering
-            injected = now["prompt_token_ids"][len(head):]
+            assert now["prompt_token_ids"][: len(head)] == head  # never a re-rendering
+            injected = now["prompt_token_ids"][len(head) :]
             text = tokenizer.decode(injected)
             assert text.endswith("<|im_end|>\n<|im_start|>assistant\n") and "<|im_start|>user\n" in text
             # the stop token the model sampled is counted once, in its response
             assert text.startswith("\n") == (before["finish_reason"] == "stop")
             mask = (before["history_mask"] or [0] * len(before["prompt_token_ids"])) + before["loss_mask"]
             assert now["history_mask"] == mask + [0] * len(injected)
-            logprobs = (before["history_logprobs"] or [0.0] * len(before["prompt_token_ids"]))
+            logprobs = before["history_logprobs"] or [0.0] * len(before["prompt_token_ids"])
             assert now["history_logprobs"] == logprobs + before["response_logprobs"] + [0.0] * len(injected)
             assert tuple(now["prompt_token_ids"]) in sent  # what the server got is what is recorded
         assert sum(rows[2]["history_mask"]) == len(rows[0]["response_token_ids"]) + len(rows[1]["response_token_ids"])
         _, critic, reviser = rows
-        assert critic["raw_reward"] == reviser["raw_reward"] and all(r["final_reward"] == reviser["raw_reward"]
-                                                                     for r in rows)
+        assert critic["raw_reward"] == reviser["raw_reward"] and all(
+            r["final_reward"] == reviser["raw_reward"] for r in rows
+        )
     assert any(rows[2]["raw_reward"] == 1 for rows in executions.values())
 
 
@@ -131,8 +182,9 @@ def test_a_turn_cut_by_max_tokens_gets_the_templates_whole_end_of_turn(problems,
     server.start()
     try:
         out = tmp_path / "out"
-        proc = run_cli(*args(problems, out, server.url, "--system", "critique-revise", "--max-tokens", "30",
-                             "--limit", "2"))
+        proc = run_cli(
+            *args(problems, out, server.url, "--system", "critique-revise", "--max-tokens", "30", "--limit", "2")
+        )
         assert proc.returncode == 0, proc.stderr.decode()
     finally:
         server.stop()
@@ -140,7 +192,7 @@ def test_a_turn_cut_by_max_tokens_gets_the_templates_whole_end_of_turn(problems,
     for rows in by_execution(read_records(out)).values():
         solver, critic = rows[0], rows[1]
         assert solver["finish_reason"] == "length"
-        injected = critic["prompt_token_ids"][len(solver["prompt_token_ids"]) + len(solver["response_token_ids"]):]
+        injected = critic["prompt_token_ids"][len(solver["prompt_token_ids"]) + len(solver["response_token_ids"]) :]
         assert tokenizer.decode(injected).startswith("<|im_end|>\n<|im_start|>user\n")
 
 
@@ -193,8 +245,23 @@ def docs_example(tmp_path: Path) -> Path:
 def test_the_custom_system_in_the_docs_runs_end_to_end(served, problems, tmp_path):
     system = docs_example(tmp_path)
     out = tmp_path / "out"
-    proc = run_cli(*args(problems, out, served.url, "--system", f"{system}:SelfCheck", "--system-option",
-                         "drafts=3", "--samples-per-prompt", "2", "--seed", "1", "--max-tokens", "300"))
+    proc = run_cli(
+        *args(
+            problems,
+            out,
+            served.url,
+            "--system",
+            f"{system}:SelfCheck",
+            "--system-option",
+            "drafts=3",
+            "--samples-per-prompt",
+            "2",
+            "--seed",
+            "1",
+            "--max-tokens",
+            "300",
+        )
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     executions = by_execution(read_records(out))
     assert len(executions) == 16
@@ -203,15 +270,35 @@ def test_the_custom_system_in_the_docs_runs_end_to_end(served, problems, tmp_pat
         for check in rows[3:]:
             draft = rows[check["continues"]]
             assert draft["worker"] == check["worker"] and check["turn"] == 1
-            assert check["prompt_token_ids"][:len(draft["prompt_token_ids"]) + len(draft["response_token_ids"])] \
+            assert (
+                check["prompt_token_ids"][: len(draft["prompt_token_ids"]) + len(draft["response_token_ids"])]
                 == draft["prompt_token_ids"] + draft["response_token_ids"]
+            )
         assert rows[0]["final_reward"] == max(r["raw_reward"] for r in rows[3:])
     settings = json.loads((out / "manifest.json").read_text())["settings"]
-    assert settings["system"] == {"name": f"{system}:SelfCheck", "stages": ["solver", "checker"],
-                                  "options": {"drafts": 3}}
+    assert settings["system"] == {
+        "name": f"{system}:SelfCheck",
+        "stages": ["solver", "checker"],
+        "options": {"drafts": 3},
+    }
     # another option is another dataset: the folder refuses it rather than mixing the two
-    again = run_cli(*args(problems, out, served.url, "--system", f"{system}:SelfCheck", "--system-option",
-                          "drafts=2", "--samples-per-prompt", "2", "--seed", "1", "--max-tokens", "300"))
+    again = run_cli(
+        *args(
+            problems,
+            out,
+            served.url,
+            "--system",
+            f"{system}:SelfCheck",
+            "--system-option",
+            "drafts=2",
+            "--samples-per-prompt",
+            "2",
+            "--seed",
+            "1",
+            "--max-tokens",
+            "300",
+        )
+    )
     assert again.returncode == 6 and b"system.options.drafts" in again.stderr
 
 
@@ -225,7 +312,8 @@ def test_a_system_may_be_an_async_function(served, problems, tmp_path):
         "    await ctx.reward([first, second])\n"
         "    return [first, second]\n"
         "twice.stages = ('solver',)\n"
-        "twice.templates = ('solver',)\n")
+        "twice.templates = ('solver',)\n"
+    )
     out = tmp_path / "out"
     proc = run_cli(*args(problems, out, served.url, "--system", f"{path}:twice", "--limit", "3"))
     assert proc.returncode == 0, proc.stderr.decode()
@@ -234,15 +322,20 @@ def test_a_system_may_be_an_async_function(served, problems, tmp_path):
     assert all(r["final_reward"] == by_execution(records)[r["rollout_id"]][-1]["raw_reward"] for r in records)
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ("    raise ValueError('boom')\n", b"system"),
-    ("    a = await ctx.complete('solver', await ctx.problem_prompt('solver'), worker=0)\n"
-     "    b = await ctx.complete('solver', await ctx.problem_prompt('solver'), worker=0)\n"
-     "    return [a, b]\n", b"two solver calls with worker 0"),
-    ("    return []\n", b"no samples"),
-])
-def test_a_broken_system_stops_the_run_with_one_line_and_a_consistent_folder(served, problems, tmp_path, body,
-                                                                           message):
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("    raise ValueError('boom')\n", b"system"),
+        (
+            "    a = await ctx.complete('solver', await ctx.problem_prompt('solver'), worker=0)\n"
+            "    b = await ctx.complete('solver', await ctx.problem_prompt('solver'), worker=0)\n"
+            "    return [a, b]\n",
+            b"two solver calls with worker 0",
+        ),
+        ("    return []\n", b"no samples"),
+    ],
+)
+def test_a_broken_system_stops_the_run_with_one_line_and_a_consistent_folder(served, problems, tmp_path, body, message):
     path = tmp_path / "broken.py"
     path.write_text("async def broken(ctx):\n" + body + "broken.templates = ('solver',)\n")
     out = tmp_path / "out"
@@ -252,12 +345,15 @@ def test_a_broken_system_stops_the_run_with_one_line_and_a_consistent_folder(ser
     assert manifest["complete"] is False and manifest["records"] == len(read_records(out))
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--system", "nope"], b"not a built-in"),
-    (["--system", "single", "--stage", "selector.temperature=0"], b"system single has the stages solver"),
-    (["--system", "single", "--system-option", "rounds=2"], b"has no option rounds"),
-    (["--stage", "selector.temp=0"], b"expected STAGE.KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--system", "nope"], b"not a built-in"),
+        (["--system", "single", "--stage", "selector.temperature=0"], b"system single has the stages solver"),
+        (["--system", "single", "--system-option", "rounds=2"], b"has no option rounds"),
+        (["--stage", "selector.temp=0"], b"expected STAGE.KEY=VALUE"),
+    ],
+)
 def test_bad_system_flags_are_one_line_usage_errors(served, problems, tmp_path, flags, message):
     proc = run_cli(*args(problems, tmp_path / "out", served.url, *flags))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr.decode()
@@ -273,18 +369,41 @@ def test_a_stage_may_sample_otherwise_and_run_on_another_model_and_server(proble
     judge.start()
     try:
         out = tmp_path / "out"
-        proc = run_cli(*args(problems, out, policy.url, "--num-parallel", "2", "--stage", "rewriter.temperature=0.5",
-                             "--stage", "selector.model=judge", "--stage", f"selector.base_url={judge.url}",
-                             "--stage", "selector.temperature=0", "--stage", "selector.max_tokens=64"))
+        proc = run_cli(
+            *args(
+                problems,
+                out,
+                policy.url,
+                "--num-parallel",
+                "2",
+                "--stage",
+                "rewriter.temperature=0.5",
+                "--stage",
+                "selector.model=judge",
+                "--stage",
+                f"selector.base_url={judge.url}",
+                "--stage",
+                "selector.temperature=0",
+                "--stage",
+                "selector.max_tokens=64",
+            )
+        )
         assert proc.returncode == 0, proc.stderr.decode()
         records = read_records(out)
         selectors = [r for r in records if r["stage"] == "selector"]
         others = [r for r in records if r["stage"] != "selector"]
         assert selectors and others
-        assert all(r["model"] == "judge" and r["endpoint"] == judge.url and r["trainable"] is False
-                   and r["sampling"]["temperature"] == 0.0 and r["sampling"]["max_tokens"] <= 64 for r in selectors)
-        assert all(r["model"] == policy.model and r["trainable"] is True and r["endpoint"] == policy.url
-                   for r in others)
+        assert all(
+            r["model"] == "judge"
+            and r["endpoint"] == judge.url
+            and r["trainable"] is False
+            and r["sampling"]["temperature"] == 0.0
+            and r["sampling"]["max_tokens"] <= 64
+            for r in selectors
+        )
+        assert all(
+            r["model"] == policy.model and r["trainable"] is True and r["endpoint"] == policy.url for r in others
+        )
         assert {r["sampling"]["temperature"] for r in others if r["stage"] == "rewriter"} == {0.5}
         assert {r["sampling"]["temperature"] for r in others if r["stage"] == "solver"} == {1.0}
         asked = [e["request"] for e in generations(judge)]
@@ -292,8 +411,7 @@ def test_a_stage_may_sample_otherwise_and_run_on_another_model_and_server(proble
         manifest = json.loads((out / "manifest.json").read_text())
         assert set(manifest["last_run"]["requests"]["concurrency"]) == {policy.url, judge.url}  # auto: each its own
         settings = manifest["settings"]
-        assert settings["stage_settings"]["selector"] == {"model": "judge",
-                                                          "temperature": 0.0, "max_tokens": 64}
+        assert settings["stage_settings"]["selector"] == {"model": "judge", "temperature": 0.0, "max_tokens": 64}
     finally:
         policy.stop()
         judge.stop()
@@ -307,8 +425,21 @@ def test_killed_mid_run_then_rerun_gives_every_execution_exactly_once(tmp_path, 
     server.start()
     try:
         out = tmp_path / "out"
-        run = args(problems, out, server.url, "--system", system, "--num-parallel", "2", "--samples-per-prompt",
-                   "2", "--concurrency", "4", "--shard-size", "10")
+        run = args(
+            problems,
+            out,
+            server.url,
+            "--system",
+            system,
+            "--num-parallel",
+            "2",
+            "--samples-per-prompt",
+            "2",
+            "--concurrency",
+            "4",
+            "--shard-size",
+            "10",
+        )
         proc = popen(*run)
         assert server.wait_for_completions(40, timeout=60)
         proc.send_signal(signal.SIGKILL)
@@ -334,8 +465,14 @@ def test_the_generator_runs_a_system_class_given_by_module(served, problems, tmp
     monkeypatch.syspath_prepend(str(tmp_path))
 
     async def go():
-        async with Generator(base_url=served.url, tokenizer=TOKENIZER, reward="exact", samples_per_prompt=2,
-                             system="my_systems:SelfCheck", system_option=["drafts=1"]) as gen:
+        async with Generator(
+            base_url=served.url,
+            tokenizer=TOKENIZER,
+            reward="exact",
+            samples_per_prompt=2,
+            system="my_systems:SelfCheck",
+            system_option=["drafts=1"],
+        ) as gen:
             row = json.loads(problems.read_text().splitlines()[0])
             return await gen.run_group(row), gen.settings
 
@@ -354,11 +491,13 @@ def test_a_continuation_of_another_executions_sample_is_refused(served, problems
         "        await ctx.complete('solver', [{'role': 'user', 'content': 'x'}], worker=1, after=STOLEN[0])\n"
         "    STOLEN.append(first)\n"
         "    return [first]\n"
-        "thief.templates = ('solver',)\n")
+        "thief.templates = ('solver',)\n"
+    )
 
     async def go():
-        async with Generator(base_url=served.url, tokenizer=TOKENIZER, reward="exact", system=f"{path}:thief",
-                             samples_per_prompt=2) as gen:
+        async with Generator(
+            base_url=served.url, tokenizer=TOKENIZER, reward="exact", system=f"{path}:thief", samples_per_prompt=2
+        ) as gen:
             row = json.loads(problems.read_text().splitlines()[0])
             await gen.run_group(row)
 
@@ -366,25 +505,38 @@ def test_a_continuation_of_another_executions_sample_is_refused(served, problems
         asyncio.run(go())
 
 
-def test_a_frozen_turn_is_injected_in_the_trajectory_and_the_folder_validates_and_converts(served, problems,
-                                                                                             tmp_path):
+def test_a_frozen_turn_is_injected_in_the_trajectory_and_the_folder_validates_and_converts(served, problems, tmp_path):
     out = tmp_path / "out"
-    proc = run_cli(*args(problems, out, served.url, "--system", "critique-revise", "--max-tokens", "120",
-                         "--stage", "critic.trainable=false"))
+    proc = run_cli(
+        *args(
+            problems,
+            out,
+            served.url,
+            "--system",
+            "critique-revise",
+            "--max-tokens",
+            "120",
+            "--stage",
+            "critic.trainable=false",
+        )
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     for rows in by_execution(read_records(out)).values():
         solver, critic, reviser = rows
         assert (solver["trainable"], critic["trainable"], reviser["trainable"]) == (True, False, True)
         start = len(critic["prompt_token_ids"])
-        assert reviser["history_mask"][start:start + len(critic["response_token_ids"])] == [0] * len(
-            critic["response_token_ids"])  # another model's tokens are not the policy's
+        assert reviser["history_mask"][start : start + len(critic["response_token_ids"])] == [0] * len(
+            critic["response_token_ids"]
+        )  # another model's tokens are not the policy's
         assert sum(reviser["history_mask"]) == len(solver["response_token_ids"])
     checked = run_cli("validate", str(out))
     assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()
     slime = run_cli("convert", str(out), "--to", "slime", "-o", str(tmp_path / "slime"))
     assert slime.returncode == 0 and b"skipped frozen" in slime.stderr and b"folded turns" in slime.stderr
-    trl = [run_cli("convert", str(out), "--to", "trl", "-o", str(tmp_path / f"trl{i}"), *flag)
-           for i, flag in enumerate([[], ["--include-frozen"]])]
+    trl = [
+        run_cli("convert", str(out), "--to", "trl", "-o", str(tmp_path / f"trl{i}"), *flag)
+        for i, flag in enumerate([[], ["--include-frozen"]])
+    ]
     rows = [int(re.search(rb"-> (\d+) trl rows", p.stderr).group(1)) for p in trl]  # type: ignore[union-attr]
     assert rows == [16, 24]
 
@@ -405,28 +557,35 @@ def test_the_generator_takes_a_system_object_and_a_builtin_instance_keeps_its_na
             return await gen.run_group(row), gen.settings["system"]
 
     group, identity = asyncio.run(go(one))
-    assert group.ok and identity["name"].endswith(":test_the_generator_takes_a_system_object_and_a_builtin_"
-                                                  "instance_keeps_its_name.<locals>.one")
+    assert group.ok and identity["name"].endswith(
+        ":test_the_generator_takes_a_system_object_and_a_builtin_instance_keeps_its_name.<locals>.one"
+    )
     group, identity = asyncio.run(go(Single()))
     assert group.ok and identity == {"name": "single", "stages": ["solver"], "options": {}}
 
 
 # -- what a careful review found --------------------------------------------------------------------------------
-@pytest.mark.parametrize("body", [
-    "    async with asyncio.TaskGroup() as tg:\n"
-    "        calls = [tg.create_task(ctx.complete('solver', prompt, worker=i)) for i in range(3)]\n"
-    "    samples = [c.result() for c in calls]\n",
-    "    samples = []\n"
-    "    for i in range(3):\n"
-    "        try:\n"
-    "            samples.append(await ctx.complete('solver', prompt, worker=i))\n"
-    "        except Exception:\n"
-    "            pass  # the docs say not to: the engine still fails the group\n",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    async with asyncio.TaskGroup() as tg:\n"
+        "        calls = [tg.create_task(ctx.complete('solver', prompt, worker=i)) for i in range(3)]\n"
+        "    samples = [c.result() for c in calls]\n",
+        "    samples = []\n"
+        "    for i in range(3):\n"
+        "        try:\n"
+        "            samples.append(await ctx.complete('solver', prompt, worker=i))\n"
+        "        except Exception:\n"
+        "            pass  # the docs say not to: the engine still fails the group\n",
+    ],
+)
 def test_a_failed_call_fails_its_group_however_the_system_runs_its_calls(problems, tmp_path, body):
     path = tmp_path / "calls.py"
-    path.write_text("import asyncio\n\nasync def calls(ctx):\n    prompt = await ctx.problem_prompt('solver')\n"
-                    + body + "    await ctx.reward(samples)\n    return samples\ncalls.templates = ('solver',)\n")
+    path.write_text(
+        "import asyncio\n\nasync def calls(ctx):\n    prompt = await ctx.problem_prompt('solver')\n"
+        + body
+        + "    await ctx.reward(samples)\n    return samples\ncalls.templates = ('solver',)\n"
+    )
     server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.3))
     server.start()
     try:
@@ -441,8 +600,19 @@ def test_a_failed_call_fails_its_group_however_the_system_runs_its_calls(problem
 
 def test_critique_revise_with_no_room_to_revise_validates(served, problems, tmp_path):
     out = tmp_path / "out"
-    proc = run_cli(*args(problems, out, served.url, "--system", "critique-revise", "--max-context-len", "260",
-                         "--samples-per-prompt", "2"))
+    proc = run_cli(
+        *args(
+            problems,
+            out,
+            served.url,
+            "--system",
+            "critique-revise",
+            "--max-context-len",
+            "260",
+            "--samples-per-prompt",
+            "2",
+        )
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     executions = list(by_execution(read_records(out)).values())
     short = [rows for rows in executions if len(rows) < 3]
@@ -457,15 +627,31 @@ def test_a_stage_on_a_replica_of_the_policy_is_trainable_and_continues_its_conve
     two.start()
     try:
         out = tmp_path / "out"
-        proc = run_cli(*args(problems, out, one.url, "--system", "critique-revise", "--max-tokens", "120",
-                             "--stage", f"critic.base_url={two.url}", "--limit", "3"))
+        proc = run_cli(
+            *args(
+                problems,
+                out,
+                one.url,
+                "--system",
+                "critique-revise",
+                "--max-tokens",
+                "120",
+                "--stage",
+                f"critic.base_url={two.url}",
+                "--limit",
+                "3",
+            )
+        )
         assert proc.returncode == 0, proc.stderr.decode()
     finally:
         one.stop()
         two.stop()
     for rows in by_execution(read_records(out)).values():
         assert [(r["stage"], r["endpoint"], r["trainable"]) for r in rows] == [
-            ("solver", one.url, True), ("critic", two.url, True), ("reviser", one.url, True)]
+            ("solver", one.url, True),
+            ("critic", two.url, True),
+            ("reviser", one.url, True),
+        ]
         assert sum(rows[2]["history_mask"]) == len(rows[0]["response_token_ids"]) + len(rows[1]["response_token_ids"])
     settings = json.loads((out / "manifest.json").read_text())["settings"]
     assert settings["stage_settings"] == {"critic": {"model": one.model}}  # where it ran is not what it is
@@ -477,29 +663,52 @@ def test_a_stage_served_elsewhere_counts_in_the_runs_failures(problems, tmp_path
     policy.start()
     judge.start()
     try:
-        proc = run_cli(*args(problems, tmp_path / "out", policy.url, "--num-parallel", "2", "--max-retries", "0",
-                             "--stage", f"selector.base_url={judge.url}", "--max-failures", "1"))
+        proc = run_cli(
+            *args(
+                problems,
+                tmp_path / "out",
+                policy.url,
+                "--num-parallel",
+                "2",
+                "--max-retries",
+                "0",
+                "--stage",
+                f"selector.base_url={judge.url}",
+                "--max-failures",
+                "1",
+            )
+        )
     finally:
         policy.stop()
         judge.stop()
     assert proc.returncode == 7, proc.stderr.decode()
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ("    return [await ctx.complete('solver', prompt, worker=0, temperature=-1)]\n", b"ctx.complete(): --temperature"),
-    ("    return [await ctx.complete('judge', prompt, worker=0)]\n", b"does not declare"),
-])
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (
+            "    return [await ctx.complete('solver', prompt, worker=0, temperature=-1)]\n",
+            b"ctx.complete(): --temperature",
+        ),
+        ("    return [await ctx.complete('judge', prompt, worker=0)]\n", b"does not declare"),
+    ],
+)
 def test_a_bad_call_is_a_usage_error_not_a_failed_group(served, problems, tmp_path, line, message):
     path = tmp_path / "bad.py"
-    path.write_text("from agentroll import System\n\nclass Bad(System):\n    stages = ('solver',)\n"
-                    "    templates = ('solver',)\n\n    async def run(self, ctx):\n"
-                    "        prompt = await ctx.problem_prompt('solver')\n    " + line)
+    path.write_text(
+        "from agentroll import System\n\nclass Bad(System):\n    stages = ('solver',)\n"
+        "    templates = ('solver',)\n\n    async def run(self, ctx):\n"
+        "        prompt = await ctx.problem_prompt('solver')\n    " + line
+    )
     proc = run_cli(*args(problems, tmp_path / "out", served.url, "--system", f"{path}:Bad"))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr.decode()
 
 
-LLAMA2_LIKE = ("{% for m in messages %}{% if m.role == 'user' %}{{ '[INST] ' + m.content + ' [/INST]' }}"
-               "{% else %}{{ ' ' + m.content | trim + ' ' + '<|im_end|>' }}{% endif %}{% endfor %}")
+LLAMA2_LIKE = (
+    "{% for m in messages %}{% if m.role == 'user' %}{{ '[INST] ' + m.content + ' [/INST]' }}"
+    "{% else %}{{ ' ' + m.content | trim + ' ' + '<|im_end|>' }}{% endif %}{% endfor %}"
+)
 
 
 def test_a_space_the_template_puts_before_its_end_of_turn_does_not_double_the_stop_token():

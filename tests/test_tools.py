@@ -45,21 +45,38 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     problems = base / "problems.jsonl"
     with problems.open("w") as f:
         for i in range(PROBLEMS):
-            row: dict[str, Any] = {"id": f"p{i:03d}", "prompt": f"What is {10 + i} plus {7 + 3 * i}?",
-                                   "label": str(17 + 4 * i), "level": i % 2}
+            row: dict[str, Any] = {
+                "id": f"p{i:03d}",
+                "prompt": f"What is {10 + i} plus {7 + 3 * i}?",
+                "label": str(17 + 4 * i),
+                "level": i % 2,
+            }
             if DIFFICULTY[i % 3] is not None:
                 row["difficulty"] = DIFFICULTY[i % 3]
             f.write(json.dumps(row) + "\n")
     server = SimServer(script=Script.from_jsonl(problems))
     server.start()
     try:
-        common = ["--base-url", str(server.url), "--tokenizer", TOKENIZER, "--num-parallel", "2",
-                  "--samples-per-prompt", "3", "--reward", "exact", "--seed", "7"]
+        common = [
+            "--base-url",
+            str(server.url),
+            "--tokenizer",
+            TOKENIZER,
+            "--num-parallel",
+            "2",
+            "--samples-per-prompt",
+            "3",
+            "--reward",
+            "exact",
+            "--seed",
+            "7",
+        ]
         out = base / "out"
         done = run_cli("generate", str(problems), "-o", str(out), *common, "--shard-size", "12")
         assert done.returncode == 0, done.stderr.decode()
-        done = run_cli("generate", str(problems), "-o", str(base / "zst"), *common, "--shard-size", "40",
-                       "--compression", "zstd")
+        done = run_cli(
+            "generate", str(problems), "-o", str(base / "zst"), *common, "--shard-size", "40", "--compression", "zstd"
+        )
         assert done.returncode == 0, done.stderr.decode()
         parts = []
         for i in range(2):
@@ -72,11 +89,19 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name, extra in (("merged", []), ("copied", ["--copy"])):
         done = run_cli("merge", str(parts[0]), str(parts[1]), "-o", str(base / name), *extra)
         assert done.returncode == 0, done.stderr.decode()
-    return {"base": base, "out": out, "parts": parts, "merged": base / "merged", "copied": base / "copied",
-            "zst": base / "zst", "problems": problems}
+    return {
+        "base": base,
+        "out": out,
+        "parts": parts,
+        "merged": base / "merged",
+        "copied": base / "copied",
+        "zst": base / "zst",
+        "problems": problems,
+    }
 
 
 # -- independent helpers --------------------------------------------------------------------------------------
+
 
 def manifest_of(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "manifest.json").read_text())
@@ -152,7 +177,7 @@ def boxed(text: str) -> str | None:
     for i in range(begin, len(text)):
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         if depth == 0:
-            return text[begin + 1: i].strip()
+            return text[begin + 1 : i].strip()
     return None
 
 
@@ -170,8 +195,11 @@ def expected_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
     majority = best = system = 0
     for samples in executions.values():
         solvers = [r for r in samples if r["stage"] == "solver"]
-        answers = [(" ".join(a.split()), r["raw_reward"]) for r in solvers
-                   if r["content"] and (a := boxed(r["content"])) is not None]
+        answers = [
+            (" ".join(a.split()), r["raw_reward"])
+            for r in solvers
+            if r["content"] and (a := boxed(r["content"])) is not None
+        ]
         if answers:
             counts = Counter(a for a, _ in answers)
             top = max(counts.values())
@@ -208,7 +236,10 @@ def expected_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
 def assert_figures(section: dict[str, Any], records: list[dict[str, Any]]) -> None:
     want = expected_figures(records)
     assert (section["problems"], section["executions"], section["records"]) == (
-        want["problems"], want["executions"], want["records"])
+        want["problems"],
+        want["executions"],
+        want["records"],
+    )
     for stage, figures in section["stages"].items():
         assert figures["samples"] == want["samples"][stage]
         assert figures["truncated"] == want["truncated"][stage]
@@ -216,8 +247,14 @@ def assert_figures(section: dict[str, Any], records: list[dict[str, Any]]) -> No
         assert figures["response_tokens"] == want["response_tokens"][stage]
         assert figures["mean_raw_reward"] == pytest.approx(want["mean_raw"][stage])
         assert section["report"][f"{stage}_tokens"] == want["prompt_tokens"][stage] + want["response_tokens"][stage]
-    for key in ("solver_accuracy", "majority_vote_accuracy", "best_of_n_accuracy", "rewriter_accuracy",
-                "selector_pick_accuracy", "system_accuracy"):
+    for key in (
+        "solver_accuracy",
+        "majority_vote_accuracy",
+        "best_of_n_accuracy",
+        "rewriter_accuracy",
+        "selector_pick_accuracy",
+        "system_accuracy",
+    ):
         assert section["report"][key] == pytest.approx(want[key]), key
     assert section["truncation_rate"] == pytest.approx(want["truncation_rate"])
     assert [e["k"] for e in section["pass_at_k"]] == list(range(1, len(want["pass_at_k"]) + 1))
@@ -230,6 +267,7 @@ def assert_figures(section: dict[str, Any], records: list[dict[str, Any]]) -> No
 
 # -- validate -------------------------------------------------------------------------------------------------
 
+
 def test_validate_passes_on_a_good_folder_and_on_merged_ones(folders):
     out = folders["out"]
     report = validate(out)
@@ -237,10 +275,16 @@ def test_validate_passes_on_a_good_folder_and_on_merged_ones(folders):
     manifest = manifest_of(out)
     assert len(manifest["shards"]) >= 3  # the damage tests need several shards
     assert (report.shards, report.records, report.executions, report.groups) == (
-        len(manifest["shards"]), manifest["records"], manifest["executions"], manifest["groups"])
+        len(manifest["shards"]),
+        manifest["records"],
+        manifest["executions"],
+        manifest["groups"],
+    )
     assert report.groups == PROBLEMS and report.records == len(raw_records(out))
-    assert report.lines() == [f"{out}: ok ({report.shards} shards, {report.records} records, "
-                              f"{report.executions} executions, {report.groups} groups)"]
+    assert report.lines() == [
+        f"{out}: ok ({report.shards} shards, {report.records} records, "
+        f"{report.executions} executions, {report.groups} groups)"
+    ]
     for name in ("merged", "copied"):
         merged = validate(folders[name])
         assert merged.ok and merged.merged, merged.lines()
@@ -284,7 +328,7 @@ def test_a_flipped_byte_is_a_sha256_fault_of_its_shard(folders, tmp_path):
     lines = read_lines(out / name)
     at = lines[2].index(b'"prompt":"') + len(b'"prompt":"') + 3
     assert chr(lines[2][at]).isalpha()
-    lines[2] = lines[2][:at] + bytes([lines[2][at] ^ 0x20]) + lines[2][at + 1:]  # a letter's case: still JSON
+    lines[2] = lines[2][:at] + bytes([lines[2][at] ^ 0x20]) + lines[2][at + 1 :]  # a letter's case: still JSON
     write_lines(out / name, lines)
     report = validate(out)
     assert [(f.kind, f.shard, f.line) for f in report.faults] == [("sha256", name, None)]
@@ -297,18 +341,32 @@ def test_a_removed_record_is_reported_at_its_execution(folders, tmp_path):
 
     def candidate(records: list[dict]) -> int | None:
         # a wrong solver that is not its execution's first record: its absence changes no reward figure
-        return next((i for i, r in enumerate(records) if i > 0 and r["stage"] == "solver" and r["raw_reward"] == 0
-                     and records[i - 1]["rollout_id"] == r["rollout_id"]), None)
+        return next(
+            (
+                i
+                for i, r in enumerate(records)
+                if i > 0
+                and r["stage"] == "solver"
+                and r["raw_reward"] == 0
+                and records[i - 1]["rollout_id"] == r["rollout_id"]
+            ),
+            None,
+        )
 
     # which shard holds one depends on the order groups finished in: look in each
-    found = [(name, lines, gone) for name in shard_files(out) for lines in [read_lines(out / name)]
-             for gone in [candidate([json.loads(line) for line in lines])] if gone is not None]
+    found = [
+        (name, lines, gone)
+        for name in shard_files(out)
+        for lines in [read_lines(out / name)]
+        for gone in [candidate([json.loads(line) for line in lines])]
+        if gone is not None
+    ]
     assert found, "the fixture run wrote no wrong solver after another record of its execution"
     name, lines, gone = found[0]
     records = [json.loads(line) for line in lines]
     start = max(s for s in execution_starts(lines) if s <= gone + 1)
     size = records[gone]["rollout_size"]
-    write_lines(out / name, lines[:gone] + lines[gone + 1:])
+    write_lines(out / name, lines[:gone] + lines[gone + 1 :])
     report = validate(out)
     assert line_faults(report.faults, name) == [("execution", start)]
     fault = next(f for f in report.faults if f.line == start)
@@ -335,21 +393,26 @@ def test_a_shortened_logprob_list_is_a_lengths_fault_at_its_line(folders, tmp_pa
     assert {kind for kind, _ in where(report.faults, name)} == {"lengths", "bytes", "sha256"}
 
 
-@pytest.mark.parametrize(("change", "kind", "says"), [
-    (lambda r: r.update(worker="0"), "schema", "field 'worker' is a string, expected an integer"),
-    (lambda r: r.update(metadata=[]), "schema", "field 'metadata' is an array, expected an object"),
-    (lambda r: r.update(content=5), "schema", "field 'content' is an integer, expected a string or null"),
-    (lambda r: r.update(raw_reward=True), "schema", "field 'raw_reward' is a boolean, expected a number"),
-    (lambda r: r["prompt_token_ids"].__setitem__(2, 1.5), "schema",
-     "field 'prompt_token_ids' is an array whose item 2 is a number, expected an array of integers"),
-    (lambda r: r.update(surprise=1), "schema", "unknown field surprise"),
-    (lambda r: r.pop("endpoint"), "schema", "missing field endpoint"),
-    (lambda r: r.update(status="aborted"), "value", "status 'aborted'"),
-    (lambda r: r.update(schema_version=1), "value", f"schema_version 1, expected {SCHEMA_VERSION}"),
-    (lambda r: r["loss_mask"].__setitem__(0, 2), "value", "loss_mask item 0 is 2, not 0 or 1"),
-    (lambda r: r.update(group_reward_mean=r["group_reward_mean"] + 0.5), "group",
-     "group_reward_mean"),
-])
+@pytest.mark.parametrize(
+    ("change", "kind", "says"),
+    [
+        (lambda r: r.update(worker="0"), "schema", "field 'worker' is a string, expected an integer"),
+        (lambda r: r.update(metadata=[]), "schema", "field 'metadata' is an array, expected an object"),
+        (lambda r: r.update(content=5), "schema", "field 'content' is an integer, expected a string or null"),
+        (lambda r: r.update(raw_reward=True), "schema", "field 'raw_reward' is a boolean, expected a number"),
+        (
+            lambda r: r["prompt_token_ids"].__setitem__(2, 1.5),
+            "schema",
+            "field 'prompt_token_ids' is an array whose item 2 is a number, expected an array of integers",
+        ),
+        (lambda r: r.update(surprise=1), "schema", "unknown field surprise"),
+        (lambda r: r.pop("endpoint"), "schema", "missing field endpoint"),
+        (lambda r: r.update(status="aborted"), "value", "status 'aborted'"),
+        (lambda r: r.update(schema_version=1), "value", f"schema_version 1, expected {SCHEMA_VERSION}"),
+        (lambda r: r["loss_mask"].__setitem__(0, 2), "value", "loss_mask item 0 is 2, not 0 or 1"),
+        (lambda r: r.update(group_reward_mean=r["group_reward_mean"] + 0.5), "group", "group_reward_mean"),
+    ],
+)
 def test_a_bad_field_is_reported_at_its_line(folders, tmp_path, change, kind, says):
     out = damaged_copy(folders["out"], tmp_path)
     name = shard_files(out)[2]
@@ -455,6 +518,7 @@ def test_no_manifest_is_one_fault(tmp_path):
 
 # -- stats ----------------------------------------------------------------------------------------------------
 
+
 def test_pass_at_k_is_the_fraction_of_k_subsets_with_a_correct_sample():
     for n in range(1, 8):
         for c in range(n + 1):
@@ -503,11 +567,33 @@ def test_stats_by_a_metadata_field(folders):
 
 
 def sample(pid: str, rid: str, raw: float, worker: int) -> Sample:
-    return Sample(problem_id=pid, problem_hash="h", rollout_id=rid, sample_index=0, group_size=1, stage="solver",
-                  worker=worker, prompt="q", prompt_token_ids=[1], response="r", response_token_ids=[2],
-                  response_logprobs=[-0.5], loss_mask=[1], status="completed", finish_reason="stop",
-                  stop_reason=None, content=None, raw_reward=raw, reward=raw, label="1", model="m", endpoint="e",
-                  latency_s=0.0, attempts=1, rollout_size=1)
+    return Sample(
+        problem_id=pid,
+        problem_hash="h",
+        rollout_id=rid,
+        sample_index=0,
+        group_size=1,
+        stage="solver",
+        worker=worker,
+        prompt="q",
+        prompt_token_ids=[1],
+        response="r",
+        response_token_ids=[2],
+        response_logprobs=[-0.5],
+        loss_mask=[1],
+        status="completed",
+        finish_reason="stop",
+        stop_reason=None,
+        content=None,
+        raw_reward=raw,
+        reward=raw,
+        label="1",
+        model="m",
+        endpoint="e",
+        latency_s=0.0,
+        attempts=1,
+        rollout_size=1,
+    )
 
 
 def test_pass_at_k_averages_over_the_problems_that_have_k_samples():
@@ -520,6 +606,7 @@ def test_pass_at_k_averages_over_the_problems_that_have_k_samples():
 
 
 # -- inspect --------------------------------------------------------------------------------------------------
+
 
 def render(renderable: Any) -> str:
     console = Console(record=True, width=120, file=io.StringIO())
@@ -537,7 +624,8 @@ def check_execution(block: str, samples: list[dict[str, Any]]) -> None:
     head = samples[0]
     assert block.split("\n", 1)[0].endswith(
         f"execution {head['sample_index']} · rollout {head['rollout_id']} · final reward {head['final_reward']:g}"
-        f" · {len(samples)} records")
+        f" · {len(samples)} records"
+    )
     lines = block.splitlines()
     for s in samples:
         name = f"{s['stage']} {s['worker']}" if s["stage"] != "selector" else "selector · "
@@ -559,8 +647,9 @@ def check_execution(block: str, samples: list[dict[str, Any]]) -> None:
     if selector is not None and selector["judgment"] in rewrites:
         chosen = rewrites[selector["judgment"]]
         assert len(picked) == 1 and f"rewriter {chosen['worker']} · listed as {selector['judgment']}" in picked[0]
-        assert (f"selector · judgment {selector['judgment']} → rewrite {selector['judgment']} "
-                f"(rewriter {chosen['worker']})") in block
+        assert (
+            f"selector · judgment {selector['judgment']} → rewrite {selector['judgment']} (rewriter {chosen['worker']})"
+        ) in block
     else:
         assert picked == []
     if selector is None:
@@ -583,10 +672,12 @@ def test_inspect_draws_the_first_execution_by_default(folders):
 def test_inspect_a_problem_draws_all_its_executions(folders):
     out = folders["out"]
     records = raw_records(out)
+
     # a problem with a pick, a truncation and an execution that stopped early, if the seeded run has one
     def score(pid: str) -> tuple[bool, bool]:
         rs = [r for r in records if r["problem_id"] == pid]
         return (any(r["status"] == "truncated" for r in rs), any(r["judgment"] is not None for r in rs))
+
     pid = max(sorted({r["problem_id"] for r in records}), key=score)
     assert score(pid) == (True, True)
     text = render(inspect(out, problem_id=pid))
@@ -615,6 +706,7 @@ def test_inspect_explains_a_stage_that_did_not_run(folders):
 
 # -- other systems: synthetic folders (tests/synthetic.py) ------------------------------------------------------
 
+
 def _set(index: int, **values: Any) -> Any:
     return lambda records: records[index].update(values)
 
@@ -624,8 +716,11 @@ def _item(index: int, name: str, at: int, value: Any) -> Any:
 
 
 def test_folders_of_other_systems_validate(tmp_path):
-    for name, make in (("cr", synthetic.critique_revise), ("debate", synthetic.debate),
-                       ("legacy", synthetic.three_stage)):
+    for name, make in (
+        ("cr", synthetic.critique_revise),
+        ("debate", synthetic.debate),
+        ("legacy", synthetic.three_stage),
+    ):
         folder = make(tmp_path / name)
         report = validate(folder)
         assert report.ok, report.lines()
@@ -646,42 +741,88 @@ def test_folders_of_other_systems_validate(tmp_path):
 # the critique-revise folder, flat: shard 0 is a0 solver, critic, reviser (lines 1-3), a1 solver (line 4); shard 1
 # is b0 solver, critic (lines 1-2), b1 solver, critic, reviser (lines 3-5). a0's reviser prompt: 5 prompt tokens,
 # 6 solver tokens (the third outside the solver's loss mask), 3 injected, 4 critic tokens, 2 injected.
-@pytest.mark.parametrize(("change", "faults", "says"), [
-    (_item(2, "prompt_token_ids", 7, 999), [("conversation", 0, 3)],
-     "prompt_token_ids do not start with the prompt and response of the record it continues (line 2): they differ "
-     "at token 7"),
-    (_item(2, "history_mask", 7, 1), [("conversation", 0, 3)],
-     "history_mask item 7 is 1 where the record it continues (line 2) says 0: over its prompt"),
-    (_item(1, "history_mask", 7, 1), [("conversation", 0, 2), ("conversation", 0, 3)],
-     "history_mask item 7 is 1 where the record it continues (line 1) says 0: over its response"),
-    (_item(2, "history_mask", 19, 1), [("conversation", 0, 3)], "over the tokens after it (0)"),
-    (lambda rs: (rs[2]["history_mask"].__setitem__(5, 0), rs[2]["history_logprobs"].__setitem__(5, 0.0)),
-     [("conversation", 0, 3)], "history_mask item 5 is 0 where the record it continues (line 2) says 1"),
-    (_item(2, "history_logprobs", 5, -9.0), [("conversation", 0, 3)],
-     "history_logprobs item 5 is -9.0 where the record it continues (line 2) sampled -0.25"),
-    (_item(2, "history_logprobs", 0, -0.5), [("conversation", 0, 3), ("value", 0, 3)],
-     "history_logprobs item 0 is -0.5 where history_mask is 0"),
-    (lambda rs: rs[2].update(history_mask=rs[2]["history_mask"][:-1]), [("lengths", 0, 3)],
-     "history_mask has 19 entries where prompt_token_ids has 20"),
-    (_item(2, "history_mask", 2, 2), [("conversation", 0, 3), ("value", 0, 3)], "history_mask item 2 is 2, not 0 or 1"),
-    (_set(2, history_mask=None, history_logprobs=None), [("value", 0, 3)],
-     "turn 2, continues 1 without a history_mask"),
-    (_set(2, history_logprobs=None), [("value", 0, 3)], "not both null or both arrays"),
-    (_set(0, turn=1), [("value", 0, 1), ("conversation", 0, 2)], "turn 1, continues None without a history_mask"),
-    (_set(2, continues=2), [("conversation", 0, 3)],
-     "continues 2 is not an earlier record of its execution (this is its record 2"),
-    (_set(2, continues=0), [("conversation", 0, 3)],
-     "turn 2 continues the record it continues (line 1), which is turn 0"),
-    (_set(3, turn=1, continues=0), [("value", 0, 4), ("conversation", 0, 4)],
-     "turn 1, continues 0 without a history_mask"),
-    (_set(3, stage="judge"), [("value", 0, 4)], "stage 'judge' is not one of solver, critic, reviser"),
-    (_set(8, stage="solver"), [("execution", 1, 5)],
-     "a solver record after a critic in execution b-r1 (the critique-revise system's stage order is solver, critic, "
-     "reviser)"),
-    (_set(2, raw_reward=0.5), [("execution", 0, 1)],
-     "final_reward 1.0 is not the raw_reward of the execution's reviser (0.5, line 3)"),
-    (lambda rs: [r.update(group_pass_at_k=0.0) for r in rs[4:]], [("group", 1, 1)], "group_pass_at_k 0.0"),
-])
+@pytest.mark.parametrize(
+    ("change", "faults", "says"),
+    [
+        (
+            _item(2, "prompt_token_ids", 7, 999),
+            [("conversation", 0, 3)],
+            "prompt_token_ids do not start with the prompt and response of the record it continues (line 2): "
+            "they differ at token 7",
+        ),
+        (
+            _item(2, "history_mask", 7, 1),
+            [("conversation", 0, 3)],
+            "history_mask item 7 is 1 where the record it continues (line 2) says 0: over its prompt",
+        ),
+        (
+            _item(1, "history_mask", 7, 1),
+            [("conversation", 0, 2), ("conversation", 0, 3)],
+            "history_mask item 7 is 1 where the record it continues (line 1) says 0: over its response",
+        ),
+        (_item(2, "history_mask", 19, 1), [("conversation", 0, 3)], "over the tokens after it (0)"),
+        (
+            lambda rs: (rs[2]["history_mask"].__setitem__(5, 0), rs[2]["history_logprobs"].__setitem__(5, 0.0)),
+            [("conversation", 0, 3)],
+            "history_mask item 5 is 0 where the record it continues (line 2) says 1",
+        ),
+        (
+            _item(2, "history_logprobs", 5, -9.0),
+            [("conversation", 0, 3)],
+            "history_logprobs item 5 is -9.0 where the record it continues (line 2) sampled -0.25",
+        ),
+        (
+            _item(2, "history_logprobs", 0, -0.5),
+            [("conversation", 0, 3), ("value", 0, 3)],
+            "history_logprobs item 0 is -0.5 where history_mask is 0",
+        ),
+        (
+            lambda rs: rs[2].update(history_mask=rs[2]["history_mask"][:-1]),
+            [("lengths", 0, 3)],
+            "history_mask has 19 entries where prompt_token_ids has 20",
+        ),
+        (
+            _item(2, "history_mask", 2, 2),
+            [("conversation", 0, 3), ("value", 0, 3)],
+            "history_mask item 2 is 2, not 0 or 1",
+        ),
+        (
+            _set(2, history_mask=None, history_logprobs=None),
+            [("value", 0, 3)],
+            "turn 2, continues 1 without a history_mask",
+        ),
+        (_set(2, history_logprobs=None), [("value", 0, 3)], "not both null or both arrays"),
+        (_set(0, turn=1), [("value", 0, 1), ("conversation", 0, 2)], "turn 1, continues None without a history_mask"),
+        (
+            _set(2, continues=2),
+            [("conversation", 0, 3)],
+            "continues 2 is not an earlier record of its execution (this is its record 2",
+        ),
+        (
+            _set(2, continues=0),
+            [("conversation", 0, 3)],
+            "turn 2 continues the record it continues (line 1), which is turn 0",
+        ),
+        (
+            _set(3, turn=1, continues=0),
+            [("value", 0, 4), ("conversation", 0, 4)],
+            "turn 1, continues 0 without a history_mask",
+        ),
+        (_set(3, stage="judge"), [("value", 0, 4)], "stage 'judge' is not one of solver, critic, reviser"),
+        (
+            _set(8, stage="solver"),
+            [("execution", 1, 5)],
+            "a solver record after a critic in execution b-r1 (the critique-revise system's stage order is "
+            "solver, critic, reviser)",
+        ),
+        (
+            _set(2, raw_reward=0.5),
+            [("execution", 0, 1)],
+            "final_reward 1.0 is not the raw_reward of the execution's reviser (0.5, line 3)",
+        ),
+        (lambda rs: [r.update(group_pass_at_k=0.0) for r in rs[4:]], [("group", 1, 1)], "group_pass_at_k 0.0"),
+    ],
+)
 def test_a_broken_conversation_is_reported_at_its_line(tmp_path, change, faults, says):
     folder = synthetic.edit(synthetic.critique_revise(tmp_path / "cr"), change)
     report = validate(folder)
@@ -710,8 +851,9 @@ def test_the_three_stage_checks_hold_only_for_three_stage(tmp_path):
     assert "system" not in manifest_of(legacy)["settings"]
     bad = synthetic.edit(legacy, lambda rs: rs[8].update(raw_reward=0.5))  # the rewrite the selector picked
     assert [(f.kind, f.line) for f in validate(bad).faults] == [("execution", 10)]
-    assert validate(bad).faults[0].message == ("selector raw_reward 1.0 is not the raw_reward of the rewrite listed "
-                                                "as 2: 0.5")
+    assert validate(bad).faults[0].message == (
+        "selector raw_reward 1.0 is not the raw_reward of the rewrite listed as 2: 0.5"
+    )
     odd = synthetic.edit(synthetic.three_stage(tmp_path / "odd"), lambda rs: rs[0].update(stage="critic"))
     assert validate(odd).faults[0].message == "stage 'critic' is not one of solver, rewriter, selector"
     # a user system's judge may end an execution that scores something else than its own raw reward: only
@@ -729,21 +871,26 @@ def test_the_three_stage_checks_hold_only_for_three_stage(tmp_path):
 
 
 def test_a_single_system_execution_is_one_record(tmp_path):
-    executions = [synthetic.execution([synthetic.call("s", f"s-{k}", k, 2, "solver", [1], [5, 2], raw=float(k))],
-                                      final=float(k)) for k in range(2)]
+    executions = [
+        synthetic.execution([synthetic.call("s", f"s-{k}", k, 2, "solver", [1], [5, 2], raw=float(k))], final=float(k))
+        for k in range(2)
+    ]
     folder = synthetic.write(tmp_path / "single", [[synthetic.group(executions)]], synthetic.SINGLE)
     assert validate(folder).ok
     wrong = synthetic.edit(folder, lambda rs: [r.update(final_reward=0.0) for r in rs])
     assert ("execution", 2) in [(f.kind, f.line) for f in validate(wrong).faults]
 
 
-@pytest.mark.parametrize(("system", "says"), [
-    ({"name": "x", "stages": "solver"}, "settings.system.stages is not a list of non-empty strings"),
-    ({"name": "", "stages": ["a"]}, "settings.system.name is not a non-empty string"),
-    ({"name": "x", "stages": ["a", "a"]}, "names a stage twice"),
-    ({"name": "three-stage", "stages": ["solver"]}, "the three-stage system's are"),
-    ([], "settings.system is not an object"),
-])
+@pytest.mark.parametrize(
+    ("system", "says"),
+    [
+        ({"name": "x", "stages": "solver"}, "settings.system.stages is not a list of non-empty strings"),
+        ({"name": "", "stages": ["a"]}, "settings.system.name is not a non-empty string"),
+        ({"name": "x", "stages": ["a", "a"]}, "names a stage twice"),
+        ({"name": "three-stage", "stages": ["solver"]}, "the three-stage system's are"),
+        ([], "settings.system is not an object"),
+    ],
+)
 def test_a_bad_system_in_the_manifest_is_a_manifest_fault(tmp_path, system, says):
     folder = synthetic.debate(tmp_path / "d")
     manifest = manifest_of(folder)
@@ -755,7 +902,8 @@ def test_a_bad_system_in_the_manifest_is_a_manifest_fault(tmp_path, system, says
     manifest["settings"]["stage_settings"] = {"critic": {"model": "m"}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     assert [f.message for f in validate(folder).faults] == [
-        "settings.stage_settings names 'critic', not a stage of the system"]
+        "settings.stage_settings names 'critic', not a stage of the system"
+    ]
 
 
 def wide(renderable: Any) -> str:
@@ -773,7 +921,10 @@ def test_stats_of_another_system_follow_its_stages(tmp_path):
     # a0: solver 1, critic 0, reviser 1 (final 1); a1: solver 0; b0: solver 1, critic 1 (final 1);
     # b1: solver 0, critic 1, reviser 0
     assert {s: (v["samples"], v["mean_raw_reward"], v["trainable"]) for s, v in section["stages"].items()} == {
-        "solver": (4, 0.5, True), "critic": (3, pytest.approx(2 / 3), False), "reviser": (2, 0.5, True)}
+        "solver": (4, 0.5, True),
+        "critic": (3, pytest.approx(2 / 3), False),
+        "reviser": (2, 0.5, True),
+    }
     assert (section["problems"], section["executions"], section["records"]) == (2, 4, 9)
     report = section["report"]
     assert report["system_accuracy"] == 0.5 and report["solver_accuracy"] == 0.5
@@ -814,7 +965,9 @@ def test_stats_of_a_system_without_solvers_and_without_a_manifest(tmp_path):
     split = stats(odd, by="difficulty")
     assert list(split["all"]["stages"]) == ["proposer", "judge", "jury"]
     assert {k: list(v["stages"]) for k, v in split["split"].items()} == {
-        "easy": ["proposer", "judge", "jury"], "hard": ["proposer", "judge", "jury"]}
+        "easy": ["proposer", "judge", "jury"],
+        "hard": ["proposer", "judge", "jury"],
+    }
     assert split["split"]["easy"]["stages"]["jury"]["samples"] == 0
     assert split["split"]["hard"]["stages"]["jury"]["samples"] == 2
     assert "jury samples (not trainable)" in wide(stats_table(split))

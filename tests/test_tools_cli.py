@@ -10,8 +10,24 @@ from .conftest import TOKENIZER, run_cli
 
 def test_validate_stats_and_inspect_on_the_command_line(sim, problems, tmp_path):
     out = tmp_path / "out"
-    made = run_cli("generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
-                   "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", "--shard-size", "12")
+    made = run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--samples-per-prompt",
+        "2",
+        "--reward",
+        "exact",
+        "--shard-size",
+        "12",
+    )
     assert made.returncode == 0, made.stderr.decode()
     good = run_cli("validate", str(out))
     assert good.returncode == 0 and b": ok (" in good.stdout
@@ -40,17 +56,33 @@ def test_validate_stats_and_inspect_on_the_command_line(sim, problems, tmp_path)
 
 def test_convert_on_the_command_line(sim, problems, tmp_path):
     out = tmp_path / "out"
-    made = run_cli("generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER,
-                   "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact")
+    made = run_cli(
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        sim.url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--samples-per-prompt",
+        "2",
+        "--reward",
+        "exact",
+    )
     assert made.returncode == 0, made.stderr.decode()
     trl = run_cli("convert", str(out), "--to", "trl", "-o", str(tmp_path / "trl"), "--advantage", "grpo")
     assert trl.returncode == 0, trl.stderr.decode()
     rows = [json.loads(line) for line in (tmp_path / "trl" / "trl.jsonl").read_text().splitlines()]
-    records = [json.loads(line) for shard in sorted(out.glob("rollouts-*.jsonl"))
-               for line in shard.read_text().splitlines()]
+    records = [
+        json.loads(line) for shard in sorted(out.glob("rollouts-*.jsonl")) for line in shard.read_text().splitlines()
+    ]
     assert len(rows) == len(records)
     assert sorted((r["prompt_ids"], r["completion_ids"]) for r in rows) == sorted(
-        (r["prompt_token_ids"], r["response_token_ids"]) for r in records)  # token-exact, every sample once
+        (r["prompt_token_ids"], r["response_token_ids"]) for r in records
+    )  # token-exact, every sample once
     wrong = run_cli("convert", str(out), "--to", "dpo", "-o", str(tmp_path / "dpo"), "--advantage", "grpo")
     assert wrong.returncode == 2 and wrong.stderr.decode().count("\n") == 1
     again = run_cli("convert", str(out), "--to", "trl", "-o", str(tmp_path / "trl"))

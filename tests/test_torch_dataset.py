@@ -41,9 +41,25 @@ def generate(tmp: Path, name: str, *extra: str) -> Path:
     server.start()
     try:
         out = tmp / name
-        result = run_cli("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer",
-                         TOKENIZER, "--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact",
-                         "--shard-size", "10", *extra)
+        result = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--num-parallel",
+            "2",
+            "--samples-per-prompt",
+            "2",
+            "--reward",
+            "exact",
+            "--shard-size",
+            "10",
+            *extra,
+        )
         assert result.returncode == 0, result.stderr.decode()[-2000:]
     finally:
         server.stop()
@@ -68,9 +84,15 @@ def f32(x: float) -> float:
 def expected(record: dict) -> tuple:
     """What the item of a record must be, built from the JSON without torch."""
     prompt, response = record["prompt_token_ids"], record["response_token_ids"]
-    return (record["problem_id"], record["stage"], record["rollout_id"], tuple(prompt + response),
-            tuple([0] * len(prompt) + record["loss_mask"]),
-            tuple([0.0] * len(prompt) + [f32(x) for x in record["response_logprobs"]]), f32(record["reward"]))
+    return (
+        record["problem_id"],
+        record["stage"],
+        record["rollout_id"],
+        tuple(prompt + response),
+        tuple([0] * len(prompt) + record["loss_mask"]),
+        tuple([0.0] * len(prompt) + [f32(x) for x in record["response_logprobs"]]),
+        f32(record["reward"]),
+    )
 
 
 def key(item: dict) -> tuple:
@@ -78,8 +100,15 @@ def key(item: dict) -> tuple:
     assert item["logprobs"].dtype == torch.float32 and item["reward"].dtype == torch.float32
     assert item["reward"].dim() == 0
     assert all(type(item[k]) is str for k in ("problem_id", "stage", "rollout_id"))
-    return (item["problem_id"], item["stage"], item["rollout_id"], tuple(item["input_ids"].tolist()),
-            tuple(item["loss_mask"].tolist()), tuple(item["logprobs"].tolist()), item["reward"].item())
+    return (
+        item["problem_id"],
+        item["stage"],
+        item["rollout_id"],
+        tuple(item["input_ids"].tolist()),
+        tuple(item["loss_mask"].tolist()),
+        tuple(item["logprobs"].tolist()),
+        item["reward"].item(),
+    )
 
 
 def test_the_folder_has_several_shards_of_several_stages(folder):
@@ -107,8 +136,9 @@ def test_every_record_once_token_exact_with_masks_and_logprobs_aligned(folder, w
         assert item["input_ids"][p:].tolist() == record["response_token_ids"]
         assert not item["loss_mask"][:p].any() and item["loss_mask"][p:].tolist() == record["loss_mask"]
         assert not item["logprobs"][:p].any()
-        assert torch.allclose(item["logprobs"][p:].double(), torch.tensor(record["response_logprobs"],
-                                                                          dtype=torch.float64), atol=1e-6)
+        assert torch.allclose(
+            item["logprobs"][p:].double(), torch.tensor(record["response_logprobs"], dtype=torch.float64), atol=1e-6
+        )
 
 
 def test_workers_and_ranks_split_the_shards_into_a_partition(folder, monkeypatch):
@@ -120,8 +150,11 @@ def test_workers_and_ranks_split_the_shards_into_a_partition(folder, monkeypatch
             for rank in range(world):
                 data = RolloutDataset(folder, rank=rank, world_size=world, shuffle_shards=True, seed=3)
                 for worker in range(workers):
-                    monkeypatch.setattr(agentroll_torch, "get_worker_info",
-                                        lambda w=worker, n=workers: SimpleNamespace(id=w, num_workers=n))
+                    monkeypatch.setattr(
+                        agentroll_torch,
+                        "get_worker_info",
+                        lambda w=worker, n=workers: SimpleNamespace(id=w, num_workers=n),
+                    )
                     seen += data.my_shards()
                     got.update(map(key, data))
             assert sorted(seen) == sorted(data.shards) and len(seen) == len(set(seen))
@@ -171,8 +204,9 @@ def test_stages_filter(folder):
 @MANY_WORKERS
 def test_collate_pads_on_the_right_and_masks_the_padding(folder):
     items = Counter(map(key, RolloutDataset(folder)))
-    loader = DataLoader(RolloutDataset(folder), batch_size=5, num_workers=2,
-                        collate_fn=functools.partial(collate, pad_id=-7))
+    loader = DataLoader(
+        RolloutDataset(folder), batch_size=5, num_workers=2, collate_fn=functools.partial(collate, pad_id=-7)
+    )
     batches = list(loader)
     padded, seen = 0, Counter()
     for batch in batches:
@@ -188,8 +222,11 @@ def test_collate_pads_on_the_right_and_masks_the_padding(folder):
             assert not batch["loss_mask"][row, length:].any() and not batch["logprobs"][row, length:].any()
             padded += width - length
             unpadded = {k: batch[k][row, :length] for k in ("input_ids", "loss_mask", "logprobs")}
-            one = {**unpadded, "reward": batch["reward"][row],
-                   **{k: batch[k][row] for k in ("problem_id", "stage", "rollout_id")}}
+            one = {
+                **unpadded,
+                "reward": batch["reward"][row],
+                **{k: batch[k][row] for k in ("problem_id", "stage", "rollout_id")},
+            }
             seen[key(one)] += 1
     assert seen == items  # each item in exactly one row, intact after unpadding
     assert padded > 0  # the batches did need padding
@@ -201,8 +238,13 @@ def test_collate_pads_on_the_right_and_masks_the_padding(folder):
 def test_spawned_workers_get_the_same_records(folder):
     """`spawn` (macOS, Windows; Linux's default from Python 3.14 is forkserver) pickles the dataset and the
     collate function into fresh interpreters."""
-    loader = DataLoader(RolloutDataset(folder, stages=["solver"]), batch_size=4, num_workers=2,
-                        multiprocessing_context="spawn", collate_fn=functools.partial(collate, pad_id=0))
+    loader = DataLoader(
+        RolloutDataset(folder, stages=["solver"]),
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        collate_fn=functools.partial(collate, pad_id=0),
+    )
     got = Counter(rollout_id for batch in loader for rollout_id in batch["rollout_id"])
     solver = Counter(r["rollout_id"] for shard in jsonl(folder) for r in shard if r["stage"] == "solver")
     assert got == solver
@@ -229,9 +271,11 @@ def test_a_misaligned_record_is_refused_with_its_shard_and_line(folder, tmp_path
 
 
 def test_agentroll_never_imports_torch_and_its_absence_says_how_to_install():
-    code = ("import sys; import agentroll; assert 'torch' not in sys.modules, 'agentroll imported torch'\n"
-            "sys.modules['torch'] = None\n"
-            "try:\n    import agentroll.torch\nexcept ImportError as exc:\n    print(exc)\n")
+    code = (
+        "import sys; import agentroll; assert 'torch' not in sys.modules, 'agentroll imported torch'\n"
+        "sys.modules['torch'] = None\n"
+        "try:\n    import agentroll.torch\nexcept ImportError as exc:\n    print(exc)\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "pip install 'agentroll[torch]'" in result.stdout
@@ -239,9 +283,16 @@ def test_agentroll_never_imports_torch_and_its_absence_says_how_to_install():
 
 # -- other systems, multi-turn trajectories (synthetic folders, tests/synthetic.py) ------------------------------
 
+
 def flat(item: dict) -> tuple:
-    return (item["stage"], item["rollout_id"], item["input_ids"].tolist(), item["loss_mask"].tolist(),
-            [round(x, 5) for x in item["logprobs"].tolist()], item["reward"].item())
+    return (
+        item["stage"],
+        item["rollout_id"],
+        item["input_ids"].tolist(),
+        item["loss_mask"].tolist(),
+        [round(x, 5) for x in item["logprobs"].tolist()],
+        item["reward"].item(),
+    )
 
 
 def spelled_out(records: list[dict], last: int, frozen: set[int] = frozenset()) -> tuple:
@@ -257,12 +308,15 @@ def spelled_out(records: list[dict], last: int, frozen: set[int] = frozenset()) 
     logprobs: list = []
     for i in reversed(chain):
         r = records[i]
-        injected = r["prompt_token_ids"][len(tokens):]
+        injected = r["prompt_token_ids"][len(tokens) :]
         masked = i in frozen
         tokens += injected + r["response_token_ids"]
         mask += [0] * len(injected) + ([0] * len(r["loss_mask"]) if masked else r["loss_mask"])
-        logprobs += [0.0] * len(injected) + (r["response_logprobs"] if i == last else [
-            0.0 if masked or not m else x for x, m in zip(r["response_logprobs"], r["loss_mask"], strict=True)])
+        logprobs += [0.0] * len(injected) + (
+            r["response_logprobs"]
+            if i == last
+            else [0.0 if masked or not m else x for x, m in zip(r["response_logprobs"], r["loss_mask"], strict=True)]
+        )
     r = records[last]
     assert tokens == r["prompt_token_ids"] + r["response_token_ids"]
     return (r["stage"], r["rollout_id"], tokens, mask, [round(f32(x), 5) for x in logprobs], f32(r["reward"]))
@@ -333,8 +387,9 @@ def test_stages_are_the_systems(tmp_path):
 
 
 def test_a_conversation_whose_history_does_not_fit_is_refused_with_its_shard_and_line(tmp_path):
-    folder = synthetic.edit(synthetic.critique_revise(tmp_path / "cr"),
-                            lambda rs: rs[8].update(history_mask=rs[8]["history_mask"][:-1]))
+    folder = synthetic.edit(
+        synthetic.critique_revise(tmp_path / "cr"), lambda rs: rs[8].update(history_mask=rs[8]["history_mask"][:-1])
+    )
     shard = RolloutDataset(folder).shards[1]
     with pytest.raises(OutputError, match=rf"{shard.name}:3: .*record 2 \(reviser\) has a history_mask"):
         list(RolloutDataset(folder, trajectory=True))

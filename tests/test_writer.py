@@ -21,17 +21,40 @@ SETTINGS = {"model": "m", "samples_per_prompt": 2}
 
 
 def sample(problem: Problem, k: int, rollout: str, stage: str, worker: int, size: int) -> Sample:
-    return Sample(problem_id=problem.id, problem_hash=problem.content_hash, rollout_id=rollout, sample_index=k,
-                  group_size=2, stage=stage, worker=worker, prompt="p", prompt_token_ids=[1, 2],
-                  response="r", response_token_ids=[3, 4], response_logprobs=[-0.1, -0.2], loss_mask=[1, 1],
-                  status="completed", finish_reason="stop", stop_reason=None, content="c", raw_reward=1.0,
-                  reward=1.0, label="1", model="m", endpoint="e", latency_s=0.1, attempts=1, rollout_size=size)
+    return Sample(
+        problem_id=problem.id,
+        problem_hash=problem.content_hash,
+        rollout_id=rollout,
+        sample_index=k,
+        group_size=2,
+        stage=stage,
+        worker=worker,
+        prompt="p",
+        prompt_token_ids=[1, 2],
+        response="r",
+        response_token_ids=[3, 4],
+        response_logprobs=[-0.1, -0.2],
+        loss_mask=[1, 1],
+        status="completed",
+        finish_reason="stop",
+        stop_reason=None,
+        content="c",
+        raw_reward=1.0,
+        reward=1.0,
+        label="1",
+        model="m",
+        endpoint="e",
+        latency_s=0.1,
+        attempts=1,
+        rollout_size=size,
+    )
 
 
 def group(pid: str, sizes: tuple[int, int] = (3, 2)) -> Group:
     problem = Problem(id=pid, prompt=f"problem {pid}", label="1", metadata={}, line=1)
-    executions = [[sample(problem, k, f"{pid}-{k}", "solver", w, size) for w in range(size)]
-                  for k, size in enumerate(sizes)]
+    executions = [
+        [sample(problem, k, f"{pid}-{k}", "solver", w, size) for w in range(size)] for k, size in enumerate(sizes)
+    ]
     annotate(executions, [1.0, 0.0])
     return Group(problem, executions)
 
@@ -50,8 +73,9 @@ def open_writer(folder: Path, shard_size: int = 1000) -> tuple[ShardWriter, dict
 
 
 def lines_of(folder: Path) -> list[dict]:
-    return [json.loads(line) for shard in sorted(folder.glob("rollouts-*.jsonl"))
-            for line in shard.read_text().splitlines()]
+    return [
+        json.loads(line) for shard in sorted(folder.glob("rollouts-*.jsonl")) for line in shard.read_text().splitlines()
+    ]
 
 
 def test_a_group_is_one_block_and_scan_finds_whole_groups_only():
@@ -155,7 +179,8 @@ def test_records_carry_their_problem_and_stage_group_baselines():
     mean = sum(rewards) / 5
     std = (sum((r - mean) ** 2 for r in rewards) / 5) ** 0.5
     assert {(r["stage_group_size"], r["stage_group_reward_mean"], r["stage_group_reward_std"]) for r in records} == {
-        (5, mean, std)}
+        (5, mean, std)
+    }
 
 
 def test_stage_groups_are_per_stage_not_per_problem():

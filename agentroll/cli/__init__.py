@@ -14,8 +14,14 @@ from .generate import run_generate
 from .help import HELP_OPTIONS, Group
 from .progress import LogLines, RichBar
 
-app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  context_settings=HELP_OPTIONS, help="Rewarded, token-exact multi-agent rollouts from a vLLM server.")
+app = typer.Typer(
+    cls=Group,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings=HELP_OPTIONS,
+    help="Rewarded, token-exact multi-agent rollouts from a vLLM server.",
+)
 
 
 def _version(value: bool) -> None:
@@ -25,8 +31,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", help="Show the version and exit.", metavar="",
-                                                callback=_version, is_eager=True)] = False) -> None:
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", help="Show the version and exit.", metavar="", callback=_version, is_eager=True)
+    ] = False,
+) -> None:
     """Rewarded, token-exact multi-agent rollouts from a vLLM server."""
 
 

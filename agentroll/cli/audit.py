@@ -78,35 +78,63 @@ def audit_command(
     folder: Annotated[Path, FOLDER],
     model: Annotated[str, opt("--model", help="The trainer's model: a local path or a hub id.", metavar="PATH|ID")],
     tokenizer: Annotated[str | None, opt("--tokenizer", help="(default: the model's)", metavar="PATH|ID")] = None,
-    sample: Annotated[int | None, opt("--sample", help="Audit N conversations, stratified by stage (default: all).",
-                                      metavar="N")] = None,
+    sample: Annotated[
+        int | None, opt("--sample", help="Audit N conversations, stratified by stage (default: all).", metavar="N")
+    ] = None,
     seed: Annotated[int, opt("--seed", help="The --sample draw.", metavar="N")] = 0,
-    dtype: Annotated[str, opt("--dtype", help="float32 | bfloat16 | float16 | auto (the checkpoint's).",
-                              metavar="DTYPE")] = "float32",
+    dtype: Annotated[
+        str, opt("--dtype", help="float32 | bfloat16 | float16 | auto (the checkpoint's).", metavar="DTYPE")
+    ] = "float32",
     device: Annotated[str, opt("--device", help="auto | cpu | cuda | cuda:N | mps.", metavar="DEVICE")] = "auto",
-    precision: Annotated[str | None, opt("--precision", help="Tolerance preset: float32 | bfloat16 (default: from "
-                                                             "--dtype); bfloat16 when vLLM served in bfloat16.",
-                                         metavar="PRESET")] = None,
-    logprobs_mode: Annotated[str, opt("--logprobs-mode", help="auto (the manifest's) | raw_logprobs | "
-                                                              "processed_logprobs.", metavar="MODE")] = "auto",
-    stages: Annotated[str | None, opt("--stages", help="Comma-separated stages (default: all of the run's model).",
-                                      metavar="STAGES")] = None,
+    precision: Annotated[
+        str | None,
+        opt(
+            "--precision",
+            help="Tolerance preset: float32 | bfloat16 (default: from --dtype); bfloat16 when vLLM served in bfloat16.",
+            metavar="PRESET",
+        ),
+    ] = None,
+    logprobs_mode: Annotated[
+        str, opt("--logprobs-mode", help="auto (the manifest's) | raw_logprobs | processed_logprobs.", metavar="MODE")
+    ] = "auto",
+    stages: Annotated[
+        str | None, opt("--stages", help="Comma-separated stages (default: all of the run's model).", metavar="STAGES")
+    ] = None,
     include_frozen: Annotated[bool, opt("--include-frozen", help="Also audit records of frozen stages.")] = False,
     batch_tokens: Annotated[int, opt("--batch-tokens", help="Padded tokens per forward pass.", metavar="N")] = 4096,
-    threshold: Annotated[float | None, opt("--threshold", help="|Δ| that counts a token as over (default: the "
-                                                               "preset's).", metavar="NUMBER")] = None,
-    max_abs: Annotated[float | None, opt("--max-abs", help="Largest |Δ| allowed on a token (default: the preset's).",
-                                         metavar="NUMBER")] = None,
-    max_mean: Annotated[float | None, opt("--max-mean", help="Largest mean |Δ| of a record (default: the preset's).",
-                                          metavar="NUMBER")] = None,
-    max_share: Annotated[float | None, opt("--max-share", help="Largest share of a record's tokens over the "
-                                                               "threshold (default: the preset's).",
-                                           metavar="SHARE")] = None,
-    cut_noise: Annotated[float | None, opt("--cut-noise", help="Logit noise assumed at top-k/top-p/min-p cuts "
-                                                               "(default: the preset's).", metavar="NUMBER")] = None,
+    threshold: Annotated[
+        float | None,
+        opt("--threshold", help="|Δ| that counts a token as over (default: the preset's).", metavar="NUMBER"),
+    ] = None,
+    max_abs: Annotated[
+        float | None, opt("--max-abs", help="Largest |Δ| allowed on a token (default: the preset's).", metavar="NUMBER")
+    ] = None,
+    max_mean: Annotated[
+        float | None, opt("--max-mean", help="Largest mean |Δ| of a record (default: the preset's).", metavar="NUMBER")
+    ] = None,
+    max_share: Annotated[
+        float | None,
+        opt(
+            "--max-share",
+            help="Largest share of a record's tokens over the threshold (default: the preset's).",
+            metavar="SHARE",
+        ),
+    ] = None,
+    cut_noise: Annotated[
+        float | None,
+        opt(
+            "--cut-noise",
+            help="Logit noise assumed at top-k/top-p/min-p cuts (default: the preset's).",
+            metavar="NUMBER",
+        ),
+    ] = None,
     worst: Annotated[int, opt("--worst", help="Records listed.", metavar="N")] = 10,
-    template_check: Annotated[bool, opt("--template-check/--no-template-check",
-                                        help="Re-render first-turn prompts with the model's chat template.")] = True,
+    template_check: Annotated[
+        bool,
+        opt(
+            "--template-check/--no-template-check", help="Re-render first-turn prompts with the model's chat template."
+        ),
+    ] = True,
     json_: Annotated[bool, opt("--json", help="The report as JSON on stdout.")] = False,
     quiet: Annotated[bool, opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:

@@ -87,8 +87,9 @@ def setup_logging(quiet: bool, debug: bool) -> Callable[[], None]:
     before = log.handlers[:], log.level, log.propagate
     level = logging.DEBUG if debug else logging.ERROR if quiet else logging.INFO
     if err.is_terminal:
-        handler: logging.Handler = RichHandler(console=err, show_path=False, show_time=False, markup=False,
-                                               highlighter=NullHighlighter())
+        handler: logging.Handler = RichHandler(
+            console=err, show_path=False, show_time=False, markup=False, highlighter=NullHighlighter()
+        )
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s agentroll %(levelname)s %(message)s"))

@@ -30,25 +30,35 @@ def register(app: typer.Typer) -> None:
 
 
 def merge(
-    folders: Annotated[list[Path], typer.Argument(help="Output folders of a split job.", metavar="DIR...",
-                                                  show_default=False)],
+    folders: Annotated[
+        list[Path], typer.Argument(help="Output folders of a split job.", metavar="DIR...", show_default=False)
+    ],
     output: Annotated[Path, opt("--output", "-o", help="Folder for the merged manifest.", metavar="DIR")],
     copy: Annotated[bool, opt("--copy", help="Copy the shards in, instead of pointing at them.")] = False,
     verify: Annotated[bool, opt("--verify", help="Check every shard's sha256 first.")] = False,
-    allow_incomplete: Annotated[bool, opt("--allow-incomplete", help="Merge a folder whose run did not complete "
-                                                                     "(the merged manifest says which).")] = False,
+    allow_incomplete: Annotated[
+        bool,
+        opt("--allow-incomplete", help="Merge a folder whose run did not complete (the merged manifest says which)."),
+    ] = False,
     overwrite: Annotated[bool, opt("--overwrite", help="Replace an earlier merge in OUT.")] = False,
 ) -> None:
     """Join the manifests of several output folders (e.g. --partition slices) into one dataset."""
     from ..folder import merge as merge_folders
 
-    merged = folder_tool(lambda: merge_folders(folders, output, copy=copy, verify=verify,
-                                               allow_incomplete=allow_incomplete, overwrite=overwrite))
+    merged = folder_tool(
+        lambda: merge_folders(
+            folders, output, copy=copy, verify=verify, allow_incomplete=allow_incomplete, overwrite=overwrite
+        )
+    )
     for part in merged.merged_from or []:
         if not part.get("complete"):
             log.warning("%s: its run did not complete; the merged folder says so (complete: false)", part["folder"])
-    err.print(Text(f"merged {len(folders)} folders: {len(merged.shards)} shards, {merged.records} records, "
-                   f"{merged.executions} executions -> {output / 'manifest.json'}"))
+    err.print(
+        Text(
+            f"merged {len(folders)} folders: {len(merged.shards)} shards, {merged.records} records, "
+            f"{merged.executions} executions -> {output / 'manifest.json'}"
+        )
+    )
 
 
 def validate(
@@ -87,8 +97,9 @@ def stats(
 
 def inspect_command(
     folder: Annotated[Path, FOLDER],
-    problem: Annotated[str | None, opt("--problem", help="This problem's executions (default: the first group's "
-                                                         "first).", metavar="ID")] = None,
+    problem: Annotated[
+        str | None, opt("--problem", help="This problem's executions (default: the first group's first).", metavar="ID")
+    ] = None,
 ) -> None:
     """Draw a rollout as a tree: the system's stages, with rewards, truncations and the judgment."""
     from ..tools.inspect import inspect as inspect_folder
@@ -98,51 +109,113 @@ def inspect_command(
 
 def convert(
     folder: Annotated[Path, FOLDER],
-    to: Annotated[str, opt("--to", help="dpo | sft | trl | slime | megatron | verl | openrlhf | prime-rl | nemo-rl | "
-                                        "nemo-rl-dpo | verifiers | skyrl", metavar="FORMAT")],
+    to: Annotated[
+        str,
+        opt(
+            "--to",
+            help="dpo | sft | trl | slime | megatron | verl | openrlhf | prime-rl | nemo-rl | "
+            "nemo-rl-dpo | verifiers | skyrl",
+            metavar="FORMAT",
+        ),
+    ],
     output: Annotated[Path, opt("--output", "-o", help="Folder for the converted files.", metavar="DIR")],
-    advantage: Annotated[str | None, opt("--advantage", help="none | grpo | mean, per (problem, stage), for the "
-                                                             "formats whose trainer takes one (default: the "
-                                                             "format's).", metavar="KIND", show_default=False)]
-    = None,
-    std: Annotated[str | None, opt("--std", help="--advantage grpo: sample (Bessel, torch.std: the default) | "
-                                                 "population.", metavar="STD", show_default=False)] = None,
-    stages: Annotated[str | None, opt("--stages", help="Comma-separated stages (default: all).",
-                                      metavar="STAGES")] = None,
-    max_pairs_per_group: Annotated[int | None, opt("--max-pairs-per-group", help="dpo, nemo-rl-dpo: most pairs per "
-                                                                                 "(problem, stage).",
-                                                   metavar="N")] = None,
-    layout: Annotated[str | None, opt("--layout", help="dpo, sft: conversational (default) | standard.",
-                                      metavar="LAYOUT")] = None,
-    tokenizer: Annotated[str | None, opt("--tokenizer", help="dpo, sft, nemo-rl-dpo: to recover chat messages "
-                                                             "(default: the run's).", metavar="PATH|ID")] = None,
-    groups_per_file: Annotated[int | None, opt("--groups-per-file", help="slime, prime-rl: problems per training "
-                                                                         "step.", metavar="N")] = None,
-    ranks: Annotated[int | None, opt("--ranks", help="prime-rl: data-parallel ranks (rank_R.bin files per step).",
-                                     metavar="R")] = None,
-    include_frozen: Annotated[bool | None, opt(
-        "--include-frozen/--skip-frozen", help="Keep records of frozen stages (trainable false), trained as "
-                                               "generated; the RL formats skip them by default.",
-        show_default=False)] = None,
-    trajectories: Annotated[bool | None, opt(
-        "--trajectories/--no-trajectories", help="slime, megatron and the newer formats: one sample per multi-turn "
-                                                 "conversation, from its last turn (default), or one per turn.",
-        show_default=False)] = None,
+    advantage: Annotated[
+        str | None,
+        opt(
+            "--advantage",
+            help="none | grpo | mean, per (problem, stage), for the "
+            "formats whose trainer takes one (default: the "
+            "format's).",
+            metavar="KIND",
+            show_default=False,
+        ),
+    ] = None,
+    std: Annotated[
+        str | None,
+        opt(
+            "--std",
+            help="--advantage grpo: sample (Bessel, torch.std: the default) | population.",
+            metavar="STD",
+            show_default=False,
+        ),
+    ] = None,
+    stages: Annotated[
+        str | None, opt("--stages", help="Comma-separated stages (default: all).", metavar="STAGES")
+    ] = None,
+    max_pairs_per_group: Annotated[
+        int | None, opt("--max-pairs-per-group", help="dpo, nemo-rl-dpo: most pairs per (problem, stage).", metavar="N")
+    ] = None,
+    layout: Annotated[
+        str | None, opt("--layout", help="dpo, sft: conversational (default) | standard.", metavar="LAYOUT")
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        opt(
+            "--tokenizer",
+            help="dpo, sft, nemo-rl-dpo: to recover chat messages (default: the run's).",
+            metavar="PATH|ID",
+        ),
+    ] = None,
+    groups_per_file: Annotated[
+        int | None, opt("--groups-per-file", help="slime, prime-rl: problems per training step.", metavar="N")
+    ] = None,
+    ranks: Annotated[
+        int | None, opt("--ranks", help="prime-rl: data-parallel ranks (rank_R.bin files per step).", metavar="R")
+    ] = None,
+    include_frozen: Annotated[
+        bool | None,
+        opt(
+            "--include-frozen/--skip-frozen",
+            help="Keep records of frozen stages (trainable false), trained as "
+            "generated; the RL formats skip them by default.",
+            show_default=False,
+        ),
+    ] = None,
+    trajectories: Annotated[
+        bool | None,
+        opt(
+            "--trajectories/--no-trajectories",
+            help="slime, megatron and the newer formats: one sample per multi-turn "
+            "conversation, from its last turn (default), or one per turn.",
+            show_default=False,
+        ),
+    ] = None,
     overwrite: Annotated[bool, opt("--overwrite", help="Replace this format's files in OUT.")] = False,
 ) -> None:
     """Turn a folder into what a trainer loads: TRL DPO pairs, SFT data, TRL GRPO rollouts, slime, Megatron, verl,
     OpenRLHF, prime-rl, NeMo-RL, verifiers, SkyRL."""
     from ..convert import convert as convert_folder
 
-    summary = folder_tool(lambda: convert_folder(
-        folder, to, output, advantage=advantage, std=std, max_pairs_per_group=max_pairs_per_group, stages=stages,
-        layout=layout, tokenizer=tokenizer, groups_per_file=groups_per_file, ranks=ranks,
-        include_frozen=include_frozen, trajectories=trajectories, overwrite=overwrite))
-    extra = "".join(f", {summary[k]} {k.replace('_', ' ')}" for k in ("skipped_frozen", "folded_turns",
-                                                                      "placeholders", "left_over_problems")
-                    if summary.get(k))
-    err.print(Text(f"{summary['records']} records -> {summary['rows']} {to} rows in "
-                   f"{', '.join(map(str, summary['files']))}{extra}"), soft_wrap=True)
+    summary = folder_tool(
+        lambda: convert_folder(
+            folder,
+            to,
+            output,
+            advantage=advantage,
+            std=std,
+            max_pairs_per_group=max_pairs_per_group,
+            stages=stages,
+            layout=layout,
+            tokenizer=tokenizer,
+            groups_per_file=groups_per_file,
+            ranks=ranks,
+            include_frozen=include_frozen,
+            trajectories=trajectories,
+            overwrite=overwrite,
+        )
+    )
+    extra = "".join(
+        f", {summary[k]} {k.replace('_', ' ')}"
+        for k in ("skipped_frozen", "folded_turns", "placeholders", "left_over_problems")
+        if summary.get(k)
+    )
+    err.print(
+        Text(
+            f"{summary['records']} records -> {summary['rows']} {to} rows in "
+            f"{', '.join(map(str, summary['files']))}{extra}"
+        ),
+        soft_wrap=True,
+    )
 
 
 def report(
@@ -160,28 +233,55 @@ def report(
 def rescore(
     folder: Annotated[Path, FOLDER],
     output: Annotated[Path, opt("--output", "-o", help="The new folder.", metavar="DIR")],
-    reward: Annotated[str, opt("--reward", help="math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION "
-                                                "(docs/rewards.md).", metavar="SPEC")],
-    reward_url: Annotated[str | None, opt("--reward-url", help="Reward model URL, for --reward remote.",
-                                          metavar="URL")] = None,
-    reward_timeout: Annotated[float, opt("--reward-timeout", help="Seconds per reward check.",
-                                         metavar="SECONDS")] = 10.0,
-    reward_concurrency: Annotated[int, opt("--reward-concurrency", help="Most reward calls in flight.",
-                                           metavar="N")] = 32,
-    filter_uniform_groups: Annotated[bool | None, opt("--filter-uniform-groups/--keep-uniform-groups",
-                                                      help="Leave out groups whose new outcomes are all alike "
-                                                           "(default: as the folder was made).",
-                                                      show_default=False)] = None,
+    reward: Annotated[
+        str,
+        opt(
+            "--reward",
+            help="math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION (docs/rewards.md).",
+            metavar="SPEC",
+        ),
+    ],
+    reward_url: Annotated[
+        str | None, opt("--reward-url", help="Reward model URL, for --reward remote.", metavar="URL")
+    ] = None,
+    reward_timeout: Annotated[
+        float, opt("--reward-timeout", help="Seconds per reward check.", metavar="SECONDS")
+    ] = 10.0,
+    reward_concurrency: Annotated[
+        int, opt("--reward-concurrency", help="Most reward calls in flight.", metavar="N")
+    ] = 32,
+    filter_uniform_groups: Annotated[
+        bool | None,
+        opt(
+            "--filter-uniform-groups/--keep-uniform-groups",
+            help="Leave out groups whose new outcomes are all alike (default: as the folder was made).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Score a folder's records again with another reward, no model called: a new folder, token for token."""
     import asyncio
 
     from ..rescoring import rescore as rescore_folder
 
-    result = folder_tool(lambda: asyncio.run(rescore_folder(
-        folder, output, reward, reward_url=reward_url, reward_timeout=reward_timeout,
-        reward_concurrency=reward_concurrency, filter_uniform_groups=filter_uniform_groups)))
+    result = folder_tool(
+        lambda: asyncio.run(
+            rescore_folder(
+                folder,
+                output,
+                reward,
+                reward_url=reward_url,
+                reward_timeout=reward_timeout,
+                reward_concurrency=reward_concurrency,
+                filter_uniform_groups=filter_uniform_groups,
+            )
+        )
+    )
     s = result.stats
-    err.print(Text(f"rescored {s.groups_written + s.groups_filtered} groups ({s.groups_filtered} filtered, "
-                   f"{s.problems_skipped_done} done before) -> {output}; system accuracy "
-                   f"{s.report().get('system_accuracy')}"))
+    err.print(
+        Text(
+            f"rescored {s.groups_written + s.groups_filtered} groups ({s.groups_filtered} filtered, "
+            f"{s.problems_skipped_done} done before) -> {output}; system accuracy "
+            f"{s.report().get('system_accuracy')}"
+        )
+    )

@@ -24,8 +24,14 @@ class RichBar(ProgressHook):
     interval_s = 0.5
 
     def __init__(self) -> None:
-        self.bar = Progress(TextColumn("groups"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[rates]}", markup=False), TimeElapsedColumn(), console=err)
+        self.bar = Progress(
+            TextColumn("groups"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rates]}", markup=False),
+            TimeElapsedColumn(),
+            console=err,
+        )
         self.task = self.bar.add_task("gen", total=None, rates="")
         self.status = Text("")
         self.live = Live(RenderGroup(self.bar, self.status), console=err, transient=True, refresh_per_second=2)
@@ -40,7 +46,7 @@ class RichBar(ProgressHook):
     def advance(self, stats: RunStats, requests: ClientCounters) -> None:
         self.rates.add(stats.groups_settled, requests.requests)
         eta = duration(self.rates.eta_s(self.total, stats.groups_settled))
-        rates = (f"{self.rates.groups_per_s:.2f} groups/s  {self.rates.requests_per_s:.1f} req/s  ETA {eta}")
+        rates = f"{self.rates.groups_per_s:.2f} groups/s  {self.rates.requests_per_s:.1f} req/s  ETA {eta}"
         self.bar.update(self.task, completed=stats.groups_settled, rates=rates)
         self.status.plain = counts(stats, requests)
 

@@ -31,19 +31,36 @@ def register(app: typer.Typer) -> None:
 
 
 def doctor(
-    base_url: Annotated[str, opt("--base-url", help="The vLLM server to check.", metavar="URL",
-                                 envvar=["AGENTROLL_BASE_URL", "OPENAI_BASE_URL"])],
-    api_key: Annotated[str | None, opt("--api-key", help="Sent as a Bearer token.", metavar="KEY",
-                                       envvar="OPENAI_API_KEY")] = None,
-    model: Annotated[str | None, opt("--model", help="Served model name (default: the only one listed).",
-                                     metavar="NAME")] = None,
-    tokenizer: Annotated[str | None, opt("--tokenizer", help="Path or hub id (default: the model name).",
-                                         metavar="PATH|ID")] = None,
-    prompts: Annotated[Path | None, opt("--prompts", help="Folder of stage templates (default: bundled).",
-                                        metavar="DIR")] = None,
-    temperature: Annotated[float, opt("--temperature", help="The sampling you will generate with: warns when the "
-                                                            "server's logprobs are not those of that distribution.",
-                                      metavar="NUMBER")] = 1.0,
+    base_url: Annotated[
+        str,
+        opt(
+            "--base-url",
+            help="The vLLM server to check.",
+            metavar="URL",
+            envvar=["AGENTROLL_BASE_URL", "OPENAI_BASE_URL"],
+        ),
+    ],
+    api_key: Annotated[
+        str | None, opt("--api-key", help="Sent as a Bearer token.", metavar="KEY", envvar="OPENAI_API_KEY")
+    ] = None,
+    model: Annotated[
+        str | None, opt("--model", help="Served model name (default: the only one listed).", metavar="NAME")
+    ] = None,
+    tokenizer: Annotated[
+        str | None, opt("--tokenizer", help="Path or hub id (default: the model name).", metavar="PATH|ID")
+    ] = None,
+    prompts: Annotated[
+        Path | None, opt("--prompts", help="Folder of stage templates (default: bundled).", metavar="DIR")
+    ] = None,
+    temperature: Annotated[
+        float,
+        opt(
+            "--temperature",
+            help="The sampling you will generate with: warns when the "
+            "server's logprobs are not those of that distribution.",
+            metavar="NUMBER",
+        ),
+    ] = 1.0,
     top_p: Annotated[float, opt("--top-p", help="Top-p you will generate with.", metavar="NUMBER")] = 1.0,
     top_k: Annotated[int, opt("--top-k", help="Top-k you will generate with.", metavar="N")] = -1,
     min_p: Annotated[float, opt("--min-p", help="Min-p you will generate with.", metavar="NUMBER")] = 0.0,
@@ -71,15 +88,18 @@ def ray_partition() -> None:
     from ..partitions import JsonProgress, partition_spec
 
     spec = partition_spec(sys.stdin.buffer.read())
-    raise typer.Exit(run_generate(spec["run"], spec["generate"], quiet=False, debug=spec["debug"],
-                                  progress=JsonProgress(sys.stdout.buffer)))
+    raise typer.Exit(
+        run_generate(
+            spec["run"], spec["generate"], quiet=False, debug=spec["debug"], progress=JsonProgress(sys.stdout.buffer)
+        )
+    )
 
 
 def demo(
-    output: Annotated[str, opt("--output", "-o", help="Folder for the rollouts (new, empty, or an earlier "
-                                                      "demo's).", metavar="DIR")] = "demo-output",
-    num_parallel: Annotated[int, opt("--num-parallel", help="Solvers, and rewriters, per execution.",
-                                     metavar="N")] = 3,
+    output: Annotated[
+        str, opt("--output", "-o", help="Folder for the rollouts (new, empty, or an earlier demo's).", metavar="DIR")
+    ] = "demo-output",
+    num_parallel: Annotated[int, opt("--num-parallel", help="Solvers, and rewriters, per execution.", metavar="N")] = 3,
     samples_per_prompt: Annotated[int, opt("--samples-per-prompt", help="Executions per prompt.", metavar="N")] = 2,
     quiet: Annotated[bool, opt("--quiet", "-q", help="No progress, no summary.")] = False,
 ) -> None:
@@ -91,10 +111,16 @@ def demo(
     from ..sim.server import SimServer
 
     folder = Path(output)
-    if output != "-" and folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and (
-            not Layout(folder).demo_marker.exists()):
-        error(f"{output} holds something other than an earlier demo's output; demo writes only into a new or empty "
-              "folder (-o DIR)")
+    if (
+        output != "-"
+        and folder.exists()
+        and (not folder.is_dir() or any(folder.iterdir()))
+        and (not Layout(folder).demo_marker.exists())
+    ):
+        error(
+            f"{output} holds something other than an earlier demo's output; demo writes only into a new or empty "
+            "folder (-o DIR)"
+        )
         raise typer.Exit(OutputError.exit_code)
     samples = samples_dir() / "math.jsonl"
     server = SimServer(script=Script.from_jsonl(samples), record=False)
@@ -102,10 +128,20 @@ def demo(
     if not quiet:
         err.print(Text(f"simulated vLLM server (scripted answers, tiny tokenizer) at {url}"))
     try:
-        code = run_generate({"input": str(samples), "output": output, "overwrite": True},
-                            {"base_url": [url], "tokenizer": str(sim_tokenizer_dir()), "num_parallel": num_parallel,
-                             "samples_per_prompt": samples_per_prompt, "max_tokens": 512, "seed": 0},
-                            quiet, debug=False, demo=True)
+        code = run_generate(
+            {"input": str(samples), "output": output, "overwrite": True},
+            {
+                "base_url": [url],
+                "tokenizer": str(sim_tokenizer_dir()),
+                "num_parallel": num_parallel,
+                "samples_per_prompt": samples_per_prompt,
+                "max_tokens": 512,
+                "seed": 0,
+            },
+            quiet,
+            debug=False,
+            demo=True,
+        )
     finally:
         server.stop()
     if not quiet and code == 0:
@@ -116,36 +152,53 @@ def demo(
 def serve_sim(
     port: Annotated[int, opt("--port", help="Port to listen on (0: any free one).", metavar="PORT")] = 8000,
     host: Annotated[str, opt("--host", help="Address to listen on.", metavar="HOST")] = "127.0.0.1",
-    answers: Annotated[Path | None, opt("--answers", help="JSONL with prompt and label: the answer key.",
-                                        metavar="FILE")] = None,
+    answers: Annotated[
+        Path | None, opt("--answers", help="JSONL with prompt and label: the answer key.", metavar="FILE")
+    ] = None,
     model: Annotated[str, opt("--model", help="The served model name.", metavar="NAME")] = "agentroll-sim",
     max_model_len: Annotated[int, opt("--max-model-len", help="Context length, as vLLM's flag.", metavar="N")] = 4096,
     latency: Annotated[float, opt("--latency", help="Seconds added to every completion.", metavar="SECONDS")] = 0.0,
-    error_rate: Annotated[float, opt("--error-rate", help="Share of completions answered 500/503.",
-                                     metavar="SHARE")] = 0.0,
-    drop_rate: Annotated[float, opt("--drop-rate", help="Share of completions whose connection is dropped.",
-                                    metavar="SHARE")] = 0.0,
-    malformed_rate: Annotated[float, opt("--malformed-rate", help="Share answered 200 with a body that is no "
-                                                                  "completion.", metavar="SHARE")] = 0.0,
-    abort_rate: Annotated[float, opt("--abort-rate", help="Share of completions ending finish_reason abort.",
-                                     metavar="SHARE")] = 0.0,
-    tokenize_error_rate: Annotated[float, opt("--tokenize-error-rate", help="Share of /tokenize answered 500/503.",
-                                              metavar="SHARE")] = 0.0,
-    max_running: Annotated[int, opt("--max-running", help="Requests decoding at once; the rest wait.",
-                                    metavar="N")] = 256,
-    reasoning_words: Annotated[int, opt("--reasoning-words", help="Length of each think block, in words.",
-                                        metavar="N")] = 12,
-    enable_scale_out: Annotated[bool, opt("--enable-scale-out", help="Serve POST /inference/v1/generate, as vLLM "
-                                                                     "does with this flag.")] = False,
-    logprobs_mode: Annotated[str, opt("--logprobs-mode", help="raw_logprobs | processed_logprobs, as vLLM's flag.",
-                                      metavar="MODE")] = "raw_logprobs",
-    scheduling_policy: Annotated[str, opt("--scheduling-policy", help="fcfs | priority, as vLLM's flag: requests' "
-                                                                      "`priority` orders the queue (lower first).",
-                                          metavar="POLICY")] = "fcfs",
-    moe: Annotated[str | None, opt("--moe", help="LAYERS,EXPERTS,PER_TOKEN: a MoE model, for routed experts.",
-                                   metavar="L,E,K")] = None,
-    enable_return_routed_experts: Annotated[bool, opt("--enable-return-routed-experts",
-                                                      help="Return routed_experts (needs --moe).")] = False,
+    error_rate: Annotated[
+        float, opt("--error-rate", help="Share of completions answered 500/503.", metavar="SHARE")
+    ] = 0.0,
+    drop_rate: Annotated[
+        float, opt("--drop-rate", help="Share of completions whose connection is dropped.", metavar="SHARE")
+    ] = 0.0,
+    malformed_rate: Annotated[
+        float, opt("--malformed-rate", help="Share answered 200 with a body that is no completion.", metavar="SHARE")
+    ] = 0.0,
+    abort_rate: Annotated[
+        float, opt("--abort-rate", help="Share of completions ending finish_reason abort.", metavar="SHARE")
+    ] = 0.0,
+    tokenize_error_rate: Annotated[
+        float, opt("--tokenize-error-rate", help="Share of /tokenize answered 500/503.", metavar="SHARE")
+    ] = 0.0,
+    max_running: Annotated[
+        int, opt("--max-running", help="Requests decoding at once; the rest wait.", metavar="N")
+    ] = 256,
+    reasoning_words: Annotated[
+        int, opt("--reasoning-words", help="Length of each think block, in words.", metavar="N")
+    ] = 12,
+    enable_scale_out: Annotated[
+        bool, opt("--enable-scale-out", help="Serve POST /inference/v1/generate, as vLLM does with this flag.")
+    ] = False,
+    logprobs_mode: Annotated[
+        str, opt("--logprobs-mode", help="raw_logprobs | processed_logprobs, as vLLM's flag.", metavar="MODE")
+    ] = "raw_logprobs",
+    scheduling_policy: Annotated[
+        str,
+        opt(
+            "--scheduling-policy",
+            help="fcfs | priority, as vLLM's flag: requests' `priority` orders the queue (lower first).",
+            metavar="POLICY",
+        ),
+    ] = "fcfs",
+    moe: Annotated[
+        str | None, opt("--moe", help="LAYERS,EXPERTS,PER_TOKEN: a MoE model, for routed experts.", metavar="L,E,K")
+    ] = None,
+    enable_return_routed_experts: Annotated[
+        bool, opt("--enable-return-routed-experts", help="Return routed_experts (needs --moe).")
+    ] = False,
     seed: Annotated[int, opt("--seed", help="Seed of the answers' randomness.", metavar="N")] = 0,
 ) -> None:
     """Serve the SIMULATED vLLM (OpenAI-compatible wire format, scripted answers) until interrupted."""
@@ -157,17 +210,33 @@ def serve_sim(
         raise typer.Exit(2)
     try:
         script = Script.from_jsonl(answers, Behavior(reasoning_words=reasoning_words))
-        faults = Faults(error_rate=error_rate, drop_rate=drop_rate, latency_s=latency, malformed_rate=malformed_rate,
-                        abort_rate=abort_rate, tokenize_error_rate=tokenize_error_rate)
+        faults = Faults(
+            error_rate=error_rate,
+            drop_rate=drop_rate,
+            latency_s=latency,
+            malformed_rate=malformed_rate,
+            abort_rate=abort_rate,
+            tokenize_error_rate=tokenize_error_rate,
+        )
         shape = tuple(int(x) for x in moe.split(",")) if moe else None
         if shape is not None and (len(shape) != 3 or not 1 <= shape[2] <= shape[1] or shape[0] < 1):
             raise ValueError("--moe takes LAYERS,EXPERTS,PER_TOKEN with 1 <= PER_TOKEN <= EXPERTS")
         if enable_return_routed_experts and shape is None:
             raise ValueError("--enable-return-routed-experts needs a MoE model: pass --moe")
-        server = SimServer(script=script, model=model, max_model_len=max_model_len, seed=seed, record=False,
-                           faults=faults, max_running=max_running, enable_scale_out=enable_scale_out,
-                           logprobs_mode=logprobs_mode, moe=shape, scheduling_policy=scheduling_policy,
-                           return_routed_experts=enable_return_routed_experts)
+        server = SimServer(
+            script=script,
+            model=model,
+            max_model_len=max_model_len,
+            seed=seed,
+            record=False,
+            faults=faults,
+            max_running=max_running,
+            enable_scale_out=enable_scale_out,
+            logprobs_mode=logprobs_mode,
+            moe=shape,
+            scheduling_policy=scheduling_policy,
+            return_routed_experts=enable_return_routed_experts,
+        )
     except (ValueError, OSError) as exc:
         error(f"{answers}: {exc}" if isinstance(exc, OSError) else str(exc))
         raise typer.Exit(2) from None
@@ -177,8 +246,10 @@ def serve_sim(
             url = await server.serve(host, port)
         except OSError as exc:
             taken = exc.errno == errno.EADDRINUSE
-            raise SystemExit(f"{host}:{port} is {'in use by another program' if taken else 'not available'} "
-                             f"({exc.strerror or exc}): pass another --port, or 0 for any free one") from None
+            raise SystemExit(
+                f"{host}:{port} is {'in use by another program' if taken else 'not available'} "
+                f"({exc.strerror or exc}): pass another --port, or 0 for any free one"
+            ) from None
         print(f"simulated vLLM server ({model}) listening on {url}", flush=True)
         await asyncio.Event().wait()
 

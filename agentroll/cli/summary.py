@@ -30,12 +30,20 @@ def table(title: str, columns: list[str]) -> Table:
 
 def print_summary(result: RunResult) -> None:
     s, r = result.stats, result.requests
-    stages = table(f"agentroll generate: {result.model} -> {result.output}",
-                   ["stage", "samples", "mean raw reward", "truncated", "tokens (prompt/response)", "failed",
-                    "skipped"])
+    stages = table(
+        f"agentroll generate: {result.model} -> {result.output}",
+        ["stage", "samples", "mean raw reward", "truncated", "tokens (prompt/response)", "failed", "skipped"],
+    )
     for name, st in s.stages.items():
-        stages.add_row(Text(name), str(st.samples), fmt(st.mean_raw_reward), str(st.truncated),
-                       f"{st.prompt_tokens}/{st.response_tokens}", str(st.failed_calls), str(st.skipped_calls))
+        stages.add_row(
+            Text(name),
+            str(st.samples),
+            fmt(st.mean_raw_reward),
+            str(st.truncated),
+            f"{st.prompt_tokens}/{st.response_tokens}",
+            str(st.failed_calls),
+            str(st.skipped_calls),
+        )
     err.print(stages)
     d = s.to_dict()
     rate = r.requests / result.wall_s if result.wall_s else 0.0

@@ -29,8 +29,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentroll")
 
-GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-          "vllm:kv_cache_usage_perc": "kv_usage", "vllm:num_preemptions_total": "preemptions"}
+GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:num_preemptions_total": "preemptions",
+}
 
 
 @dataclass(slots=True)
@@ -95,17 +99,24 @@ async def follow_metrics(client: CompletionClient, interval_s: float = 1.0) -> N
             status, body = 0, b""
         if status != 200 or parse_metrics(body.decode("utf-8", "replace")) is None:
             endpoint.limit = min(c.fallback, c.per_endpoint)
-            log.warning("%s has no readable vLLM /metrics (HTTP %s): its concurrency stays at %d",
-                        endpoint.url, status or "none", endpoint.limit)
+            log.warning(
+                "%s has no readable vLLM /metrics (HTTP %s): its concurrency stays at %d",
+                endpoint.url,
+                status or "none",
+                endpoint.limit,
+            )
         else:
-            controller = Controller(min(c.start, c.per_endpoint), minimum=min(4, c.per_endpoint),
-                                    maximum=c.per_endpoint)
+            controller = Controller(
+                min(c.start, c.per_endpoint), minimum=min(4, c.per_endpoint), maximum=c.per_endpoint
+            )
             endpoint.limit = controller.limit
             client.spawn(_follow(client, endpoint, controller, interval_s, parse_metrics))
         client.counters.concurrency[endpoint.url] = int(endpoint.limit)
 
-async def _follow(client: CompletionClient, endpoint: Endpoint, controller: Controller, interval_s: float,
-                  parse: Any) -> None:
+
+async def _follow(
+    client: CompletionClient, endpoint: Endpoint, controller: Controller, interval_s: float, parse: Any
+) -> None:
     while True:
         await asyncio.sleep(interval_s)
         if endpoint.down:

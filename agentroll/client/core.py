@@ -55,8 +55,9 @@ def error_message(body: bytes, status: int) -> str:
 class CallFailed(Exception):
     """One call failed for good (after retries, or at once for a non-retryable answer)."""
 
-    def __init__(self, message: str, status: int | None = None, retryable: bool = False,
-                 endpoint: Endpoint | None = None) -> None:
+    def __init__(
+        self, message: str, status: int | None = None, retryable: bool = False, endpoint: Endpoint | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
@@ -66,8 +67,15 @@ class CallFailed(Exception):
 class CompletionClient:
     """One set of endpoints. Several clients of one run share a `Budget` (slots and counters)."""
 
-    def __init__(self, base_urls: list[str], settings: ClientSettings | None = None, *,
-                 budget: Budget | None = None, transport: Transport | None = None, api: str = "completions") -> None:
+    def __init__(
+        self,
+        base_urls: list[str],
+        settings: ClientSettings | None = None,
+        *,
+        budget: Budget | None = None,
+        transport: Transport | None = None,
+        api: str = "completions",
+    ) -> None:
         if not base_urls:
             raise ServerError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
         if api not in APIS:
@@ -137,13 +145,15 @@ class CompletionClient:
         key keeps its endpoint when others come and go), unless it holds more than a fair share (1.25 times the
         average in flight, plus `affinity_slack`: room for one group's first stage); then the next in rank.
         All of a problem's executions share a prompt prefix: on one server, vLLM's prefix cache serves them."""
-        ranked = sorted(candidates, reverse=True,
-                        key=lambda e: hashlib.blake2b(f"{key}|{e.url}".encode(), digest_size=8).digest())
+        ranked = sorted(
+            candidates, reverse=True, key=lambda e: hashlib.blake2b(f"{key}|{e.url}".encode(), digest_size=8).digest()
+        )
         bound = 1.25 * (sum(e.in_flight for e in candidates) + 1) / len(candidates) + self.settings.affinity_slack
         return next((e for e in ranked if e.in_flight < bound), min(candidates, key=lambda e: e.in_flight))
 
-    async def _slot(self, priority: Priority, prefer: Endpoint | None, avoid: Endpoint | None,
-                    key: str | None) -> Endpoint:
+    async def _slot(
+        self, priority: Priority, prefer: Endpoint | None, avoid: Endpoint | None, key: str | None
+    ) -> Endpoint:
         """A completion slot and its endpoint, granted best priority first."""
         if self._dead is not None:
             raise self._dead
@@ -211,13 +221,19 @@ class CompletionClient:
         if endpoint.down:
             return
         endpoint.down, endpoint.last_error = True, error
-        log.warning("endpoint %s out of rotation (%s); probing /health every %.0fs", endpoint.url, error,
-                    self.settings.health.probe_interval_s)
+        log.warning(
+            "endpoint %s out of rotation (%s); probing /health every %.0fs",
+            endpoint.url,
+            error,
+            self.settings.health.probe_interval_s,
+        )
         self.spawn(self._probe(endpoint))
         if all(e.down for e in self.endpoints) and self._outage is None:
             self._outage = time.monotonic()
-            log.warning("every endpoint is down: calls wait up to %.0fs for one to answer /health",
-                        self.settings.health.down_timeout_s)
+            log.warning(
+                "every endpoint is down: calls wait up to %.0fs for one to answer /health",
+                self.settings.health.down_timeout_s,
+            )
             self.spawn(self._outage_deadline())
 
     async def _probe(self, endpoint: Endpoint) -> None:
@@ -227,8 +243,9 @@ class CompletionClient:
                 break
         endpoint.back()
         if self._outage is not None:
-            log.warning("endpoint %s is back after %.1fs of outage: resuming", endpoint.url,
-                        time.monotonic() - self._outage)
+            log.warning(
+                "endpoint %s is back after %.1fs of outage: resuming", endpoint.url, time.monotonic() - self._outage
+            )
             self._outage = None
         else:
             log.warning("endpoint %s is back", endpoint.url)
@@ -240,8 +257,9 @@ class CompletionClient:
         await asyncio.sleep(self.settings.health.down_timeout_s)
         if self._outage is not None and self._outage == started:
             detail = "; ".join(f"{e.url}: {e.last_error}" for e in self.endpoints)
-            self._dead = ServerError(f"every endpoint has been down for {self.settings.health.down_timeout_s:.0f}s "
-                                     f"({detail})")
+            self._dead = ServerError(
+                f"every endpoint has been down for {self.settings.health.down_timeout_s:.0f}s ({detail})"
+            )
             self.budget.fail_all(self.queue, self._dead)
             self._back.set()
 
@@ -275,8 +293,7 @@ class CompletionClient:
         except orjson.JSONDecodeError:
             return status, None
 
-    async def post_with_retries(self, path: str, body: dict[str, Any],
-                                absent: frozenset[int] = frozenset()) -> Any:
+    async def post_with_retries(self, path: str, body: dict[str, Any], absent: frozenset[int] = frozenset()) -> Any:
         """A POST that the run depends on (server-side rendering, the parity probe): retried like a completion,
         on its own cap. Returns the parsed JSON of a 200, or None for a status in `absent` (the server does not
         offer this); raises `CallFailed` when it fails for good."""
@@ -294,16 +311,22 @@ class CompletionClient:
                     try:
                         return orjson.loads(raw)
                     except orjson.JSONDecodeError:
-                        problem = CallFailed(f"{endpoint.url}{path} answered 200 with a body that is not JSON",
-                                             status, True, endpoint)
+                        problem = CallFailed(
+                            f"{endpoint.url}{path} answered 200 with a body that is not JSON", status, True, endpoint
+                        )
                 else:
                     if status in absent:
                         return None
                     if status in FATAL_STATUS:
-                        raise ServerError(f"{endpoint.url}{path} answered {status}: {error_message(raw, status)}",
-                                          status)
-                    problem = CallFailed(f"{endpoint.url}{path} answered {status}: {error_message(raw, status)}",
-                                         status, status in RETRYABLE_STATUS, endpoint)
+                        raise ServerError(
+                            f"{endpoint.url}{path} answered {status}: {error_message(raw, status)}", status
+                        )
+                    problem = CallFailed(
+                        f"{endpoint.url}{path} answered {status}: {error_message(raw, status)}",
+                        status,
+                        status in RETRYABLE_STATUS,
+                        endpoint,
+                    )
             if not problem.retryable or attempt > self.settings.retries.max_retries:
                 self.counters.failures += 1
                 raise problem
@@ -312,9 +335,16 @@ class CompletionClient:
             await asyncio.sleep(self._backoff(attempt))
 
     # -- completions ----------------------------------------------------------------------------------------------
-    async def complete(self, prompt_ids: list[int], params: dict[str, Any], model: str, alternatives: int = 0,
-                       prefer: Endpoint | None = None, key: str | None = None,
-                       priority: Priority = FIRST) -> Completion:
+    async def complete(
+        self,
+        prompt_ids: list[int],
+        params: dict[str, Any],
+        model: str,
+        alternatives: int = 0,
+        prefer: Endpoint | None = None,
+        key: str | None = None,
+        priority: Priority = FIRST,
+    ) -> Completion:
         """POST one call on `self.api`, retrying what is transient. Raises `CallFailed` or, for 401/403/404,
         `ServerError`. `priority`: (group admission number, stage rank), lower first when slots are scarce."""
         api = self.api
@@ -334,8 +364,12 @@ class CompletionClient:
                 if done.finish_reason not in FINISHED:
                     # vLLM aborted it (a pause for a weight sync, a shutdown): what it holds is not what the
                     # model would have said. Asked again; never recorded as an outcome.
-                    raise CallFailed(f"{endpoint.url}: the server ended the request with finish_reason "
-                                     f"{done.finish_reason!r}", 200, True, endpoint)
+                    raise CallFailed(
+                        f"{endpoint.url}: the server ended the request with finish_reason {done.finish_reason!r}",
+                        200,
+                        True,
+                        endpoint,
+                    )
             except CallFailed as exc:
                 if not exc.retryable or attempt > self.settings.retries.max_retries:
                     self.counters.failures += 1
@@ -356,16 +390,24 @@ class CompletionClient:
         cap = min(r.backoff_max_s, r.backoff_base_s * 2 ** (attempt - 1))
         return random.uniform(cap / 2, cap)
 
-    async def _post(self, path: str, payload: bytes, priority: Priority, prefer: Endpoint | None,
-                    avoid: Endpoint | None, key: str | None) -> tuple[Endpoint, dict[str, Any]]:
+    async def _post(
+        self,
+        path: str,
+        payload: bytes,
+        priority: Priority,
+        prefer: Endpoint | None,
+        avoid: Endpoint | None,
+        key: str | None,
+    ) -> tuple[Endpoint, dict[str, Any]]:
         """One attempt, in a slot: the endpoint is chosen when the slot is granted, so the in-flight counts it
         compares are current, not those of when the call started waiting."""
         endpoint = await self._slot(priority, prefer, avoid, key)
         group = priority[0]
         self.counters.requests += 1
         try:
-            status, body = await self.transport.request("POST", endpoint.url + path, payload,
-                                                        self.settings.timeouts.request_s)
+            status, body = await self.transport.request(
+                "POST", endpoint.url + path, payload, self.settings.timeouts.request_s
+            )
         except TransportFailure as exc:
             self._failed(endpoint, str(exc))
             raise CallFailed(f"{endpoint.url}: {exc}", retryable=True, endpoint=endpoint) from None

@@ -187,4 +187,3 @@ class Budget:
                 waiter.future.set_exception(error)
         queue.heap.clear()
         self.counters.queued = self.waiting()
-

@@ -38,8 +38,9 @@ class AiohttpTransport:
         self._connect_s = connect_timeout_s
         self._http = aiohttp.ClientSession(  # trust_env off: it reads ~/.netrc on every request
             headers=headers,
-            connector=aiohttp.TCPConnector(limit=connections, limit_per_host=0,
-                                           keepalive_timeout=4.0),  # below uvicorn's 5 s: never reuse a closing one
+            connector=aiohttp.TCPConnector(
+                limit=connections, limit_per_host=0, keepalive_timeout=4.0
+            ),  # below uvicorn's 5 s: never reuse a closing one
         )
 
     async def request(self, method: str, url: str, body: bytes | None, timeout_s: float) -> tuple[int, bytes]:

@@ -37,11 +37,23 @@ from .formats import FORMATS, SPECS, Options
 __all__ = ["ADVANTAGES", "FORMATS", "LAYOUTS", "STDS", "advantages", "baseline", "convert"]
 
 
-def convert(src: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *, advantage: str | None = None,
-            std: str | None = None, max_pairs_per_group: int | None = None, stages: list[str] | str | None = None,
-            layout: str | None = None, tokenizer: str | None = None, groups_per_file: int | None = None,
-            ranks: int | None = None, include_frozen: bool | None = None, trajectories: bool | None = None,
-            overwrite: bool = False) -> dict[str, Any]:
+def convert(
+    src: str | os.PathLike[str],
+    to: str,
+    out: str | os.PathLike[str],
+    *,
+    advantage: str | None = None,
+    std: str | None = None,
+    max_pairs_per_group: int | None = None,
+    stages: list[str] | str | None = None,
+    layout: str | None = None,
+    tokenizer: str | None = None,
+    groups_per_file: int | None = None,
+    ranks: int | None = None,
+    include_frozen: bool | None = None,
+    trajectories: bool | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Converts the folder `src` into `out` (a folder) and returns a summary: format, records read, rows
     written, files, and what was left out or added (`skipped_frozen`, `folded_turns`, `placeholders`,
     `left_over_problems`). Every option is checked before anything is written (`UsageError`, one line).
@@ -62,8 +74,7 @@ def convert(src: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *
     spec = SPECS.get(to)
     if spec is None:
         raise UsageError(f"--to takes one of {', '.join(FORMATS)}, not {to!r}")
-    advantage = spec.check(advantage, std, max_pairs_per_group, layout, tokenizer, groups_per_file, ranks,
-                           trajectories)
+    advantage = spec.check(advantage, std, max_pairs_per_group, layout, tokenizer, groups_per_file, ranks, trajectories)
     if stages is not None:
         check_stages(stages, None)  # the names' form, before anything is read
     manifest = check_source(src_path, out_path)
@@ -71,8 +82,10 @@ def convert(src: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *
     chosen_stages = check_stages(stages, system.stages)
     problems_in = manifest.groups
     if groups_per_file is not None and groups_per_file > problems_in:
-        raise UsageError(f"--groups-per-file {groups_per_file}: {src_path} has {problems_in} problems, not enough "
-                         "for one whole training step")
+        raise UsageError(
+            f"--groups-per-file {groups_per_file}: {src_path} has {problems_in} problems, not enough "
+            "for one whole training step"
+        )
     keep_frozen = include_frozen if include_frozen is not None else not spec.rl
     whole = spec.whole and trajectories is not False
     spec.require()
@@ -86,15 +99,31 @@ def convert(src: str | os.PathLike[str], to: str, out: str | os.PathLike[str], *
 
     def read() -> Any:
         counts.clear()
-        return read_problems(src_path, chosen_stages, advantage, counts, include_frozen=keep_frozen,
-                             whole_conversations=whole, std=chosen_std, routes=spec.routes)
+        return read_problems(
+            src_path,
+            chosen_stages,
+            advantage,
+            counts,
+            include_frozen=keep_frozen,
+            whole_conversations=whole,
+            std=chosen_std,
+            routes=spec.routes,
+        )
 
-    options = Options(out_path, keep_frozen, chat, max_pairs_per_group, groups_per_file, ranks or 1,
-                      dict(manifest.settings or {}))
+    options = Options(
+        out_path, keep_frozen, chat, max_pairs_per_group, groups_per_file, ranks or 1, dict(manifest.settings or {})
+    )
     rows, files, extra = spec.write(read, options)
-    summary = {"format": to, "source": str(src_path), "complete": manifest.complete,
-               "records": counts.get("records", 0), "rows": rows, "files": [str(f) for f in files],
-               "stages": None if chosen_stages is None else list(chosen_stages), "advantage": advantage}
+    summary = {
+        "format": to,
+        "source": str(src_path),
+        "complete": manifest.complete,
+        "records": counts.get("records", 0),
+        "rows": rows,
+        "files": [str(f) for f in files],
+        "stages": None if chosen_stages is None else list(chosen_stages),
+        "advantage": advantage,
+    }
     if advantage == "grpo":
         summary["std"] = chosen_std
     summary.update({key: counts[key] for key in ("skipped_frozen", "folded_turns") if key in counts})

@@ -42,8 +42,14 @@ class StageGroup:
     def items(self, include_frozen: bool = False) -> list[tuple[Record, Trajectory, float | None]]:
         """(record, its trajectory, its advantage) per sample: the whole conversation the record ends when the
         group was read with whole conversations, else the call alone (`trajectory.single`)."""
-        return [(record, self.trajectories[i] if self.trajectories is not None else single(record, include_frozen),
-                 None if self.advantages is None else self.advantages[i]) for i, record in enumerate(self.records)]
+        return [
+            (
+                record,
+                self.trajectories[i] if self.trajectories is not None else single(record, include_frozen),
+                None if self.advantages is None else self.advantages[i],
+            )
+            for i, record in enumerate(self.records)
+        ]
 
 
 @dataclass(slots=True)
@@ -79,8 +85,9 @@ def advantages(rewards: list[float], kind: str, std: str = "population") -> list
     return [r - mean for r in rewards]
 
 
-def check_stages(stages: Iterable[str] | str | None,
-                 system_stages: tuple[str, ...] | None = STAGES) -> tuple[str, ...] | None:
+def check_stages(
+    stages: Iterable[str] | str | None, system_stages: tuple[str, ...] | None = STAGES
+) -> tuple[str, ...] | None:
     """`--stages solver,rewriter` as a tuple in the system's stage order (`system_stages`, the manifest's; None:
     a system that names none, whose stages are taken as given); None (every stage) when not given."""
     if stages is None:
@@ -95,9 +102,17 @@ def check_stages(stages: Iterable[str] | str | None,
     return tuple(s for s in system_stages if s in names)
 
 
-def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, counts: dict[str, int], *,
-                  include_frozen: bool = True, whole_conversations: bool = False, std: str = "population",
-                  routes: bool = False) -> Iterator[Problem]:
+def read_problems(
+    src: Path,
+    stages: tuple[str, ...] | None,
+    advantage: str,
+    counts: dict[str, int],
+    *,
+    include_frozen: bool = True,
+    whole_conversations: bool = False,
+    std: str = "population",
+    routes: bool = False,
+) -> Iterator[Problem]:
     """The folder's problems in manifest order (whole groups, by `agentroll.read_groups`), each split
     into stage groups (`stages` in order; None: every stage, as first seen). Baselines are computed over the
     whole stage group before anything is filtered out, so `--stages` or a converter's own filter never changes
@@ -140,10 +155,15 @@ def read_problems(src: Path, stages: tuple[str, ...] | None, advantage: str, cou
                 keep = [i for i in keep if id(members[i]) in ends]
             if not keep:
                 continue
-            problem.groups.append(StageGroup(
-                group.problem_id, stage, [members[i] for i in keep],
-                None if found_advantages is None else [found_advantages[i] for i in keep],
-                [ends[id(members[i])] for i in keep] if whole_conversations else None))
+            problem.groups.append(
+                StageGroup(
+                    group.problem_id,
+                    stage,
+                    [members[i] for i in keep],
+                    None if found_advantages is None else [found_advantages[i] for i in keep],
+                    [ends[id(members[i])] for i in keep] if whole_conversations else None,
+                )
+            )
         yield problem
 
 
@@ -253,13 +273,15 @@ class ChatMessages:
         # a message's content never holds the template's own markup: a content that does is several messages
         # rendered together (a later turn's prompt, a row's own conversation), not one
         special = set(getattr(tokenizer, "all_special_tokens", None) or [])
-        special |= {str(getattr(t, "content", t)) for t in (getattr(tokenizer, "added_tokens_decoder", None)
-                                                             or {}).values()}
+        special |= {
+            str(getattr(t, "content", t)) for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+        }
         self._markup = sorted(t for t in special if t.strip())
 
     def render(self, messages: list[dict[str, str]]) -> str:
-        return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                       **self._kwargs))
+        return str(
+            self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **self._kwargs)
+        )
 
     def __call__(self, prompt: str) -> list[dict[str, str]] | None:
         """The messages that render to exactly `prompt`, or None."""
@@ -307,10 +329,12 @@ def prompt_messages(chat: ChatMessages, record: Record) -> list[dict[str, str]]:
     """The record's prompt as messages; a one-line `UsageError` when they cannot be recovered exactly."""
     messages = chat(record["prompt"])
     if messages is None:
-        raise UsageError(f"problem {record['problem_id']}, {record['stage']}: its prompt is not {chat.name}'s chat "
-                         f"template of one user message (and an optional system message), such as a multi-turn "
-                         f"prompt; pass the run's tokenizer with --tokenizer, or use --layout standard (the prompt "
-                         f"as text)")
+        raise UsageError(
+            f"problem {record['problem_id']}, {record['stage']}: its prompt is not {chat.name}'s chat "
+            f"template of one user message (and an optional system message), such as a multi-turn "
+            f"prompt; pass the run's tokenizer with --tokenizer, or use --layout standard (the prompt "
+            f"as text)"
+        )
     return messages
 
 

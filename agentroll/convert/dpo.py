@@ -24,8 +24,13 @@ def pairs(group: StageGroup, cap: int | None = None) -> list[tuple[Record, Recor
     for i, record in enumerate(group.records):
         by_prompt.setdefault(tuple(record["prompt_token_ids"]), []).append(i)
     rewards = [float(r["reward"]) for r in group.records]
-    found = [(rewards[a] - rewards[b], a, b) for members in by_prompt.values()
-             for a in members for b in members if rewards[a] > rewards[b]]
+    found = [
+        (rewards[a] - rewards[b], a, b)
+        for members in by_prompt.values()
+        for a in members
+        for b in members
+        if rewards[a] > rewards[b]
+    ]
     found.sort(key=lambda p: (-p[0], max(p[1], p[2]), p[1], p[2]))
     if cap is not None:
         found = found[:cap]

@@ -69,9 +69,19 @@ def token_rollout(found: Trajectory) -> dict[str, Any]:
 
 def placeholder(problem_id: str, stage: str) -> dict[str, Any]:
     """An empty-trajectory rollout: Megatron's placeholder (`num_turns` 0), left out of the group's statistics."""
-    return {"trajectory": [], "reward": 0.0, "generation_mask": [], "logprobs": [],
-            "env_id": f"agentroll/{stage}", "problem_id": problem_id, "policy_epoch": [], "kv_cache_epoch": [],
-            "num_evictions": [], "generation_cap": None, "rollout_status": "placeholder"}
+    return {
+        "trajectory": [],
+        "reward": 0.0,
+        "generation_mask": [],
+        "logprobs": [],
+        "env_id": f"agentroll/{stage}",
+        "problem_id": problem_id,
+        "policy_epoch": [],
+        "kv_cache_epoch": [],
+        "num_evictions": [],
+        "generation_cap": None,
+        "rollout_status": "placeholder",
+    }
 
 
 def _epoch(version: object, record: Record) -> int:
@@ -80,8 +90,10 @@ def _epoch(version: object, record: Record) -> int:
     try:
         return int(str(version))
     except ValueError:
-        raise UsageError(f"problem {record['problem_id']}: weight version {version!r} is not a whole number, which "
-                         "Megatron's policy_epoch needs") from None
+        raise UsageError(
+            f"problem {record['problem_id']}: weight version {version!r} is not a whole number, which "
+            "Megatron's policy_epoch needs"
+        ) from None
 
 
 def policy_epochs(record: Record) -> list[tuple[int, int]]:
@@ -110,6 +122,12 @@ def write(read: Callable[[], Iterable[Problem]], out: Path, include_frozen: bool
                 padding = size - len(rollouts)
                 rollouts += [placeholder(group.problem_id, group.stage) for _ in range(padding)]
                 placeholders += padding
-                writer.write({"rollouts": rollouts, "batch_id": problem.index, "index_in_batch": index_in_batch,
-                              "uid": f"{group.problem_id}/{group.stage}"})
+                writer.write(
+                    {
+                        "rollouts": rollouts,
+                        "batch_id": problem.index,
+                        "index_in_batch": index_in_batch,
+                        "uid": f"{group.problem_id}/{group.stage}",
+                    }
+                )
     return writer.rows, placeholders

@@ -30,12 +30,20 @@ def row(record: Record, chat: ChatMessages | None) -> dict[str, Any]:
     the tokens are not the policy's samples, which does not matter for fine-tuning on them."""
     prompt_ids, response_ids = record["prompt_token_ids"], record["response_token_ids"]
     labels = [IGNORE_INDEX] * len(prompt_ids) + [
-        token if mask else IGNORE_INDEX for token, mask in zip(response_ids, own_mask(record, True), strict=True)]
+        token if mask else IGNORE_INDEX for token, mask in zip(response_ids, own_mask(record, True), strict=True)
+    ]
     text: dict[str, Any] = (
-        {"messages": prompt_messages(chat, record) + response_messages(record)} if chat is not None
-        else {"prompt": record["prompt"], "completion": record["response"]})
-    return {"problem_id": record["problem_id"], "stage": record["stage"], **text,
-            "input_ids": prompt_ids + response_ids, "labels": labels}
+        {"messages": prompt_messages(chat, record) + response_messages(record)}
+        if chat is not None
+        else {"prompt": record["prompt"], "completion": record["response"]}
+    )
+    return {
+        "problem_id": record["problem_id"],
+        "stage": record["stage"],
+        **text,
+        "input_ids": prompt_ids + response_ids,
+        "labels": labels,
+    }
 
 
 def write(problems: Iterable[Problem], out: Path, chat: ChatMessages | None) -> int:

@@ -49,15 +49,18 @@ def require_torch() -> Any:
     return torch
 
 
-def sample(record: Record, reward: float, index: int, group_index: int, rollout_id: int,
-           conversation: Trajectory | None = None) -> dict[str, Any]:
+def sample(
+    record: Record, reward: float, index: int, group_index: int, rollout_id: int, conversation: Trajectory | None = None
+) -> dict[str, Any]:
     """One slime sample: the record's call, or with `conversation` (of several turns) the whole conversation
     that the record ends."""
     metadata = dict(record.get("metadata") or {})
     metadata.setdefault("source_name", f"agentroll/{record['stage']}")  # slime's per-source metrics: per stage
     metadata["raw_reward"] = record["reward"]
-    metadata["agentroll"] = {k: record[k] for k in ("problem_id", "rollout_id", "sample_index", "stage", "worker",
-                                                     "raw_reward", "reward", "final_reward")}
+    metadata["agentroll"] = {
+        k: record[k]
+        for k in ("problem_id", "rollout_id", "sample_index", "stage", "worker", "raw_reward", "reward", "final_reward")
+    }
     label = record.get("label")
     out = {
         "group_index": group_index,
@@ -77,9 +80,14 @@ def sample(record: Record, reward: float, index: int, group_index: int, rollout_
     if conversation is not None and conversation.turns > 1:
         start = conversation.start
         metadata["agentroll"]["turns"] = conversation.turns
-        out.update(tokens=conversation.tokens, response_length=len(conversation.tokens) - start,
-                   loss_mask=conversation.mask[start:], rollout_log_probs=conversation.logprobs[start:],
-                   prompt=first_prompt(conversation), response=after_first_prompt(conversation))
+        out.update(
+            tokens=conversation.tokens,
+            response_length=len(conversation.tokens) - start,
+            loss_mask=conversation.mask[start:],
+            rollout_log_probs=conversation.logprobs[start:],
+            prompt=first_prompt(conversation),
+            response=after_first_prompt(conversation),
+        )
     routes = record.get("routed_experts")
     if routes is not None:
         out["rollout_routed_experts"] = _routes(routes, len(out["tokens"]), record)
@@ -90,8 +98,10 @@ def _routes(routes: Any, tokens: int, record: Record) -> Any:
     """The record's routes as the int32 tensor slime replays: one row per token but the last."""
     torch = require_torch()
     if getattr(routes, "ndim", None) != 3 or routes.shape[0] != tokens - 1:
-        raise UsageError(f"problem {record['problem_id']}, {record['stage']}: routed experts of shape "
-                         f"{getattr(routes, 'shape', None)}, where slime needs ({tokens - 1}, layers, topk)")
+        raise UsageError(
+            f"problem {record['problem_id']}, {record['stage']}: routed experts of shape "
+            f"{getattr(routes, 'shape', None)}, where slime needs ({tokens - 1}, layers, topk)"
+        )
     return torch.from_numpy(routes.astype("int32"))
 
 
@@ -119,8 +129,16 @@ def write(problems: Iterable[Problem], out: Path, groups_per_file: int | None) -
                 for i, record in enumerate(group.records):
                     rollout_id = executions.setdefault(record["rollout_id"], len(executions))
                     reward = record["reward"] if group.advantages is None else group.advantages[i]
-                    batch.append(sample(record, reward, index, group_index, rollout_id,
-                                        None if group.trajectories is None else group.trajectories[i]))
+                    batch.append(
+                        sample(
+                            record,
+                            reward,
+                            index,
+                            group_index,
+                            rollout_id,
+                            None if group.trajectories is None else group.trajectories[i],
+                        )
+                    )
                     index += 1
                 group_index += 1
             batch_problems += 1

@@ -41,8 +41,9 @@ class Trajectory:
 
     def spans(self) -> list[tuple[int, int]]:
         """Per turn, (its prompt's length, its end) in `tokens`: turn j's response is `tokens[a:b]`."""
-        return [(len(r["prompt_token_ids"]), len(r["prompt_token_ids"]) + len(r["response_token_ids"]))
-                for r in self.chain]
+        return [
+            (len(r["prompt_token_ids"]), len(r["prompt_token_ids"]) + len(r["response_token_ids"])) for r in self.chain
+        ]
 
 
 def executions(records: Iterable[Record]) -> Iterator[list[Record]]:
@@ -63,8 +64,10 @@ def _parent(execution: list[Record], i: int) -> int | None:
     if parent is None:
         return None
     if type(parent) is not int or not 0 <= parent < i:
-        raise ValueError(f"execution {record.get('rollout_id')}: record {i} ({record.get('stage')}) continues "
-                         f"{parent!r}, not an earlier record of its execution")
+        raise ValueError(
+            f"execution {record.get('rollout_id')}: record {i} ({record.get('stage')}) continues "
+            f"{parent!r}, not an earlier record of its execution"
+        )
     return parent
 
 
@@ -91,9 +94,17 @@ def own_mask(record: Record, include_frozen: bool) -> list[int]:
 def single(record: Record, include_frozen: bool = False, position: int = 0) -> Trajectory:
     """One call as a one-turn trajectory: the prompt (mask 0, logprob 0.0) then the response."""
     prompt, response = record["prompt_token_ids"], record["response_token_ids"]
-    return Trajectory(record, position, record, len(prompt), 1, prompt + response,
-                      [0] * len(prompt) + own_mask(record, include_frozen),
-                      [0.0] * len(prompt) + [float(x) for x in record["response_logprobs"]], [record])
+    return Trajectory(
+        record,
+        position,
+        record,
+        len(prompt),
+        1,
+        prompt + response,
+        [0] * len(prompt) + own_mask(record, include_frozen),
+        [0.0] * len(prompt) + [float(x) for x in record["response_logprobs"]],
+        [record],
+    )
 
 
 def ends(execution: list[Record], include_frozen: bool = False) -> list[int]:
@@ -111,14 +122,19 @@ def trajectory(execution: list[Record], i: int, include_frozen: bool = False) ->
     prompt, response = record["prompt_token_ids"], record["response_token_ids"]
     history, history_logprobs = record.get("history_mask"), record.get("history_logprobs")
     whole = history is None and history_logprobs is None
-    if not whole and not (history is not None and history_logprobs is not None
-                          and len(history) == len(history_logprobs) == len(prompt)):
-        raise ValueError(f"execution {record.get('rollout_id')}: record {i} ({record.get('stage')}) has a "
-                         f"history_mask/history_logprobs that does not cover its {len(prompt)} prompt tokens")
+    if not whole and not (
+        history is not None and history_logprobs is not None and len(history) == len(history_logprobs) == len(prompt)
+    ):
+        raise ValueError(
+            f"execution {record.get('rollout_id')}: record {i} ({record.get('stage')}) has a "
+            f"history_mask/history_logprobs that does not cover its {len(prompt)} prompt tokens"
+        )
     if not len(response) == len(record["loss_mask"]) == len(record["response_logprobs"]):
-        raise ValueError(f"execution {record.get('rollout_id')}: record {i} ({record.get('stage')}): "
-                         f"{len(response)} response tokens, {len(record['response_logprobs'])} logprobs, "
-                         f"{len(record['loss_mask'])} loss mask entries")
+        raise ValueError(
+            f"execution {record.get('rollout_id')}: record {i} ({record.get('stage')}): "
+            f"{len(response)} response tokens, {len(record['response_logprobs'])} logprobs, "
+            f"{len(record['loss_mask'])} loss mask entries"
+        )
     mask = [int(m) for m in history] if history is not None else [0] * len(prompt)
     logprobs = [float(x) for x in history_logprobs] if history_logprobs is not None else [0.0] * len(prompt)
     mask += own_mask(record, include_frozen)
@@ -135,8 +151,17 @@ def trajectory(execution: list[Record], i: int, include_frozen: bool = False) ->
                 else:
                     mask[k], logprobs[k] = 0, 0.0
     first = execution[chain[-1]]
-    return Trajectory(record, i, first, len(first["prompt_token_ids"]), len(chain), prompt + response, mask,
-                      logprobs, [execution[j] for j in reversed(chain)])
+    return Trajectory(
+        record,
+        i,
+        first,
+        len(first["prompt_token_ids"]),
+        len(chain),
+        prompt + response,
+        mask,
+        logprobs,
+        [execution[j] for j in reversed(chain)],
+    )
 
 
 def trajectories(execution: list[Record], include_frozen: bool = False) -> list[Trajectory]:
@@ -153,7 +178,7 @@ def after_first_prompt(found: Trajectory) -> str:
     """Everything after the first prompt, as text: what the last turn's prompt adds to it, then its response
     (informative only: trainers take the ids)."""
     first, prompt = first_prompt(found), str(found.record.get("prompt", ""))
-    return (prompt[len(first):] if prompt.startswith(first) else "") + str(found.record.get("response", ""))
+    return (prompt[len(first) :] if prompt.startswith(first) else "") + str(found.record.get("response", ""))
 
 
 def runs(mask: list[int], begin: int, end: int) -> list[tuple[int, int, bool]]:

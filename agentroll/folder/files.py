@@ -33,7 +33,7 @@ def write_all(f: Any, data: bytes) -> None:
     """Write every byte to an unbuffered file: after a failure nothing half-written waits in a buffer."""
     view = memoryview(data)
     while view:
-        view = view[f.write(view):]
+        view = view[f.write(view) :]
 
 
 def file_sha256(path: Path) -> str:

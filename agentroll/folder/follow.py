@@ -32,8 +32,14 @@ from .routes import RoutesUnavailable, Sidecar
 from .shards import shard_groups
 
 
-def read_groups(path: str | os.PathLike[str], follow: bool = False, poll_s: float = 0.5,
-                timeout_s: float | None = None, consumer: str | None = None, routes: bool = False) -> Iterator[Group]:
+def read_groups(
+    path: str | os.PathLike[str],
+    follow: bool = False,
+    poll_s: float = 0.5,
+    timeout_s: float | None = None,
+    consumer: str | None = None,
+    routes: bool = False,
+) -> Iterator[Group]:
     """Whole groups of a folder in manifest order; with `follow`, of a live run as it commits them (see the
     module's docstring). `timeout_s` bounds how long a follower waits without the run completing
     (`TimeoutError`); None waits as long as the run takes. `routes`: samples' `routed_experts` as arrays.

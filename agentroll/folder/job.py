@@ -55,8 +55,10 @@ def check_folder(out: Path) -> Manifest | None:
     if manifest is not None and manifest.merged_from is not None:
         foreign = [str(m.get("folder")) for m in manifest.merged_from if not _is_part(out, m)]
         if foreign:
-            raise OutputError(f"{layout.manifest} is a merged view of other folders ({', '.join(foreign[:3])}), not "
-                              f"of {out}/part-*: move it away, or give the --ray job a folder of its own")
+            raise OutputError(
+                f"{layout.manifest} is a merged view of other folders ({', '.join(foreign[:3])}), not "
+                f"of {out}/part-*: move it away, or give the --ray job a folder of its own"
+            )
     return manifest
 
 
@@ -69,8 +71,9 @@ def lock_job(out: Path) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"output folder {out}: {exc.strerror or exc}") from exc
-    fd = lock.take(path, f"{out} is in use by another agentroll generate --ray (it holds {path}): wait for it to "
-                         "end, or stop it")
+    fd = lock.take(
+        path, f"{out} is in use by another agentroll generate --ray (it holds {path}): wait for it to end, or stop it"
+    )
     assert fd is not None
     return fd
 
@@ -82,8 +85,10 @@ def _take_parts(out: Path) -> list[tuple[Path, int | None]]:
         for path in sorted(out.glob("part-*")):
             if not (PART.fullmatch(path.name) and path.is_dir()):
                 continue
-            busy = (f"{path} is being written by another agentroll process: --overwrite deletes no partition "
-                    "while it runs; stop it first")
+            busy = (
+                f"{path} is being written by another agentroll process: --overwrite deletes no partition "
+                "while it runs; stop it first"
+            )
             taken.append((path, None))
             taken[-1] = (path, lock.take(Layout(path).lock, busy, create=False))
     except BaseException:
@@ -126,8 +131,10 @@ def prepare_output(out: Path, requested: int | None, default: int, overwrite: bo
         if plan.exists():
             recorded = int(orjson.loads(plan.read_bytes())["partitions"])
         if requested is not None and recorded is not None and requested != recorded:
-            raise UsageError(f"{out} holds a job split into {recorded} partitions: rerun it with --partitions "
-                             f"{recorded} (or without --partitions), or pass --overwrite to start over")
+            raise UsageError(
+                f"{out} holds a job split into {recorded} partitions: rerun it with --partitions "
+                f"{recorded} (or without --partitions), or pass --overwrite to start over"
+            )
         partitions = recorded or requested or default
         state.mkdir(parents=True, exist_ok=True)
         atomic_write(plan, orjson.dumps({"partitions": partitions}))

@@ -54,8 +54,13 @@ class Journal:
     Segments are deleted oldest first, and only once they hold no live entry: a settled group's tombstone line
     then never outlives the entries it buries, so nothing dead comes back on the next `open`."""
 
-    def __init__(self, directory: Path, fingerprint: dict[str, Any] | None = None,
-                 segment_bytes: int = 8 << 20, max_bytes: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        fingerprint: dict[str, Any] | None = None,
+        segment_bytes: int = 8 << 20,
+        max_bytes: int = 1 << 30,
+    ) -> None:
         self.directory = Path(directory)
         self.fingerprint = orjson.loads(orjson.dumps(fingerprint or {}, option=orjson.OPT_SORT_KEYS))
         self.segment_bytes, self.max_bytes = segment_bytes, max_bytes
@@ -81,8 +86,11 @@ class Journal:
             earlier = None
         segments = sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := SEGMENT.fullmatch(p.name)))
         if segments and earlier != self.fingerprint:
-            log.warning("%s: made against another server set-up; its %d segment(s) are discarded (their calls are "
-                        "asked again)", self.directory, len(segments))
+            log.warning(
+                "%s: made against another server set-up; its %d segment(s) are discarded (their calls are asked again)",
+                self.directory,
+                len(segments),
+            )
             for index in segments:
                 self._path(index).unlink()
             segments = []
@@ -154,8 +162,11 @@ class Journal:
         try:
             offset = self._write(line)
         except OSError as exc:
-            log.warning("%s: cannot write the call journal (%s); a stop now loses the calls of unfinished groups",
-                        self.directory, exc.strerror or exc)
+            log.warning(
+                "%s: cannot write the call journal (%s); a stop now loses the calls of unfinished groups",
+                self.directory,
+                exc.strerror or exc,
+            )
             return
         self._failed.pop(group, None)  # a failed group that runs again is in flight again
         self._add(key, _Entry(self._current, offset, len(line), digest, group))
@@ -200,7 +211,7 @@ class Journal:
         offset = self._sizes[self._current]
         view = memoryview(line)
         while view:
-            view = view[self._file.write(view):]
+            view = view[self._file.write(view) :]
         self._sizes[self._current] = offset + len(line)
         return offset
 
@@ -225,7 +236,7 @@ class Journal:
             offset = self._sizes[self._current]
             view = memoryview(line)
             while view:
-                view = view[self._file.write(view):]
+                view = view[self._file.write(view) :]
             self._sizes[self._current] = offset + len(line)
             self._live[entry.segment] -= entry.size
             self._entries[key] = _Entry(self._current, offset, entry.size, entry.digest, entry.group)

@@ -150,8 +150,11 @@ class Layout:
         """Files named like ours that are neither a shard nor a sidecar: temporaries a kill left behind."""
         if not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.glob(f"{SHARD_PREFIX}*")
-                      if parse_shard(p.name) is None and _ROUTES.fullmatch(p.name) is None)
+        return sorted(
+            p
+            for p in self.root.glob(f"{SHARD_PREFIX}*")
+            if parse_shard(p.name) is None and _ROUTES.fullmatch(p.name) is None
+        )
 
     def sidecars(self) -> list[Path]:
         """Finished shards' routes sidecars on disk."""

@@ -28,8 +28,9 @@ def take(path: Path, busy: str, create: bool = True) -> int | None:
         raise OutputError(busy) from None
     except OSError as exc:
         os.close(fd)
-        raise OutputError(f"cannot lock {path} ({exc.strerror or exc}): agentroll needs storage whose locks hold "
-                          "(docs/ray.md)") from None
+        raise OutputError(
+            f"cannot lock {path} ({exc.strerror or exc}): agentroll needs storage whose locks hold (docs/ray.md)"
+        ) from None
     return fd
 
 

@@ -52,8 +52,14 @@ class ShardEntry:
     finished_at: float | None = None  # when it took its final name (seconds since the epoch): throughput over time
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"file": self.file, "records": self.records, "executions": self.executions,
-                               "groups": self.groups, "bytes": self.bytes, "sha256": self.sha256}
+        out: dict[str, Any] = {
+            "file": self.file,
+            "records": self.records,
+            "executions": self.executions,
+            "groups": self.groups,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+        }
         if self.routes is not None:
             out["routes"] = self.routes.to_dict()
         if self.source is not None:
@@ -74,14 +80,26 @@ class ShardEntry:
         routes = data.get("routes")
         side = None
         if routes is not None:
-            if not (isinstance(routes, dict) and isinstance(routes.get("file"), str) and _int(routes.get("bytes"))
-                    and isinstance(routes.get("sha256"), str)):
+            if not (
+                isinstance(routes, dict)
+                and isinstance(routes.get("file"), str)
+                and _int(routes.get("bytes"))
+                and isinstance(routes.get("sha256"), str)
+            ):
                 raise ValueError(f"{where} ({data['file']}): 'routes' is not a sidecar entry")
             side = RoutesEntry(routes["file"], routes["bytes"], routes["sha256"])
         source, finished = data.get("from"), data.get("finished_at")
-        return cls(data["file"], data["records"], data["executions"], data["groups"], data["bytes"],
-                   data["sha256"], side, source if isinstance(source, str) else None,
-                   float(finished) if isinstance(finished, int | float) and not isinstance(finished, bool) else None)
+        return cls(
+            data["file"],
+            data["records"],
+            data["executions"],
+            data["groups"],
+            data["bytes"],
+            data["sha256"],
+            side,
+            source if isinstance(source, str) else None,
+            float(finished) if isinstance(finished, int | float) and not isinstance(finished, bool) else None,
+        )
 
 
 @dataclass(slots=True)
@@ -115,10 +133,17 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "format": FORMAT, "schema_version": self.schema_version, "folder_id": self.folder_id,
-            "complete": self.complete, "records": self.records, "executions": self.executions,
-            "groups": self.groups, "filtered_groups": self.filtered_groups,
-            "shards": [s.to_dict() for s in self.shards], "settings": self.settings, "servers": self.servers,
+            "format": FORMAT,
+            "schema_version": self.schema_version,
+            "folder_id": self.folder_id,
+            "complete": self.complete,
+            "records": self.records,
+            "executions": self.executions,
+            "groups": self.groups,
+            "filtered_groups": self.filtered_groups,
+            "shards": [s.to_dict() for s in self.shards],
+            "settings": self.settings,
+            "servers": self.servers,
             "last_run": self.last_run,
         }
         if self.merged_from is not None:
@@ -135,8 +160,11 @@ class Manifest:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            what = "no such folder" if not path.parent.exists() else (
-                "not a folder" if not path.parent.is_dir() else f"no {MANIFEST}: not an agentroll output folder")
+            what = (
+                "no such folder"
+                if not path.parent.exists()
+                else ("not a folder" if not path.parent.is_dir() else f"no {MANIFEST}: not an agentroll output folder")
+            )
             raise OutputError(f"{path.parent}: {what}") from None
         except OSError as exc:
             raise OutputError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
@@ -172,13 +200,18 @@ class Manifest:
         servers = raw.get("servers")
         last_run = raw.get("last_run")
         folder_id = raw.get("folder_id")
-        return cls(settings=raw["settings"], shards=shards, complete=raw.get("complete") is True,
-                   schema_version=raw["schema_version"],
-                   filtered_groups=raw["filtered_groups"] if _int(raw.get("filtered_groups")) else 0,
-                   servers=[s for s in servers if isinstance(s, dict)] if isinstance(servers, list) else [],
-                   last_run=last_run if isinstance(last_run, dict) else {},
-                   folder_id=folder_id if isinstance(folder_id, str) and folder_id else "",
-                   merged_from=merged, path=path)
+        return cls(
+            settings=raw["settings"],
+            shards=shards,
+            complete=raw.get("complete") is True,
+            schema_version=raw["schema_version"],
+            filtered_groups=raw["filtered_groups"] if _int(raw.get("filtered_groups")) else 0,
+            servers=[s for s in servers if isinstance(s, dict)] if isinstance(servers, list) else [],
+            last_run=last_run if isinstance(last_run, dict) else {},
+            folder_id=folder_id if isinstance(folder_id, str) and folder_id else "",
+            merged_from=merged,
+            path=path,
+        )
 
 
 def load_manifest(folder: str | Path) -> Manifest:

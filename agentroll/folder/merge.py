@@ -30,8 +30,10 @@ from .writer import prepare
 def _load(folder: Path) -> Manifest:
     manifest = Manifest.load(folder)
     if manifest.merged_from is not None:
-        raise OutputError(f"{folder} is itself a merged folder: merge the folders it was made from "
-                          f"({', '.join(str(m.get('folder')) for m in manifest.merged_from)})")
+        raise OutputError(
+            f"{folder} is itself a merged folder: merge the folders it was made from "
+            f"({', '.join(str(m.get('folder')) for m in manifest.merged_from)})"
+        )
     return manifest
 
 
@@ -72,8 +74,14 @@ def add_numbers(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def merge(inputs: list[Path], output: Path, copy: bool = False, verify: bool = False,
-          allow_incomplete: bool = False, overwrite: bool = False) -> Manifest:
+def merge(
+    inputs: list[Path],
+    output: Path,
+    copy: bool = False,
+    verify: bool = False,
+    allow_incomplete: bool = False,
+    overwrite: bool = False,
+) -> Manifest:
     """Write `output/manifest.json` joining `inputs`; return it. Any OS error is one `OutputError` line."""
     try:
         return _merge([Path(f) for f in inputs], Path(output), copy, verify, allow_incomplete, overwrite)
@@ -93,8 +101,10 @@ def _check_output(output: Path, overwrite: bool) -> None:
         except OutputError:
             earlier = None
     if not overwrite:
-        raise OutputError(f"{output} already holds rollouts or a manifest; choose an empty folder, or pass "
-                          "--overwrite to redo an earlier merge there")
+        raise OutputError(
+            f"{output} already holds rollouts or a manifest; choose an empty folder, or pass "
+            "--overwrite to redo an earlier merge there"
+        )
     if earlier is None or earlier.merged_from is None:
         raise OutputError(f"{output} holds rollouts of a run, not a merge: --overwrite redoes only a merge")
     layout.manifest.unlink()
@@ -102,8 +112,9 @@ def _check_output(output: Path, overwrite: bool) -> None:
         path.unlink()
 
 
-def _merge(inputs: list[Path], output: Path, copy: bool, verify: bool, allow_incomplete: bool,
-           overwrite: bool) -> Manifest:
+def _merge(
+    inputs: list[Path], output: Path, copy: bool, verify: bool, allow_incomplete: bool, overwrite: bool
+) -> Manifest:
     if not inputs:
         raise OutputError("merge needs at least one output folder")
     target = output.resolve()
@@ -113,8 +124,10 @@ def _merge(inputs: list[Path], output: Path, copy: bool, verify: bool, allow_inc
     manifests = [(folder, _load(folder)) for folder in inputs]
     unfinished = [str(f) for f, m in manifests if not m.complete]
     if unfinished and not allow_incomplete:
-        raise OutputError(f"{', '.join(unfinished)}: its run did not complete (its groups are not all there): rerun "
-                          "it first, or pass --allow-incomplete")
+        raise OutputError(
+            f"{', '.join(unfinished)}: its run did not complete (its groups are not all there): rerun "
+            "it first, or pass --allow-incomplete"
+        )
     common = {k: v for k, v in manifests[0][1].settings.items() if k != "partition"}
     owner: dict[str, Path] = {}
     for folder, manifest in manifests:
@@ -137,14 +150,22 @@ def _merge(inputs: list[Path], output: Path, copy: bool, verify: bool, allow_inc
     requests = [m.last_run["requests"] for _, m in manifests if isinstance(m.last_run.get("requests"), dict)]
     identity = hashlib.blake2b("|".join(sorted(m.folder_id for _, m in manifests)).encode(), digest_size=16)
     merged = Manifest(
-        settings={**common, "partition": None}, shards=shards, complete=not unfinished,
-        schema_version=manifests[0][1].schema_version, filtered_groups=sum(m.filtered_groups for _, m in manifests),
+        settings={**common, "partition": None},
+        shards=shards,
+        complete=not unfinished,
+        schema_version=manifests[0][1].schema_version,
+        filtered_groups=sum(m.filtered_groups for _, m in manifests),
         servers=[x for i, x in enumerate(servers) if x not in servers[:i]],
-        last_run={"stats": sum(stats[1:], stats[0]).to_dict() if stats else {}, "requests": add_numbers(requests),
-                  "parts": len(manifests)},
+        last_run={
+            "stats": sum(stats[1:], stats[0]).to_dict() if stats else {},
+            "requests": add_numbers(requests),
+            "parts": len(manifests),
+        },
         folder_id=identity.hexdigest(),  # the same parts merged again are the same dataset to a follower
-        merged_from=[{"folder": str(f), "partition": m.settings.get("partition"), "complete": m.complete}
-                     for f, m in manifests])
+        merged_from=[
+            {"folder": str(f), "partition": m.settings.get("partition"), "complete": m.complete} for f, m in manifests
+        ],
+    )
     merged.save(output)
     return merged
 
@@ -158,8 +179,17 @@ def _place(folder: Path, shard: ShardEntry, output: Path, index: int, copy: bool
             raise OutputError(f"{path} is listed in {folder}'s manifest but is not there (moved away?)")
         if verify and path is not None and file_sha256(path) != digest:
             raise OutputError(f"{path} does not match the sha256 in {Layout(folder).manifest}")
-    entry = ShardEntry(shard.file, shard.records, shard.executions, shard.groups, shard.bytes, shard.sha256,
-                       shard.routes, str(folder), shard.finished_at)
+    entry = ShardEntry(
+        shard.file,
+        shard.records,
+        shard.executions,
+        shard.groups,
+        shard.bytes,
+        shard.sha256,
+        shard.routes,
+        str(folder),
+        shard.finished_at,
+    )
     if copy:
         target = output / shard_name(index, "zstd" if is_zstd(source) else "none")
         shutil.copyfile(source, target)
@@ -170,6 +200,7 @@ def _place(folder: Path, shard: ShardEntry, output: Path, index: int, copy: bool
     else:
         entry.file = os.path.relpath(source.resolve(), output.resolve())
         if side is not None and shard.routes is not None:
-            entry.routes = RoutesEntry(os.path.relpath(side.resolve(), output.resolve()), shard.routes.bytes,
-                                       shard.routes.sha256)
+            entry.routes = RoutesEntry(
+                os.path.relpath(side.resolve(), output.resolve()), shard.routes.bytes, shard.routes.sha256
+            )
     return entry

@@ -41,8 +41,9 @@ def shard_files(folder: str | os.PathLike[str], manifest: Manifest | None = None
     """The finished shards of a folder in manifest order (a merged folder's paths are relative to it)."""
     root = Path(folder)
     manifest = manifest or Manifest.load(root)
-    return [ShardFile(root / s.file, root / s.routes.file if s.routes is not None else None, s)
-            for s in manifest.shards]
+    return [
+        ShardFile(root / s.file, root / s.routes.file if s.routes is not None else None, s) for s in manifest.shards
+    ]
 
 
 def shard_paths(folder: str | os.PathLike[str]) -> list[Path]:
@@ -52,8 +53,10 @@ def shard_paths(folder: str | os.PathLike[str]) -> list[Path]:
 def missing(path: Path, exc: OSError) -> OutputError:
     """A listed file that cannot be read, in one line."""
     if isinstance(exc, FileNotFoundError):
-        return OutputError(f"{path} is listed in its folder's manifest but is not there (moved away?): put it "
-                           "back, or rerun generate into that folder to make its groups again")
+        return OutputError(
+            f"{path} is listed in its folder's manifest but is not there (moved away?): put it "
+            "back, or rerun generate into that folder to make its groups again"
+        )
     return OutputError(f"{path}: cannot read it ({exc.strerror or exc})")
 
 
@@ -92,14 +95,21 @@ def as_group(records: list[dict[str, Any]]) -> Group:
             executions.append([])
         executions[-1].append(sample)
     first = records[0]
-    problem = Problem(id=str(first["problem_id"]), prompt=first.get("prompt", ""), label=first.get("label"),
-                      metadata=first.get("metadata") or {}, line=0, source="<folder>",
-                      content_hash=str(first.get("problem_hash", "")))
+    problem = Problem(
+        id=str(first["problem_id"]),
+        prompt=first.get("prompt", ""),
+        label=first.get("label"),
+        metadata=first.get("metadata") or {},
+        line=0,
+        source="<folder>",
+        content_hash=str(first.get("problem_hash", "")),
+    )
     return Group(problem, executions)
 
 
-def stored_groups(path: str | os.PathLike[str],
-                  manifest: Manifest | None = None) -> Iterator[tuple[list[dict[str, Any]], Sidecar]]:
+def stored_groups(
+    path: str | os.PathLike[str], manifest: Manifest | None = None
+) -> Iterator[tuple[list[dict[str, Any]], Sidecar]]:
     """Each whole group of a finished folder as its records (references as written), with its shard's sidecar
     (open while the shard is read) to resolve the routes of the groups one wants."""
     for shard in shard_files(path, manifest):

@@ -39,8 +39,16 @@ def write_keys(layout: Layout, shard: str, keys: Iterable[GroupKey]) -> None:
     atomic_write(layout.keys(shard), orjson.dumps([list(k) for k in keys]))
 
 
-def finish_file(layout: Layout, partial: Path, final: Path, records: int, executions: int, keys: list[GroupKey],
-                sha256: str, routes: tuple[Path, str] | None = None) -> ShardEntry:
+def finish_file(
+    layout: Layout,
+    partial: Path,
+    final: Path,
+    records: int,
+    executions: int,
+    keys: list[GroupKey],
+    sha256: str,
+    routes: tuple[Path, str] | None = None,
+) -> ShardEntry:
     """Give a partial shard its final name (see the module's docstring) and return its manifest entry."""
     if is_zstd(final):  # one frame per group while written, one frame once finished (shards.py says why)
         joined = join_frames(partial.read_bytes())
@@ -55,8 +63,9 @@ def finish_file(layout: Layout, partial: Path, final: Path, records: int, execut
             side.unlink()  # a stale sidecar of a shard that was moved away
     os.replace(partial, final)
     fsync_dir(layout.root)
-    entry = ShardEntry(final.name, records, executions, len(keys), final.stat().st_size, sha256,
-                       finished_at=round(time.time(), 3))
+    entry = ShardEntry(
+        final.name, records, executions, len(keys), final.stat().st_size, sha256, finished_at=round(time.time(), 3)
+    )
     if routes is not None:
         entry.routes = RoutesEntry(side.name, side.stat().st_size, routes[1])
     return entry
@@ -97,8 +106,10 @@ def recover(layout: Layout, manifest: Manifest | None) -> Recovered:
         else:
             size = path.stat().st_size
             if size != entry.bytes:
-                raise OutputError(f"{path} is damaged: {size} bytes where the manifest says {entry.bytes}; "
-                                  "move it away and rerun (its groups are generated again)")
+                raise OutputError(
+                    f"{path} is damaged: {size} bytes where the manifest says {entry.bytes}; "
+                    "move it away and rerun (its groups are generated again)"
+                )
             check_routes(layout, path, entry)
             out.done.update((str(k), str(h)) for k, h in orjson.loads(keys_path.read_bytes()))
         out.shards.append(entry)
@@ -133,8 +144,9 @@ def recover_partial(layout: Layout, partial: Path, out: Recovered) -> None:
         if size:
             truncate(path, size)
     routes = (side, file_sha256(side)) if needed else None
-    out.shards.append(finish_file(layout, partial, final, records, executions, keys,
-                                  hashlib.sha256(data[:kept]).hexdigest(), routes))
+    out.shards.append(
+        finish_file(layout, partial, final, records, executions, keys, hashlib.sha256(data[:kept]).hexdigest(), routes)
+    )
     out.done.update(keys)
 
 
@@ -145,8 +157,10 @@ def check_routes(layout: Layout, path: Path, entry: ShardEntry) -> None:
     size = side.stat().st_size if side.exists() else None
     if size != entry.routes.bytes:
         have = "missing" if size is None else f"{size} bytes"
-        raise OutputError(f"{side} (routes of {path.name}) is damaged: {have} where the manifest says "
-                          f"{entry.routes.bytes}; move both away and rerun (their groups are generated again)")
+        raise OutputError(
+            f"{side} (routes of {path.name}) is damaged: {have} where the manifest says "
+            f"{entry.routes.bytes}; move both away and rerun (their groups are generated again)"
+        )
 
 
 def adopt(layout: Layout, path: Path, out: Recovered) -> ShardEntry:
@@ -155,8 +169,10 @@ def adopt(layout: Layout, path: Path, out: Recovered) -> ShardEntry:
     side_size = side.stat().st_size if side.exists() else 0
     kept, records, executions, keys, needed = scan_routed(data, is_zstd(path), side_size)
     if kept != len(data):
-        raise OutputError(f"{path} is damaged after byte {kept} (not whole groups, or routes past the end of "
-                          f"{side.name}); move it away and rerun (its groups are generated again)")
+        raise OutputError(
+            f"{path} is damaged after byte {kept} (not whole groups, or routes past the end of "
+            f"{side.name}); move it away and rerun (its groups are generated again)"
+        )
     write_keys(layout, path.name, keys)
     out.done.update(keys)
     entry = ShardEntry(path.name, records, executions, len(keys), len(data), hashlib.sha256(data).hexdigest())

@@ -41,8 +41,13 @@ def spans(ref: Any) -> dict[str, Span | None]:
     for name, span in ref.items():
         if span is None and name == "prompt":
             out[name] = None
-        elif (isinstance(span, list | tuple) and len(span) == 2 and all(type(x) is int for x in span)
-              and span[0] >= 0 and span[1] > 0):
+        elif (
+            isinstance(span, list | tuple)
+            and len(span) == 2
+            and all(type(x) is int for x in span)
+            and span[0] >= 0
+            and span[1] > 0
+        ):
             out[name] = (span[0], span[1])
         else:
             raise ValueError(f"routes part {name!r} is {span!r}, not [offset, nbytes]")
@@ -99,8 +104,10 @@ def join(prompt: np.ndarray | None, response: np.ndarray) -> np.ndarray:
     if prompt is None:
         return response
     if prompt.dtype != response.dtype or prompt.shape[1:] != response.shape[1:]:
-        raise ValueError(f"prompt routes {prompt.dtype} {prompt.shape} and response routes {response.dtype} "
-                         f"{response.shape} do not join")
+        raise ValueError(
+            f"prompt routes {prompt.dtype} {prompt.shape} and response routes {response.dtype} "
+            f"{response.shape} do not join"
+        )
     return np.concatenate([prompt, response])
 
 
@@ -135,8 +142,10 @@ def _as_array(value: Any) -> np.ndarray:
     if isinstance(value, bytes | bytearray | memoryview):
         return decode(value)
     if isinstance(value, dict):
-        raise ValueError("routed_experts is a reference into another folder's routes sidecar: read the folder "
-                         "with routes=True to write its routes again")
+        raise ValueError(
+            "routed_experts is a reference into another folder's routes sidecar: read the folder "
+            "with routes=True to write its routes again"
+        )
     return checked(value)
 
 
@@ -154,8 +163,10 @@ class Placement:
         keep what they hold)."""
         from ..group import Group
 
-        executions = [[replace(s, routed_experts=self.refs[(i, j)]) if (i, j) in self.refs else s
-                       for j, s in enumerate(samples)] for i, samples in enumerate(group.executions)]
+        executions = [
+            [replace(s, routed_experts=self.refs[(i, j)]) if (i, j) in self.refs else s for j, s in enumerate(samples)]
+            for i, samples in enumerate(group.executions)
+        ]
         return Group(group.problem, executions).encode()
 
 
@@ -189,8 +200,10 @@ class Packer:
                 try:
                     array = _as_array(sample.routed_experts)
                 except ValueError as exc:
-                    raise ValueError(f"problem {sample.problem_id!r}, rollout {sample.rollout_id}, {sample.stage} "
-                                     f"{sample.worker}: {exc}") from exc
+                    raise ValueError(
+                        f"problem {sample.problem_id!r}, rollout {sample.rollout_id}, {sample.stage} "
+                        f"{sample.worker}: {exc}"
+                    ) from exc
                 parts = split(array, len(sample.prompt_token_ids), len(sample.response_token_ids))
                 if parts is None:
                     refs[(i, j)] = {"rows": put(encode(array))}
@@ -247,8 +260,9 @@ class Sidecar:
                 raise RoutesUnavailable(f"{self.path} (the routes of {self.shard.name}) does not exist") from None
         data = os.pread(self._fd, nbytes, offset)
         if len(data) != nbytes:
-            raise RoutesUnavailable(f"{self.path}: a reference to bytes {offset}..{offset + nbytes} reaches past "
-                                    "its end")
+            raise RoutesUnavailable(
+                f"{self.path}: a reference to bytes {offset}..{offset + nbytes} reaches past its end"
+            )
         return data
 
     def resolve(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -258,14 +272,17 @@ class Sidecar:
         for record in records:
             ref = record.get("routed_experts")
             if ref is not None and not isinstance(ref, dict):
-                raise OutputError(f"{self.shard}: routed_experts of problem {record.get('problem_id')!r} is not a "
-                                  "sidecar reference")
+                raise OutputError(
+                    f"{self.shard}: routed_experts of problem {record.get('problem_id')!r} is not a sidecar reference"
+                )
             if ref is not None:
                 try:
                     record = {**record, "routed_experts": load(ref, self.read, self._prompts)}
                 except ValueError as exc:
-                    raise OutputError(f"{self.path}: the routes of problem {record.get('problem_id')!r}, rollout "
-                                      f"{record.get('rollout_id')}: {exc}") from exc
+                    raise OutputError(
+                        f"{self.path}: the routes of problem {record.get('problem_id')!r}, rollout "
+                        f"{record.get('rollout_id')}: {exc}"
+                    ) from exc
             out.append(record)
         return out
 

@@ -105,7 +105,7 @@ def group_blocks(data: bytes) -> Iterator[tuple[int, list[dict[str, Any]]]]:
                 size = int(head["rollout_size"])
                 if size < 1 or j + size > complete:
                     return
-                block = [head] + [orjson.loads(x) for x in lines[j + 1: j + size]]
+                block = [head] + [orjson.loads(x) for x in lines[j + 1 : j + size]]
                 if any(r.get("rollout_id") != head["rollout_id"] or str(r.get("problem_id")) != pid for r in block):
                     return
                 records += block
@@ -140,8 +140,9 @@ def scan_routed(data: bytes, compressed: bool, routes_bytes: int) -> tuple[int, 
     keys: list[GroupKey] = []
     for end, group in shard_groups(data, compressed):
         try:
-            need = max((routes.end(r["routed_experts"]) for r in group if r.get("routed_experts") is not None),
-                       default=0)
+            need = max(
+                (routes.end(r["routed_experts"]) for r in group if r.get("routed_experts") is not None), default=0
+            )
         except ValueError:
             break
         if need > routes_bytes:

@@ -49,8 +49,10 @@ class StdoutWriter:
         if group.status != "complete":
             return
         if any(s.routed_experts is not None for samples in group.executions for s in samples):
-            raise UsageError("routed experts cannot be streamed to stdout (-o -): they go to a sidecar file beside "
-                             "each shard; write to a folder")
+            raise UsageError(
+                "routed experts cannot be streamed to stdout (-o -): they go to a sidecar file beside "
+                "each shard; write to a folder"
+            )
         out = self._out if self._out is not None else sys.stdout.buffer
         try:
             out.write(group.encode())

@@ -64,8 +64,15 @@ def prepare(root: Path) -> Layout:
 class ShardWriter:
     """Appends whole groups to rotating shards and keeps the manifest and the done set current."""
 
-    def __init__(self, directory: Path, settings: dict[str, Any], shard_size: int = 1000,
-                 overwrite: bool = False, compression: str = "none", demo: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        settings: dict[str, Any],
+        shard_size: int = 1000,
+        overwrite: bool = False,
+        compression: str = "none",
+        demo: bool = False,
+    ) -> None:
         self.directory = Path(directory)
         self.layout = Layout(self.directory)
         self.compression = compression
@@ -109,8 +116,12 @@ class ShardWriter:
             self._note_server(earlier)
             found = recover(layout, earlier)
             self.done = found.done
-            self.manifest = Manifest(settings=self.settings, shards=found.shards,
-                                     filtered_groups=found.filtered_groups, servers=self.manifest.servers)
+            self.manifest = Manifest(
+                settings=self.settings,
+                shards=found.shards,
+                filtered_groups=found.filtered_groups,
+                servers=self.manifest.servers,
+            )
             if earlier is not None and earlier.folder_id:
                 self.manifest.folder_id = earlier.folder_id
             if self.demo:
@@ -137,13 +148,18 @@ class ShardWriter:
         if manifest.merged_from is not None:
             raise OutputError(f"{self.directory} is a merged view (agentroll merge); generate into another folder")
         if manifest.schema_version != SCHEMA_VERSION:
-            raise OutputError(f"{self.directory} holds rollouts of schema {manifest.schema_version} "
-                              f"(this agentroll writes {SCHEMA_VERSION}); use another --output, or --overwrite")
+            raise OutputError(
+                f"{self.directory} holds rollouts of schema {manifest.schema_version} "
+                f"(this agentroll writes {SCHEMA_VERSION}); use another --output, or --overwrite"
+            )
         if manifest.settings != self.settings:
-            detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in
-                               changed_settings(manifest.settings, self.settings)[:6])
-            raise OutputError(f"{self.directory} holds rollouts made with other settings ({detail}); "
-                              "use another --output, or --overwrite to start over")
+            detail = ", ".join(
+                f"{k}: {a!r} -> {b!r}" for k, a, b in changed_settings(manifest.settings, self.settings)[:6]
+            )
+            raise OutputError(
+                f"{self.directory} holds rollouts made with other settings ({detail}); "
+                "use another --output, or --overwrite to start over"
+            )
         return manifest
 
     def _note_server(self, manifest: Manifest | None) -> None:
@@ -151,10 +167,14 @@ class ShardWriter:
         (say, another logprobs mode: the folder's records then mean two things)."""
         known = manifest.servers if manifest is not None else []
         if self.server and known and known[-1] != self.server:
-            changed = ", ".join(f"{k}: {known[-1].get(k)!r} -> {v!r}" for k, v in self.server.items()
-                                if known[-1].get(k) != v)
-            log.warning("%s: this run's server differs from the last one's (%s); manifest `servers` lists both",
-                        self.directory, changed)
+            changed = ", ".join(
+                f"{k}: {known[-1].get(k)!r} -> {v!r}" for k, v in self.server.items() if known[-1].get(k) != v
+            )
+            log.warning(
+                "%s: this run's server differs from the last one's (%s); manifest `servers` lists both",
+                self.directory,
+                changed,
+            )
         self.manifest.servers = known + ([self.server] if self.server and self.server not in known else [])
 
     def _unlock(self) -> None:
@@ -267,8 +287,18 @@ class ShardWriter:
                     routes[0].unlink()
                 return
             final = self.layout.root / self._partial.name.removesuffix(PARTIAL)
-            self.shards.append(finish_file(self.layout, self._partial, final, self._records, self._executions,
-                                           self._keys, self._hash.hexdigest(), routes))
+            self.shards.append(
+                finish_file(
+                    self.layout,
+                    self._partial,
+                    final,
+                    self._records,
+                    self._executions,
+                    self._keys,
+                    self._hash.hexdigest(),
+                    routes,
+                )
+            )
             self._write_manifest(complete=False)
         except OSError as exc:
             raise OutputError(f"cannot finish shard in {self.directory}: {exc.strerror or exc}") from exc

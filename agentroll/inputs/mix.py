@@ -54,8 +54,9 @@ def check_mix(sources: list[Source]) -> None:
         check(source.path)
 
 
-async def amix(sources: list[Source], keys: InputKeys = DEFAULT_KEYS,
-               on_invalid: Callable[[InputError], None] | None = None) -> AsyncIterator[Problem]:
+async def amix(
+    sources: list[Source], keys: InputKeys = DEFAULT_KEYS, on_invalid: Callable[[InputError], None] | None = None
+) -> AsyncIterator[Problem]:
     """The sources' problems interleaved by weight (see the module's docstring)."""
     streams = {s.name: aread_problems(s.path, keys, on_invalid).__aiter__() for s in sources}
     weights = {s.name: s.weight for s in sources}
@@ -75,8 +76,12 @@ async def amix(sources: list[Source], keys: InputKeys = DEFAULT_KEYS,
                 continue
             seen = first.get(problem.id)
             if seen is not None:
-                error = InputError(problem.source, problem.line, keys.id,
-                                   f"duplicate id {problem.id!r} (first in {seen[0]}, line {seen[1]})")
+                error = InputError(
+                    problem.source,
+                    problem.line,
+                    keys.id,
+                    f"duplicate id {problem.id!r} (first in {seen[0]}, line {seen[1]})",
+                )
                 if on_invalid is None:
                     raise error
                 on_invalid(error)

@@ -89,8 +89,12 @@ def problem_from_row(row: Any, line: int = 0, source: str = "<row>", keys: Input
         raise InputError(source, line, keys.label, "missing")
     label = row.pop(keys.label)
     if isinstance(label, bool) or not isinstance(label, str | int | float | dict):
-        raise InputError(source, line, keys.label, f"must be a string or a number (or an object of code tests), "
-                                                   f"got {type(label).__name__}")
+        raise InputError(
+            source,
+            line,
+            keys.label,
+            f"must be a string or a number (or an object of code tests), got {type(label).__name__}",
+        )
     digest = content_hash(prompt, label)
     pid = row.pop(keys.id, None)
     if pid is None:

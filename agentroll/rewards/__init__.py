@@ -17,8 +17,20 @@ from .function import FunctionReward
 from .remote import RemoteReward
 from .rules import ExactReward, MathReward
 
-__all__ = ["NO_CONTENT", "CodeReward", "ExactReward", "FunctionReward", "MathReward", "RemoteReward", "Reward",
-           "RewardRequest", "RewardResult", "RewardSet", "RewardSettings", "make_reward"]
+__all__ = [
+    "NO_CONTENT",
+    "CodeReward",
+    "ExactReward",
+    "FunctionReward",
+    "MathReward",
+    "RemoteReward",
+    "Reward",
+    "RewardRequest",
+    "RewardResult",
+    "RewardSet",
+    "RewardSettings",
+    "make_reward",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +50,9 @@ def make_reward(spec: str, settings: RewardSettings | None = None, sandbox: Sand
     settings = settings or RewardSettings()
     if spec == "code":
         made = sandbox or make_sandbox(settings.sandbox)
-        return CodeReward(lambda: made, settings.code_test_timeout_s, settings.code_partial_credit,
-                          settings.sandbox.memory_mb)
+        return CodeReward(
+            lambda: made, settings.code_test_timeout_s, settings.code_partial_credit, settings.sandbox.memory_mb
+        )
     if spec == "math":
         return MathReward(timeout_s=settings.timeout_s, workers=settings.workers)
     if spec == "exact":

@@ -132,8 +132,9 @@ class CheckPool:
     def _spawn(self) -> None:
         assert self._loop is not None
         try:
-            proc = subprocess.Popen([sys.executable, WORKER, str(os.getpid())], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, bufsize=0)
+            proc = subprocess.Popen(
+                [sys.executable, WORKER, str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+            )
         except OSError as exc:
             self._fail_queue(f"cannot start a math worker: {exc}")
             return
@@ -150,7 +151,7 @@ class CheckPool:
         try:
             view = memoryview(job.payload)
             while view:  # a pipe may take a long check in parts; the idle worker is reading
-                view = view[worker.proc.stdin.write(view) or 0:]
+                view = view[worker.proc.stdin.write(view) or 0 :]
         except OSError:  # it died while idle (unnoticed if that was under another event loop)
             worker.job = None
             self._queue.appendleft(job)  # the check never ran: it goes to another worker

@@ -106,8 +106,9 @@ class CallThreads:
         with self._lock:
             if self._threads < self.size:
                 self._threads += 1
-                threading.Thread(target=_work, args=(self._jobs, self._idle, self), daemon=True,
-                                 name=f"{self.name}-{self._threads}").start()
+                threading.Thread(
+                    target=_work, args=(self._jobs, self._idle, self), daemon=True, name=f"{self.name}-{self._threads}"
+                ).start()
 
     def _overran(self, call: _Call) -> None:
         """A call past its timeout; the calls still waiting for a thread see it when they next wake (within a

@@ -39,7 +39,7 @@ def as_result(value: Any, spec: str) -> RewardResult:
     if isinstance(value, dict):
         value, info = value.get("reward"), value.get("info")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise RewardError(f"reward {spec!r} returned {value!r}: expected a number or {{\"reward\": number}}")
+        raise RewardError(f'reward {spec!r} returned {value!r}: expected a number or {{"reward": number}}')
     try:
         number = float(value)
     except OverflowError:  # an int past float's range
@@ -67,17 +67,23 @@ class FunctionReward:
             return await self._threads.run(self.function, argument, self.timeout_s)
         except PoolExhausted as exc:
             stuck = [getattr(a[0] if isinstance(a, list) and a else a, "problem_id", "?") for a in exc.stuck]
-            raise RewardError(f"reward {self.name}: all {exc.size} of its threads are stuck in calls past "
-                              f"--reward-timeout {self.timeout_s:g}s (problems {', '.join(map(str, stuck[:5]))}); "
-                              "nothing else can be scored: fix the function (or raise --reward-concurrency)") from None
+            raise RewardError(
+                f"reward {self.name}: all {exc.size} of its threads are stuck in calls past "
+                f"--reward-timeout {self.timeout_s:g}s (problems {', '.join(map(str, stuck[:5]))}); "
+                "nothing else can be scored: fix the function (or raise --reward-concurrency)"
+            ) from None
 
     def _failed(self, exc: BaseException) -> RewardResult:
         if isinstance(exc, asyncio.TimeoutError):
             return RewardResult(0.0, f"reward function timed out after {self.timeout_s:g}s", failed="timeout")
         if not self._warned:
             self._warned = True
-            log.warning("reward function %s raised %s: %s (scored 0; further errors are counted, not logged)",
-                        self.name, type(exc).__name__, exc)
+            log.warning(
+                "reward function %s raised %s: %s (scored 0; further errors are counted, not logged)",
+                self.name,
+                type(exc).__name__,
+                exc,
+            )
         return RewardResult(0.0, f"reward function error: {type(exc).__name__}: {exc}"[:300], failed="error")
 
     async def score(self, requests: list[RewardRequest]) -> list[RewardResult]:

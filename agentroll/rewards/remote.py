@@ -30,7 +30,7 @@ def read_reward(body: bytes) -> float:
     if isinstance(data, dict):
         data = data.get("reward")
     if isinstance(data, bool) or not isinstance(data, int | float):
-        raise ValueError(f"reply is not a number or {{\"reward\": number}}: {body[:120]!r}")
+        raise ValueError(f'reply is not a number or {{"reward": number}}: {body[:120]!r}')
     try:
         return float(data)
     except OverflowError:  # an integer past float's range
@@ -45,8 +45,14 @@ class RemoteReward:
 
     name = "remote"
 
-    def __init__(self, url: str, concurrency: int = 32, timeout_s: float = 10.0, max_retries: int = 5,
-                 backoff_base_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        url: str,
+        concurrency: int = 32,
+        timeout_s: float = 10.0,
+        max_retries: int = 5,
+        backoff_base_s: float = 0.5,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise RewardError(f"--reward-url {url!r} must be an http:// or https:// URL")
         self.url = url
@@ -60,16 +66,24 @@ class RemoteReward:
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
             self._http = aiohttp.ClientSession(
-                timeout=self._timeout, headers={"content-type": "application/json"},
-                connector=aiohttp.TCPConnector(limit=0))
+                timeout=self._timeout,
+                headers={"content-type": "application/json"},
+                connector=aiohttp.TCPConnector(limit=0),
+            )
         return self._http
 
     async def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
 
     async def _one(self, request: RewardRequest) -> RewardResult:
-        body = orjson.dumps({"prompt": request.prompt if request.prompt is not None else request.problem,
-                             "response": request.response, "label": request.label, "metadata": request.metadata})
+        body = orjson.dumps(
+            {
+                "prompt": request.prompt if request.prompt is not None else request.problem,
+                "response": request.response,
+                "label": request.label,
+                "metadata": request.metadata,
+            }
+        )
         for attempt in range(self.max_retries + 1):
             try:
                 async with self._slots, self._session().post(self.url, data=body) as response:

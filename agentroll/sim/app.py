@@ -39,8 +39,9 @@ UNSUPPORTED_MEDIA = "1 validation error:\n  Unsupported Media Type: Only 'applic
 
 
 def json_response(status: int, body: Any, **headers: str) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json",
-                        headers={**HEADERS, **headers})
+    return web.Response(
+        status=status, body=orjson.dumps(body), content_type="application/json", headers={**HEADERS, **headers}
+    )
 
 
 async def json_body(request: web.BaseRequest) -> Any:
@@ -64,8 +65,9 @@ async def models(server: SimServer, request: web.BaseRequest) -> web.StreamRespo
 
 async def prometheus(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
     scheduler = server.scheduler
-    body = metrics.render(server.model, scheduler.running, scheduler.waiting, scheduler.kv_usage, server.counters,
-                          server.first_request_at)
+    body = metrics.render(
+        server.model, scheduler.running, scheduler.waiting, scheduler.kv_usage, server.counters, server.first_request_at
+    )
     return web.Response(status=200, body=body, headers={**HEADERS, "content-type": metrics.CONTENT_TYPE})
 
 
@@ -165,8 +167,9 @@ def malformed(server: SimServer, response: dict[str, Any]) -> web.StreamResponse
     kind = MALFORMED_KINDS[server.malformed_sent % len(MALFORMED_KINDS)]
     server.malformed_sent += 1
     if kind == "html":
-        return web.Response(status=200, body=MALFORMED_HTML, headers={**HEADERS,
-                                                                      "content-type": "text/html; charset=utf-8"})
+        return web.Response(
+            status=200, body=MALFORMED_HTML, headers={**HEADERS, "content-type": "text/html; charset=utf-8"}
+        )
     if kind == "list":
         return json_response(200, [])
     return json_response(200, {k: v for k, v in response.items() if k != "choices"})
@@ -193,8 +196,12 @@ def authorized(header: str | None, key: str) -> bool:
 def handler(server: SimServer) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
-        if (server.api_key and request.method != "OPTIONS" and path.startswith(AUTH_GUARDED)
-                and not authorized(request.headers.get("Authorization"), server.api_key)):
+        if (
+            server.api_key
+            and request.method != "OPTIONS"
+            and path.startswith(AUTH_GUARDED)
+            and not authorized(request.headers.get("Authorization"), server.api_key)
+        ):
             return json_response(401, {"error": "Unauthorized"})  # vLLM's --api-key middleware, verbatim
         methods = ROUTES.get(path)
         if methods is None:

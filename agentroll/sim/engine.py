@@ -42,11 +42,17 @@ def vllm_tools(tools: list[Any]) -> list[dict[str, Any]]:
     out = []
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or tool.get(
-                "type", "function") != "function":
+        if (
+            not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or tool.get("type", "function") != "function"
+        ):
             raise ValueError(f"tools.{i}: expected {{'type': 'function', 'function': {{'name': ...}}}}")
-        dumped = {"name": function["name"], "description": function.get("description"),
-                  "parameters": function.get("parameters")}
+        dumped = {
+            "name": function["name"],
+            "description": function.get("description"),
+            "parameters": function.get("parameters"),
+        }
         if function.get("strict") is not None:
             dumped["strict"] = function["strict"]
         out.append({"type": "function", "function": dumped})
@@ -65,9 +71,18 @@ class Choice:
 
 
 class Engine:
-    def __init__(self, script: Any, model: str, max_model_len: int, tokenizer_dir: Path, faults: Faults,
-                 seed: int, logprobs_mode: str = "raw_logprobs", moe: tuple[int, int, int] | None = None,
-                 weight_version: str = "default") -> None:
+    def __init__(
+        self,
+        script: Any,
+        model: str,
+        max_model_len: int,
+        tokenizer_dir: Path,
+        faults: Faults,
+        seed: int,
+        logprobs_mode: str = "raw_logprobs",
+        moe: tuple[int, int, int] | None = None,
+        weight_version: str = "default",
+    ) -> None:
         from tokenizers import Tokenizer
 
         self.script, self.model, self.max_model_len, self.faults = script, model, max_model_len, faults
@@ -93,30 +108,69 @@ class Engine:
         """`root` is the model's path on disk, as vLLM names it: here the bundled tokenizer's folder, so a
         client that loads its tokenizer from `root` finds one."""
         created = int(time.time())
-        return {"object": "list", "data": [{
-            "id": self.model, "object": "model", "created": created, "owned_by": "vllm",
-            "root": str(self.tokenizer_dir), "parent": None, "max_model_len": self.max_model_len,
-            "permission": [{"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
-                            "created": created, "allow_create_engine": False, "allow_sampling": True,
-                            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                            "allow_fine_tuning": False, "organization": "*", "group": None,
-                            "is_blocking": False}]}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": str(self.tokenizer_dir),
+                    "parent": None,
+                    "max_model_len": self.max_model_len,
+                    "permission": [
+                        {
+                            "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                            "object": "model_permission",
+                            "created": created,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+            ],
+        }
 
     def check_model(self, model: Any) -> None:
         if model and model != self.model:
-            raise HTTPFailure(404, error_body(sanitize(f"The model `{model}` does not exist. Valid aliases: "
-                                                       f"{self.model}."), "NotFoundError", 404, "model"))
+            raise HTTPFailure(
+                404,
+                error_body(
+                    sanitize(f"The model `{model}` does not exist. Valid aliases: {self.model}."),
+                    "NotFoundError",
+                    404,
+                    "model",
+                ),
+            )
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool, template: str | None = None,
-                    kwargs: dict[str, Any] | None = None, tools: list[Any] | None = None) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        template: str | None = None,
+        kwargs: dict[str, Any] | None = None,
+        tools: list[Any] | None = None,
+    ) -> str:
         """The chat template as vLLM applies it: through transformers' template environment, `tools` as vLLM
         hands them over (validated, then dumped in its field order)."""
         from transformers.utils.chat_template_utils import render_jinja_template
 
         offered: list[Any] | None = None if tools is None else vllm_tools(tools)
         rendered: Any = render_jinja_template(
-            [messages], tools=offered, add_generation_prompt=add_generation_prompt,
-            chat_template=template if template is not None else self._chat_source, **(kwargs or {}))
+            [messages],
+            tools=offered,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=template if template is not None else self._chat_source,
+            **(kwargs or {}),
+        )
         return str(rendered[0][0])  # (one rendering per conversation, generation indices)
 
     def tokenize(self, data: Any) -> dict[str, Any]:
@@ -124,8 +178,13 @@ class Engine:
         self.check_model(body.get("model"))
         if kind == 1:
             try:
-                text = self.render_chat(body["messages"], body.get("add_generation_prompt", True),
-                                        body.get("chat_template"), body.get("chat_template_kwargs"), body.get("tools"))
+                text = self.render_chat(
+                    body["messages"],
+                    body.get("add_generation_prompt", True),
+                    body.get("chat_template"),
+                    body.get("chat_template_kwargs"),
+                    body.get("tools"),
+                )
             except Exception as exc:  # jinja2.TemplateError and friends: vLLM answers 400
                 raise bad_request(str(exc)) from None
             ids = self.tokenizer.encode(text, add_special_tokens=body.get("add_special_tokens", False)).ids
@@ -145,18 +204,22 @@ class Engine:
         """Validate a completion body as vLLM does before scheduling it: its fields, then each prompt's ids."""
         _, request = validate(data, COMPLETION)
         stop = request.get("stop")
-        if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list)
-                                                               and all(isinstance(s, str) for s in stop))):
-            errors = [{"type": "string_type", "loc": ("body", "stop"), "msg": "Input should be a valid string",
-                       "input": stop}]
+        if stop is not None and not (
+            isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+        ):
+            errors = [
+                {"type": "string_type", "loc": ("body", "stop"), "msg": "Input should be a valid string", "input": stop}
+            ]
             if not isinstance(stop, list):
-                errors.append({"type": "list_type", "loc": ("body", "stop"), "msg": "Input should be a valid list",
-                               "input": stop})
+                errors.append(
+                    {"type": "list_type", "loc": ("body", "stop"), "msg": "Input should be a valid list", "input": stop}
+                )
             raise validation_failure(errors)
         prompt = request.get("prompt")
         if prompt is None or prompt == "":
-            raise bad_request("Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
-                              "prompt")
+            raise bad_request(
+                "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)", "prompt"
+            )
         batch = completion_prompt(prompt)
         if not batch:
             raise bad_request("You must pass at least one prompt")
@@ -178,25 +241,36 @@ class Engine:
                 raise bad_request(f"Token id {t} is out of vocabulary")
         k = request.get("logprobs")
         if k is not None and k > MAX_LOGPROBS:
-            raise bad_request(f"Requested sample logprobs of {k}, which is greater than max allowed: {MAX_LOGPROBS} "
-                              f"(parameter=logprobs, value={k})", "logprobs")
+            raise bad_request(
+                f"Requested sample logprobs of {k}, which is greater than max allowed: {MAX_LOGPROBS} "
+                f"(parameter=logprobs, value={k})",
+                "logprobs",
+            )
         limit = self.max_model_len
         max_tokens = request.get("max_tokens")
         if max_tokens is not None and max_tokens < 1:
-            raise bad_request(f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, "
-                              f"value={max_tokens})", "max_tokens")
+            raise bad_request(
+                f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})",
+                "max_tokens",
+            )
         if generate and len(ids) > limit:
-            raise bad_request(f"The decoder prompt (length {len(ids)}) is longer than the maximum model length of "
-                              f"{limit}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
+            raise bad_request(
+                f"The decoder prompt (length {len(ids)}) is longer than the maximum model length of "
+                f"{limit}. Make sure that `max_model_len` is no smaller than the number of text tokens."
+            )
         if len(ids) >= limit:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, your prompt contains "
                 f"{len(ids)} input tokens, which exceeds this limit even without any output tokens. Please "
                 f"reduce the length of the input prompt. (parameter=input_tokens, value={len(ids)})",
-                "input_tokens")
+                "input_tokens",
+            )
         if max_tokens is not None and max_tokens > limit:
-            raise bad_request(f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request "
-                              f"fewer output tokens. (parameter=max_tokens, value={max_tokens})", "max_tokens")
+            raise bad_request(
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request "
+                f"fewer output tokens. (parameter=max_tokens, value={max_tokens})",
+                "max_tokens",
+            )
 
     def complete(self, request: dict[str, Any], ids_batch: list[list[int]], abort: bool = False) -> dict[str, Any]:
         """The 200 body for a validated request; `abort` cuts every sequence short, as an engine-side abort does."""
@@ -216,13 +290,23 @@ class Engine:
                 completion_tokens += len(seq.ids)
                 choices.append(self._render(len(choices), seq, request, prompt_ids, rng))
         return {
-            "id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
-            "model": self.model, "choices": choices, "service_tier": None,
+            "id": f"cmpl-{uuid.uuid4().hex[:16]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": choices,
+            "service_tier": None,
             "system_fingerprint": f"vllm-{VLLM_VERSION}-simulated",
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                      "completion_tokens": completion_tokens, "prompt_tokens_details": None,
-                      "completion_tokens_details": None},
-            "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "completion_tokens": completion_tokens,
+                "prompt_tokens_details": None,
+                "completion_tokens_details": None,
+            },
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
         }
 
     def _prompt_text(self, ids: list[int]) -> str:
@@ -267,9 +351,9 @@ class Engine:
         eos_at = _find(ids, self.eos_id) if not request.get("ignore_eos") else len(ids)
         stop_at = min((_find(ids, t) for t in stop_ids), default=len(ids))
         if stop_at < eos_at:
-            ids, finish, reason = ids[:stop_at + 1], "stop", ids[stop_at]  # a stop token id: stop_reason is it
+            ids, finish, reason = ids[: stop_at + 1], "stop", ids[stop_at]  # a stop token id: stop_reason is it
         elif eos_at < len(ids):
-            ids, finish = ids[:eos_at + 1], "stop"  # EOS: stop_reason stays null
+            ids, finish = ids[: eos_at + 1], "stop"  # EOS: stop_reason stays null
         skip = request.get("skip_special_tokens", True)
         text_ids = ids[:-1] if finish == "stop" else ids  # the stop token is in token_ids, not in the text
         text = self.tokenizer.decode(text_ids, skip_special_tokens=skip)
@@ -294,8 +378,9 @@ class Engine:
         text = self.tokenizer.decode(seq.ids[:keep], skip_special_tokens=request.get("skip_special_tokens", True))
         return Choice(seq.ids[:keep], "abort", None, text, logprobs_of=seq.ids)
 
-    def _render(self, index: int, seq: Choice, request: dict[str, Any], prompt_ids: list[int],
-                rng: random.Random) -> dict[str, Any]:
+    def _render(
+        self, index: int, seq: Choice, request: dict[str, Any], prompt_ids: list[int], rng: random.Random
+    ) -> dict[str, Any]:
         want_ids = bool(request.get("return_token_ids"))
         k = request.get("logprobs")
         logprobs = None
@@ -303,19 +388,31 @@ class Engine:
             values, tops, _ = self._draw(seq.ids, seq.logprobs_of or seq.ids, k, request, rng, want_ranks=False)
             logprobs = completion_logprobs(seq.ids, values, tops, request, self._id_strings, self._decode_one)
         return {
-            "index": index, "text": seq.text, "logprobs": logprobs,
-            "finish_reason": seq.finish, "stop_reason": seq.stop_reason,
-            "token_ids": seq.ids if want_ids else None, "prompt_logprobs": None,
-            "prompt_token_ids": prompt_ids if want_ids else None, "routed_experts": self.routes(prompt_ids, seq),
+            "index": index,
+            "text": seq.text,
+            "logprobs": logprobs,
+            "finish_reason": seq.finish,
+            "stop_reason": seq.stop_reason,
+            "token_ids": seq.ids if want_ids else None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt_ids if want_ids else None,
+            "routed_experts": self.routes(prompt_ids, seq),
         }
 
-    def _draw(self, ids: list[int], drawn: list[int], k: int, request: dict[str, Any], rng: random.Random,
-              want_ranks: bool = True) -> tuple[list[float], list[list[tuple[int, float, int]]], list[int]]:
+    def _draw(
+        self,
+        ids: list[int],
+        drawn: list[int],
+        k: int,
+        request: dict[str, Any],
+        rng: random.Random,
+        want_ranks: bool = True,
+    ) -> tuple[list[float], list[list[tuple[int, float, int]]], list[int]]:
         """Per token: its logprob, the k most likely tokens (id, logprob, rank) in rank order, and its own rank.
         Drawn for the whole sequence `drawn` and cut to `ids`, its prefix: an abort changes no other draw. Under
         `processed_logprobs` the values are those after temperature (scaled) and top-k (the rest are -inf)."""
         start = rng.randrange(len(self._noise) - len(drawn))
-        values = self._noise[start:start + len(drawn)]
+        values = self._noise[start : start + len(drawn)]
         tops: list[list[tuple[int, float, int]]] = []
         ranks: list[int] = []
         if not k:  # no alternatives: no draws (a rank that follows the value, likelier tokens ranking higher)
@@ -333,13 +430,15 @@ class Engine:
                 values[i], ranked = round(value - shift, 6), [v - shift for v in ranked]
             sampled = drawn[i]
             picks = rng.sample(range(self.vocab_size - 1), len(ranked))  # distinct ids, none the sampled one
-            others = [(sampled if r == rank else t + (t >= sampled), round(v, 6), r)
-                      for r, (v, t) in enumerate(zip(ranked, picks, strict=True), 1)][:k]
+            others = [
+                (sampled if r == rank else t + (t >= sampled), round(v, 6), r)
+                for r, (v, t) in enumerate(zip(ranked, picks, strict=True), 1)
+            ][:k]
             tops.append(others)
             ranks.append(rank)
         if self.logprobs_mode == "processed_logprobs":
             values, tops = processed(values, tops, ranks or [1] * len(values), request)
-        return values[:len(ids)], tops[:len(ids)], ranks[:len(ids)]
+        return values[: len(ids)], tops[: len(ids)], ranks[: len(ids)]
 
     def routes(self, prompt_ids: list[int], seq: Choice) -> str | None:
         return routed_experts(self.moe, prompt_ids, seq.ids)
@@ -373,20 +472,36 @@ class Engine:
         if k is not None:
             values, tops, ranks = self._draw(seq.ids, seq.logprobs_of or seq.ids, k, params, rng)
             logprobs = generate_logprobs(seq.ids, values, tops, ranks, k)
-        choice = {"index": 0, "finish_reason": seq.finish, "stop_reason": seq.stop_reason, "token_ids": seq.ids,
-                  "routed_experts": self.routes(prompt_ids, seq), "sampling_mask": None,
-                  "weight_versions": [{"version": self.weight_version, "start": 0, "end": len(seq.ids)}],
-                  "logprobs": logprobs}
+        choice = {
+            "index": 0,
+            "finish_reason": seq.finish,
+            "stop_reason": seq.stop_reason,
+            "token_ids": seq.ids,
+            "routed_experts": self.routes(prompt_ids, seq),
+            "sampling_mask": None,
+            "weight_versions": [{"version": self.weight_version, "start": 0, "end": len(seq.ids)}],
+            "logprobs": logprobs,
+        }
         completion = len(seq.ids)
         return {
-            "request_id": f"generate-tokens-{uuid.uuid4().hex[:16]}", "model": self.model,
+            "request_id": f"generate-tokens-{uuid.uuid4().hex[:16]}",
+            "model": self.model,
             "created": int(time.time()),
-            "usage": {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + completion,
-                      "completion_tokens": completion, "prompt_tokens_details": None,
-                      "completion_tokens_details": None},
-            "prompt_logprobs": None, "prompt_token_id_logprobs": None,
-            "prompt_token_ids": prompt_ids if body.get("return_token_ids") else None, "mm_placeholders": None,
-            "metrics": None, "kv_transfer_params": None, "ec_transfer_params": None, "output_mode": "tokens",
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "total_tokens": len(prompt_ids) + completion,
+                "completion_tokens": completion,
+                "prompt_tokens_details": None,
+                "completion_tokens_details": None,
+            },
+            "prompt_logprobs": None,
+            "prompt_token_id_logprobs": None,
+            "prompt_token_ids": prompt_ids if body.get("return_token_ids") else None,
+            "mm_placeholders": None,
+            "metrics": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "output_mode": "tokens",
             "choices": [choice],
         }
 

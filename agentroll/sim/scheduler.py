@@ -21,8 +21,9 @@ BLOCK_TOKENS = 16  # vLLM's default KV-cache block size
 
 
 class Scheduler:
-    def __init__(self, max_running: int, kv_blocks: int, on_change: Callable[[], None] = lambda: None,
-                 policy: str = "fcfs") -> None:
+    def __init__(
+        self, max_running: int, kv_blocks: int, on_change: Callable[[], None] = lambda: None, policy: str = "fcfs"
+    ) -> None:
         if max_running < 1 or kv_blocks < 1:
             raise ValueError(f"max_running and kv_blocks must be at least 1, got {max_running} and {kv_blocks}")
         if policy not in ("fcfs", "priority"):

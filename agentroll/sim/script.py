@@ -100,7 +100,7 @@ def _statement(prompt: str) -> str:
     if at < 0:
         return prompt
     start = at + len("<|im_start|>user\n")
-    return prompt[start:prompt.find("<|im_end|>", start) if "<|im_end|>" in prompt[start:] else None]
+    return prompt[start : prompt.find("<|im_end|>", start) if "<|im_end|>" in prompt[start:] else None]
 
 
 def last_turn(prompt: str) -> str:
@@ -120,7 +120,7 @@ def quoted_values(prompt: str, says: str) -> list[str]:
             depth += {"{": 1, "}": -1}.get(prompt[j], 0)
             j += 1
         if depth == 0:
-            values.append(prompt[i:j - 1])
+            values.append(prompt[i : j - 1])
         start = prompt.find(says, j)
     return values
 

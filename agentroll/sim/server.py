@@ -55,15 +55,26 @@ class SimServer:
     def __post_init__(self) -> None:
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
             raise ValueError(f"logprobs_mode must be raw_logprobs or processed_logprobs, not {self.logprobs_mode!r}")
-        self.engine = Engine(self.script, self.model, self.max_model_len, Path(self.tokenizer_dir), self.faults,
-                             self.seed, self.logprobs_mode, self.moe if self.return_routed_experts else None,
-                             self.weight_version)
+        self.engine = Engine(
+            self.script,
+            self.model,
+            self.max_model_len,
+            Path(self.tokenizer_dir),
+            self.faults,
+            self.seed,
+            self.logprobs_mode,
+            self.moe if self.return_routed_experts else None,
+            self.weight_version,
+        )
         kv_tokens = self.kv_cache_tokens or self.max_running * self.max_model_len
         if kv_tokens < self.max_model_len:
-            raise ValueError(f"kv_cache_tokens ({kv_tokens}) must hold one request of max_model_len "
-                             f"({self.max_model_len}), as vLLM requires at start-up")
-        self.scheduler = Scheduler(self.max_running, kv_tokens // BLOCK_TOKENS, on_change=self._notify,
-                                   policy=self.scheduling_policy)
+            raise ValueError(
+                f"kv_cache_tokens ({kv_tokens}) must hold one request of max_model_len "
+                f"({self.max_model_len}), as vLLM requires at start-up"
+            )
+        self.scheduler = Scheduler(
+            self.max_running, kv_tokens // BLOCK_TOKENS, on_change=self._notify, policy=self.scheduling_policy
+        )
         self.rng = random.Random(self.seed + 2)  # fault draws, apart from the answers' randomness
         self.counters = Counters(created=time.time())
         self.log: list[dict[str, Any]] = []
@@ -88,8 +99,13 @@ class SimServer:
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen on the running loop; returns the base URL (port 0 picks a free one)."""
-        server = web.Server(handler(self), handler_cancellation=True, keepalive_timeout=self.keepalive_timeout_s,
-                            access_log=None, request_factory=self._request_factory)
+        server = web.Server(
+            handler(self),
+            handler_cancellation=True,
+            keepalive_timeout=self.keepalive_timeout_s,
+            access_log=None,
+            request_factory=self._request_factory,
+        )
         self._runner = web.ServerRunner(server, shutdown_timeout=0.5)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, host, port, backlog=4096)
@@ -173,8 +189,12 @@ class SimServer:
     def draw_fault(self) -> str | None:
         f = self.faults
         roll = self.rng.random()
-        for kind, rate in (("drop", f.drop_rate), ("error", f.error_rate), ("malformed", f.malformed_rate),
-                           ("abort", f.abort_rate)):
+        for kind, rate in (
+            ("drop", f.drop_rate),
+            ("error", f.error_rate),
+            ("malformed", f.malformed_rate),
+            ("abort", f.abort_rate),
+        ):
             if roll < rate:
                 return kind
             roll -= rate

@@ -21,10 +21,15 @@ Errors = list[dict[str, Any]]
 _TRUE = {"1", "on", "t", "true", "y", "yes"}
 _FALSE = {"0", "f", "false", "n", "no", "off"}
 # The members of vLLM's ChatCompletionMessageParam union, in order: a message that is not an object fails each.
-_MESSAGE_KINDS = ("ChatCompletionDeveloperMessageParam", "ChatCompletionSystemMessageParam",
-                  "ChatCompletionUserMessageParam", "ChatCompletionAssistantMessageParam",
-                  "ChatCompletionToolMessageParam", "ChatCompletionFunctionMessageParam",
-                  "CustomChatCompletionMessageParam")
+_MESSAGE_KINDS = (
+    "ChatCompletionDeveloperMessageParam",
+    "ChatCompletionSystemMessageParam",
+    "ChatCompletionUserMessageParam",
+    "ChatCompletionAssistantMessageParam",
+    "ChatCompletionToolMessageParam",
+    "ChatCompletionFunctionMessageParam",
+    "CustomChatCompletionMessageParam",
+)
 
 
 def _error(kind: str, loc: Loc, msg: str, value: Any, **ctx: Any) -> dict[str, Any]:
@@ -41,23 +46,28 @@ def as_int(value: Any, loc: Loc, errors: Errors, ge: int | None = None) -> int |
         out = value
     elif isinstance(value, float):
         if not value.is_integer():
-            errors.append(_error("int_from_float", loc, "Input should be a valid integer, got a number with a "
-                                 "fractional part", value))
+            errors.append(
+                _error(
+                    "int_from_float", loc, "Input should be a valid integer, got a number with a fractional part", value
+                )
+            )
             return None
         out = int(value)
     elif isinstance(value, str):
         try:
             out = int(value.strip())
         except ValueError:
-            errors.append(_error("int_parsing", loc, "Input should be a valid integer, unable to parse string as "
-                                 "an integer", value))
+            errors.append(
+                _error(
+                    "int_parsing", loc, "Input should be a valid integer, unable to parse string as an integer", value
+                )
+            )
             return None
     else:
         errors.append(_error("int_type", loc, "Input should be a valid integer", value))
         return None
     if ge is not None and out < ge:
-        errors.append(_error("greater_than_equal", loc, f"Input should be greater than or equal to {ge}", value,
-                             ge=ge))
+        errors.append(_error("greater_than_equal", loc, f"Input should be greater than or equal to {ge}", value, ge=ge))
         return None
     return out
 
@@ -70,8 +80,7 @@ def as_bool(value: Any, loc: Loc, errors: Errors) -> bool | None:
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     if isinstance(value, (int, float, str)):
-        errors.append(_error("bool_parsing", loc, "Input should be a valid boolean, unable to interpret input",
-                             value))
+        errors.append(_error("bool_parsing", loc, "Input should be a valid boolean, unable to interpret input", value))
     else:
         errors.append(_error("bool_type", loc, "Input should be a valid boolean", value))
     return None
@@ -105,10 +114,17 @@ def as_list(value: Any, loc: Loc, errors: Errors, item: Callable[[Any, Loc, Erro
 def _message(value: Any, loc: Loc, errors: Errors) -> Any:
     if isinstance(value, dict):
         return value  # the simulator renders whatever an object holds; vLLM's deeper checks are not mirrored
-    errors.extend(_error("dict_type", (*loc, kind), "Input should be a valid dictionary", value)
-                  for kind in _MESSAGE_KINDS)
-    errors.append(_error("model_attributes_type", (*loc, "Message"), "Input should be a valid dictionary or object "
-                         "to extract fields from", value))
+    errors.extend(
+        _error("dict_type", (*loc, kind), "Input should be a valid dictionary", value) for kind in _MESSAGE_KINDS
+    )
+    errors.append(
+        _error(
+            "model_attributes_type",
+            (*loc, "Message"),
+            "Input should be a valid dictionary or object to extract fields from",
+            value,
+        )
+    )
     return None
 
 
@@ -131,40 +147,82 @@ def _token_ids(value: Any, loc: Loc, errors: Errors) -> Any:
 Spec = dict[str, tuple[Callable[[Any, Loc, Errors], Any], bool]]  # field -> (check, required), in model order
 _OPT_STR, _OPT_BOOL, _OPT_DICT = _optional(as_str), _optional(as_bool), _optional(as_dict)
 _OPT_LIST = _optional(as_list)
-TOKENIZE_PROMPT: Spec = {"model": (_OPT_STR, False), "prompt": (as_str, True), "add_special_tokens": (as_bool, False),
-                         "return_token_strs": (_OPT_BOOL, False)}
+TOKENIZE_PROMPT: Spec = {
+    "model": (_OPT_STR, False),
+    "prompt": (as_str, True),
+    "add_special_tokens": (as_bool, False),
+    "return_token_strs": (_OPT_BOOL, False),
+}
 TOKENIZE_CHAT: Spec = {
-    "model": (_OPT_STR, False), "messages": (_messages, True), "add_generation_prompt": (as_bool, False),
-    "return_token_strs": (_OPT_BOOL, False), "continue_final_message": (as_bool, False),
-    "add_special_tokens": (as_bool, False), "chat_template": (_OPT_STR, False),
-    "chat_template_kwargs": (_OPT_DICT, False), "media_io_kwargs": (_OPT_DICT, False),
-    "mm_processor_kwargs": (_OPT_DICT, False), "tools": (_OPT_LIST, False)}
+    "model": (_OPT_STR, False),
+    "messages": (_messages, True),
+    "add_generation_prompt": (as_bool, False),
+    "return_token_strs": (_OPT_BOOL, False),
+    "continue_final_message": (as_bool, False),
+    "add_special_tokens": (as_bool, False),
+    "chat_template": (_OPT_STR, False),
+    "chat_template_kwargs": (_OPT_DICT, False),
+    "media_io_kwargs": (_OPT_DICT, False),
+    "mm_processor_kwargs": (_OPT_DICT, False),
+    "tools": (_OPT_LIST, False),
+}
 DETOKENIZE: Spec = {"model": (_OPT_STR, False), "tokens": (_token_ids, True)}
 COMPLETION: Spec = {  # the fields of vLLM's CompletionRequest that the simulator reads (prompt is checked apart)
-    "model": (_OPT_STR, False), "max_tokens": (_optional(as_int), False), "n": (_optional(as_int), False),
-    "logprobs": (_optional(as_int), False), "seed": (_optional(as_int), False),
-    "stream": (_OPT_BOOL, False), "stop_token_ids": (_optional(lambda v, loc, e: as_list(v, loc, e, as_int)), False),
-    "return_token_ids": (_OPT_BOOL, False), "return_tokens_as_token_ids": (_OPT_BOOL, False),
-    "skip_special_tokens": (as_bool, False), "ignore_eos": (as_bool, False), "priority": (as_int, False)}
-
-
-_NUMBER = _optional(lambda v, loc, e: v if isinstance(v, int | float) and not isinstance(v, bool) else e.append(
-    _error("float_type", loc, "Input should be a valid number", v)))
-GENERATE: Spec = {"token_ids": (_token_ids, True), "sampling_params": (as_dict, True), "model": (_OPT_STR, False),
-                  "return_token_ids": (_OPT_BOOL, False), "stream": (_OPT_BOOL, False),
-                  "priority": (as_int, False)}
-SAMPLING_PARAMS: Spec = {  # the SamplingParams fields the simulator reads, inside /generate's `sampling_params`
-    "max_tokens": (_optional(as_int), False), "n": (_optional(as_int), False), "logprobs": (_optional(as_int), False),
-    "seed": (_optional(as_int), False), "temperature": (_NUMBER, False), "top_p": (_NUMBER, False),
-    "top_k": (_optional(as_int), False), "min_p": (_NUMBER, False),
+    "model": (_OPT_STR, False),
+    "max_tokens": (_optional(as_int), False),
+    "n": (_optional(as_int), False),
+    "logprobs": (_optional(as_int), False),
+    "seed": (_optional(as_int), False),
+    "stream": (_OPT_BOOL, False),
     "stop_token_ids": (_optional(lambda v, loc, e: as_list(v, loc, e, as_int)), False),
-    "skip_special_tokens": (as_bool, False), "ignore_eos": (as_bool, False)}
+    "return_token_ids": (_OPT_BOOL, False),
+    "return_tokens_as_token_ids": (_OPT_BOOL, False),
+    "skip_special_tokens": (as_bool, False),
+    "ignore_eos": (as_bool, False),
+    "priority": (as_int, False),
+}
+
+
+_NUMBER = _optional(
+    lambda v, loc, e: (
+        v
+        if isinstance(v, int | float) and not isinstance(v, bool)
+        else e.append(_error("float_type", loc, "Input should be a valid number", v))
+    )
+)
+GENERATE: Spec = {
+    "token_ids": (_token_ids, True),
+    "sampling_params": (as_dict, True),
+    "model": (_OPT_STR, False),
+    "return_token_ids": (_OPT_BOOL, False),
+    "stream": (_OPT_BOOL, False),
+    "priority": (as_int, False),
+}
+SAMPLING_PARAMS: Spec = {  # the SamplingParams fields the simulator reads, inside /generate's `sampling_params`
+    "max_tokens": (_optional(as_int), False),
+    "n": (_optional(as_int), False),
+    "logprobs": (_optional(as_int), False),
+    "seed": (_optional(as_int), False),
+    "temperature": (_NUMBER, False),
+    "top_p": (_NUMBER, False),
+    "top_k": (_optional(as_int), False),
+    "min_p": (_NUMBER, False),
+    "stop_token_ids": (_optional(lambda v, loc, e: as_list(v, loc, e, as_int)), False),
+    "skip_special_tokens": (as_bool, False),
+    "ignore_eos": (as_bool, False),
+}
 
 
 def _against(data: Any, spec: Spec, errors: Errors, root: Loc = ("body",)) -> dict[str, Any] | None:
     if not isinstance(data, dict):
-        errors.append(_error("model_attributes_type", ("body",), "Input should be a valid dictionary or object to "
-                             "extract fields from", data))
+        errors.append(
+            _error(
+                "model_attributes_type",
+                ("body",),
+                "Input should be a valid dictionary or object to extract fields from",
+                data,
+            )
+        )
         return None
     before = len(errors)
     out: dict[str, Any] = {}
@@ -175,8 +233,17 @@ def _against(data: Any, spec: Spec, errors: Errors, root: Loc = ("body",)) -> di
             continue
         out[name] = check(data[name], (*root, name), errors)
     if spec is GENERATE and out.get("token_ids") == []:
-        errors.append(_error("too_short", ("body", "token_ids"), "List should have at least 1 item after "
-                             "validation, not 0", [], field_type="List", min_length=1, actual_length=0))
+        errors.append(
+            _error(
+                "too_short",
+                ("body", "token_ids"),
+                "List should have at least 1 item after validation, not 0",
+                [],
+                field_type="List",
+                min_length=1,
+                actual_length=0,
+            )
+        )
     return out if len(errors) == before else None
 
 
@@ -236,5 +303,15 @@ def completion_prompt(value: Any) -> list[str] | list[list[int]]:
     raise validation_failure(errors)
 
 
-__all__ = ["COMPLETION", "DETOKENIZE", "GENERATE", "TOKENIZE_CHAT", "TOKENIZE_PROMPT", "HTTPFailure",
-           "completion_prompt", "parse_body", "validate", "validate_params"]
+__all__ = [
+    "COMPLETION",
+    "DETOKENIZE",
+    "GENERATE",
+    "TOKENIZE_CHAT",
+    "TOKENIZE_PROMPT",
+    "HTTPFailure",
+    "completion_prompt",
+    "parse_body",
+    "validate",
+    "validate_params",
+]

@@ -12,8 +12,7 @@ from typing import Any
 VLLM_VERSION = "0.32.0"
 DEFAULT_MODEL = "agentroll-sim"
 AUTH_GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # vLLM's --api-key middleware guards these prefixes
-SCALE_OUT_DISABLED = ("Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable "
-                      "them.")
+SCALE_OUT_DISABLED = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
 
 
 def error_body(message: str, kind: str, code: int, param: str | None = None, legacy: bool = False) -> dict[str, Any]:
@@ -69,11 +68,22 @@ def validation_failure(errors: list[dict[str, Any]]) -> HTTPFailure:
 
 def json_invalid(exc_msg: str, pos: int) -> HTTPFailure:
     """A body that is not JSON: FastAPI reports the decoder's message and the character position."""
-    return validation_failure([{"type": "json_invalid", "loc": ("body", pos), "msg": "JSON decode error",
-                                "input": {}, "ctx": {"error": exc_msg}}])
+    return validation_failure(
+        [
+            {
+                "type": "json_invalid",
+                "loc": ("body", pos),
+                "msg": "JSON decode error",
+                "input": {},
+                "ctx": {"error": exc_msg},
+            }
+        ]
+    )
 
 
 # What a load balancer, a proxy or a half-dead server answers with status 200: `malformed_rate` cycles these.
-MALFORMED_HTML = (b"<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head>\n<body><center><h1>502 Bad "
-                  b"Gateway</h1></center><hr><center>nginx</center></body></html>\n")
+MALFORMED_HTML = (
+    b"<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head>\n<body><center><h1>502 Bad "
+    b"Gateway</h1></center><hr><center>nginx</center></body></html>\n"
+)
 MALFORMED_KINDS = ("html", "list", "no_choices")

@@ -35,8 +35,10 @@ class System:
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.options))
         if unknown:
-            raise UsageError(f"system {self.name or type(self).__name__} has no option {', '.join(unknown)} "
-                             f"(its options: {', '.join(self.options) or 'none'})")
+            raise UsageError(
+                f"system {self.name or type(self).__name__} has no option {', '.join(unknown)} "
+                f"(its options: {', '.join(self.options) or 'none'})"
+            )
         self.settings = {**self.options, **options}
 
     async def run(self, ctx: Context) -> list[Sample]:
@@ -114,5 +116,9 @@ def from_object(target: Any, spec: str, options: dict[str, Any]) -> System:
 def identity(system: System, spec: str) -> dict[str, Any]:
     """What the settings guard compares: a folder made by one system (or with other options) refuses another."""
     builtin = type(system) in builtins().values()
-    return {"name": system.name if builtin else spec, "stages": list(system.stages),
-            "options": dict(system.settings), **({"version": system.version} if system.version is not None else {})}
+    return {
+        "name": system.name if builtin else spec,
+        "stages": list(system.stages),
+        "options": dict(system.settings),
+        **({"version": system.version} if system.version is not None else {}),
+    }

@@ -54,11 +54,13 @@ class ThreeStage(System):
             selector.reward_info = f"picked rewrite {k} of {len(listed)}"
         else:
             selector.raw_reward = 0.0
-            selector.reward_info = "no content" if selector.content is None else (
-                "no judgment" if k is None else f"judgment {k} out of range 1..{len(listed)}")
+            selector.reward_info = (
+                "no content"
+                if selector.content is None
+                else ("no judgment" if k is None else f"judgment {k} out of range 1..{len(listed)}")
+            )
         ctx.final_reward = selector.raw_reward
         return _shaped(ctx, [*solvers, *rewriters, selector], won=selector.raw_reward == 1)
-
 
     async def rescore(self, execution: Rescoring) -> None:
         """Solvers and rewriters scored by the new reward; the selector earns the raw reward of the rewrite its

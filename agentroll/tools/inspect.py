@@ -35,7 +35,7 @@ def excerpt(text: str, limit: int = EXCERPT) -> str:
     if len(flat) <= limit:
         return flat
     head = limit * 2 // 5
-    return f"{flat[:head]} … {flat[-(limit - head - 3):]}"
+    return f"{flat[:head]} … {flat[-(limit - head - 3) :]}"
 
 
 def _num(value: float | None) -> str:
@@ -51,8 +51,10 @@ def _sample_label(sample: Sample, name: str, picked: bool = False) -> Text:
     label.append(sample.status, style="bold red" if truncated else "green")
     if truncated:
         label.append(" (cut at max tokens)", style="red")
-    label.append(f" · raw {_num(sample.raw_reward)} / reward {_num(sample.reward)}",
-                 style="bold green" if sample.raw_reward == 1.0 else None)
+    label.append(
+        f" · raw {_num(sample.raw_reward)} / reward {_num(sample.reward)}",
+        style="bold green" if sample.raw_reward == 1.0 else None,
+    )
     label.append(f" · {len(sample.response_token_ids)} tokens")
     if sample.turn or sample.continues is not None:
         label.append(f" · turn {sample.turn}, continues record {sample.continues}", style="cyan")
@@ -95,9 +97,12 @@ def _add_sample(parent: Tree, sample: Sample, name: str, picked: bool = False) -
 
 def _execution_node(parent: Tree, samples: list[Sample]) -> Tree:
     head = samples[0]
-    return parent.add(Text.assemble((f"execution {head.sample_index}", "bold cyan"),
-                                    f" · rollout {head.rollout_id} · final reward {_num(head.final_reward)}"
-                                    f" · {len(samples)} records"))
+    return parent.add(
+        Text.assemble(
+            (f"execution {head.sample_index}", "bold cyan"),
+            f" · rollout {head.rollout_id} · final reward {_num(head.final_reward)} · {len(samples)} records",
+        )
+    )
 
 
 def _system_tree(parent: Tree, samples: list[Sample], stages: tuple[str, ...]) -> None:
@@ -122,16 +127,23 @@ def _execution_tree(parent: Tree, samples: list[Sample]) -> None:
     selector = next((s for s in samples if s.stage == "selector"), None)
     answered = sum(s.content is not None for s in solvers)
     listed = [r for r in rewriters if r.listed_as is not None]
-    picked_as = (selector.judgment if selector is not None and selector.judgment is not None
-                 and 1 <= selector.judgment <= len(listed) else None)
+    picked_as = (
+        selector.judgment
+        if selector is not None and selector.judgment is not None and 1 <= selector.judgment <= len(listed)
+        else None
+    )
 
     branch = node.add(Text(f"solvers ({len(solvers)}, {answered} with an answer)", style="bold"))
     for s in solvers:
         _add_sample(branch, s, f"solver {s.worker}")
 
     if rewriters:
-        branch = node.add(Text(f"rewriters ({len(rewriters)}, each shown {answered} solver answer"
-                               f"{'s' * (answered != 1)})", style="bold"))
+        branch = node.add(
+            Text(
+                f"rewriters ({len(rewriters)}, each shown {answered} solver answer{'s' * (answered != 1)})",
+                style="bold",
+            )
+        )
         for r in rewriters:
             _add_sample(branch, r, f"rewriter {r.worker}", picked=picked_as is not None and r.listed_as == picked_as)
     else:
@@ -149,22 +161,28 @@ def _execution_tree(parent: Tree, samples: list[Sample]) -> None:
             verdict = "no judgment: nothing picked"
         _add_sample(branch, selector, "selector · " + verdict)
     else:
-        why = ("no rewriter gave an answer" if not listed else "no call made (no room left in the context window)")
+        why = "no rewriter gave an answer" if not listed else "no call made (no room left in the context window)"
         node.add(Text(f"selector: none ({why})", style="dim"))
 
 
-def rollout_tree(group: Group, executions: list[list[Sample]] | None = None,
-                 system: SystemInfo | dict[str, Any] | None = None) -> Tree:
+def rollout_tree(
+    group: Group, executions: list[list[Sample]] | None = None, system: SystemInfo | dict[str, Any] | None = None
+) -> Tree:
     """A group's executions (all, or those given) as a tree rooted at the problem. `system` (a manifest's
     `settings.system`, or a `SystemInfo`): which system drew them; three-stage when not given."""
     info = LEGACY if system is None else coerce(system)
     executions = group.executions if executions is None else executions
     first = group.executions[0][0]
-    figures = (f" · group reward mean {_num(first.group_reward_mean)} (std {_num(first.group_reward_std)})"
-               f" · solver pass@all {_num(first.group_pass_at_k)}")
-    root = Tree(Text.assemble((f"problem {first.problem_id}", "bold"),
-                              f" · label {_label(first.label)} · group of {len(group.executions)} executions"
-                              + figures))
+    figures = (
+        f" · group reward mean {_num(first.group_reward_mean)} (std {_num(first.group_reward_std)})"
+        f" · solver pass@all {_num(first.group_pass_at_k)}"
+    )
+    root = Tree(
+        Text.assemble(
+            (f"problem {first.problem_id}", "bold"),
+            f" · label {_label(first.label)} · group of {len(group.executions)} executions" + figures,
+        )
+    )
     for samples in executions:
         if info.three_stage:
             _execution_tree(root, samples)

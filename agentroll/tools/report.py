@@ -76,10 +76,23 @@ class _Section:
 
     def to_dict(self) -> dict[str, Any]:
         run = self.run.to_dict()
-        stages = {name: {**{key: run["stages"][name][key] for key in
-                            ("samples", "mean_raw_reward", "truncated", "with_content", "prompt_tokens",
-                             "response_tokens")}, "trainable": not self.frozen.get(name)}
-                  for name in run["stages"]}
+        stages = {
+            name: {
+                **{
+                    key: run["stages"][name][key]
+                    for key in (
+                        "samples",
+                        "mean_raw_reward",
+                        "truncated",
+                        "with_content",
+                        "prompt_tokens",
+                        "response_tokens",
+                    )
+                },
+                "trainable": not self.frozen.get(name),
+            }
+            for name in run["stages"]
+        }
         top = max((n for n, _ in self.solver_counts), default=0)
         passes = []
         for k in range(1, top + 1):
@@ -107,8 +120,9 @@ def split_key(metadata: Any, by: str) -> str:
     return value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def stats_of_groups(groups: Iterable[Group], by: str | None = None,
-                    system: SystemInfo | dict[str, Any] | None = None) -> dict[str, Any]:
+def stats_of_groups(
+    groups: Iterable[Group], by: str | None = None, system: SystemInfo | dict[str, Any] | None = None
+) -> dict[str, Any]:
     """`stats` over groups already in hand (a trainer's `Generator.stream`, a follower's `read_groups`).
 
     `system`: the system that made them, as a manifest's `settings.system` (a `Generator`'s
@@ -133,8 +147,12 @@ def stats_of_groups(groups: Iterable[Group], by: str | None = None,
     for section in parts.values():  # every column has the same stages, in the same order
         section.run.stages = {name: section.run.stages.get(name) or StageStats() for name in whole.run.stages}
     order = sorted(parts, key=lambda key: (key == NONE_KEY, key))
-    return {"by": by, "system": {"name": info.name, "stages": list(whole.run.stages)}, "all": whole.to_dict(),
-            "split": {key: parts[key].to_dict() for key in order}}
+    return {
+        "by": by,
+        "system": {"name": info.name, "stages": list(whole.run.stages)},
+        "all": whole.to_dict(),
+        "split": {key: parts[key].to_dict() for key in order},
+    }
 
 
 def stats(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
@@ -153,6 +171,7 @@ def stats(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, An
 
 # -- the table the CLI prints -------------------------------------------------------------------------------------
 
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -163,8 +182,11 @@ def _shown_ks(top: int) -> list[int]:
     return ks if not top or ks[-1] == top else [*ks, top]
 
 
-_LABELS = {"majority_vote_accuracy": "majority vote accuracy", "best_of_n_accuracy": "best of N accuracy",
-           "selector_pick_accuracy": "selector (its pick) accuracy"}
+_LABELS = {
+    "majority_vote_accuracy": "majority vote accuracy",
+    "best_of_n_accuracy": "best of N accuracy",
+    "selector_pick_accuracy": "selector (its pick) accuracy",
+}
 
 
 def stats_table(data: dict[str, Any]) -> Table:
@@ -172,7 +194,7 @@ def stats_table(data: dict[str, Any]) -> Table:
     columns = {"all": data["all"], **data["split"]}
     system = data.get("system") or {}
     shown = f" ({system['name']} system)" if system.get("name") not in (None, "three-stage") else ""
-    title = (f"agentroll stats: {data.get('folder', '')}{shown}" + (f" by {data['by']}" if data.get("by") else ""))
+    title = f"agentroll stats: {data.get('folder', '')}{shown}" + (f" by {data['by']}" if data.get("by") else "")
     table = Table(title=Text(title))  # data (a --by value, a stage name) is never read as markup; a cell is
     table.add_column(Text("figure"), overflow="fold")  # folded onto more lines, never cut
     for name in columns:
@@ -190,15 +212,18 @@ def stats_table(data: dict[str, Any]) -> Table:
         row(f"{stage} samples{frozen}", lambda c, s=stage: str(c["stages"][s]["samples"]))
         row(f"{stage} mean raw reward", lambda c, s=stage: _fmt(c["stages"][s]["mean_raw_reward"]))
         row(f"{stage} truncated", lambda c, s=stage: str(c["stages"][s]["truncated"]))
-        row(f"{stage} tokens (prompt/response)",
+        row(
+            f"{stage} tokens (prompt/response)",
             lambda c, s=stage: f"{c['stages'][s]['prompt_tokens']}/{c['stages'][s]['response_tokens']}",
-            end=stage == stages[-1])
+            end=stage == stages[-1],
+        )
     accuracies = [key for key in data["all"]["report"] if key.endswith("_accuracy")]
     for key in accuracies:
         label = _LABELS.get(key, key.removesuffix("_accuracy") + " accuracy")
         row(label, lambda c, k=key: _fmt(c["report"].get(k)), end=key == accuracies[-1])
     top = max((len(c["pass_at_k"]) for c in columns.values()), default=0)
     for k in _shown_ks(top):
+
         def cell(c: dict[str, Any], k: int = k) -> str:
             entry = next((e for e in c["pass_at_k"] if e["k"] == k), None)
             if entry is None:

@@ -99,7 +99,11 @@ def coerce(system: Any) -> SystemInfo:
     if name == THREE_STAGE:
         return SystemInfo(THREE_STAGE, STAGES)
     named = name if isinstance(name, str) and name else "?"
-    if isinstance(stages, list) and stages and all(isinstance(s, str) and s for s in stages) \
-            and len(set(stages)) == len(stages):
+    if (
+        isinstance(stages, list)
+        and stages
+        and all(isinstance(s, str) and s for s in stages)
+        and len(set(stages)) == len(stages)
+    ):
         return SystemInfo(named, tuple(stages))
     return SystemInfo(named, None)

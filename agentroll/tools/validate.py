@@ -117,15 +117,14 @@ class ValidationReport:
 
     def lines(self, limit: int = 20) -> list[str]:
         """The CLI's text: a verdict, the first fault with its shard and line, then up to `limit` others."""
-        counts = (f"{self.shards} shards, {self.records} records, {self.executions} executions, "
-                  f"{self.groups} groups")
+        counts = f"{self.shards} shards, {self.records} records, {self.executions} executions, {self.groups} groups"
         out = [f"warning: {w}" for w in self.warnings]
         if self.ok:
             return [*out, f"{self.folder}: ok ({'merged; ' if self.merged else ''}{counts})"]
         assert self.first is not None
         out.append(f"{self.folder}: {self.faults_total} fault{'s' * (self.faults_total != 1)} ({counts})")
         out.append(f"first fault: {self.first}")
-        rest = self.faults[1:1 + limit]
+        rest = self.faults[1 : 1 + limit]
         out += [f"  {fault}" for fault in rest]
         more = self.faults_total - 1 - len(rest)
         if more > 0:
@@ -133,10 +132,18 @@ class ValidationReport:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"folder": self.folder, "ok": self.ok, "merged": self.merged, "shards": self.shards,
-                "records": self.records, "executions": self.executions, "groups": self.groups,
-                "faults_total": self.faults_total, "faults": [f.to_dict() for f in self.faults],
-                "warnings": list(self.warnings)}
+        return {
+            "folder": self.folder,
+            "ok": self.ok,
+            "merged": self.merged,
+            "shards": self.shards,
+            "records": self.records,
+            "executions": self.executions,
+            "groups": self.groups,
+            "faults_total": self.faults_total,
+            "faults": [f.to_dict() for f in self.faults],
+            "warnings": list(self.warnings),
+        }
 
 
 # -- record schema, derived from `Sample` so that a new field is checked without touching this file ---------
@@ -176,7 +183,7 @@ def _describe(hint: Any) -> str:
 
 
 def _plural(description: str) -> str:
-    """"an integer or null" -> "integers or nulls"; "an array of integers" -> "arrays of integers"."""
+    """ "an integer or null" -> "integers or nulls"; "an array of integers" -> "arrays of integers"."""
     if description.startswith("an array of "):
         return "arrays of " + description.removeprefix("an array of ")
     return " or ".join(part.split(" ", 1)[-1] + "s" for part in description.split(" or "))
@@ -265,51 +272,95 @@ def record_faults(record: dict[str, Any], stages: tuple[str, ...] | None = STAGE
             faults.append(("value", message))
 
     r = record
-    value("schema_version", r.get("schema_version") == SCHEMA_VERSION,
-          f"schema_version {r.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    value(
+        "schema_version",
+        r.get("schema_version") == SCHEMA_VERSION,
+        f"schema_version {r.get('schema_version')!r}, expected {SCHEMA_VERSION}",
+    )
     if stages is not None:
         value("stage", r.get("stage") in stages, f"stage {r.get('stage')!r} is not one of {', '.join(stages)}")
     else:
         value("stage", r.get("stage") != "", "stage '' is empty")
-    value("status", r.get("status") in WRITTEN_STATUSES,
-          f"status {r.get('status')!r}: the writer only writes {' or '.join(WRITTEN_STATUSES)}")
+    value(
+        "status",
+        r.get("status") in WRITTEN_STATUSES,
+        f"status {r.get('status')!r}: the writer only writes {' or '.join(WRITTEN_STATUSES)}",
+    )
     if "loss_mask" in typed:
         bad = next((i for i, m in enumerate(r["loss_mask"]) if m not in (0, 1)), None)
-        value("loss_mask", bad is None, f"loss_mask item {bad} is {r['loss_mask'][bad] if bad is not None else ''}"
-                                        ", not 0 or 1")
+        value(
+            "loss_mask",
+            bad is None,
+            f"loss_mask item {bad} is {r['loss_mask'][bad] if bad is not None else ''}, not 0 or 1",
+        )
     value("group_size", "group_size" not in typed or r["group_size"] >= 1, f"group_size {r.get('group_size')} < 1")
-    value("rollout_size", "rollout_size" not in typed or r["rollout_size"] >= 1,
-          f"rollout_size {r.get('rollout_size')} < 1")
+    value(
+        "rollout_size",
+        "rollout_size" not in typed or r["rollout_size"] >= 1,
+        f"rollout_size {r.get('rollout_size')} < 1",
+    )
     if {"sample_index", "group_size"} <= typed:
-        value("sample_index", 0 <= r["sample_index"] < r["group_size"],
-              f"sample_index {r['sample_index']} is outside 0..{r['group_size'] - 1} (group_size {r['group_size']})")
+        value(
+            "sample_index",
+            0 <= r["sample_index"] < r["group_size"],
+            f"sample_index {r['sample_index']} is outside 0..{r['group_size'] - 1} (group_size {r['group_size']})",
+        )
     for name in ("raw_reward", "reward", "final_reward"):
         value(name, name not in typed or math.isfinite(r[name]), f"{name} {r.get(name)!r} is not finite")
     if {"response_token_ids", "response_logprobs", "loss_mask"} <= typed:
         n = len(r["response_token_ids"])
         wrong = [f"{name} has {len(r[name])}" for name in ("response_logprobs", "loss_mask") if len(r[name]) != n]
-        wrong += [f"{name} has {len(r[name])}" for name in ("response_ranks", "top_token_ids", "top_logprobs")
-                  if name in typed and r[name] is not None and len(r[name]) != n]
+        wrong += [
+            f"{name} has {len(r[name])}"
+            for name in ("response_ranks", "top_token_ids", "top_logprobs")
+            if name in typed and r[name] is not None and len(r[name]) != n
+        ]
         if wrong:
             faults.append(("lengths", f"{' and '.join(wrong)} entries where response_token_ids has {n}"))
         if {"top_token_ids", "top_logprobs"} <= typed and r["top_token_ids"] is not None and r["top_logprobs"]:
-            bad = next((j for j, (a, b) in enumerate(zip(r["top_token_ids"], r["top_logprobs"], strict=False))
-                        if len(a) != len(b) or any(x < y for x, y in itertools.pairwise(b))), None)
+            bad = next(
+                (
+                    j
+                    for j, (a, b) in enumerate(zip(r["top_token_ids"], r["top_logprobs"], strict=False))
+                    if len(a) != len(b) or any(x < y for x, y in itertools.pairwise(b))
+                ),
+                None,
+            )
             if bad is not None:
-                faults.append(("value", f"top_token_ids/top_logprobs at response position {bad}: not the same "
-                                        "length, or not in rank order (logprobs falling)"))
+                faults.append(
+                    (
+                        "value",
+                        f"top_token_ids/top_logprobs at response position {bad}: not the same "
+                        "length, or not in rank order (logprobs falling)",
+                    )
+                )
         spans = r.get("weight_versions") if "weight_versions" in typed else None
         if spans:
-            ok = all(isinstance(x, dict) and type(x.get("start")) is int and type(x.get("end")) is int
-                     for x in spans) and spans[0]["start"] == 0 and spans[-1]["end"] == n and all(
-                a["end"] == b["start"] for a, b in itertools.pairwise(spans))
+            ok = (
+                all(isinstance(x, dict) and type(x.get("start")) is int and type(x.get("end")) is int for x in spans)
+                and spans[0]["start"] == 0
+                and spans[-1]["end"] == n
+                and all(a["end"] == b["start"] for a, b in itertools.pairwise(spans))
+            )
             value("weight_versions", ok, f"weight_versions do not cover the {n} response tokens in order")
     _history_faults(r, typed, faults)
     if "tool_calls" in typed and r["tool_calls"] is not None:
-        bad = next((i for i, c in enumerate(r["tool_calls"]) if set(c) != TOOL_CALL_KEYS
-                    or c.get("status") not in TOOL_STATUSES or not isinstance(c.get("duration_s"), int | float)), None)
-        value("tool_calls", bad is None, f"tool_calls item {bad} is not {{{', '.join(sorted(TOOL_CALL_KEYS))}}} "
-                                         f"with a status of {', '.join(TOOL_STATUSES)}")
+        bad = next(
+            (
+                i
+                for i, c in enumerate(r["tool_calls"])
+                if set(c) != TOOL_CALL_KEYS
+                or c.get("status") not in TOOL_STATUSES
+                or not isinstance(c.get("duration_s"), int | float)
+            ),
+            None,
+        )
+        value(
+            "tool_calls",
+            bad is None,
+            f"tool_calls item {bad} is not {{{', '.join(sorted(TOOL_CALL_KEYS))}}} "
+            f"with a status of {', '.join(TOOL_STATUSES)}",
+        )
     return faults
 
 
@@ -328,15 +379,26 @@ def _history_faults(r: dict[str, Any], typed: set[str], faults: list[tuple[str, 
         return
     if mask is None:
         if turn != 0 or continues is not None:
-            faults.append(("value", f"turn {turn}, continues {continues!r} without a history_mask: a record that "
-                                    "continues an earlier one has one, a first turn (turn 0, continues null) none"))
+            faults.append(
+                (
+                    "value",
+                    f"turn {turn}, continues {continues!r} without a history_mask: a record that "
+                    "continues an earlier one has one, a first turn (turn 0, continues null) none",
+                )
+            )
         return
     if continues is None or turn == 0:
-        faults.append(("value", f"a history_mask on turn {turn}, continues {continues!r}: only a record that "
-                                "continues an earlier one (turn >= 1) has one"))
+        faults.append(
+            (
+                "value",
+                f"a history_mask on turn {turn}, continues {continues!r}: only a record that "
+                "continues an earlier one (turn >= 1) has one",
+            )
+        )
     n = len(r["prompt_token_ids"])
-    wrong = [f"{name} has {len(v)}" for name, v in (("history_mask", mask), ("history_logprobs", logprobs))
-             if len(v) != n]
+    wrong = [
+        f"{name} has {len(v)}" for name, v in (("history_mask", mask), ("history_logprobs", logprobs)) if len(v) != n
+    ]
     if wrong:
         faults.append(("lengths", f"{' and '.join(wrong)} entries where prompt_token_ids has {n}"))
         return
@@ -346,11 +408,17 @@ def _history_faults(r: dict[str, Any], typed: set[str], faults: list[tuple[str, 
         return
     bad = next((i for i, (m, x) in enumerate(zip(mask, logprobs, strict=True)) if m == 0 and x != 0), None)
     if bad is not None:
-        faults.append(("value", f"history_logprobs item {bad} is {logprobs[bad]} where history_mask is 0 (an "
-                                "injected token has logprob 0.0)"))
+        faults.append(
+            (
+                "value",
+                f"history_logprobs item {bad} is {logprobs[bad]} where history_mask is 0 (an "
+                "injected token has logprob 0.0)",
+            )
+        )
 
 
 # -- executions and groups -----------------------------------------------------------------------------------
+
 
 def _int(v: Any) -> int | None:
     return v if type(v) is int else None
@@ -380,11 +448,21 @@ class _Row:
 
     @classmethod
     def of(cls, line: int, r: dict[str, Any]) -> _Row:
-        return cls(line, r.get("problem_id"), r.get("problem_hash"), r.get("rollout_id"), _int(r.get("group_size")),
-                   _int(r.get("rollout_size")), _int(r.get("sample_index")), r.get("stage"), _num(r.get("raw_reward")),
-                   _num(r.get("final_reward")), _int(r.get("judgment")), _int(r.get("listed_as")),
-                   (_num(r.get("group_reward_mean")), _num(r.get("group_reward_std")),
-                    _num(r.get("group_pass_at_k"))))
+        return cls(
+            line,
+            r.get("problem_id"),
+            r.get("problem_hash"),
+            r.get("rollout_id"),
+            _int(r.get("group_size")),
+            _int(r.get("rollout_size")),
+            _int(r.get("sample_index")),
+            r.get("stage"),
+            _num(r.get("raw_reward")),
+            _num(r.get("final_reward")),
+            _int(r.get("judgment")),
+            _int(r.get("listed_as")),
+            (_num(r.get("group_reward_mean")), _num(r.get("group_reward_std")), _num(r.get("group_pass_at_k"))),
+        )
 
 
 def _close(a: float | None, b: float) -> bool:
@@ -403,13 +481,21 @@ def _check_execution(rows: list[_Row], add: Callable[[int, str, str], None], sys
     head = rows[0]
     rid = str(head.rollout_id)[:12]
     if head.rollout_size is not None and head.rollout_size != len(rows):
-        add(head.line, "execution", f"execution {rid} ({_lines(rows)}) has {_count(len(rows), 'consecutive record')}, "
-                                    f"its rollout_size says {head.rollout_size}")
+        add(
+            head.line,
+            "execution",
+            f"execution {rid} ({_lines(rows)}) has {_count(len(rows), 'consecutive record')}, "
+            f"its rollout_size says {head.rollout_size}",
+        )
     for name in ("problem_id", "problem_hash", "sample_index", "group_size", "rollout_size", "final_reward"):
         other = next((r for r in rows if getattr(r, name) != getattr(head, name)), None)
         if other is not None:
-            add(other.line, "execution", f"{name} {getattr(other, name)!r} differs from {getattr(head, name)!r} "
-                                         f"at line {head.line}, in execution {rid}")
+            add(
+                other.line,
+                "execution",
+                f"{name} {getattr(other, name)!r} differs from {getattr(head, name)!r} "
+                f"at line {head.line}, in execution {rid}",
+            )
     order = STAGES if system.three_stage else system.stages
     if order is not None:
         rank = {stage: i for i, stage in enumerate(order)}
@@ -417,8 +503,11 @@ def _check_execution(rows: list[_Row], add: Callable[[int, str, str], None], sys
         for r in rows:
             now = rank.get(r.stage, previous)
             if now < previous:
-                said = ("solvers, rewriters, selector is the order" if system.three_stage
-                        else f"the {system.name} system's stage order is {', '.join(order)}")
+                said = (
+                    "solvers, rewriters, selector is the order"
+                    if system.three_stage
+                    else f"the {system.name} system's stage order is {', '.join(order)}"
+                )
                 add(r.line, "execution", f"a {r.stage} record after a {order[previous]} in execution {rid} ({said})")
                 break
             previous = now
@@ -428,21 +517,39 @@ def _check_execution(rows: list[_Row], add: Callable[[int, str, str], None], sys
         last = rows[-1]
         other = next((r for r in rows if r.raw_reward != last.raw_reward), None)
         if other is not None:
-            add(other.line, "execution", f"raw_reward {other.raw_reward} differs from the final turn's "
-                                         f"({last.raw_reward}, line {last.line}) in tool-use execution {rid}")
-        if last.raw_reward is not None and head.final_reward is not None and not _close(head.final_reward,
-                                                                                         last.raw_reward):
-            add(head.line, "execution", f"final_reward {head.final_reward} is not the raw_reward of the final turn "
-                                        f"({last.raw_reward}, line {last.line}) in execution {rid}")
+            add(
+                other.line,
+                "execution",
+                f"raw_reward {other.raw_reward} differs from the final turn's "
+                f"({last.raw_reward}, line {last.line}) in tool-use execution {rid}",
+            )
+        if (
+            last.raw_reward is not None
+            and head.final_reward is not None
+            and not _close(head.final_reward, last.raw_reward)
+        ):
+            add(
+                head.line,
+                "execution",
+                f"final_reward {head.final_reward} is not the raw_reward of the final turn "
+                f"({last.raw_reward}, line {last.line}) in execution {rid}",
+            )
     elif system.name in (SINGLE, CRITIQUE_REVISE):
         if system.name == SINGLE and len(rows) != 1:
             add(rows[1].line, "execution", f"execution {rid} has {len(rows)} records: the single system writes one")
         # critique-revise: the reviser's answer, or the solver's when no room was left to revise
         last = next((r for r in rows if r.stage == "reviser"), rows[0])
-        if last.raw_reward is not None and head.final_reward is not None and not _close(head.final_reward,
-                                                                                         last.raw_reward):
-            add(head.line, "execution", f"final_reward {head.final_reward} is not the raw_reward of the execution's "
-                                        f"{last.stage} ({last.raw_reward}, line {last.line}) in execution {rid}")
+        if (
+            last.raw_reward is not None
+            and head.final_reward is not None
+            and not _close(head.final_reward, last.raw_reward)
+        ):
+            add(
+                head.line,
+                "execution",
+                f"final_reward {head.final_reward} is not the raw_reward of the execution's "
+                f"{last.stage} ({last.raw_reward}, line {last.line}) in execution {rid}",
+            )
 
 
 def _check_three_stage(rows: list[_Row], rid: str, add: Callable[[int, str, str], None]) -> None:
@@ -452,8 +559,11 @@ def _check_three_stage(rows: list[_Row], rid: str, add: Callable[[int, str, str]
         add(selectors[1].line, "execution", f"a second selector record in execution {rid}")
     outcome = selectors[0].raw_reward if selectors else 0.0
     if outcome is not None and head.final_reward is not None and not _close(head.final_reward, outcome):
-        add(head.line, "execution", f"final_reward {head.final_reward} is not the selector's raw_reward ({outcome}) "
-                                    f"in execution {rid}")
+        add(
+            head.line,
+            "execution",
+            f"final_reward {head.final_reward} is not the selector's raw_reward ({outcome}) in execution {rid}",
+        )
     selector = selectors[0] if selectors else None
     if selector is not None and selector.judgment is not None and selector.raw_reward is not None:
         listed = {r.listed_as: r for r in rows if r.stage == "rewriter" and r.listed_as is not None}
@@ -464,15 +574,20 @@ def _check_three_stage(rows: list[_Row], rid: str, add: Callable[[int, str, str]
             add(selector.line, "execution", f"selector raw_reward {selector.raw_reward} is not {what}: {expected}")
 
 
-def _check_group(execs: list[list[_Row]], k_setting: int | None, add: Callable[[int, str, str], None],
-                 system: SystemInfo = LEGACY) -> None:
+def _check_group(
+    execs: list[list[_Row]], k_setting: int | None, add: Callable[[int, str, str], None], system: SystemInfo = LEGACY
+) -> None:
     head = execs[0][0]
     pid = head.problem_id
     rows = [r for e in execs for r in e]
     k = head.group_size
     if k is not None and len(execs) != k:
-        add(head.line, "group", f"problem {pid!r} has {_count(len(execs), 'consecutive execution')} ({_lines(rows)}), "
-                                f"its group_size says {k}")
+        add(
+            head.line,
+            "group",
+            f"problem {pid!r} has {_count(len(execs), 'consecutive execution')} ({_lines(rows)}), "
+            f"its group_size says {k}",
+        )
     if k is not None and k_setting is not None and k != k_setting:
         add(head.line, "group", f"group_size {k} where the manifest's settings say samples_per_prompt {k_setting}")
     indexes = [e[0].sample_index for e in execs]
@@ -480,8 +595,12 @@ def _check_group(execs: list[list[_Row]], k_setting: int | None, add: Callable[[
         add(head.line, "group", f"problem {pid!r} has executions with sample_index {indexes}, expected 0..{k - 1}")
     other = next((e[0] for e in execs if e[0].problem_hash != head.problem_hash), None)
     if other is not None:
-        add(other.line, "group", f"problem_hash {other.problem_hash!r} differs from {head.problem_hash!r} at line "
-                                 f"{head.line}, in the group of problem {pid!r}")
+        add(
+            other.line,
+            "group",
+            f"problem_hash {other.problem_hash!r} differs from {head.problem_hash!r} at line "
+            f"{head.line}, in the group of problem {pid!r}",
+        )
     finals = [e[0].final_reward for e in execs]
     if k is None or len(execs) != k:
         return  # not a whole group (reported above): its figures cannot describe it
@@ -494,18 +613,23 @@ def _check_group(execs: list[list[_Row]], k_setting: int | None, add: Callable[[
     # group_pass_at_k is over the "solver" stage's samples: a system without one says what it likes there
     solvers = system.three_stage or "solver" in (system.stages or ())
     for r in rows:
-        for name, got, want in zip(("group_reward_mean", "group_reward_std", "group_pass_at_k"), r.figures,
-                                   (mean, std, passed), strict=True):
+        for name, got, want in zip(
+            ("group_reward_mean", "group_reward_std", "group_pass_at_k"), r.figures, (mean, std, passed), strict=True
+        ):
             if name == "group_pass_at_k" and not solvers:
                 continue
             if not _close(got, want):
-                add(r.line, "group", f"{name} {got} does not describe this group's {len(execs)} executions "
-                                     f"(expected {want:.6g})")
+                add(
+                    r.line,
+                    "group",
+                    f"{name} {got} does not describe this group's {len(execs)} executions (expected {want:.6g})",
+                )
                 return
 
 
-def check_structure(rows: list[_Row | None], k_setting: int | None, add: Callable[[int, str, str], None],
-                    system: SystemInfo = LEGACY) -> list[tuple[list[list[_Row]], int]]:
+def check_structure(
+    rows: list[_Row | None], k_setting: int | None, add: Callable[[int, str, str], None], system: SystemInfo = LEGACY
+) -> list[tuple[list[list[_Row]], int]]:
     """Cut a shard's rows into executions (consecutive records of one rollout) and groups (consecutive
     executions of one problem), checking each; an unreadable line ends the execution it is in. Returns the
     groups, each with its number of records."""
@@ -531,6 +655,7 @@ def check_structure(rows: list[_Row | None], k_setting: int | None, add: Callabl
 
 
 # -- multi-turn conversations -----------------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class _Turn:
@@ -578,8 +703,12 @@ class _Conversations:
         if turn is None or type(continues) is not int:
             return  # a first turn, or a schema fault already said
         if not 0 <= continues < position:
-            self.add(line, "conversation", f"continues {continues} is not an earlier record of its execution (this "
-                                           f"is its record {position}, counting from 0)")
+            self.add(
+                line,
+                "conversation",
+                f"continues {continues} is not an earlier record of its execution (this "
+                f"is its record {position}, counting from 0)",
+            )
             return
         earlier = self.turns[continues]
         if earlier is None:
@@ -588,11 +717,17 @@ class _Conversations:
         if turn.turn != earlier.turn + 1:
             self.add(line, "conversation", f"turn {turn.turn} continues {where}, which is turn {earlier.turn}")
         head = earlier.prompt + earlier.response
-        if turn.prompt[:len(head)] != head:
-            diff = next((i for i, (a, b) in enumerate(zip(turn.prompt, head, strict=False)) if a != b),
-                        min(len(turn.prompt), len(head)))
-            self.add(line, "conversation", f"prompt_token_ids do not start with the prompt and response of {where}: "
-                                           f"they differ at token {diff} (of {len(head)})")
+        if turn.prompt[: len(head)] != head:
+            diff = next(
+                (i for i, (a, b) in enumerate(zip(turn.prompt, head, strict=False)) if a != b),
+                min(len(turn.prompt), len(head)),
+            )
+            self.add(
+                line,
+                "conversation",
+                f"prompt_token_ids do not start with the prompt and response of {where}: "
+                f"they differ at token {diff} (of {len(head)})",
+            )
             return
         if turn.history_mask is None or turn.history_logprobs is None:
             return  # said by record_faults
@@ -608,35 +743,79 @@ class _Conversations:
             frozen = [*mask, *[0] * n, *[0] * rest]
             if earlier.trainable or turn.history_mask != frozen:  # a frozen turn's tokens may be marked 0
                 bad = next(i for i, (a, b) in enumerate(zip(turn.history_mask, expected_mask, strict=True)) if a != b)
-                part = ("its prompt (that record's history_mask)" if bad < p else
-                        "its response (that record's loss_mask)" if bad < p + n else "the tokens after it (0)")
-                self.add(line, "conversation", f"history_mask item {bad} is {turn.history_mask[bad]} where {where} "
-                                               f"says {expected_mask[bad]}: over {part}")
+                part = (
+                    "its prompt (that record's history_mask)"
+                    if bad < p
+                    else "its response (that record's loss_mask)"
+                    if bad < p + n
+                    else "the tokens after it (0)"
+                )
+                self.add(
+                    line,
+                    "conversation",
+                    f"history_mask item {bad} is {turn.history_mask[bad]} where {where} "
+                    f"says {expected_mask[bad]}: over {part}",
+                )
                 return
             expected_logprobs = [*logprobs, *[0.0] * (n + rest)]
-        wrong = next((i for i, (a, b) in enumerate(zip(turn.history_logprobs, expected_logprobs, strict=True))
-                      if not math.isclose(a, b, rel_tol=_TOLERANCE, abs_tol=_TOLERANCE)), None)
+        wrong = next(
+            (
+                i
+                for i, (a, b) in enumerate(zip(turn.history_logprobs, expected_logprobs, strict=True))
+                if not math.isclose(a, b, rel_tol=_TOLERANCE, abs_tol=_TOLERANCE)
+            ),
+            None,
+        )
         if wrong is not None:
-            self.add(line, "conversation", f"history_logprobs item {wrong} is {turn.history_logprobs[wrong]} where "
-                                           f"{where} sampled {expected_logprobs[wrong]}")
+            self.add(
+                line,
+                "conversation",
+                f"history_logprobs item {wrong} is {turn.history_logprobs[wrong]} where "
+                f"{where} sampled {expected_logprobs[wrong]}",
+            )
 
     @staticmethod
     def _turn(line: int, r: dict[str, Any]) -> _Turn | None:
         prompt, response, loss_mask = r.get("prompt_token_ids"), r.get("response_token_ids"), r.get("loss_mask")
         logprobs, mask, history = r.get("response_logprobs"), r.get("history_mask"), r.get("history_logprobs")
-        if not (_list(prompt, int) and _list(response, int) and _list(loss_mask, int) and _list(logprobs, float)
-                and type(r.get("turn")) is int and len(loss_mask) == len(logprobs) == len(response)):
+        if not (
+            _list(prompt, int)
+            and _list(response, int)
+            and _list(loss_mask, int)
+            and _list(logprobs, float)
+            and type(r.get("turn")) is int
+            and len(loss_mask) == len(logprobs) == len(response)
+        ):
             return None
         if mask is None and history is None:
-            return _Turn(line, r["turn"], r.get("trainable") is not False, prompt, response, loss_mask,
-                         [float(x) for x in logprobs], None, None)
+            return _Turn(
+                line,
+                r["turn"],
+                r.get("trainable") is not False,
+                prompt,
+                response,
+                loss_mask,
+                [float(x) for x in logprobs],
+                None,
+                None,
+            )
         if not (_list(mask, int) and _list(history, float) and len(mask) == len(history) == len(prompt)):
             return None
-        return _Turn(line, r["turn"], r.get("trainable") is not False, prompt, response, loss_mask,
-                     [float(x) for x in logprobs], mask, [float(x) for x in history])
+        return _Turn(
+            line,
+            r["turn"],
+            r.get("trainable") is not False,
+            prompt,
+            response,
+            loss_mask,
+            [float(x) for x in logprobs],
+            mask,
+            [float(x) for x in history],
+        )
 
 
 # -- routed experts ----------------------------------------------------------------------------------------------
+
 
 class _Routes:
     """A shard's routes sidecar under check: each record's reference as the lines are read, then the file
@@ -694,8 +873,11 @@ class _Routes:
             if span is None:
                 continue
             if span[0] + span[1] > self.size:
-                self.add(line, "routes", f"routes {name} blob [{span[0]}, {span[1]}] ends past the sidecar's "
-                                         f"{self.size} bytes")
+                self.add(
+                    line,
+                    "routes",
+                    f"routes {name} blob [{span[0]}, {span[1]}] ends past the sidecar's {self.size} bytes",
+                )
                 return
             self.end = max(self.end, span[0] + span[1])
             got = self._blob(name, span)
@@ -704,8 +886,12 @@ class _Routes:
                 return
             shapes[name] = got
         if len({(dtype, tail) for _, dtype, tail in shapes.values()}) > 1:
-            self.add(line, "routes", "routes parts differ in dtype or (layers, experts per token): " +
-                     ", ".join(f"{name} {dtype} {tail}" for name, (_, dtype, tail) in shapes.items()))
+            self.add(
+                line,
+                "routes",
+                "routes parts differ in dtype or (layers, experts per token): "
+                + ", ".join(f"{name} {dtype} {tail}" for name, (_, dtype, tail) in shapes.items()),
+            )
             return
         prompt, response = record.get("prompt_token_ids"), record.get("response_token_ids")
         if not isinstance(prompt, list) or not isinstance(response, list):
@@ -717,11 +903,11 @@ class _Routes:
         elif parts["prompt"] is None and prompt:
             self.add(line, "routes", f"routes prompt part is null, but the prompt has {len(prompt)} tokens")
         elif "prompt" in shapes and shapes["prompt"][0] != len(prompt):
-            self.add(line, "routes", f"routes prompt part has {shapes['prompt'][0]} rows, the prompt {len(prompt)} "
-                                     "tokens")
+            self.add(
+                line, "routes", f"routes prompt part has {shapes['prompt'][0]} rows, the prompt {len(prompt)} tokens"
+            )
         elif rows != expected:
-            self.add(line, "routes", f"routes have {rows} rows once joined, where prompt + response - 1 is "
-                                     f"{expected}")
+            self.add(line, "routes", f"routes have {rows} rows once joined, where prompt + response - 1 is {expected}")
 
     def finish(self, shard: str, warnings: list[str]) -> None:
         if self.fd is None or self.info is None:
@@ -732,16 +918,22 @@ class _Routes:
             offset += len(block)
         name = self.info["file"]
         if self.size != self.info["bytes"]:
-            self.add(None, "bytes", f"routes sidecar {name}: {self.size} bytes where the manifest says "
-                                    f"{self.info['bytes']}")
+            self.add(
+                None, "bytes", f"routes sidecar {name}: {self.size} bytes where the manifest says {self.info['bytes']}"
+            )
         if digest.hexdigest() != self.info["sha256"]:
-            self.add(None, "sha256", f"routes sidecar {name}: sha256 {digest.hexdigest()} where the manifest says "
-                                     f"{self.info['sha256']}")
+            self.add(
+                None,
+                "sha256",
+                f"routes sidecar {name}: sha256 {digest.hexdigest()} where the manifest says {self.info['sha256']}",
+            )
         if self.end < self.size:
             warnings.append(f"{name}: {self.size - self.end} bytes after the last blob its records reference")
         if self.whole:
-            warnings.append(f"{shard}: {_count(self.whole, 'record')} with routes of other than prompt + response - 1 "
-                            "rows (stored whole, as the server sent them)")
+            warnings.append(
+                f"{shard}: {_count(self.whole, 'record')} with routes of other than prompt + response - 1 "
+                "rows (stored whole, as the server sent them)"
+            )
 
 
 # -- the folder ------------------------------------------------------------------------------------------------
@@ -768,8 +960,11 @@ def _load_manifest(folder: Path, report: ValidationReport) -> dict[str, Any] | N
     if manifest.get("format") != "agentroll.rollouts":
         report.add(Fault("manifest", f"format {manifest.get('format')!r}, expected 'agentroll.rollouts'"))
     if manifest.get("schema_version") != SCHEMA_VERSION:
-        report.add(Fault("manifest", f"schema_version {manifest.get('schema_version')!r}, this agentroll reads "
-                                     f"{SCHEMA_VERSION}"))
+        report.add(
+            Fault(
+                "manifest", f"schema_version {manifest.get('schema_version')!r}, this agentroll reads {SCHEMA_VERSION}"
+            )
+        )
     return manifest
 
 
@@ -784,10 +979,17 @@ def _check_keys(shard: Path, name: str, found: list[list[str]], faults: list[Fau
         faults.append(Fault("keys", f"{path.name} is unreadable ({exc}); resume trusts it", name))
         return
     if listed != found:
-        diff = next((i for i, (a, b) in enumerate(zip(listed, found, strict=False)) if a != b),
-                    min(len(listed), len(found)))
-        faults.append(Fault("keys", f"{path.name} lists {len(listed)} groups, the shard holds {len(found)}; "
-                                    f"they differ from group {diff + 1} on (resume trusts the keys file)", name))
+        diff = next(
+            (i for i, (a, b) in enumerate(zip(listed, found, strict=False)) if a != b), min(len(listed), len(found))
+        )
+        faults.append(
+            Fault(
+                "keys",
+                f"{path.name} lists {len(listed)} groups, the shard holds {len(found)}; "
+                f"they differ from group {diff + 1} on (resume trusts the keys file)",
+                name,
+            )
+        )
 
 
 def _hashed(f: BinaryIO, digest: Any) -> Iterator[bytes]:
@@ -825,8 +1027,14 @@ def _zstd_lines(data: bytes, frames: set[int], add: Callable[[int | None, str, s
     frames.add(line)
 
 
-def _read_shard(folder: Path, entry: dict[str, Any], k_setting: int | None, seen: dict[str, str],
-                report: ValidationReport, system: SystemInfo = LEGACY) -> None:
+def _read_shard(
+    folder: Path,
+    entry: dict[str, Any],
+    k_setting: int | None,
+    seen: dict[str, str],
+    report: ValidationReport,
+    system: SystemInfo = LEGACY,
+) -> None:
     name = str(entry["file"])
     path = folder / name
     shard_faults: list[Fault] = []
@@ -886,8 +1094,12 @@ def _read_shard(folder: Path, entry: dict[str, Any], k_setting: int | None, seen
         for g, _ in groups:
             first, last = g[0][0].line, g[-1][-1].line
             if any(first < start <= last for start in frames):
-                add(first, "zstd", f"the group of problem {g[0][0].problem_id!r} (lines {first}-{last}) is split "
-                                   "across zstd frames (a reader stops there)")
+                add(
+                    first,
+                    "zstd",
+                    f"the group of problem {g[0][0].problem_id!r} (lines {first}-{last}) is split "
+                    "across zstd frames (a reader stops there)",
+                )
     records = sum(row is not None for row in rows)
     executions = sum(len(g) for g, _ in groups)
     for g, _ in groups:
@@ -900,8 +1112,7 @@ def _read_shard(folder: Path, entry: dict[str, Any], k_setting: int | None, seen
     for what, counted in (("records", records), ("executions", executions), ("groups", len(groups))):
         if counted != entry[what]:
             add(None, "count", f"{counted} {what} where the manifest says {entry[what]}")
-    _check_keys(path, name, [[str(g[0][0].problem_id), str(g[0][0].problem_hash)] for g, _ in groups],
-                shard_faults)
+    _check_keys(path, name, [[str(g[0][0].problem_id), str(g[0][0].problem_hash)] for g, _ in groups], shard_faults)
     # by line, then the shard as a whole: a line fault says where, a size or sha256 mismatch only that
     shard_faults.sort(key=lambda fault: (fault.line is None, fault.line or 0))
     for fault in shard_faults:
@@ -937,10 +1148,15 @@ def validate(folder: str | Path) -> ValidationReport:
         else:
             listed.add(entry["file"])
             side = entry.get("routes")
-            if side is not None and not (isinstance(side, dict) and type(side.get("file")) is str
-                                         and type(side.get("bytes")) is int and type(side.get("sha256")) is str):
-                report.add(Fault("manifest", f"shard {entry['file']}: its routes entry lacks a valid file, bytes or "
-                                             "sha256"))
+            if side is not None and not (
+                isinstance(side, dict)
+                and type(side.get("file")) is str
+                and type(side.get("bytes")) is int
+                and type(side.get("sha256")) is str
+            ):
+                report.add(
+                    Fault("manifest", f"shard {entry['file']}: its routes entry lacks a valid file, bytes or sha256")
+                )
                 entry = {**entry, "routes": None}
             entries.append(entry)
     for what in ("records", "executions", "groups"):
@@ -957,8 +1173,9 @@ def validate(folder: str | Path) -> ValidationReport:
     for stray in sorted({p.name for p in layout.sidecars()} - sidecars):
         report.warnings.append(f"{stray} is a routes sidecar in the folder but not in the manifest")
     for partial in layout.partials():
-        report.warnings.append(f"{partial.name} is a shard being written, or left by a killed run (a rerun "
-                               "finishes it)")
+        report.warnings.append(
+            f"{partial.name} is a shard being written, or left by a killed run (a rerun finishes it)"
+        )
     for temporary in layout.strays():
         report.warnings.append(f"{temporary.name} is a temporary file left by a stopped run (a rerun removes it)")
     seen: dict[str, str] = {}

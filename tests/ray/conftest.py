@@ -72,17 +72,19 @@ def _kill(procs: list[psutil.Process]) -> None:
 def ray_env() -> dict[str, str]:
     """The environment of the tier's Ray processes and drivers."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_", "RAY_"))}
-    env.update({
-        # Ray turns 127.0.0.1 into the host's outward address unless told that this is a one-machine cluster:
-        # then every Ray server binds to loopback only.
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-        # No token auth: a new local cluster would otherwise write ~/.ray/auth_token (recent Rays), and a token
-        # found there changes how every later cluster of this user starts. Nothing here leaves loopback.
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join([str(Path(agentroll.__file__).parents[1]), env.get("PYTHONPATH", "")]),
-    })
+    env.update(
+        {
+            # Ray turns 127.0.0.1 into the host's outward address unless told that this is a one-machine cluster:
+            # then every Ray server binds to loopback only.
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            # No token auth: a new local cluster would otherwise write ~/.ray/auth_token (recent Rays), and a token
+            # found there changes how every later cluster of this user starts. Nothing here leaves loopback.
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": os.pathsep.join([str(Path(agentroll.__file__).parents[1]), env.get("PYTHONPATH", "")]),
+        }
+    )
     return env
 
 
@@ -93,12 +95,30 @@ def ray_cluster() -> Iterator[Cluster]:
     port = _free_port()
     env = ray_env()
     log = temp / "ray-start.log"
-    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-           "--port", str(port), "--num-cpus", "2", "--include-dashboard=false", "--disable-usage-stats",
-           "--temp-dir", str(temp)]
+    cmd = [
+        str(Path(sys.executable).parent / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num-cpus",
+        "2",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        "--temp-dir",
+        str(temp),
+    ]
     with open(log, "wb") as out:
-        guard = subprocess.Popen([sys.executable, "-c", GUARD, str(os.getpid()), *cmd], stdout=out,
-                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        guard = subprocess.Popen(
+            [sys.executable, "-c", GUARD, str(os.getpid()), *cmd],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while b"will now block" not in log.read_bytes():  # ray start says when its cluster is up

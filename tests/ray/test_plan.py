@@ -81,7 +81,10 @@ def test_endpoints_per_task_go_round_robin_and_auto_concurrency_splits_the_per_e
     tasks = plan_tasks(run, given, GenerateOptions(**given), partitions=6, at_once=6)
     # 6 tasks at once over 3 endpoints, one each: 2 tasks share an endpoint, so each gets half its cap
     assert [(t.generate["base_url"], t.generate["max_concurrency"]) for t in tasks[:3]] == [
-        ([URLS[0]], 45), ([URLS[1]], 45), ([URLS[2]], 45)]
+        ([URLS[0]], 45),
+        ([URLS[1]], 45),
+        ([URLS[2]], 45),
+    ]
     assert all(t.generate["concurrency"] == "auto" for t in tasks)
     every = plan_tasks(options(tmp_path), given, GenerateOptions(**given), partitions=6, at_once=6)
     assert {t.generate["max_concurrency"] for t in every} == {15}  # all 6 tasks on every endpoint
@@ -93,14 +96,17 @@ def test_tasks_at_once_and_shares_are_at_least_one():
     assert share(64, 3) == 21 and share(2, 8) == 1
 
 
-@pytest.mark.parametrize(("run", "message"), [
-    ({"output": "-"}, "not -o -"),
-    ({"input": "-"}, "not stdin"),
-    ({"partition": "0/2"}, "use --partitions P, not --partition"),
-    ({"limit": 5}, "--limit does not go with --ray"),
-    ({"consumer": "trainer", "max_ahead": 4}, "--consumer does not go with --ray"),
-    ({"endpoints_per_task": 4}, "more than the 3 --base-url endpoints"),
-])
+@pytest.mark.parametrize(
+    ("run", "message"),
+    [
+        ({"output": "-"}, "not -o -"),
+        ({"input": "-"}, "not stdin"),
+        ({"partition": "0/2"}, "use --partitions P, not --partition"),
+        ({"limit": 5}, "--limit does not go with --ray"),
+        ({"consumer": "trainer", "max_ahead": 4}, "--consumer does not go with --ray"),
+        ({"endpoints_per_task": 4}, "more than the 3 --base-url endpoints"),
+    ],
+)
 def test_what_a_ray_job_cannot_do_is_said_before_it_starts(tmp_path, run, message):
     with pytest.raises(UsageError, match=message):
         check_options(options(tmp_path, **run), GenerateOptions(base_url=URLS))
@@ -150,8 +156,15 @@ def test_the_folder_keeps_its_number_of_partitions_and_refuses_a_run_without_ray
 
 def sample(stage: str, reward: float, final: float, content: str | None = "x \\boxed{1}") -> Any:
     """What the counters read of a `Sample`."""
-    return SimpleNamespace(stage=stage, raw_reward=reward, final_reward=final, content=content, status="complete",
-                           prompt_token_ids=[1, 2], response_token_ids=[3])
+    return SimpleNamespace(
+        stage=stage,
+        raw_reward=reward,
+        final_reward=final,
+        content=content,
+        status="complete",
+        prompt_token_ids=[1, 2],
+        response_token_ids=[3],
+    )
 
 
 def run_stats(*executions: list[Any], **counts: int) -> RunStats:
@@ -182,12 +195,25 @@ def test_stats_of_partitions_add_up_to_the_stats_of_one_run():
 
 
 def test_request_counters_add_up_with_each_endpoints_settled_cap():
-    one = {"requests": 10, "retries": 1, "failures": 0, "in_flight": 0, "peak_in_flight": 4,
-           "concurrency": {"http://a": 8}}
-    two = {"requests": 5, "retries": 0, "failures": 2, "in_flight": 1, "peak_in_flight": 3,
-           "concurrency": {"http://a": 4, "http://b": 6}}
-    assert add_requests([one, two]) == ClientCounters(requests=15, retries=1, failures=2, in_flight=1,
-                                                      peak_in_flight=7, concurrency={"http://a": 12, "http://b": 6})
+    one = {
+        "requests": 10,
+        "retries": 1,
+        "failures": 0,
+        "in_flight": 0,
+        "peak_in_flight": 4,
+        "concurrency": {"http://a": 8},
+    }
+    two = {
+        "requests": 5,
+        "retries": 0,
+        "failures": 2,
+        "in_flight": 1,
+        "peak_in_flight": 3,
+        "concurrency": {"http://a": 4, "http://b": 6},
+    }
+    assert add_requests([one, two]) == ClientCounters(
+        requests=15, retries=1, failures=2, in_flight=1, peak_in_flight=7, concurrency={"http://a": 12, "http://b": 6}
+    )
     assert add_requests([]) == ClientCounters()
 
 
@@ -241,17 +267,27 @@ def test_a_cluster_that_does_not_answer_is_exit_9_at_once(tmp_path):
     assert time.monotonic() - started < 30 and not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize(("given", "address"), [
-    ("auto", "auto"), ("local", "local"), ("10.0.0.5", "10.0.0.5:6379"), ("head:6380", "head:6380"),
-    ("ray://head", "ray://head:10001"), ("ray://head:10002", "ray://head:10002"), ("[::1]", "[::1]:6379"),
-    ("[::1]:7000", "[::1]:7000"), (" head ", "head:6379"),
-])
+@pytest.mark.parametrize(
+    ("given", "address"),
+    [
+        ("auto", "auto"),
+        ("local", "local"),
+        ("10.0.0.5", "10.0.0.5:6379"),
+        ("head:6380", "head:6380"),
+        ("ray://head", "ray://head:10001"),
+        ("ray://head:10002", "ray://head:10002"),
+        ("[::1]", "[::1]:6379"),
+        ("[::1]:7000", "[::1]:7000"),
+        (" head ", "head:6379"),
+    ],
+)
 def test_a_ray_address_without_a_port_gets_rays_default_one(given, address):
     assert ray_address(given) == address
 
 
-@pytest.mark.parametrize("given", ["", "  ", "head:", "head:x", "head:70000", "ray://", "::1", "[::1", "[::1]x",
-                                   "http://head:8265", ":6379"])
+@pytest.mark.parametrize(
+    "given", ["", "  ", "head:", "head:x", "head:70000", "ray://", "::1", "[::1", "[::1]x", "http://head:8265", ":6379"]
+)
 def test_a_ray_address_ray_could_not_take_is_a_usage_error(given):
     with pytest.raises(UsageError, match="--ray"):
         ray_address(given)
@@ -261,10 +297,12 @@ def test_ray_options_without_ray_and_an_empty_ray_are_refused_by_the_cli(tmp_pat
     data = tmp_path / "in.jsonl"
     data.write_text('{"prompt": "1+1?", "label": "2"}\n')
     base = ["generate", str(data), "-o", str(tmp_path / "o"), "--base-url", URLS[0]]
-    for extra, message in ((["--ray-retries", "2"], b"--ray-retries goes with --ray"),
-                           (["--endpoints-per-task", "1"], b"--endpoints-per-task goes with --ray"),
-                           (["--ray", ""], b"expected auto, local, HOST[:PORT]"),
-                           (["--ray", "head:x"], b"expected auto, local, HOST[:PORT]")):
+    for extra, message in (
+        (["--ray-retries", "2"], b"--ray-retries goes with --ray"),
+        (["--endpoints-per-task", "1"], b"--endpoints-per-task goes with --ray"),
+        (["--ray", ""], b"expected auto, local, HOST[:PORT]"),
+        (["--ray", "head:x"], b"expected auto, local, HOST[:PORT]"),
+    ):
         proc = run_cli(*base, *extra)
         assert proc.returncode == 2 and message in proc.stderr, (extra, proc.stderr)
         assert len(proc.stderr.decode().strip().splitlines()) == 1
@@ -277,21 +315,33 @@ def test_relative_paths_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
     for name in ("tok", "templates", "stage_tok"):
         (tmp_path / name).mkdir()
     run = options(tmp_path, input="in.jsonl", output="out")
-    given = {"base_url": URLS, "tokenizer": "tok", "prompts": "templates", "system": "sys.py:Mine",
-             "reward": "rewards.py:score", "allow_reward": ["math"],
-             "stage": ["solver.tokenizer=stage_tok", "judge.tokenizer=Qwen/Qwen3-8B", "solver.max_tokens=64"]}
+    given = {
+        "base_url": URLS,
+        "tokenizer": "tok",
+        "prompts": "templates",
+        "system": "sys.py:Mine",
+        "reward": "rewards.py:score",
+        "allow_reward": ["math"],
+        "stage": ["solver.tokenizer=stage_tok", "judge.tokenizer=Qwen/Qwen3-8B", "solver.max_tokens=64"],
+    }
     task = plan_tasks(run, given, GenerateOptions(base_url=URLS), partitions=2, at_once=2)[1]
     assert task.run["input"] == str(tmp_path / "in.jsonl") and task.run["output"] == str(tmp_path / "out" / "part-1")
     mine = task.generate
     assert (mine["tokenizer"], mine["prompts"]) == (str(tmp_path / "tok"), str(tmp_path / "templates"))
     assert mine["system"] == f"{tmp_path / 'sys.py'}:Mine" and mine["reward"] == f"{tmp_path / 'rewards.py'}:score"
     assert mine["allow_reward"] == ["math", "rewards.py:score"]  # a row naming the run's reward as given still may
-    assert mine["stage"] == [f"solver.tokenizer={tmp_path / 'stage_tok'}", "judge.tokenizer=Qwen/Qwen3-8B",
-                             "solver.max_tokens=64"]
+    assert mine["stage"] == [
+        f"solver.tokenizer={tmp_path / 'stage_tok'}",
+        "judge.tokenizer=Qwen/Qwen3-8B",
+        "solver.max_tokens=64",
+    ]
     hub = {"base_url": URLS, "tokenizer": "Qwen/Qwen3-8B", "system": "single", "reward": "mylib.rewards:score"}
     task = plan_tasks(run, hub, GenerateOptions(base_url=URLS), partitions=1, at_once=1)[0]
     assert {k: task.generate[k] for k in hub if k != "base_url"} == {  # hub ids and modules as they are
-        "tokenizer": "Qwen/Qwen3-8B", "system": "single", "reward": "mylib.rewards:score"}
+        "tokenizer": "Qwen/Qwen3-8B",
+        "system": "single",
+        "reward": "mylib.rewards:score",
+    }
     assert "allow_reward" not in task.generate
 
 
@@ -315,8 +365,9 @@ def test_overwrite_deletes_no_partition_that_a_process_still_writes(tmp_path):
         (out / f"part-{k}" / ".agentroll").mkdir(parents=True)
         (out / f"part-{k}" / ".agentroll" / "lock").touch()
         (out / f"part-{k}" / "rollouts-00000.jsonl").write_text("{}\n")
-    (out / "manifest.json").write_text(json.dumps(a_manifest(merged_from=[{"folder": str(out / "part-0")},
-                                                                          {"folder": str(out / "part-1")}])))
+    (out / "manifest.json").write_text(
+        json.dumps(a_manifest(merged_from=[{"folder": str(out / "part-0")}, {"folder": str(out / "part-1")}]))
+    )
     writer = os.open(out / "part-1" / ".agentroll" / "lock", os.O_RDWR)
     fcntl.flock(writer, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a partition's run holds its folder
     try:
@@ -332,8 +383,9 @@ def test_overwrite_deletes_no_partition_that_a_process_still_writes(tmp_path):
 def test_a_merged_manifest_of_other_folders_is_not_deleted(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    elsewhere = a_manifest(merged_from=[{"folder": str(out / "part-0")},
-                                        {"folder": str(tmp_path / "other" / "part-1")}])
+    elsewhere = a_manifest(
+        merged_from=[{"folder": str(out / "part-0")}, {"folder": str(tmp_path / "other" / "part-1")}]
+    )
     (out / "manifest.json").write_text(json.dumps(elsewhere))
     for overwrite in (False, True):
         with pytest.raises(OutputError, match=r"is a merged view of other folders .*other/part-1"):
@@ -465,8 +517,13 @@ def test_a_signal_before_the_tasks_are_submitted_submits_none(tmp_path):
 
 def fake_ray_module(monkeypatch: pytest.MonkeyPatch) -> None:
     runtime = SimpleNamespace(is_canceled=lambda: False)
-    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(
-        util=SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"), get_runtime_context=lambda: runtime))
+    monkeypatch.setitem(
+        sys.modules,
+        "ray",
+        SimpleNamespace(
+            util=SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"), get_runtime_context=lambda: runtime
+        ),
+    )
 
 
 def test_an_os_error_in_the_task_is_the_partitions_exit_6_and_leaves_no_process(tmp_path, monkeypatch):
@@ -475,8 +532,15 @@ def test_an_os_error_in_the_task_is_the_partitions_exit_6_and_leaves_no_process(
     state = tmp_path / "out" / ".agentroll" / "ray"
     state.mkdir(parents=True)
     (state / "part-0.attempts").mkdir()  # the attempts line cannot be written: after the child has started
-    spec = {"job": "j", "index": 0, "state": str(state), "cwd": str(tmp_path), "debug": False,
-            "run": {"output": str(tmp_path / "out" / "part-0")}, "generate": {}}
+    spec = {
+        "job": "j",
+        "index": 0,
+        "state": str(state),
+        "cwd": str(tmp_path),
+        "debug": False,
+        "run": {"output": str(tmp_path / "out" / "part-0")},
+        "generate": {},
+    }
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     outcome = run_partition(spec, board=None)
     assert outcome["code"] == 6 and not outcome["cancelled"] and "part-0.attempts" in outcome["tail"]

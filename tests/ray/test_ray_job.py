@@ -44,9 +44,32 @@ def slow_sim(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 
 def start_job(cluster: Cluster, problems: Path, url: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
     """The job's driver, its stderr into a file beside OUT (`finish` reads it)."""
-    cmd = [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out), "--base-url", url,
-           "--tokenizer", TOKENIZER, "--num-parallel", "1", "--reward", "exact", "--shard-size", "2",
-           "--concurrency", "4", "--ray", cluster.address, "--partitions", str(PARTITIONS), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentroll",
+        "generate",
+        str(problems),
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "1",
+        "--reward",
+        "exact",
+        "--shard-size",
+        "2",
+        "--concurrency",
+        "4",
+        "--ray",
+        cluster.address,
+        "--partitions",
+        str(PARTITIONS),
+        *extra,
+    ]
     with open(out.parent / "driver.log", "wb") as log:
         return subprocess.Popen(cmd, env=cluster.env, stdout=log, stderr=log)
 
@@ -97,8 +120,9 @@ def wait_for(what: str, found: Callable[[], bool], job: subprocess.Popen[bytes],
         time.sleep(0.05)  # other processes' progress: files to look at again
 
 
-def test_a_partition_lost_twice_over_is_retried_by_ray_and_every_problem_is_written_once(ray_cluster, slow_sim,
-                                                                                          tmp_path):
+def test_a_partition_lost_twice_over_is_retried_by_ray_and_every_problem_is_written_once(
+    ray_cluster, slow_sim, tmp_path
+):
     problems, url = slow_sim
     out = tmp_path / "out"
     started = time.monotonic()
@@ -119,9 +143,26 @@ def test_a_partition_lost_twice_over_is_retried_by_ray_and_every_problem_is_writ
         # meanwhile a second driver on the same folder (the command run again, a requeue) is refused at once,
         # even with --overwrite, and deletes nothing
         second_driver = subprocess.run(
-            [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out), "--base-url", url,
-             "--tokenizer", TOKENIZER, "--ray", ray_cluster.address, "--overwrite"], env=ray_cluster.env,
-            capture_output=True, timeout=120)
+            [
+                sys.executable,
+                "-m",
+                "agentroll",
+                "generate",
+                str(problems),
+                "-o",
+                str(out),
+                "--base-url",
+                url,
+                "--tokenizer",
+                TOKENIZER,
+                "--ray",
+                ray_cluster.address,
+                "--overwrite",
+            ],
+            env=ray_cluster.env,
+            capture_output=True,
+            timeout=120,
+        )
         assert second_driver.returncode == 6, second_driver.stderr.decode(errors="replace")[-2000:]
         assert b"is in use by another agentroll generate --ray" in second_driver.stderr
         assert (out / f"part-{worker_lost}" / "manifest.json").exists()
@@ -155,8 +196,9 @@ def test_a_partition_lost_twice_over_is_retried_by_ray_and_every_problem_is_writ
     assert merged["complete"] and merged["groups"] == PROBLEMS
     assert [m["folder"] for m in merged["merged_from"]] == [str(out / f"part-{k}") for k in range(PARTITIONS)]
     assert merged["records"] == sum(1 for _ in agentroll.read_records(out))
-    checked = subprocess.run([sys.executable, "-m", "agentroll", "validate", str(out)], capture_output=True,
-                             env=ray_cluster.env, timeout=120)
+    checked = subprocess.run(
+        [sys.executable, "-m", "agentroll", "validate", str(out)], capture_output=True, env=ray_cluster.env, timeout=120
+    )
     assert checked.returncode == 0, checked.stdout.decode()
     for index in range(PARTITIONS):  # no partition's process outlived its task
         assert not any(running(a["child"]) for a in attempts(out, index))
@@ -197,23 +239,50 @@ def test_ctrl_c_stops_every_partition_cleanly_and_the_same_command_resumes(ray_c
     assert code == 0, stderr[-3000:]
     ids = Counter(group.problem_id for group in agentroll.read_groups(out))
     assert set(ids) == {f"p{i:03d}" for i in range(PROBLEMS)} and set(ids.values()) == {1}
-    skipped = sum(json.loads((out / f"part-{k}" / "manifest.json").read_text())["last_run"]["stats"]
-                  ["problems_skipped_done"] for k in range(PARTITIONS))
+    skipped = sum(
+        json.loads((out / f"part-{k}" / "manifest.json").read_text())["last_run"]["stats"]["problems_skipped_done"]
+        for k in range(PARTITIONS)
+    )
     assert skipped >= len(before)  # ...and the rerun kept it instead of doing it again
 
 
-def test_a_partition_that_fails_for_good_is_not_retried_and_its_code_is_the_jobs(ray_cluster, sim, problems,
-                                                                                 tmp_path):
+def test_a_partition_that_fails_for_good_is_not_retried_and_its_code_is_the_jobs(ray_cluster, sim, problems, tmp_path):
     """Tasks 1 and 3 get the endpoint nobody serves (--endpoints-per-task 1, round-robin): they exit 4 at once, Ray
     does not run them again, the others finish, and nothing is merged."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens there
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out), "--base-url",
-                           f"{sim.url},{dead}", "--endpoints-per-task", "1", "--down-timeout", "1", "--tokenizer",
-                           TOKENIZER, "--num-parallel", "1", "--reward", "exact", "--ray", ray_cluster.address,
-                           "--partitions", "4"], env=ray_cluster.env, capture_output=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentroll",
+            "generate",
+            str(problems),
+            "-o",
+            str(out),
+            "--base-url",
+            f"{sim.url},{dead}",
+            "--endpoints-per-task",
+            "1",
+            "--down-timeout",
+            "1",
+            "--tokenizer",
+            TOKENIZER,
+            "--num-parallel",
+            "1",
+            "--reward",
+            "exact",
+            "--ray",
+            ray_cluster.address,
+            "--partitions",
+            "4",
+        ],
+        env=ray_cluster.env,
+        capture_output=True,
+        timeout=240,
+    )
     stderr = proc.stderr.decode(errors="replace")
     assert proc.returncode == 4, stderr[-3000:]
     for index in (0, 2):
@@ -226,7 +295,8 @@ def test_a_partition_that_fails_for_good_is_not_retried_and_its_code_is_the_jobs
     endpoints = {r["endpoint"] for k in (0, 2) for r in read_records(out / f"part-{k}")}
     assert endpoints == {sim.url}  # tasks 0 and 2 were given the live endpoint only
     assert {r["problem_id"] for k in (0, 2) for r in read_records(out / f"part-{k}")} == {
-        f"p{i:03d}" for i in range(8) if in_partition(f"p{i:03d}", 0, 4) or in_partition(f"p{i:03d}", 2, 4)}
+        f"p{i:03d}" for i in range(8) if in_partition(f"p{i:03d}", 0, 4) or in_partition(f"p{i:03d}", 2, 4)
+    }
 
 
 def test_ray_local_starts_a_cluster_for_the_job_with_one_partition_per_node(sim, problems, tmp_path):
@@ -235,9 +305,30 @@ def test_ray_local_starts_a_cluster_for_the_job_with_one_partition_per_node(sim,
     env = {**ray_env(), "RAY_TMPDIR": temp}
     out = tmp_path / "out"
     try:
-        proc = subprocess.run([sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out),
-                               "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "2", "--reward",
-                               "exact", "--ray", "local"], env=env, capture_output=True, timeout=240)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentroll",
+                "generate",
+                str(problems),
+                "-o",
+                str(out),
+                "--base-url",
+                sim.url,
+                "--tokenizer",
+                TOKENIZER,
+                "--num-parallel",
+                "2",
+                "--reward",
+                "exact",
+                "--ray",
+                "local",
+            ],
+            env=env,
+            capture_output=True,
+            timeout=240,
+        )
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
@@ -253,10 +344,33 @@ def test_a_row_that_is_not_json_is_skipped_once_and_the_job_ends_0_every_time(ra
     problems.write_text("\n".join([rows[0], "{not json", *rows[1:]]) + "\n")
     out = tmp_path / "out"
     for _ in range(2):  # and the same command again
-        proc = subprocess.run([sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(out),
-                               "--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "1", "--reward",
-                               "exact", "--skip-invalid", "--ray", ray_cluster.address, "--partitions", "3"],
-                              env=ray_cluster.env, capture_output=True, timeout=240)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentroll",
+                "generate",
+                str(problems),
+                "-o",
+                str(out),
+                "--base-url",
+                sim.url,
+                "--tokenizer",
+                TOKENIZER,
+                "--num-parallel",
+                "1",
+                "--reward",
+                "exact",
+                "--skip-invalid",
+                "--ray",
+                ray_cluster.address,
+                "--partitions",
+                "3",
+            ],
+            env=ray_cluster.env,
+            capture_output=True,
+            timeout=240,
+        )
         stderr = proc.stderr.decode(errors="replace")
         assert proc.returncode == 0, stderr[-3000:]
     assert "problems 9 (already done 8)" in stderr and "invalid rows 1" in stderr

@@ -116,11 +116,30 @@ def launch(python: Path, model: Path, log: Path, *flags: str, env: dict[str, str
     for it."""
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
-    cmd = [str(python.parent / "vllm"), "serve", str(model), "--served-model-name", "tiny", "--dtype", "float32",
-           "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), *flags]
+    cmd = [
+        str(python.parent / "vllm"),
+        "serve",
+        str(model),
+        "--served-model-name",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *flags,
+    ]
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", GUARD, str(os.getpid()), *cmd], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", GUARD, str(os.getpid()), *cmd],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     SERVERS.append(proc)
     return Launched(proc, f"http://127.0.0.1:{port}", log)
 
@@ -144,8 +163,9 @@ def ready(server: Launched) -> tuple[subprocess.Popen[bytes], str]:
     pytest.skip("vllm serve did not become healthy within 600s")
 
 
-def start_server(python: Path, model: Path, log: Path, *flags: str,
-                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    python: Path, model: Path, log: Path, *flags: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """`vllm serve` of the tiny model with `flags`, once its /health answers: (the guard process, base URL)."""
     return ready(launch(python, model, log, *flags, env=env))
 
@@ -182,12 +202,16 @@ def tiny_model(vllm_python: Path, tmp_path_factory) -> Path:
 def real_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> Iterator[str]:
     """The main server, default logprobs mode, serving both token APIs (/v1/completions and, with
     --enable-scale-out, /inference/v1/generate)."""
-    proc, url = start_server(vllm_python, tiny_model, tmp_path_factory.mktemp("logs") / "vllm.log",
-                             "--enable-scale-out")
+    proc, url = start_server(
+        vllm_python, tiny_model, tmp_path_factory.mktemp("logs") / "vllm.log", "--enable-scale-out"
+    )
     try:
         version = json.loads(urllib.request.urlopen(f"{url}/version", timeout=10).read())["version"]
-        SUMMARY.insert(0, f"real vLLM server: vLLM {version} (--enable-scale-out: /v1/completions and "
-                          f"/inference/v1/generate) at {url}")
+        SUMMARY.insert(
+            0,
+            f"real vLLM server: vLLM {version} (--enable-scale-out: /v1/completions and "
+            f"/inference/v1/generate) at {url}",
+        )
         yield url
     finally:
         stop(proc)
@@ -198,8 +222,14 @@ def processed_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, reques
     """A second server of the same model with --logprobs-mode processed_logprobs: started only for the tests that
     ask for it (while the main one starts, if it has not yet), stopped (its whole process group) when their
     module is done."""
-    server = launch(vllm_python, tiny_model, tmp_path_factory.mktemp("logs") / "vllm-processed.log",
-                    "--enable-scale-out", "--logprobs-mode", "processed_logprobs")
+    server = launch(
+        vllm_python,
+        tiny_model,
+        tmp_path_factory.mktemp("logs") / "vllm-processed.log",
+        "--enable-scale-out",
+        "--logprobs-mode",
+        "processed_logprobs",
+    )
     try:
         request.getfixturevalue("real_vllm")
         _, url = ready(server)
@@ -212,8 +242,14 @@ def processed_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, reques
 def priority_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[str]:
     """A server of the same model with --scheduling-policy priority (its queue ordered by each request's
     `priority`, lower first): started only for the tests that ask for it, stopped when their module is done."""
-    server = launch(vllm_python, tiny_model, tmp_path_factory.mktemp("logs") / "vllm-priority.log",
-                    "--enable-scale-out", "--scheduling-policy", "priority")
+    server = launch(
+        vllm_python,
+        tiny_model,
+        tmp_path_factory.mktemp("logs") / "vllm-priority.log",
+        "--enable-scale-out",
+        "--scheduling-policy",
+        "priority",
+    )
     try:
         request.getfixturevalue("real_vllm")
         _, url = ready(server)

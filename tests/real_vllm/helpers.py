@@ -37,9 +37,15 @@ class RecordingProxy:
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
-        async with aiohttp.ClientSession() as session, session.request(
-                request.method, self.upstream + request.path_qs, data=body or None,
-                headers={"content-type": "application/json"}) as answer:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                request.method,
+                self.upstream + request.path_qs,
+                data=body or None,
+                headers={"content-type": "application/json"},
+            ) as answer,
+        ):
             raw, status = await answer.read(), answer.status
         if request.path in (COMPLETIONS, GENERATE) and status == 200:
             self.log.append({"path": request.path, "request": json.loads(body), "response": json.loads(raw)})
@@ -79,15 +85,34 @@ class RecordingProxy:
 def problems(path: Path, count: int) -> Path:
     with path.open("w") as f:
         for i in range(count):
-            f.write(json.dumps({"id": f"r{i}", "prompt": f"What is {i} times {i + 2}?", "label": str(i * (i + 2))})
-                    + "\n")
+            f.write(
+                json.dumps({"id": f"r{i}", "prompt": f"What is {i} times {i + 2}?", "label": str(i * (i + 2))}) + "\n"
+            )
     return path
 
 
 def generate(url: str, input_path: Path, out: Path, *extra: str, seed: int = 3, max_tokens: int = 24):
-    return run_cli("generate", str(input_path), "-o", str(out), "--base-url", url, "--tokenizer", TOKENIZER,
-                   "--num-parallel", "2", "--no-think", "--max-tokens", str(max_tokens), "--reward", "exact",
-                   "--seed", str(seed), *extra, timeout=900)
+    return run_cli(
+        "generate",
+        str(input_path),
+        "-o",
+        str(out),
+        "--base-url",
+        url,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--no-think",
+        "--max-tokens",
+        str(max_tokens),
+        "--reward",
+        "exact",
+        "--seed",
+        str(seed),
+        *extra,
+        timeout=900,
+    )
 
 
 def manifest(folder: Path) -> dict:
@@ -102,6 +127,7 @@ def key(record: dict) -> tuple:
 @dataclass
 class Answer:
     """One answer as vLLM sent it, read straight from the JSON of either API."""
+
     api: str
     prompt: list[int]
     params: dict[str, Any]  # the sampling parameters of the request
@@ -131,20 +157,43 @@ def answers(log: list[dict], alternatives: int = 0) -> list[Answer]:
             if alternatives:
                 top = []
                 for c in content:
-                    ranked = sorted((t for t in c["top_logprobs"] if t["rank"] <= alternatives),
-                                    key=lambda t: t["rank"])
+                    ranked = sorted(
+                        (t for t in c["top_logprobs"] if t["rank"] <= alternatives), key=lambda t: t["rank"]
+                    )
                     # asked for K + 1 entries (sampled token first), vLLM always holds ranks 1..K
                     assert [t["rank"] for t in ranked] == list(range(1, alternatives + 1)), c["top_logprobs"]
                     top.append([(t["token_id"], t["logprob"]) for t in ranked])
-            out.append(Answer("generate", request["token_ids"], params, choice["token_ids"],
-                              [c["logprob"] for c in content], choice["finish_reason"], choice["stop_reason"],
-                              choice, payload, ranks=[c["rank"] for c in content], top=top))
+            out.append(
+                Answer(
+                    "generate",
+                    request["token_ids"],
+                    params,
+                    choice["token_ids"],
+                    [c["logprob"] for c in content],
+                    choice["finish_reason"],
+                    choice["stop_reason"],
+                    choice,
+                    payload,
+                    ranks=[c["rank"] for c in content],
+                    top=top,
+                )
+            )
         else:
             if request["max_tokens"] == 1:
                 continue
-            out.append(Answer("completions", request["prompt"], request, choice["token_ids"],
-                              choice["logprobs"]["token_logprobs"], choice["finish_reason"], choice["stop_reason"],
-                              choice, payload))
+            out.append(
+                Answer(
+                    "completions",
+                    request["prompt"],
+                    request,
+                    choice["token_ids"],
+                    choice["logprobs"]["token_logprobs"],
+                    choice["finish_reason"],
+                    choice["stop_reason"],
+                    choice,
+                    payload,
+                )
+            )
     return out
 
 

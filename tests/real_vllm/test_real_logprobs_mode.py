@@ -37,8 +37,9 @@ def test_generate_finds_the_servers_logprobs_mode_and_warns_on_raw(shaped):
     for mode, (stderr, records, written) in shaped.items():
         server = written["servers"][-1]
         assert server["logprobs_mode"] == mode and server["api"] == "generate"
-        assert records and all(r["sampling"]["temperature"] == TEMPERATURE and r["sampling"]["top_k"] == TOP_K
-                               for r in records)
+        assert records and all(
+            r["sampling"]["temperature"] == TEMPERATURE and r["sampling"]["top_k"] == TOP_K for r in records
+        )
         # the raw server's logprobs are not those of the distribution sampled from: said, once; not for processed
         assert stderr.count(warning) == (mode == RAW), stderr
         assert ("the recorded logprobs are not those" in stderr) == (mode == RAW)
@@ -56,8 +57,10 @@ def test_doctor_reports_the_servers_logprobs_mode(real_vllm, processed_vllm):
     assert re.match(rf"ok +logprobs mode: {RAW}\b", doctor_line(real_vllm))
     assert re.match(rf"ok +logprobs mode: {PROCESSED}\b", doctor_line(processed_vllm))
     # told the sampling to come, doctor warns about raw logprobs as generate does
-    assert re.match(rf"warn +logprobs mode: the server returns {RAW} \(values before temperature 0.5\)",
-                    doctor_line(real_vllm, "--temperature", "0.5"))
+    assert re.match(
+        rf"warn +logprobs mode: the server returns {RAW} \(values before temperature 0.5\)",
+        doctor_line(real_vllm, "--temperature", "0.5"),
+    )
 
 
 def test_processed_logprobs_are_the_sampled_distributions_and_raw_ones_the_models(shaped):
@@ -90,5 +93,7 @@ def test_processed_logprobs_are_the_sampled_distributions_and_raw_ones_the_model
                 widest = max(widest, raw_gap)
             positions += 1
     assert positions and widest > 0.01  # gaps wide enough that a raw value would fail the doubling
-    SUMMARY.append(f"real vLLM logprobs modes: {RAW} and {PROCESSED} found by generate and doctor; {positions} "
-                   f"positions at temperature {TEMPERATURE}, top-k {TOP_K}: processed = the sampled distribution")
+    SUMMARY.append(
+        f"real vLLM logprobs modes: {RAW} and {PROCESSED} found by generate and doctor; {positions} "
+        f"positions at temperature {TEMPERATURE}, top-k {TOP_K}: processed = the sampled distribution"
+    )

@@ -21,8 +21,18 @@ def test_critique_revise_is_token_exact_over_its_turns_on_real_vllm(api, real_vl
     inputs = problems(tmp_path / "p.jsonl", 4)
     out = tmp_path / "out"
     with RecordingProxy(real_vllm) as proxy:
-        proc = generate(proxy.url, inputs, out, "--api", api, "--system", "critique-revise", "--samples-per-prompt",
-                        "2", max_tokens=16)
+        proc = generate(
+            proxy.url,
+            inputs,
+            out,
+            "--api",
+            api,
+            "--system",
+            "critique-revise",
+            "--samples-per-prompt",
+            "2",
+            max_tokens=16,
+        )
     assert proc.returncode == 0, proc.stderr.decode()
     assert manifest(out)["settings"]["system"]["stages"] == ["solver", "critic", "reviser"]
     records = read_records(out)
@@ -37,30 +47,37 @@ def test_critique_revise_is_token_exact_over_its_turns_on_real_vllm(api, real_vl
         assert [r["stage"] for r in rows] == ["solver", "critic", "reviser"]
         for before, now in pairwise(rows):
             head = before["prompt_token_ids"] + before["response_token_ids"]
-            assert now["prompt_token_ids"][:len(head)] == head
+            assert now["prompt_token_ids"][: len(head)] == head
             injected = len(now["prompt_token_ids"]) - len(head)
             assert injected > 0
             history = (before["history_mask"] or [0] * len(before["prompt_token_ids"])) + before["loss_mask"]
             assert now["history_mask"] == history + [0] * injected
         # what a re-rendering of the same conversation from text would have sent instead
         solver, critic = rows[0], rows[1]
-        body = {"model": solver["model"], "add_generation_prompt": True, "messages": [
-            {"role": "user", "content": _last_user(tokenizer, solver)},
-            {"role": "assistant", "content": solver["response"]},
-            {"role": "user", "content": _last_user(tokenizer, critic)},
-        ]}
-        request = urllib.request.Request(f"{real_vllm}/tokenize", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        body = {
+            "model": solver["model"],
+            "add_generation_prompt": True,
+            "messages": [
+                {"role": "user", "content": _last_user(tokenizer, solver)},
+                {"role": "assistant", "content": solver["response"]},
+                {"role": "user", "content": _last_user(tokenizer, critic)},
+            ],
+        }
+        request = urllib.request.Request(
+            f"{real_vllm}/tokenize", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=60) as answer:
             rerendered = json.loads(answer.read())["tokens"]
         rerendered_differs += rerendered != critic["prompt_token_ids"]
-    SUMMARY.append(f"real vLLM, critique-revise --api {api}: {len(records)} samples over {len(executions)} "
-                   f"conversations token-exact; re-rendering the conversation as text would have sent other ids in "
-                   f"{rerendered_differs} of {len(executions)} critic prompts")
+    SUMMARY.append(
+        f"real vLLM, critique-revise --api {api}: {len(records)} samples over {len(executions)} "
+        f"conversations token-exact; re-rendering the conversation as text would have sent other ids in "
+        f"{rerendered_differs} of {len(executions)} critic prompts"
+    )
 
 
 def _last_user(tokenizer, record: dict) -> str:
     """A prompt's last user message, read back from its ChatML rendering (the tiny model's template)."""
     text = tokenizer.decode(record["prompt_token_ids"])
     start = text.rfind("<|im_start|>user\n") + len("<|im_start|>user\n")
-    return text[start:text.find("<|im_end|>", start)]
+    return text[start : text.find("<|im_end|>", start)]

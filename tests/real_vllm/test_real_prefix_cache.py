@@ -15,8 +15,10 @@ from ..conftest import run_cli
 from .conftest import SUMMARY
 from .helpers import TOKENIZER, manifest
 
-WORDS = ("a train leaves the station at noon and travels east while another one waits for the signal to turn green "
-         "so that the passengers can board before the doors close and the journey continues across the plain")
+WORDS = (
+    "a train leaves the station at noon and travels east while another one waits for the signal to turn green "
+    "so that the passengers can board before the doors close and the journey continues across the plain"
+)
 
 
 def counters(url: str) -> tuple[float, float]:
@@ -34,19 +36,44 @@ def test_executions_of_one_problem_hit_vllms_prefix_cache(real_vllm, tmp_path: P
     with path.open("w") as f:
         for i in range(3):
             story = " ".join([f"Story {i}:", WORDS, WORDS])
-            f.write(json.dumps({"id": f"long{i}", "prompt": f"{story}. What is {i} times {i + 2}?",
-                                "label": str(i * (i + 2))}) + "\n")
+            f.write(
+                json.dumps(
+                    {"id": f"long{i}", "prompt": f"{story}. What is {i} times {i + 2}?", "label": str(i * (i + 2))}
+                )
+                + "\n"
+            )
     queried, hit = counters(real_vllm)
     # No --seed: vLLM 0.32's CPU build kills its engine ("CPU Generator does not use offset") when a seeded
     # request's prompt is prefilled in chunks, as these long prompts are when many arrive at once.
-    run = run_cli("generate", str(path), "-o", str(tmp_path / "out"), "--base-url", real_vllm, "--tokenizer",
-                  TOKENIZER, "--num-parallel", "2", "--samples-per-prompt", "3", "--no-think", "--max-tokens", "24",
-                  "--reward", "exact", "--api", "completions", timeout=900)
+    run = run_cli(
+        "generate",
+        str(path),
+        "-o",
+        str(tmp_path / "out"),
+        "--base-url",
+        real_vllm,
+        "--tokenizer",
+        TOKENIZER,
+        "--num-parallel",
+        "2",
+        "--samples-per-prompt",
+        "3",
+        "--no-think",
+        "--max-tokens",
+        "24",
+        "--reward",
+        "exact",
+        "--api",
+        "completions",
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr.decode()
     assert manifest(tmp_path / "out")["groups"] == 3
     queried2, hit2 = counters(real_vllm)
     rate = (hit2 - hit) / (queried2 - queried)
-    SUMMARY.append(f"real vLLM prefix cache, 3 problems x 3 executions x 2 solvers (+ rewriters, selector): "
-                   f"{hit2 - hit:.0f} of {queried2 - queried:.0f} prompt tokens from cache, hit rate {rate:.3f}")
+    SUMMARY.append(
+        f"real vLLM prefix cache, 3 problems x 3 executions x 2 solvers (+ rewriters, selector): "
+        f"{hit2 - hit:.0f} of {queried2 - queried:.0f} prompt tokens from cache, hit rate {rate:.3f}"
+    )
     print(SUMMARY[-1])
     assert rate > 0

@@ -54,12 +54,19 @@ TIE = 1e-4  # router logits closer than this may rank either way between vLLM's 
 pytestmark = pytest.mark.skipif(
     os.environ.get("AGENTROLL_REAL_VLLM_MOE") != "1",
     reason="AGENTROLL_REAL_VLLM_MOE is not 1: needs a vLLM that can return routed experts: a GPU build, or the CPU "
-           "shim, see the module docstring")
+    "shim, see the module docstring",
+)
 
 
 def _venv_python(vllm_python: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(vllm_python), str(HERE / "tiny_moe.py"), *args], input=stdin, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return subprocess.run(
+        [str(vllm_python), str(HERE / "tiny_moe.py"), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +87,12 @@ def moe_vllm(vllm_python: Path, moe_model: Path, tmp_path_factory) -> Iterator[s
     if os.environ.get("AGENTROLL_VLLM_CPU_ROUTES_SHIM") == "1":
         flags.append("--enforce-eager")
         path = os.environ.get("PYTHONPATH")
-        env = {"PYTHONPATH": f"{STUB}{os.pathsep}{path}" if path else str(STUB), "TRITON_INTERPRET": "1",
-               "VLLM_USE_V2_MODEL_RUNNER": "1"}
-    proc, url = start_server(vllm_python, moe_model, tmp_path_factory.mktemp("logs") / "vllm-moe.log", *flags,
-                             env=env)
+        env = {
+            "PYTHONPATH": f"{STUB}{os.pathsep}{path}" if path else str(STUB),
+            "TRITON_INTERPRET": "1",
+            "VLLM_USE_V2_MODEL_RUNNER": "1",
+        }
+    proc, url = start_server(vllm_python, moe_model, tmp_path_factory.mktemp("logs") / "vllm-moe.log", *flags, env=env)
     try:
         yield url
     finally:
@@ -99,8 +108,18 @@ def runs(moe_vllm: str, tmp_path_factory) -> dict[str, tuple[list[dict], list[di
     for api in APIS:
         out = tmp_path_factory.mktemp(f"routes-{api}")
         with RecordingProxy(moe_vllm) as proxy:
-            proc = generate(proxy.url, path, out, "--api", api, "--return-routed-experts", "--samples-per-prompt",
-                            "2", seed=11, max_tokens=16)
+            proc = generate(
+                proxy.url,
+                path,
+                out,
+                "--api",
+                api,
+                "--return-routed-experts",
+                "--samples-per-prompt",
+                "2",
+                seed=11,
+                max_tokens=16,
+            )
         assert proc.returncode == 0, proc.stderr.decode()
         written = manifest(out)
         assert written["servers"][-1]["api"] == api and written["settings"]["return_routed_experts"] is True
@@ -112,12 +131,19 @@ def runs(moe_vllm: str, tmp_path_factory) -> dict[str, tuple[list[dict], list[di
 def reference(runs, vllm_python: Path, moe_model: Path) -> dict[tuple[int, ...], dict[str, np.ndarray]]:
     """transformers' router on every sequence the runs forwarded (prompt + response[:-1]): {sequence: {experts,
     logits}}."""
-    sequences = sorted({tuple(r["prompt_token_ids"] + r["response_token_ids"][:-1])
-                        for records, _, _ in runs.values() for r in records})
+    sequences = sorted(
+        {
+            tuple(r["prompt_token_ids"] + r["response_token_ids"][:-1])
+            for records, _, _ in runs.values()
+            for r in records
+        }
+    )
     got = _venv_python(vllm_python, "route", str(moe_model), stdin=json.dumps([list(s) for s in sequences]))
     assert got.returncode == 0, got.stderr[-2000:]
-    return {s: {name: np.array(v) for name, v in answer.items()}
-            for s, answer in zip(sequences, json.loads(got.stdout), strict=True)}
+    return {
+        s: {name: np.array(v) for name, v in answer.items()}
+        for s, answer in zip(sequences, json.loads(got.stdout), strict=True)
+    }
 
 
 def npy_bytes(array: np.ndarray) -> int:
@@ -157,10 +183,13 @@ def test_routes_are_the_routers_top_k_for_the_same_tokens(api, runs, reference):
             scores = logits[position, layer]
             assert np.abs(scores[got[position, layer]] - scores[experts[position, layer]]).max() < TIE, (
                 f"{key(r)} position {position} layer {layer}: vLLM routed to {got[position, layer]}, the router's "
-                f"top-{PER_TOKEN} is {experts[position, layer]} (logits {scores})")
+                f"top-{PER_TOKEN} is {experts[position, layer]} (logits {scores})"
+            )
     assert rows and exact >= 0.99 * rows, (exact, rows)
-    SUMMARY.append(f"real vLLM routed experts, --api {api}: {len(records)} records, {exact}/{rows} (position, layer) "
-                   "rows equal to transformers' router top-k")
+    SUMMARY.append(
+        f"real vLLM routed experts, --api {api}: {len(records)} records, {exact}/{rows} (position, layer) "
+        "rows equal to transformers' router top-k"
+    )
 
 
 def test_records_sharing_a_prompt_share_its_rows_stored_once(runs):
@@ -168,7 +197,7 @@ def test_records_sharing_a_prompt_share_its_rows_stored_once(runs):
     by_prompt: dict[tuple[int, ...], list[np.ndarray]] = defaultdict(list)
     for records, _, _ in runs.values():
         for r in records:
-            by_prompt[tuple(r["prompt_token_ids"])].append(r["routed_experts"][:len(r["prompt_token_ids"])])
+            by_prompt[tuple(r["prompt_token_ids"])].append(r["routed_experts"][: len(r["prompt_token_ids"])])
     shared = [parts for parts in by_prompt.values() if len(parts) > 1]
     assert max(map(len, shared)) >= 8  # four solvers per problem per run, on each of the two APIs
     for parts in shared:
@@ -193,5 +222,7 @@ def test_the_folder_validates_and_the_sidecar_beats_one_array_per_record(api, ru
     stored = sum(p.stat().st_size for p in sidecars)
     naive = sum(npy_bytes(r["routed_experts"]) for r in records)
     assert stored < naive, (stored, naive)
-    SUMMARY.append(f"real vLLM routed experts, --api {api}: validate ok, sidecar {stored} bytes where one .npy per "
-                   f"record takes {naive}")
+    SUMMARY.append(
+        f"real vLLM routed experts, --api {api}: validate ok, sidecar {stored} bytes where one .npy per "
+        f"record takes {naive}"
+    )

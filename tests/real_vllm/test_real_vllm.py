@@ -116,8 +116,10 @@ def test_records_are_token_exact_against_real_vllm(api, runs, inputs, tokenizer)
     records, log, _ = runs(api, inputs, seed=7)
     assert {r["stage"] for r in records} == {"solver", "rewriter", "selector"}  # all three stages ran on vLLM
     checked = check_exact(records, log, api, tokenizer)
-    SUMMARY.append(f"real vLLM, --api {api}: {len({r['rollout_id'] for r in records})} rollouts, {checked} samples "
-                   "checked token by token against vLLM's own answers")
+    SUMMARY.append(
+        f"real vLLM, --api {api}: {len({r['rollout_id'] for r in records})} rollouts, {checked} samples "
+        "checked token by token against vLLM's own answers"
+    )
 
 
 def test_ids_read_from_token_id_strings_equal_vllms_token_ids(real_vllm, inputs, tmp_path, tokenizer):
@@ -144,8 +146,9 @@ def test_same_seed_gives_the_same_tokens_through_both_apis(runs, inputs):
         assert (r["finish_reason"], r["stop_reason"]) == (g["finish_reason"], g["stop_reason"])
         compared += 1
     assert compared == len(a) > 0
-    SUMMARY.append(f"real vLLM, --seed 7 through both APIs: all {compared} samples identical (prompts, ids, "
-                   "logprobs, texts)")
+    SUMMARY.append(
+        f"real vLLM, --seed 7 through both APIs: all {compared} samples identical (prompts, ids, logprobs, texts)"
+    )
 
 
 def check_top(records: list[dict], log: list[dict], api: str) -> int:
@@ -192,25 +195,33 @@ def test_top_logprobs_are_token_exact_through_both_apis(runs, few):
             continue  # a later stage shown a text that differs (test_same_seed...)
         assert r["response_token_ids"] == g["response_token_ids"]
         for j in range(len(r["response_token_ids"])):
-            assert same_ranking(r["top_token_ids"][j], r["top_logprobs"][j], g["top_token_ids"][j],
-                                g["top_logprobs"][j]), (key(r), j)
+            assert same_ranking(
+                r["top_token_ids"][j], r["top_logprobs"][j], g["top_token_ids"][j], g["top_logprobs"][j]
+            ), (key(r), j)
             rank = g["response_ranks"][j]
             assert r["response_ranks"][j] == (rank if rank <= K else None)
             agreed += 1
     assert agreed >= positions // 2
-    SUMMARY.append(f"real vLLM, --logprobs {K}: {positions} positions per API checked against vLLM's top "
-                   f"logprobs, {agreed} identical across the two APIs")
+    SUMMARY.append(
+        f"real vLLM, --logprobs {K}: {positions} positions per API checked against vLLM's top "
+        f"logprobs, {agreed} identical across the two APIs"
+    )
 
 
 def test_local_chat_template_matches_vllms_tokenize_for_every_stage(real_vllm):
     encoder, templates = ChatEncoder(load_tokenizer(TOKENIZER)), Templates()
     for problem in ("What is 2 times 4?", "Ein Dreieck hat Winkel 30° und 60°: der dritte?", "x^2 = 9, x > 0"):
-        for messages in (templates.messages("solver", problem),
-                         templates.messages("rewriter", problem, ["\\boxed{8}", "It is \\boxed{9}."]),
-                         templates.messages("selector", problem, ["\\boxed{8}"])):
+        for messages in (
+            templates.messages("solver", problem),
+            templates.messages("rewriter", problem, ["\\boxed{8}", "It is \\boxed{9}."]),
+            templates.messages("selector", problem, ["\\boxed{8}"]),
+        ):
             request = urllib.request.Request(
-                f"{real_vllm}/tokenize", method="POST", headers={"content-type": "application/json"},
-                data=json.dumps({"model": "tiny", "messages": messages, "add_generation_prompt": True}).encode())
+                f"{real_vllm}/tokenize",
+                method="POST",
+                headers={"content-type": "application/json"},
+                data=json.dumps({"model": "tiny", "messages": messages, "add_generation_prompt": True}).encode(),
+            )
             theirs = json.loads(urllib.request.urlopen(request, timeout=30).read())["tokens"]
             assert encoder.encode(messages)[1] == theirs
     doctor = run_cli("doctor", "--base-url", real_vllm + "/v1", "--tokenizer", TOKENIZER, timeout=300)
@@ -227,14 +238,26 @@ def test_a_prompt_leaving_no_room_is_a_bad_row(real_vllm, tmp_path):
     assert f"{path}:1: line 1, field 'prompt': the rendered prompt has".encode() in refused.stderr
 
 
-@pytest.mark.parametrize(("api", "message"), [
-    ("completions", b"This model's maximum context length is 2048 tokens"),
-    ("generate", b"is longer than the maximum model length of 2048"),
-])
+@pytest.mark.parametrize(
+    ("api", "message"),
+    [
+        ("completions", b"This model's maximum context length is 2048 tokens"),
+        ("generate", b"is longer than the maximum model length of 2048"),
+    ],
+)
 def test_vllms_own_context_error_fails_the_group(real_vllm, tmp_path, api, message):
     # told the context is larger than it is, vLLM's own 400 fails the call: the group is missing, exit 8
-    sent = generate(real_vllm, long_input(tmp_path), tmp_path / "b", "--num-parallel", "1", "--max-context-len",
-                    "100000", "--api", api)
+    sent = generate(
+        real_vllm,
+        long_input(tmp_path),
+        tmp_path / "b",
+        "--num-parallel",
+        "1",
+        "--max-context-len",
+        "100000",
+        "--api",
+        api,
+    )
     assert sent.returncode == 8 and message in sent.stderr, sent.stderr.decode()
     stats = manifest(tmp_path / "b")["last_run"]["stats"]
     assert stats["stages"]["solver"]["failed_calls"] == 1 and stats["groups_failed"] == 1
@@ -277,12 +300,33 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, vllm_pyth
         assert manifest(tmp_path / "auto")["servers"][-1]["api"] == "completions"
         path = problems(tmp_path / "p.jsonl", 100)  # enough work left after the stop to need rerouting
         out = tmp_path / "out"
-        args = ["generate", str(path), "-o", str(out), "--base-url", f"{real_vllm},{url}", "--tokenizer", TOKENIZER,
-                "--num-parallel", "2", "--no-think", "--max-tokens", "160", "--reward", "exact", "--concurrency", "8",
-                "--probe-interval", "1", "--api", "completions"]  # the API both servers offer
+        args = [
+            "generate",
+            str(path),
+            "-o",
+            str(out),
+            "--base-url",
+            f"{real_vllm},{url}",
+            "--tokenizer",
+            TOKENIZER,
+            "--num-parallel",
+            "2",
+            "--no-think",
+            "--max-tokens",
+            "160",
+            "--reward",
+            "exact",
+            "--concurrency",
+            "8",
+            "--probe-interval",
+            "1",
+            "--api",
+            "completions",
+        ]  # the API both servers offer
         before = served(url)
-        proc = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentroll", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         running.append(proc)  # killed and reaped in `finally` if the test fails before it ends
         deadline = time.monotonic() + 300
         # Stop it while it holds work: those requests must be rerouted. (Waiting for a count served alone let

@@ -27,11 +27,22 @@ def build(out: Path, tokenizer_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
     config = MixtralConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=64, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=4, head_dim=32,  # the CPU attention kernel wants 32+
-        num_local_experts=EXPERTS, num_experts_per_tok=PER_TOKEN, max_position_embeddings=2048,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True, dtype="float32")
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,  # the CPU attention kernel wants 32+
+        num_local_experts=EXPERTS,
+        num_experts_per_tok=PER_TOKEN,
+        max_position_embeddings=2048,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        dtype="float32",
+    )
     model = MixtralForCausalLM(config)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
