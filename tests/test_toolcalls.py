@@ -260,6 +260,7 @@ def test_the_python_tool_runs_code_in_the_sandbox():
     assert (printed.status, printed.output) == ("ok", "42")
     crashed = call(box, "python", {"code": "print('so far')\n1 / 0"}, sandbox=sandbox)
     assert crashed.status == "failed" and crashed.record["error"] == "exit code 1"
+    assert 'File "main.py", line 2, in <module>' in crashed.output and "agentroll-sandbox" not in crashed.output
     assert crashed.output.startswith("so far\n[stderr]\nTraceback") and crashed.output.endswith(
         "ZeroDivisionError: division by zero\n[exit code 1]"
     )
