@@ -4,6 +4,8 @@ a `tool_call_id` a Mistral-style template can require."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.resources
 import json
 import re
 import shutil
@@ -16,8 +18,9 @@ import pytest
 from agentroll.chat import load_tokenizer
 from agentroll.sim.script import Script, Scripted
 from agentroll.sim.server import SimServer
-from agentroll.toolcalls import call_id
+from agentroll.toolcalls import PYTHON, call_id
 from agentroll.tools.validate import validate
+from agentroll.turns import separator
 
 from .conftest import TOKENIZER, read_records, write_problems
 from .test_tool_use import behavior, executions, manifest, tool_use
@@ -184,3 +187,19 @@ def test_the_mistral_parsers_results_carry_the_call_id_its_template_requires(ser
         ]
 
     assert ids(runs[0]) == ids(runs[1])
+
+
+def test_templates_that_ignore_name_and_id_render_results_as_before():
+    tokenizer = load_tokenizer(TOKENIZER)
+    templates = [tokenizer.chat_template]
+    qwen3 = importlib.resources.files("trl") / "chat_templates" / "qwen3.jinja"  # Qwen3's published template
+    if qwen3.is_file():
+        templates.append(qwen3.read_text())
+    bare = [{"role": "tool", "content": "42"}, {"role": "tool", "content": "[stderr]\nboom"}]
+    named = [{**m, "name": "python", "tool_call_id": f"abcDEF12{i}"} for i, m in enumerate(bare)]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for template in templates:
+        tokenizer.chat_template = template
+        ids = [asyncio.run(separator(tokenizer, m, {}, end, tools=[PYTHON.schema])) for m in (bare, named)]
+        assert ids[0] == ids[1]
+    assert len(templates) == 2

@@ -100,9 +100,9 @@ class ToolUse(System):
         sample = await ctx.complete("solver", prompt, worker=0)
         if sample is None:  # cannot happen: problem_prompt refuses a prompt that leaves no room
             raise AssertionError("no room after a checked prompt")
-        think = ctx.engine.stage("solver").config.think
+        config = ctx.engine.stage("solver").config
         samples = [sample]
-        while sample.status != "truncated" and (calls := self.parse(tool_text(sample.response, think))):
+        while sample.status != "truncated" and (calls := self.parse(tool_text(sample.response, config.think))):
             last = len(samples) >= self.settings["max_turns"]
             if last:
                 results = [self.toolbox.not_run(c, "max_turns reached") for c in calls]
@@ -112,7 +112,7 @@ class ToolUse(System):
             self._count(ctx, results)
             if last:
                 break
-            where = (ctx.config.seed, ctx.problem.id, ctx.sample_index, ctx.attempt, sample.turn)
+            where = (config.seed, ctx.problem.id, ctx.sample_index, ctx.attempt, sample.turn)
             messages = [
                 tool_message(c, r, c.id or call_id(*where, j))
                 for j, (c, r) in enumerate(zip(calls, results, strict=True))
