@@ -87,6 +87,33 @@ def test_crashing_looping_and_memory_hungry_programs_score_0_and_say_why(program
     assert (result.value, result.info, result.failed) == (0.0, f"passed 0 of 3 tests; {why}", None)
 
 
+def test_an_input_that_ends_in_a_newline_is_fed_as_it_is():
+    program = "import sys\nfor line in sys.stdin:\n    a, b = map(int, line.split())\n    print(a + b)"
+    label = {"inputs": ["1 2\n3 4\n", "5 6"], "outputs": ["3\n7\n", "11\n"]}
+    assert score(answer(program), label).info == "passed 2 of 2 tests"
+    seen = {"inputs": ["1 2\n", "1 2", ["a", "b"], ""], "outputs": ["'1 2\\n'", "'1 2\\n'", "'a\\nb\\n'", "'\\n'"]}
+    assert score(answer("import sys\nprint(repr(sys.stdin.read()))"), seen).info == "passed 4 of 4 tests"
+
+
+def test_partial_credit_names_each_failed_test_within_a_bound():
+    program = "n = int(input())\nif n == 5:\n    raise ValueError('five')\nprint(2 * n if n > 0 else n)"
+    result = score(answer(program), DOUBLE, partial=True)
+    assert result.value == pytest.approx(1 / 3)
+    assert result.info == (
+        "passed 1 of 3 tests; test 2: error: ValueError: five; test 3: wrong output: line 1: expected '-2', got '-1'"
+    )
+    many = {"inputs": [f"{i}\n" for i in range(12)], "outputs": ["x\n"] * 12}
+    result = score(answer("print(input() * 40)"), many, partial=True)
+    assert result.value == 0.0 and len(result.info) <= 600
+    assert result.info.startswith("passed 0 of 12 tests; test 1: wrong output: line 1: expected 'x', got '0000")
+    assert result.info.endswith("; and 7 more failed") and result.info.count("; test ") == 5
+
+
+def test_paths_of_the_sandbox_never_reach_reward_info():
+    result = score(answer("import os\nraise ValueError(os.path.abspath(__file__))"), DOUBLE)
+    assert result.info == "passed 0 of 3 tests; test 1: error: ValueError: main.py (later tests not run)"
+
+
 def test_call_based_tests_call_the_function_or_a_solution_method():
     label = {"fn_name": "add", "inputs": [[1, 2], [3, 4], ["a", "b"]], "outputs": [[3], 7, ["ab"]]}
     assert score(answer("def add(a, b):\n    return a + b"), label).value == 1.0

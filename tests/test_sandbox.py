@@ -99,9 +99,12 @@ def test_the_process_limit_stops_a_fork_bomb():
 
 def test_the_environment_is_scrubbed_and_the_directory_is_fresh_and_removed(monkeypatch):
     monkeypatch.setenv("AGENTROLL_TEST_SECRET", "hunter2")
-    code = "import os, json\nopen('made.txt', 'w').write('x')\nprint(json.dumps([os.getcwd(), dict(os.environ)]))"
+    code = (  # the directory reversed: as it is, it would be shown as "." (see the next test)
+        "import os, json\nopen('made.txt', 'w').write('x')\nprint(json.dumps([os.getcwd()[::-1], dict(os.environ)]))"
+    )
     first, second = run(code), run(code)
     (cwd, env), (cwd2, _) = json.loads(first.stdout), json.loads(second.stdout)
+    cwd, cwd2 = cwd[::-1], cwd2[::-1]
     assert "AGENTROLL_TEST_SECRET" not in env and "hunter2" not in first.stdout
     assert set(env) <= {
         "PATH",
@@ -115,6 +118,15 @@ def test_the_environment_is_scrubbed_and_the_directory_is_fresh_and_removed(monk
         "LC_CTYPE",
     }
     assert cwd != cwd2 and not Path(cwd).exists() and not Path(cwd2).exists()
+
+
+def test_paths_in_the_run_directory_are_shown_relative_to_it_so_runs_read_alike():
+    code = "import os\nprint(__file__, os.getcwd(), os.environ['HOME'])\nraise ValueError(os.path.abspath('data.txt'))"
+    first, second = run(code), run(code)
+    assert first.stdout == "main.py . .\n"
+    assert 'File "main.py", line 3, in <module>' in first.stderr and first.stderr.endswith("ValueError: data.txt\n")
+    assert (first.stdout, first.stderr) == (second.stdout, second.stderr)
+    assert "agentroll-sandbox" not in first.stdout + first.stderr
 
 
 def test_the_program_may_reopen_its_own_pipes_by_path():

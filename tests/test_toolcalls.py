@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
 import threading
 from pathlib import Path
 
@@ -10,9 +12,9 @@ import pytest
 
 from agentroll.errors import UsageError
 from agentroll.sandbox.local import LocalSandbox
-from agentroll.toolcalls import PYTHON, ParsedCall, Toolbox, clip, function_tool, parser_for, tool_text
+from agentroll.toolcalls import PYTHON, ParsedCall, Toolbox, call_id, clip, function_tool, parser_for, tool_text
 from agentroll.toolcalls.parsers import hermes, llama3_json, mistral
-from agentroll.toolcalls.tools import CallThreads
+from agentroll.toolcalls.tools import CallThreads, ToolsStuck
 
 
 # -- parsers ---------------------------------------------------------------------------------------------------
@@ -47,7 +49,15 @@ def test_a_malformed_hermes_call_is_a_call_with_its_error(text, why):
 def test_calls_are_read_after_the_think_block():
     response = '<think>I could <tool_call>{"name": "a"}</tool_call></think>\n\nNo tools needed: 4.'
     assert hermes(tool_text(response)) == []
-    assert tool_text("no think block at all") == "no think block at all"
+    assert hermes(tool_text('<think>Hm.</think>\n<tool_call>{"name": "a"}</tool_call>'))[0].name == "a"
+
+
+def test_a_call_inside_reasoning_that_never_closes_is_not_read():
+    unfinished = '<think>Maybe <tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call> and then'
+    assert tool_text(unfinished) == "" and hermes(tool_text(unfinished)) == []
+    assert tool_text("<think>a</think>b</think>c") == ""  # closed twice: no answer, as answer_content reads it
+    plain = '<tool_call>{"name": "a", "arguments": {}}</tool_call>'  # --no-think: the whole response
+    assert tool_text(plain, think=False) == plain and hermes(tool_text(plain, think=False))[0].name == "a"
 
 
 def test_llama3_and_mistral_formats():
@@ -58,6 +68,16 @@ def test_llama3_and_mistral_formats():
     calls = mistral('[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]')
     assert [(c.name, c.arguments) for c in calls] == [("f", {"a": 1}), ("g", {})]
     assert mistral("no calls") == [] and mistral("[TOOL_CALLS][{").pop().error is not None
+
+
+def test_a_calls_own_id_is_kept_and_one_is_derived_for_a_call_without():
+    (given, bare) = mistral('[TOOL_CALLS][{"name": "f", "arguments": {}, "id": "abcDEF123"}, {"name": "g"}]')
+    assert (given.id, bare.id) == ("abcDEF123", None)
+    assert hermes('<tool_call>{"name": "f", "arguments": {}, "id": 7}</tool_call>')[0].id is None  # not a string
+    made = call_id(5, "p000", 2, 0, 1, 0)
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", made) and made == call_id(5, "p000", 2, 0, 1, 0)
+    assert len({call_id(5, "p000", 2, 0, turn, j) for turn in range(20) for j in range(5)}) == 100
+    assert call_id(6, "p000", 2, 0, 1, 0) != made  # seeded
 
 
 def test_a_parser_of_ones_own_is_loaded_and_checked(tmp_path: Path):
@@ -111,9 +131,27 @@ def stuck(city: str) -> str:
     return city
 
 
-def toolbox(*functions, timeout_s: float = 2.0, max_output: int = 4096) -> Toolbox:
-    threads = CallThreads(4, "test-tool")
-    return Toolbox([function_tool(f, f.__name__, threads) for f in functions], timeout_s, max_output, threads)
+async def quits(code: int) -> str:
+    """An async tool that exits.
+
+    Args:
+        code: its exit code
+    """
+    sys.exit(code)
+
+
+def quits_now(code: int) -> str:
+    """A sync tool that exits.
+
+    Args:
+        code: its exit code
+    """
+    sys.exit(code)
+
+
+def toolbox(*functions, timeout_s: float = 2.0, max_output: int = 4096, threads: int = 4) -> Toolbox:
+    pool = CallThreads(threads, "test-tool")
+    return Toolbox([function_tool(f, f.__name__, pool) for f in functions], timeout_s, max_output, pool)
 
 
 def call(box: Toolbox, name: str | None, arguments, error: str | None = None, sandbox=None):
@@ -169,6 +207,45 @@ def test_every_way_a_call_goes_is_a_status_and_an_output_the_model_reads():
     assert box.not_run(ParsedCall("lookup", {}, "raw"), "max_turns reached").record["result"] is None
 
 
+def test_a_tool_that_calls_sys_exit_fails_alike_sync_or_async():
+    box = toolbox(quits, quits_now)
+    for name in ("quits", "quits_now"):
+        exited = call(box, name, {"code": 3})
+        assert (exited.status, exited.output) == ("failed", "error: RuntimeError: SystemExit: 3")
+
+
+def test_a_pool_held_by_hung_calls_is_raised_not_shown_to_the_model():
+    held = threading.Event()
+
+    def hangs(city: str) -> str:
+        """Hangs.
+
+        Args:
+            city: where
+        """
+        held.wait(60)
+        return city
+
+    box = toolbox(hangs, lookup, timeout_s=0.2, threads=1)
+
+    async def go():
+        first = await box.call(ParsedCall("hangs", {"city": "x"}, "raw"), None)
+        assert first.status == "timeout"  # the call itself: it overran, as the model's call may
+        return await box.call(ParsedCall("lookup", {"city": "Paris"}, "raw"), None)
+
+    try:
+        with pytest.raises(
+            ToolsStuck,
+            match=re.escape(
+                "tool 'lookup' cannot run: all 1 tool threads are held by calls past tool_timeout=0.2s (of hangs)"
+            ),
+        ):
+            asyncio.run(go())
+    finally:
+        held.set()
+    assert ToolsStuck.exit_code == 5
+
+
 def test_outputs_are_cut_and_the_record_keeps_what_the_model_saw():
     box = toolbox(lookup, max_output=20)
     result = call(box, "lookup", {"city": "Paris"})
@@ -183,6 +260,7 @@ def test_the_python_tool_runs_code_in_the_sandbox():
     assert (printed.status, printed.output) == ("ok", "42")
     crashed = call(box, "python", {"code": "print('so far')\n1 / 0"}, sandbox=sandbox)
     assert crashed.status == "failed" and crashed.record["error"] == "exit code 1"
+    assert 'File "main.py", line 2, in <module>' in crashed.output and "agentroll-sandbox" not in crashed.output
     assert crashed.output.startswith("so far\n[stderr]\nTraceback") and crashed.output.endswith(
         "ZeroDivisionError: division by zero\n[exit code 1]"
     )

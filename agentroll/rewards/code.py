@@ -7,10 +7,14 @@ compared line by line with trailing white space ignored (a list of lines stands 
 JSON value per line), the function of that name (or `Solution().NAME`) is called with them, and its return value
 must equal `outputs[i]` (or `outputs[i][0]`, as APPS wraps it; numbers within 1e-6).
 
+Stdin is the input as given, with a final newline added only when it has none (APPS, TACO and LiveCodeBench
+inputs mostly end in one; a second would be a blank line to a `for line in sys.stdin` program).
+
 The reward is 1 when every test passes (else 0, stopping at the first failure), or with `partial` the fraction
 passed. Each test runs in a fresh sandboxed process with its own timeout. `reward_info` says how many passed and
-why the first failure failed: wrong output (the first line that differs), error (the exception), timeout,
-memory, output limit. A sandbox that cannot run code at all stops the run (exit 5): zeros would poison the data.
+why the first failure failed (with `partial`, each failure, up to `SHOWN` of them within `INFO_LIMIT`
+characters): wrong output (the first line that differs), error (the exception), timeout, memory, output limit.
+A sandbox that cannot run code at all stops the run (exit 5): zeros would poison the data.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from .base import NO_CONTENT, RewardRequest, RewardResult
 __all__ = ["CodeReward", "CodeTests", "last_python_block", "parse_tests"]
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)```", re.S | re.I)
+SHOWN = 5  # failures named in reward_info with partial credit
+INFO_LIMIT = 600  # ... and the characters they may take
 MARK = "\x1eagentroll-result\x1e"  # where the call-based harness's JSON answer starts in stdout
 HARNESS = """import json as _agentroll_json, sys as _agentroll_sys, types as _agentroll_types
 _agentroll_args = _agentroll_json.loads(_agentroll_sys.stdin.read())
@@ -118,6 +124,17 @@ def call_arguments(given: Any) -> list[Any]:
     return [given]
 
 
+def _each(failed: list[tuple[int, str]], used: int) -> str:
+    """`; test N: why` for each failure, at most SHOWN of them within INFO_LIMIT characters, then how many more."""
+    text = ""
+    for shown, (at, why) in enumerate(failed):
+        item = f"; test {at + 1}: {why}"
+        if shown == SHOWN or (shown and used + len(text) + len(item) > INFO_LIMIT):
+            return f"{text}; and {len(failed) - shown} more failed"
+        text += item
+    return text
+
+
 def _failure(result: RunResult, timeout_s: float, memory_mb: int) -> str:
     if result.status == "timeout":
         return f"timeout after {timeout_s:g}s"
@@ -163,12 +180,13 @@ class CodeReward:
         except SandboxUnavailable as exc:
             raise RewardError(f"--reward code: {exc}") from exc
         passed = sum(v is None for v in verdicts)
-        failed = next(((i, v) for i, v in enumerate(verdicts) if v is not None), None)
+        failed = [(i, v) for i, v in enumerate(verdicts) if v is not None]
         info = f"passed {passed} of {total} tests"
-        if failed is not None:
-            info += f"; test {failed[0] + 1}: {failed[1]}" + (
-                "" if self.partial else " (later tests not run)" if failed[0] + 1 < total else ""
-            )
+        if self.partial:
+            info += _each(failed, len(info))
+        elif failed:
+            at, why = failed[0]
+            info += f"; test {at + 1}: {why}" + (" (later tests not run)" if at + 1 < total else "")
         value = passed / total if self.partial else float(passed == total)
         return RewardResult(value, info)
 
@@ -176,7 +194,8 @@ class CodeReward:
         """None when test i passes, else why not."""
         sandbox = self._sandbox()
         if tests.fn_name is None:
-            result = await sandbox.run(code, _text(tests.inputs[i]) + "\n", self.timeout_s)
+            given = _text(tests.inputs[i])
+            result = await sandbox.run(code, given if given.endswith("\n") else given + "\n", self.timeout_s)
             if result.status != "ok":
                 return _failure(result, self.timeout_s, self.memory_mb)
             got, want = _lines(result.stdout), _lines(_text(tests.outputs[i]))

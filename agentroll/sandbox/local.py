@@ -195,7 +195,7 @@ class LocalSandbox:
         if "setup" in outcome:
             raise SandboxUnavailable(f"the local sandbox could not be set up: {outcome['setup']}")
         exit_code = outcome.get("exit", -outcome["signal"] if "signal" in outcome else None)
-        stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        stdout, stderr = relative(out, workdir), relative(err, workdir)
         if exit_code == SETUP_FAILED and "sandbox: the program could not start" in stderr:
             raise SandboxUnavailable(stderr.strip().splitlines()[-1])
         return RunResult(
@@ -295,6 +295,16 @@ def classify(exit_code: int | None, stderr: str, ended: str, over: bool) -> Stat
     if tail.startswith("MemoryError") or "Cannot allocate memory" in tail:
         return "memory"
     return "error"
+
+
+def relative(data: bytes, workdir: str) -> str:
+    """A stream as text, paths in the run directory shown relative to it (the directory itself as `.`): its
+    name holds agentroll's pid and a random part, so identical seeded runs would show the model different
+    tracebacks (`File "/tmp/agentroll-sandbox-123-x7q/main.py"` is shown as `File "main.py"`)."""
+    text = data.decode("utf-8", "replace")
+    for path in sorted({workdir, os.path.realpath(workdir)}, key=len, reverse=True):
+        text = text.replace(path + os.sep, "").replace(path, ".")
+    return text
 
 
 def sweep(tmp_dir: str) -> None:

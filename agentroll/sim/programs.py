@@ -3,8 +3,11 @@
 Programs: for a code problem (a row whose label holds `{"inputs", "outputs"}` tests, `--reward code`) the model
 writes a fenced python block that is right (it looks the answer to its input up in the tests it was given: a
 stand-in for solving), wrong (the right output with its first line spoiled), crashing, looping forever or eating
-memory. Tool calls: in Hermes format, `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, for the
-tools the prompt offers (the chat template lists their schemas between `<tools>` and `</tools>`, one a line, as
+memory. A right program knows its input only as a grader should feed it, byte for byte (the input, ending in
+one newline): it strips nothing, so a grader that feeds anything else fails it.
+
+Tool calls: in Hermes format, `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, for the tools
+the prompt offers (the chat template lists their schemas between `<tools>` and `</tools>`, one a line, as
 the bundled template and Qwen3's do); the `python` tool is asked to print the answer, which the model then
 reads back from the tool's turn, so a run proves the results reach the model.
 """
@@ -42,6 +45,12 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _stdin(value: Any) -> str:
+    """What a grader feeds a stdin test: the input as given, with a final newline when it has none."""
+    text = _text(value)
+    return text if text.endswith("\n") else text + "\n"
+
+
 def program(tests: dict[str, Any], kind: str) -> str:
     """The source of a program of `kind`: right, wrong, crash, loop or memory."""
     if kind in ("crash", "loop", "memory"):
@@ -51,7 +60,7 @@ def program(tests: dict[str, Any], kind: str) -> str:
         table = {json.dumps(call_arguments(i)): o for i, o in zip(tests["inputs"], tests["outputs"], strict=False)}
         body = "return None" if kind == "wrong" else "return _ANSWERS[json.dumps(list(args))]"
         return f"import json\n_ANSWERS = json.loads({json.dumps(table)!r})\n\n\ndef {name}(*args):\n    {body}\n"
-    answers = {_text(i).strip(): _text(o) for i, o in zip(tests["inputs"], tests["outputs"], strict=False)}
+    answers = {_stdin(i): _text(o) for i, o in zip(tests["inputs"], tests["outputs"], strict=False)}
     if kind == "wrong":
         answers = {
             k: (v.split("\n", 1)[0] + " 0\n" + v.split("\n", 1)[1]) if "\n" in v else v + " 0"
@@ -59,7 +68,7 @@ def program(tests: dict[str, Any], kind: str) -> str:
         }
     return (
         f"import json\nimport sys\n\nANSWERS = json.loads({json.dumps(answers)!r})\n"
-        "sys.stdout.write(ANSWERS.get(sys.stdin.read().strip(), ''))\n"
+        "sys.stdout.write(ANSWERS.get(sys.stdin.read(), ''))\n"
     )
 
 

@@ -1,17 +1,21 @@
 """`tool-use`: the model works a problem with tools, one token-exact conversation per execution.
 
 The tools are offered through the chat template's `tools` argument, as the model was trained to see them. When a
-response holds tool calls (read by the `parser`: `hermes` for Qwen2.5/Qwen3), they are run (side by side), and
-the conversation goes on by token ids: the response ids stay as sampled, and the template's separator with the
-results rendered as `tool` messages is injected (`history_mask` 0 on it), until the model answers without a
-call or `max_turns` model turns are made. Every turn is a record, its calls in `tool_calls`.
+response holds tool calls (read by the `parser`: `hermes` for Qwen2.5/Qwen3, from the answer after the think
+block), they are run (side by side), and the conversation goes on by token ids: the response ids stay as
+sampled, and the template's separator with the results rendered as `tool` messages (with the call's `name` and
+`tool_call_id`) is injected (`history_mask` 0 on it), until the model answers without a call, a response is cut
+at max_tokens (it ends the conversation, as verl's agent loop does), or `max_turns` model turns are made. Every
+turn is a record, its calls in `tool_calls`.
 
 A call that cannot be read, names no tool, has bad arguments, raises or runs past `tool_timeout` gets its error
-as the tool's output, and is counted; the run goes on. Only a sandbox that cannot run code at all fails the
-group (an infrastructure failure is never written as what the model did).
+as the tool's output, and is counted; the run goes on. A sandbox that cannot run code at all fails the group;
+tool threads all held by hung calls end the run (exit 5): an infrastructure failure is never written as what
+the model did.
 
-The final answer is rewarded with the run's reward; every turn of the trajectory gets that raw reward (the
-trajectory is the last record: its prompt + response, history mask + loss mask), and the execution's outcome is it.
+The final turn is rewarded with the run's reward; every turn of the trajectory gets that raw reward (the
+trajectory is the last record: its prompt + response, history mask + loss mask), and the execution's outcome is
+it. `rescore` does the same from the records.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from ..concurrency import gather_or_cancel
 from ..context import ExecutionFailed
 from ..errors import UsageError
 from ..sandbox import SandboxUnavailable
-from ..toolcalls import ParsedCall, Toolbox, ToolResult, parser_for, tool_text
+from ..toolcalls import ParsedCall, Toolbox, ToolResult, call_id, parser_for, tool_text
 from . import System
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from ..context import Context
+    from ..rescoring import Rescoring
     from ..schema import Sample
 
 COUNTERS = {
@@ -68,7 +75,7 @@ class ToolUse(System):
         "parser": "hermes",
         "tool_threads": 16,
     }
-    version = 1
+    version = 2  # 2: a turn cut at max_tokens ends the conversation; tool messages carry name and id
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -93,33 +100,59 @@ class ToolUse(System):
         sample = await ctx.complete("solver", prompt, worker=0)
         if sample is None:  # cannot happen: problem_prompt refuses a prompt that leaves no room
             raise AssertionError("no room after a checked prompt")
-        samples, ended = [sample], None
-        while calls := self.parse(tool_text(sample.response)):
-            if len(samples) >= self.settings["max_turns"]:
-                ended = f"max_turns ({self.settings['max_turns']}) reached with tool calls unanswered"
+        config = ctx.engine.stage("solver").config
+        samples = [sample]
+        while sample.status != "truncated" and (calls := self.parse(tool_text(sample.response, config.think))):
+            last = len(samples) >= self.settings["max_turns"]
+            if last:
                 results = [self.toolbox.not_run(c, "max_turns reached") for c in calls]
             else:
                 results = await gather_or_cancel(*(self._call(c, ctx) for c in calls))
             sample.tool_calls = [r.record for r in results]
             self._count(ctx, results)
-            if ended:
+            if last:
                 break
-            messages = [{"role": "tool", "content": r.output} for r in results]
+            where = (config.seed, ctx.problem.id, ctx.sample_index, ctx.attempt, sample.turn)
+            messages = [
+                tool_message(c, r, c.id or call_id(*where, j))
+                for j, (c, r) in enumerate(zip(calls, results, strict=True))
+            ]
             turn = await ctx.complete("solver", messages, worker=len(samples), after=sample, tools=tools)
             if turn is None:
-                ended = "no room left in the context for another turn"
                 break
             samples.append(turn)
             sample = turn
-        await ctx.reward([sample])
-        if ended:
-            sample.reward_info = f"{ended}; {sample.reward_info}" if sample.reward_info else ended
-        for i, earlier in enumerate(samples[:-1]):
-            earlier.raw_reward = sample.raw_reward
-            earlier.reward_info = f"turn {i + 1} of {len(samples)}: the final answer scored {sample.raw_reward:g}"
-        ctx.final_reward = sample.raw_reward
-        ctx.shape(samples, won=sample.raw_reward == 1)
+        ctx.final_reward = await self._settle(samples, ctx.reward)
+        ctx.shape(samples, won=ctx.final_reward == 1)
         return samples
+
+    async def rescore(self, execution: Rescoring) -> None:
+        """As `run` settles a conversation: the final turn alone is scored, and every turn carries its reward."""
+        execution.final_reward = await self._settle(execution.samples, execution.reward)
+        execution.shape(execution.samples, won=execution.final_reward == 1)
+
+    async def _settle(self, samples: list[Sample], reward: Callable[[list[Sample]], Awaitable[None]]) -> float:
+        """Score the final turn, note why the conversation ended there when it was cut short, and give every
+        earlier turn its raw reward. Returns the execution's outcome."""
+        final = samples[-1]
+        await reward([final])
+        ended = self.ending(final)
+        if ended:
+            final.reward_info = f"{ended}; {final.reward_info}" if final.reward_info else ended
+        for i, earlier in enumerate(samples[:-1]):
+            earlier.raw_reward = final.raw_reward
+            earlier.reward_info = f"turn {i + 1} of {len(samples)}: the final answer scored {final.raw_reward:g}"
+        return final.raw_reward
+
+    def ending(self, final: Sample) -> str | None:
+        """Why a conversation ended at `final` other than by an answer without calls (None), read from its record."""
+        if final.status == "truncated":
+            return "the response was cut at max_tokens: the conversation ends with it"
+        if not final.tool_calls:
+            return None
+        if all(c["status"] == "not_run" for c in final.tool_calls):
+            return f"max_turns ({self.settings['max_turns']}) reached with tool calls unanswered"
+        return "no room left in the context for another turn"
 
     async def _call(self, call: ParsedCall, ctx: Context) -> ToolResult:
         try:
@@ -134,3 +167,12 @@ class ToolUse(System):
         for result in results:
             if result.status in COUNTERS:
                 setattr(stats, COUNTERS[result.status], getattr(stats, COUNTERS[result.status]) + 1)
+
+
+def tool_message(call: ParsedCall, result: ToolResult, identifier: str) -> dict[str, Any]:
+    """A result as the template takes it: `name` (templates that label results by tool) and `tool_call_id`
+    (the Mistral family's templates require one)."""
+    message: dict[str, Any] = {"role": "tool", "content": result.output, "tool_call_id": identifier}
+    if call.name:
+        message["name"] = call.name
+    return message

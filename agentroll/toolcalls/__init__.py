@@ -7,7 +7,7 @@ token ids with the results as `tool` messages. docs/tool-use.md.
 
 from __future__ import annotations
 
-from .parsers import PARSERS, ParsedCall, Parser, parser_for, tool_text
+from .parsers import PARSERS, ParsedCall, Parser, call_id, parser_for, tool_text
 from .tools import PYTHON, Tool, Toolbox, ToolResult, clip, function_tool
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Tool",
     "ToolResult",
     "Toolbox",
+    "call_id",
     "clip",
     "function_tool",
     "parser_for",

@@ -1,9 +1,10 @@
 """Tool calls in model text, one parser per model family; `parser_for(spec)` picks one by name or loads yours.
 
-A parser takes the text the calls are read from (the response after its think block) and returns every call it
-finds, in order, as `ParsedCall`s; a call that is there but cannot be read (broken JSON, no name, no closing tag)
-is a `ParsedCall` with `error` set, so the model can be told what was wrong. No call at all: an empty list, and
-the response is the model's answer.
+A parser takes the text the calls are read from (`tool_text`: the answer after the think block) and returns
+every call it finds, in order, as `ParsedCall`s; a call that is there but cannot be read (broken JSON, no name,
+no closing tag) is a `ParsedCall` with `error` set, so the model can be told what was wrong. No call at all: an
+empty list, and the response is the model's answer. A call object's string `"id"` (Mistral's models write one)
+is kept as the call's id; `call_id` derives one for a call without it.
 
 - `hermes` (Qwen2.5, Qwen3, Hermes; vLLM's `hermes` parser): `<tool_call>{"name": ..., "arguments": {...}}
   </tool_call>`, one block per call, several allowed;
@@ -16,9 +17,11 @@ the response is the model's answer.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import re
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,26 +29,43 @@ from typing import Any
 from ..errors import UsageError
 from ..loading import load_object
 
-__all__ = ["PARSERS", "ParsedCall", "Parser", "parser_for", "tool_text"]
+__all__ = ["PARSERS", "ParsedCall", "Parser", "call_id", "parser_for", "tool_text"]
+
+THINK_CLOSE = "</think>"
+ID_ALPHABET = string.ascii_letters + string.digits
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedCall:
     """One call as the model wrote it: `arguments` is the object when the call is well-formed, else whatever
-    could be read of it (the raw text); `error` says why it is malformed."""
+    could be read of it (the raw text); `error` says why it is malformed; `id` the id the model gave it."""
 
     name: str | None
     arguments: Any
     raw: str
     error: str | None = None
+    id: str | None = None
 
 
 Parser = Callable[[str], list[ParsedCall]]
 
 
-def tool_text(response: str) -> str:
-    """The part of a response calls are read from: after its (last) think block, or all of it."""
-    return response.rsplit("</think>", 1)[-1]
+def tool_text(response: str, think: bool = True) -> str:
+    """The part of a response calls are read from: with thinking, the text after its one `</think>` (as the
+    answer is read: `agentroll.parsing.answer_content`), none when the block never closes (or closes twice), so
+    call-like text in unfinished reasoning is never run; without thinking (`--no-think`), all of it."""
+    if not think:
+        return response
+    parts = response.split(THINK_CLOSE)
+    return parts[1] if len(parts) == 2 else ""
+
+
+def call_id(*parts: object) -> str:
+    """An id for a call the model gave none: 9 letters and digits (the form Mistral's templates require), the
+    same for the same parts (the run's seed, the problem, the execution, the turn, the call's place)."""
+    key = "\x1f".join(map(str, parts)).encode()
+    number = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+    return "".join(ID_ALPHABET[number // len(ID_ALPHABET) ** i % len(ID_ALPHABET)] for i in range(9))
 
 
 def _call(raw: str, data: Any, keys: tuple[str, ...] = ("arguments",)) -> ParsedCall:
@@ -63,7 +83,8 @@ def _call(raw: str, data: Any, keys: tuple[str, ...] = ("arguments",)) -> Parsed
             return ParsedCall(name, arguments, raw, f'the "{keys[0]}" of {name!r} are not JSON')
     if not isinstance(arguments, dict):
         return ParsedCall(name, arguments, raw, f'the "{keys[0]}" of {name!r} must be a JSON object')
-    return ParsedCall(name, arguments, raw)
+    given = data.get("id")
+    return ParsedCall(name, arguments, raw, id=given if isinstance(given, str) and given else None)
 
 
 def _json(raw: str, keys: tuple[str, ...] = ("arguments",)) -> ParsedCall:

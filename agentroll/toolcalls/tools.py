@@ -5,10 +5,12 @@ then `Args:` with a line per argument), made by transformers' `get_json_schema`,
 expect. An async function is awaited; a sync one runs in a thread of the toolbox's own pool (at most `threads`),
 so it never blocks the event loop. Every call is bounded by `timeout_s`.
 
-Whatever goes wrong with a call (it cannot be read, names no tool, has bad arguments, raises, runs too long)
-becomes the tool's output, `error: ...`, for the model to read, and a status the run counts; nothing of it ends
-the run. Only a sandbox that cannot run code at all (`SandboxUnavailable`) is raised: that is not the model's
-doing. Outputs are cut to `max_output` characters, and the record keeps exactly what the model was shown.
+Whatever goes wrong with a call (it cannot be read, names no tool, has bad arguments, raises, even
+`sys.exit()`, runs too long) becomes the tool's output, `error: ...`, for the model to read, and a status the
+run counts; nothing of it ends the run. What is not the model's doing is raised instead: a sandbox that cannot
+run code at all (`SandboxUnavailable`), and a pool whose every thread is held by a hung call (`ToolsStuck`, exit
+5: every later call would fail the same way). Outputs are cut to `max_output` characters, and the record keeps
+exactly what the model was shown.
 """
 
 from __future__ import annotations
@@ -22,16 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..errors import UsageError, first_line
+from ..errors import RewardError, UsageError, first_line
 from ..loading import load_object
-from ..rewards._threads import CallThreads
+from ..rewards._threads import CallThreads, PoolExhausted
 from ..sandbox import SandboxUnavailable
 from .parsers import ParsedCall
 
 if TYPE_CHECKING:
     from ..sandbox import RunResult, Sandbox
 
-__all__ = ["PYTHON", "Tool", "ToolResult", "Toolbox", "clip", "function_tool"]
+__all__ = ["PYTHON", "Tool", "ToolResult", "Toolbox", "ToolsStuck", "clip", "function_tool"]
 
 PYTHON_DESCRIPTION = (
     "Run a Python program in a sandbox and get what it prints (stdout, then stderr). Each call "
@@ -46,6 +48,10 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
     "null": (type(None),),
 }
+
+
+class ToolsStuck(RewardError):
+    """Every tool thread is held by a call past its timeout: no sync tool can run again in this run (exit 5)."""
 
 
 class ToolFailed(Exception):
@@ -156,11 +162,25 @@ def function_tool(function: Callable[..., Any], spec: str, threads: CallThreads)
     name = str(made["name"])
     is_async = inspect.iscoroutinefunction(function)
 
+    async def awaited(arguments: dict[str, Any]) -> Any:
+        try:
+            return await function(**arguments)
+        except SystemExit as exc:  # caught here: out of a task, asyncio would re-raise it from the event loop
+            raise RuntimeError(f"SystemExit: {exc}") from None
+
     async def run(arguments: dict[str, Any], timeout_s: float, sandbox: Sandbox | None) -> str:
         if is_async:
-            value = await asyncio.wait_for(function(**arguments), timeout_s)
+            value = await asyncio.wait_for(awaited(arguments), timeout_s)
         else:  # a call past its time keeps its thread until it returns (Python cannot stop a thread)
-            value = await threads.run(lambda kwargs: function(**kwargs), arguments, timeout_s)
+            try:
+                value = await threads.run(lambda given: function(**given[1]), (name, arguments), timeout_s)
+            except PoolExhausted as exc:
+                hung = sorted({str(a[0]) for a in exc.stuck})
+                raise ToolsStuck(
+                    f"tool {name!r} cannot run: all {exc.size} tool threads are held by calls past "
+                    f"tool_timeout={timeout_s:g}s (of {', '.join(hung)}): fix the tool, or raise "
+                    "--system-option tool_threads"
+                ) from None
         return as_text(value)
 
     return Tool(
@@ -250,7 +270,7 @@ class Toolbox:
             return self._result(call, "timeout", f"error: {why}", why, time.monotonic() - start)
         except ToolFailed as exc:
             return self._result(call, "failed", exc.output, str(exc), time.monotonic() - start)
-        except (UsageError, SandboxUnavailable):
+        except (UsageError, SandboxUnavailable, ToolsStuck):
             raise
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
