@@ -128,6 +128,8 @@ def test_a_new_system_in_one_file_brings_its_figure_check_and_label_to_every_too
     assert fallback.returncode == 0 and "agreement" not in json.loads(fallback.stdout)["all"]["report"]
     assert "no file" in json.loads(fallback.stdout)["warning"]
     assert "its own figures, checks and labels are left out" in run_cli("validate", str(out)).stdout.decode()
+    assert run_cli("report", str(out), "-o", str(page)).returncode == 0
+    assert "left out" in page.read_text() and "draft and final agree" not in page.read_text()
 
 
 def execution(*samples: tuple[str, float, str | None], final: float = 0.0) -> list[Any]:

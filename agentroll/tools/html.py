@@ -323,6 +323,8 @@ def render(data: dict[str, Any]) -> str:
         f"{'' if manifest.get('complete') else ' (the last run did not complete)'}; truncation rate "
         f"{fmt(whole['truncation_rate'])}.</p>"
     )
+    if stats.get("warning"):  # the system could not be loaded here: its own figures are left out
+        head += f"<p class='note'>{escape(stats['warning'])}</p>"
     sections = [_stages(data), _lengths(data), _pass_at_k(data), _by(data), _throughput(data)]
     sections += [_chart(data, chart) for chart in data["charts"]]
     return (
