@@ -30,7 +30,7 @@ from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, 
 from .rewards import RewardSet
 from .rewards.code import parse_tests
 from .stats import RunStats
-from .systems import System, from_object, identity, load_system, spec_of
+from .systems import System, from_object, identity, load_system, spec_of, vocabulary_of
 from .templates import Templates
 
 if TYPE_CHECKING:
@@ -316,7 +316,7 @@ class Generator:
             raise UsageError(
                 f"--stage names {', '.join(unknown)}: system {system.name} has the stages {', '.join(system.stages)}"
             )
-        self.stats.use_stages(system.stages)  # none declared: each stage is added as it first runs
+        self.stats.use_stages(system.stages, vocabulary_of(system))  # none declared: added as they run
         return system
 
     async def _stages(self, main: Stage) -> tuple[dict[str, Stage], dict[str, dict[str, Any]]]:

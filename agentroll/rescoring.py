@@ -23,7 +23,7 @@ from .rewards import RewardRequest, RewardSet, RewardSettings
 from .schema import Sample
 from .shaping import LengthShaping
 from .stats import RunStats
-from .systems import System, builtins, load_system
+from .systems import System, builtins, load_system, vocabulary_of
 
 log = logging.getLogger("agentroll")
 
@@ -129,7 +129,7 @@ async def rescore(
     writer = ShardWriter(out, new_settings, shard_size, compression=str(settings.get("compression") or "none"))
     result = RescoreResult(str(src), str(out))
     stats = result.stats
-    stats.use_stages(tuple(settings.get("system", {}).get("stages") or ()) or tuple(system.stages))
+    stats.use_stages(tuple(settings.get("system", {}).get("stages") or ()) or system.stages, vocabulary_of(system))
     started, begun = time.monotonic(), time.time()
     done = writer.open()
     try:

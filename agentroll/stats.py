@@ -1,13 +1,20 @@
-"""Run counters and the system's own report: the summary table and the manifest both read them."""
+"""Run counters and the report made of them: the summary table, the progress line and the manifest read them.
+
+Three kinds of counter, all of which add up: the engine's (rows, groups, rewards: fields of `RunStats`), each
+stage's (`StageStats`), and the system's own, which its vocabulary (`agentroll.systems.vocabulary`) tallies
+per execution into `counters`. A report figure (`Figure`) is one counter over another, so two runs' counters
+add up and the report is recomputed from the sums: the Ray driver and `agentroll merge` need nothing but them.
+"""
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
-from .parsing import last_boxed
 from .schema import STAGES, Sample
+
+if TYPE_CHECKING:
+    from .systems.vocabulary import Vocabulary
 
 
 @dataclass(slots=True)
@@ -48,21 +55,55 @@ class StageStats:
         return cls(**{f.name: data[f.name] for f in fields(cls) if isinstance(data.get(f.name), int | float)})
 
 
-def _ratio(part: float, whole: float) -> float | None:
-    return part / whole if whole else None
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """A report figure: the counter `of` over the counter `over`; None ("-") while `over` is 0, or while `needs`
+    (a counter) is 0, where the figure does not apply (a majority vote with no boxed answer to vote on).
+
+    A counter is a `RunStats` field (`executions`, `system_correct`), one the system tallies
+    (`majority_correct`), or a stage's (`solver.raw_reward_sum`, `solver.samples`). `label` is how the
+    summary, `stats` and the page name it. `stage`: the stage whose accuracy the figure stands for (that stage's
+    default `STAGE_accuracy` is then not reported: three-stage's selector is judged by its picks)."""
+
+    key: str
+    label: str
+    of: str
+    over: str = "executions"
+    needs: str | None = None
+    stage: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Figure | None:
+        names = {f.name for f in fields(cls)}
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("key", "label", "of")):
+            return None
+        return cls(**{k: v for k, v in data.items() if k in names and isinstance(v, str)})
 
 
-def majority_correct(solvers: list[Sample]) -> bool:
-    """Does the most common boxed answer among the solvers score 1? Ties go to the answer seen first."""
-    votes: Counter[str] = Counter()
-    reward_of: dict[str, float] = {}
-    for s in solvers:
-        answer = last_boxed(s.content) if s.content else None
-        if answer is not None:
-            key = " ".join(answer.split())
-            votes[key] += 1
-            reward_of.setdefault(key, s.raw_reward)
-    return bool(votes) and reward_of[votes.most_common(1)[0][0]] == 1.0
+def accuracy(stage: str) -> Figure:
+    """A stage's accuracy: its mean raw reward (what every stage reports unless its system says otherwise)."""
+    return Figure(f"{stage}_accuracy", stage, f"{stage}.raw_reward_sum", f"{stage}.samples", stage=stage)
+
+
+SYSTEM_ACCURACY = Figure("system_accuracy", "system", "system_correct")  # final rewards of 1: every system's
+DERIVED = frozenset({"truncation_rate", "selector_accuracy"})  # figures in `to_dict` (older manifests' too)
+
+
+class _Counter:
+    """A system counter read and set as an attribute (`stats.tool_calls += 1`), kept in `counters`.
+    Transitional: systems/tool_use.py counts its calls this way; `RunStats.count` is the interface."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, stats: RunStats | None, owner: type | None = None) -> Any:
+        return self if stats is None else stats.counters.get(self.name, 0)
+
+    def __set__(self, stats: RunStats, value: float) -> None:
+        stats.counters[self.name] = value
 
 
 @dataclass(slots=True)
@@ -82,20 +123,20 @@ class RunStats:
     reward_invalid: int = 0  # NaN or infinite rewards refused
     calls_replayed: int = 0  # answered from the call journal of an earlier, stopped run (not asked again)
     problems_beyond_target: int = 0  # read, but left when --target-groups was reached (a rerun with more goes on)
-    # tool use: every call the model made, and those that went wrong (the model was shown the error)
-    tool_calls: int = 0
-    tool_calls_malformed: int = 0  # unreadable: broken JSON, no name, no closing tag
-    tool_calls_unknown: int = 0  # named no tool on offer
-    tool_calls_failed: int = 0  # bad arguments, the tool raised, or the python tool's program failed
-    tool_calls_timed_out: int = 0
-    tool_calls_not_run: int = 0  # made on the last turn allowed (max_turns) or with no room left to go on
-    # the system's own report, over every execution generated (written or filtered)
+    # every execution generated (written or filtered): its outcome, and what the system tallies of it
     final_reward_sum: float = 0.0
-    majority_correct: int = 0
-    best_of_n_correct: int = 0
-    selections: int = 0
     system_correct: int = 0
+    counters: dict[str, float] = field(default_factory=dict)  # the system's own, by name (written flat)
+    figures: tuple[Figure, ...] = ()  # the system's report figures over the counters (`report`)
     stages: dict[str, StageStats] = field(default_factory=lambda: {s: StageStats() for s in STAGES})
+    vocabulary: Vocabulary | None = field(default=None, repr=False, compare=False)  # tallies each execution
+
+    tool_calls = _Counter()  # tool-use's, until systems/tool_use.py calls `count` (see _Counter)
+    tool_calls_malformed = _Counter()
+    tool_calls_unknown = _Counter()
+    tool_calls_failed = _Counter()
+    tool_calls_timed_out = _Counter()
+    tool_calls_not_run = _Counter()
 
     def stage(self, name: str) -> StageStats:
         """A stage's counters, made on first use: a system may name any stages."""
@@ -104,14 +145,44 @@ class RunStats:
             found = self.stages[name] = StageStats()
         return found
 
-    def use_stages(self, names: tuple[str, ...]) -> None:
-        """Report the system's stages, in its order (three-stage's by default)."""
+    def use_stages(self, names: tuple[str, ...], vocabulary: Vocabulary | None = None) -> None:
+        """Report the system's stages, in its order, and (given its vocabulary) its figures, tallied per
+        execution. Without it, the stages' accuracies and the system's."""
         self.stages = {name: self.stages.get(name) or StageStats() for name in names}
+        if vocabulary is not None:
+            self.vocabulary, self.figures = vocabulary, tuple(vocabulary.figures)
+
+    def count(self, name: str, n: float = 1) -> None:
+        """Add `n` to the system's counter `name`."""
+        if name in ENGINE or "." in name:
+            raise ValueError(f"counter {name!r}: a system's counter may not be named as the run's own or a stage's")
+        have = self.counters.get(name, 0)
+        self.counters[name] = have + (int(n) if isinstance(n, bool) else n)
+
+    def value(self, name: str) -> float:
+        """A counter by name: a field (`executions`), a stage's (`solver.samples`), or the system's (0 if never
+        counted)."""
+        stage, dot, part = name.partition(".")
+        if dot:
+            found = self.stages.get(stage)
+            return float(getattr(found, part)) if found is not None and part in StageStats.__slots__ else 0.0
+        return float(getattr(self, name)) if name in ENGINE else float(self.counters.get(name, 0))
+
+    def figure(self, figure: Figure) -> float | None:
+        if figure.needs is not None and not self.value(figure.needs):
+            return None
+        whole = self.value(figure.over)
+        return self.value(figure.of) / whole if whole else None
+
+    def report_figures(self) -> list[Figure]:
+        """The system's figures, then the accuracy of each stage none of them stands for, then the system's."""
+        covered = {f.stage for f in self.figures}
+        return [*self.figures, *(accuracy(s) for s in self.stages if s not in covered), SYSTEM_ACCURACY]
 
     @property
     def mean_final_reward(self) -> float | None:
         """The executions' outcomes (final reward) on average, over the settled groups."""
-        return _ratio(self.final_reward_sum, self.executions)
+        return self.final_reward_sum / self.executions if self.executions else None
 
     @property
     def groups_settled(self) -> int:
@@ -127,61 +198,61 @@ class RunStats:
         self.executions += 1
         for sample in samples:
             self.stage(sample.stage).add(sample)
-        solvers = [s for s in samples if s.stage == "solver"]
-        self.majority_correct += majority_correct(solvers)
-        self.best_of_n_correct += any(s.raw_reward == 1.0 for s in solvers)
-        self.selections += any(s.stage == "selector" for s in samples)
-        self.system_correct += samples[0].final_reward == 1.0
-        self.final_reward_sum += samples[0].final_reward if samples else 0.0
+        if samples:
+            self.system_correct += samples[0].final_reward == 1.0
+            self.final_reward_sum += samples[0].final_reward
+        if self.vocabulary is not None:
+            for name, n in self.vocabulary.tally(samples).items():
+                self.count(name, n)
 
     def report(self) -> dict[str, float | None]:
-        """Does the system earn its cost? Each stage's accuracy (mean raw reward; the selector's over its picks),
-        majority vote and best of N over the solvers, the system's accuracy (final rewards of 1), and tokens per
-        stage. For three-stage: solver, majority vote, best of N, rewriter, selector pick, system."""
-        out: dict[str, float | None] = {}
-        for name, st in self.stages.items():
-            if name == "selector":
-                out["selector_pick_accuracy"] = _ratio(st.raw_reward_sum, self.selections)
-            else:
-                out[f"{name}_accuracy"] = st.mean_raw_reward
-            if name == "solver":
-                out["majority_vote_accuracy"] = _ratio(self.majority_correct, self.executions)
-                out["best_of_n_accuracy"] = _ratio(self.best_of_n_correct, self.executions)
-        out["system_accuracy"] = _ratio(self.system_correct, self.executions)
+        """Does the system earn its cost? Its figures (`report_figures`), then the tokens of each stage."""
+        out: dict[str, float | None] = {f.key: self.figure(f) for f in self.report_figures()}
         out.update({f"{name}_tokens": float(s.prompt_tokens + s.response_tokens) for name, s in self.stages.items()})
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: getattr(self, k) for k in self.__slots__ if k != "stages"}
+        out: dict[str, Any] = {k: getattr(self, k) for k in ENGINE}
+        out.update(self.counters)
         out["stages"] = {name: s.to_dict() for name, s in self.stages.items()}
         out["report"] = self.report()
-        out["selector_accuracy"] = out["report"].get("selector_pick_accuracy")  # for readers of older manifests
+        out["figures"] = [f.to_dict() for f in self.figures]
         total = sum(s.samples for s in self.stages.values())
-        out["truncation_rate"] = _ratio(sum(s.truncated for s in self.stages.values()), total)
+        out["truncation_rate"] = sum(s.truncated for s in self.stages.values()) / total if total else None
         return out
 
     def __add__(self, other: RunStats) -> RunStats:
         """Two runs' figures as one, e.g. the partitions of a --ray job; the report is recomputed from the sums.
-        Stages keep this run's order, then the other's new ones."""
-        total = RunStats(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name != "stages"}
-        )
+        Stages and figures keep this run's order, then the other's new ones."""
+        total = RunStats(**{k: getattr(self, k) + getattr(other, k) for k in ENGINE})
+        names = {**self.counters, **other.counters}
+        total.counters = {k: self.counters.get(k, 0) + other.counters.get(k, 0) for k in names}
+        keys = {f.key for f in self.figures}
+        total.figures = (*self.figures, *(f for f in other.figures if f.key not in keys))
         total.stages = {
             name: self.stages.get(name, StageStats()) + other.stages.get(name, StageStats())
             for name in {**self.stages, **other.stages}
         }
+        total.vocabulary = self.vocabulary or other.vocabulary
         return total
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunStats:
-        """`to_dict`'s output (a manifest's `last_run.stats`) back as counters; derived figures are dropped."""
-        stats = cls(
-            **{
-                f.name: data[f.name]
-                for f in fields(cls)
-                if f.name != "stages" and isinstance(data.get(f.name), int | float)
-            }
-        )
+        """`to_dict`'s output (a manifest's `last_run.stats`) back as counters; derived figures are dropped.
+        Any other number at the top is a system's counter (as `to_dict` writes them)."""
+        stats = cls(**{k: data[k] for k in ENGINE if _number(data.get(k))})
+        stats.counters = {
+            k: v for k, v in data.items() if k not in ENGINE and k not in DERIVED and _number(v) and "." not in k
+        }
+        if isinstance(data.get("figures"), list):
+            stats.figures = tuple(f for f in map(Figure.from_dict, data["figures"]) if f is not None)
         if isinstance(data.get("stages"), dict):
             stats.stages = {name: StageStats.from_dict(s) for name, s in data["stages"].items()}
         return stats
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+ENGINE = tuple(f.name for f in fields(RunStats) if f.name not in ("counters", "figures", "stages", "vocabulary"))

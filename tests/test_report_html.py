@@ -119,11 +119,17 @@ def test_the_figures_are_stats_own_and_the_rest_agrees_with_the_records(folder):
         if picks:
             right = any(r["raw_reward"] == 1.0 for r in rs if r["listed_as"] is not None)
             table[(right, picks[0]["raw_reward"] == 1.0)] += 1
-    selector = data["selector"]
-    assert selector["executions"] == sum(table.values()) > 0
-    assert selector["table"]["candidate right, pick right"] == table[(True, True)]
-    assert selector["table"]["candidate right, pick wrong"] == table[(True, False)]
-    assert selector["table"]["no candidate right, pick wrong"] == table[(False, False)]
+    (selector,) = data["charts"]  # three-stage's own section: its vocabulary's chart, over its counters
+    assert selector["name"] == "selector" and selector["missing"] is None
+    assert selector["values"]["selections"] == sum(table.values()) > 0
+    counts = {c["label"]: c["value"] for c in selector["counts"]}
+    assert counts["candidate right, pick right"] == table[(True, True)]
+    assert counts["candidate right, pick wrong"] == table[(True, False)]
+    assert counts["no candidate right, pick wrong"] == table[(False, False)]
+    bars = {b["label"]: b["value"] for b in selector["bars"]}
+    picked = [r for rs in executions.values() for r in rs if r["stage"] == "selector"]
+    assert bars["selector's pick"] == pytest.approx(sum(r["raw_reward"] == 1.0 for r in picked) / len(picked))
+    assert bars["majority vote"] == data["stats"]["all"]["report"]["majority_vote_accuracy"]
 
     manifest = json.loads((folder / "manifest.json").read_text())
     assert len(data["speed"]) == manifest["groups"] == 12  # one point a group (fewer than 100 groups)
@@ -172,7 +178,7 @@ def test_the_page_follows_the_folders_system(tmp_path):
     charts = [a["data-chart"] for t, a in parse(page) if t == "svg"]
     assert [c for c in charts if c.startswith("lengths-")] == ["lengths-solver", "lengths-critic", "lengths-reviser"]
     assert "selector" not in charts and "by" not in charts
-    assert "This folder's system (critique-revise) has no selector stage." in page
+    assert "selector" not in page  # no section the system does not declare
     assert "records-over-time" in charts  # two shards
 
     debate = render(figures(synthetic.debate(tmp_path / "debate")))

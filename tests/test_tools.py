@@ -818,7 +818,7 @@ def test_folders_of_other_systems_validate(tmp_path):
         (
             _set(2, raw_reward=0.5),
             [("execution", 0, 1)],
-            "final_reward 1.0 is not the raw_reward of the execution's reviser (0.5, line 3)",
+            "final_reward 1.0 is not the raw_reward of the execution's reviser (0.5, record 2)",
         ),
         (lambda rs: [r.update(group_pass_at_k=0.0) for r in rs[4:]], [("group", 1, 1)], "group_pass_at_k 0.0"),
     ],
@@ -915,7 +915,9 @@ def wide(renderable: Any) -> str:
 def test_stats_of_another_system_follow_its_stages(tmp_path):
     folder = synthetic.critique_revise(tmp_path / "cr", frozen_critic=True)
     data = stats(folder)
-    assert data["system"] == {"name": "critique-revise", "stages": ["solver", "critic", "reviser"]}
+    assert data["system"]["name"] == "critique-revise" and data["system"]["stages"] == ["solver", "critic", "reviser"]
+    labels = ["solver", "majority vote", "best of N", "critic", "reviser", "system"]
+    assert list(data["system"]["labels"].values()) == labels
     section = data["all"]
     assert list(section["stages"]) == ["solver", "critic", "reviser"]
     # a0: solver 1, critic 0, reviser 1 (final 1); a1: solver 0; b0: solver 1, critic 1 (final 1);
@@ -949,7 +951,7 @@ def test_stats_of_a_system_without_solvers_and_without_a_manifest(tmp_path):
     assert "judge samples (not trainable)" in text and "pass@" not in text and "solver" not in text
     # groups in hand, no manifest: the stages as first seen (not three-stage), or as the system says
     inferred = stats_of_groups(read_groups(folder))
-    assert inferred["system"] == {"name": "?", "stages": ["proposer", "judge"]}
+    assert (inferred["system"]["name"], inferred["system"]["stages"]) == ("?", ["proposer", "judge"])
     assert inferred["all"] == data["all"]
     told = stats_of_groups(read_groups(folder), system=synthetic.DEBATE)
     assert told["system"]["name"] == "debate.py:Debate" and told["all"] == data["all"]

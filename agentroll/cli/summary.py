@@ -6,18 +6,18 @@ from rich.table import Table
 from rich.text import Text
 
 from ..runner import RunResult
+from ..stats import RunStats
 from .console import err
-
-ACCURACY_NAMES = {"majority_vote": "majority vote", "best_of_n": "best of N", "selector_pick": "selector (its pick)"}
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def accuracies(report: dict[str, float | None]) -> str:
-    names = [k.removesuffix("_accuracy") for k in report if k.endswith("_accuracy")]
-    return ", ".join(f"{ACCURACY_NAMES.get(n, n)} {fmt(report[n + '_accuracy'])}" for n in names)
+def figures(stats: RunStats) -> str:
+    """The system's report figures under its names, "-" where one does not apply (a majority vote over
+    programs, which box no answer)."""
+    return ", ".join(f"{f.label} {fmt(stats.figure(f))}" for f in stats.report_figures())
 
 
 def table(title: str, columns: list[str]) -> Table:
@@ -50,7 +50,7 @@ def print_summary(result: RunResult) -> None:
     lines = [
         f"problems {s.problems} (already done {s.problems_skipped_done}), executions {s.executions}, "
         f"records {s.records_written}, invalid rows {s.invalid_rows}",
-        f"accuracy: {accuracies(d['report'])}",
+        f"accuracy: {figures(s)}",
         f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}, "
         f"missing {result.missing_groups}; reward timeouts {s.reward_timeouts}, errors {s.reward_errors}, "
         f"refused values {s.reward_invalid}",

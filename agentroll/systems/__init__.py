@@ -4,6 +4,9 @@ A system gets a `Context` (`agentroll.context`): `await ctx.complete(stage, mess
 token-exact call, `await ctx.reward(samples)` scores samples, `ctx.problem` and `ctx.config` are the row and the
 run's settings. It returns the execution's samples, rewards shaped. The engine does the rest: groups, filtering,
 exactly-once resume, the writer, stats and reports. `--system NAME | FILE.py:CLASS | MODULE:CLASS`.
+
+What its records mean (report figures, folder checks, inspect labels) the system says in its `vocabulary`
+(`agentroll.systems.vocabulary`); the run summary and the folder tools ask it, so a new system is one file.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import UsageError
 from ..loading import load_object
+from .vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     from ..context import Context
@@ -24,13 +28,16 @@ if TYPE_CHECKING:
 class System:
     """Subclass, set `stages` (in the order they run: reports and checks follow it), the `templates` it renders
     (files `NAME.jinja` in the prompts folder, fingerprinted into the settings), and `options` with defaults
-    (`--system-option KEY=VALUE` sets them; they are part of the settings guard), then write `run`."""
+    (`--system-option KEY=VALUE` sets them; they are part of the settings guard), then write `run`. Its
+    `vocabulary` (a `Vocabulary` subclass's instance) tells the summary and the folder tools what its records
+    mean; the default reports each stage's accuracy and checks nothing of its own."""
 
     name: ClassVar[str] = ""
     stages: ClassVar[tuple[str, ...]] = ()
     templates: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[dict[str, Any]] = {}
     version: ClassVar[str | int | None] = None  # bump it when a change should refuse resuming older folders
+    vocabulary: ClassVar[Vocabulary] = Vocabulary()
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.options))
@@ -55,12 +62,14 @@ class System:
 
 
 class FunctionSystem(System):
-    """An `async def system(ctx)`; its `stages` and `templates` attributes, when it has them, say the rest."""
+    """An `async def system(ctx)`; its `stages`, `templates` and `vocabulary` attributes, when it has them, say
+    the rest."""
 
     def __init__(self, function: Callable[[Context], Awaitable[list[Sample]]], spec: str) -> None:
         self.function, self.name = function, spec  # type: ignore[misc]
         self.stages = tuple(getattr(function, "stages", ()))  # type: ignore[misc]
         self.templates = tuple(getattr(function, "templates", ()))  # type: ignore[misc]
+        self.vocabulary = _vocabulary(function, spec)  # type: ignore[misc]
         self.settings = {}
 
     async def run(self, ctx: Context) -> list[Sample]:
@@ -74,6 +83,42 @@ def builtins() -> dict[str, type[System]]:
     from .tool_use import ToolUse
 
     return {s.name: s for s in (ThreeStage, Single, CritiqueRevise, ToolUse)}
+
+
+def vocabulary_of(target: System | str) -> Vocabulary:
+    """A system's vocabulary: of a system, or of the one a manifest names (`settings.system.name`: a built-in,
+    FILE.py:NAME or MODULE:NAME, imported as `generate` did; `UsageError` when it cannot be). The system is not
+    built: its vocabulary is read from its class (or function)."""
+    if isinstance(target, System):
+        return _pending(target.name, target.vocabulary)
+    known = builtins()
+    if target in known:
+        return _pending(target, known[target].vocabulary)
+    if ":" not in target:
+        raise UsageError(f"system {target!r}: not a built-in ({', '.join(known)}) nor FILE.py:CLASS or MODULE:CLASS")
+    found = load_object(target, "system", UsageError, "class or function")
+    if isinstance(found, System) or (inspect.isclass(found) and issubclass(found, System)):
+        return found.vocabulary
+    if inspect.iscoroutinefunction(found):
+        return _vocabulary(found, target)
+    raise UsageError(f"system {target!r}: expected a subclass of agentroll.System or an async function")
+
+
+def _vocabulary(function: Any, spec: str) -> Vocabulary:
+    words = getattr(function, "vocabulary", None) or Vocabulary()
+    if not isinstance(words, Vocabulary):
+        raise UsageError(f"system {spec!r}: its vocabulary is not an agentroll.systems.vocabulary.Vocabulary")
+    return words
+
+
+def _pending(name: str, words: Vocabulary) -> Vocabulary:
+    """Transitional: tool-use's vocabulary lives in tool_use_words.py until systems/tool_use.py declares it
+    (`vocabulary = ToolUseWords()`); then this goes."""
+    if name == "tool-use" and type(words) is Vocabulary:
+        from .tool_use_words import ToolUseWords
+
+        return ToolUseWords()
+    return words
 
 
 def load_system(spec: str, options: dict[str, Any] | None = None) -> System:

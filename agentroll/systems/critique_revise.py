@@ -8,20 +8,33 @@ correct answer?). The execution's outcome is the reviser's raw reward, and every
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ..schema import Sample
 from . import System
+from .vocabulary import Finding, outcome_is
+from .votes import Votes
 
 if TYPE_CHECKING:
     from ..context import Context
     from ..rescoring import Rescoring
-    from ..schema import Sample
+
+
+class CritiqueReviseWords(Votes):
+    """Majority vote and best of N over the solver; the outcome is the reviser's raw reward (the solver's when
+    no room was left to revise)."""
+
+    def check(self, samples: list[Sample]) -> Iterable[Finding]:
+        last = next((s for s in samples if s.stage == "reviser"), samples[0])
+        yield from outcome_is(samples, last, f"the execution's {last.stage}")
 
 
 class CritiqueRevise(System):
     name = "critique-revise"
     stages = ("solver", "critic", "reviser")
     templates = ("solver", "critic", "reviser")
+    vocabulary = CritiqueReviseWords()
 
     async def run(self, ctx: Context) -> list[Sample]:
         solver = await ctx.complete("solver", await ctx.problem_prompt("solver"), worker=0)

@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ..schema import Sample
 from . import System
+from .vocabulary import Finding, outcome_is
+from .votes import Votes
 
 if TYPE_CHECKING:
     from ..context import Context
-    from ..schema import Sample
+
+
+class SingleWords(Votes):
+    """Majority vote and best of N (over one solver: the solver's own accuracy, for comparison across systems);
+    an execution is one record, its outcome that record's raw reward."""
+
+    def check(self, samples: list[Sample]) -> Iterable[Finding]:
+        if len(samples) != 1:
+            rid = samples[0].rollout_id[:12]
+            yield Finding(1, f"execution {rid} has {len(samples)} records: the single system writes one")
+        yield from outcome_is(samples, samples[0], "the execution's solver")
 
 
 class Single(System):
     name = "single"
     stages = ("solver",)
     templates = ("solver",)
+    vocabulary = SingleWords()
 
     async def run(self, ctx: Context) -> list[Sample]:
         sample = await ctx.complete("solver", await ctx.problem_prompt("solver"), worker=0)

@@ -8,5 +8,7 @@ are not re-exported here, so that `agentroll.tools.validate` and `agentroll.tool
     from agentroll.tools.inspect import inspect
 
 `agentroll.tools.system` reads which agent system made a folder (its manifest's `settings.system`): the tools,
-the converters and `agentroll.torch` take stage names, their order and system-specific checks from it.
+the converters and `agentroll.torch` take stage names and their order from it, and the tools the system's
+vocabulary (figures, checks, labels: `agentroll.systems.vocabulary`), so no stage is named here. `validate` is
+split by what it checks: `faults`, `records`, `conversations`, `executions`, `sidecars`, `shards`.
 """

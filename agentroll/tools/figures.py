@@ -1,15 +1,17 @@
 """What `agentroll report` draws, as data: `stats`'s figures plus what a table cannot show, from one read.
 
-The accuracies, pass@k and the --by split are `agentroll.tools.report.stats_of_groups`'s own (fed the same
+The system's figures, pass@k and the --by split are `agentroll.tools.report.sections`' own (fed the same
 groups as they stream by), so the page and `agentroll stats` never disagree. Added here: each stage's response
-lengths with the truncated ones apart, its mean shaped reward, the calls' speed over the run, the selector's
-pick against the best of its candidates, and the shards' finish times.
+lengths with the truncated ones apart, its mean shaped reward, the calls' speed over the run, the shards'
+finish times, and the system's own charts (its vocabulary's `charts`: three-stage's selector against the best
+of its candidates), evaluated over the same counters.
 
 Records carry no timestamps, so "throughput over the run" is what the folder does know, each labelled as what
 it is: per call, response tokens over `latency_s` (the speed one request saw, retries included) and the latency,
 in the order the groups were written; for the folder, the records on disk over time from the shard files'
 modification times (one point per shard: a folder that was copied shows the copy's times); for the last run,
-its `wall_s` and request count from the manifest.
+its `wall_s` and request count from the manifest. A folder derived from another (`agentroll rescore`:
+`settings.derived_from`) generated nothing: it has no throughput, and says where it came from.
 """
 
 from __future__ import annotations
@@ -20,18 +22,15 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from string import Formatter
 from typing import Any
 
 from ..group import Group
-from .report import stats_of_groups
+from ..stats import RunStats
+from ..systems.vocabulary import Chart
+from .report import sections
 from .system import SystemInfo, system_of
 
-CASES = {  # (a candidate right, the pick right): how the page names the case
-    (True, True): "candidate right, pick right",
-    (True, False): "candidate right, pick wrong",
-    (False, True): "no candidate right, pick right",
-    (False, False): "no candidate right, pick wrong",
-}
 MOST_POINTS = 100  # points of the over-the-run lines: groups are pooled into this many windows at most
 
 
@@ -77,36 +76,20 @@ def length_bins(lengths: Iterable[int], top: int | None, count: int = 24) -> lis
     return [float(i * width) for i in range(longest // width + 2)]
 
 
-@dataclass(slots=True)
-class SelectorFigures:
-    """Per execution with a selector record: was one of its candidates right, and did it pick a right one."""
-
-    executions: int = 0
-    table: dict[tuple[bool, bool], int] = field(default_factory=dict)  # (a candidate right, the pick right) -> n
-    solver_right: int = 0  # some solver right (best of N)
-    no_judgment: int = 0  # the selector's content held no `Judgment: K`
-
-    def add(self, samples: list[Any]) -> None:
-        selector = next(s for s in samples if s.stage == "selector")
-        listed = [s for s in samples if s.listed_as is not None] or [s for s in samples if s.stage == "solver"]
-        key = (any(s.raw_reward == 1.0 for s in listed), selector.raw_reward == 1.0)
-        self.table[key] = self.table.get(key, 0) + 1
-        self.executions += 1
-        self.solver_right += any(s.stage == "solver" and s.raw_reward == 1.0 for s in samples)
-        self.no_judgment += selector.judgment is None
-
-    def to_dict(self) -> dict[str, Any]:
-        n = self.executions
-        possible = self.table.get((True, True), 0) + self.table.get((True, False), 0)
-        return {
-            "executions": n,
-            "best_of_n_accuracy": self.solver_right / n if n else None,
-            "best_of_candidates_accuracy": possible / n if n else None,
-            "pick_accuracy": self.table.get((True, True), 0) / n if n else None,
-            "pick_given_possible": self.table.get((True, True), 0) / possible if possible else None,
-            "table": {CASES[key]: self.table.get(key, 0) for key in CASES},
-            "no_judgment": self.no_judgment,
-        }
+def chart(spec: Chart, run: RunStats) -> dict[str, Any]:
+    """A system's chart (`Vocabulary.charts`) as data: its bars and counts over the run's counters, the
+    counters its caption names, and `missing` (what to say instead) while the counter it needs is 0."""
+    named = {field for _, field, _, _ in Formatter().parse(spec.caption) if field}
+    applies = spec.needs is None or bool(run.value(spec.needs))
+    return {
+        "name": spec.name,
+        "title": spec.title,
+        "caption": spec.caption,
+        "values": {name: run.value(name) for name in sorted(named)},
+        "bars": [{"key": f.key, "label": f.label, "value": run.figure(f)} for f in spec.bars],
+        "counts": [{"label": label, "value": run.value(counter)} for label, counter in spec.counts],
+        "missing": None if applies else spec.missing or f"{spec.needs} is 0: nothing to draw",
+    }
 
 
 @dataclass(slots=True)
@@ -114,7 +97,6 @@ class Collector:
     """Watches groups go by (`watch`) and keeps what the page needs beyond `stats`."""
 
     stages: dict[str, StageLengths] = field(default_factory=dict)
-    selector: SelectorFigures | None = None
     group_calls: array = field(default_factory=lambda: array("d"))
     group_tokens: array = field(default_factory=lambda: array("d"))
     group_latency: array = field(default_factory=lambda: array("d"))
@@ -133,10 +115,6 @@ class Collector:
                 calls += 1
                 tokens += len(s.response_token_ids)
                 latency += s.latency_s
-            if any(s.stage == "selector" for s in samples):
-                if self.selector is None:
-                    self.selector = SelectorFigures()
-                self.selector.add(samples)
         self.group_calls.append(calls)
         self.group_tokens.append(tokens)
         self.group_latency.append(latency)
@@ -204,7 +182,8 @@ def max_tokens(manifest: dict[str, Any], stage: str) -> int | None:
 
 def figures(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
     """Everything the page shows, as data (see the module's docstring): `stats` (what `agentroll stats` gives),
-    `lengths`, `shaped_reward`, `speed`, `shard_times`, `selector`, `last_run`, `manifest`."""
+    `lengths`, `shaped_reward`, `speed`, `shard_times`, `charts` (the system's), `last_run`, `derived_from`,
+    `manifest`."""
     from ..folder import load_manifest, read_groups
 
     path = Path(folder)
@@ -212,7 +191,8 @@ def figures(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, 
     system: SystemInfo = system_of(loaded)
     manifest = loaded.to_dict()
     collector = Collector()
-    data = {"folder": str(folder), **stats_of_groups(collector.watch(read_groups(path)), by, system)}
+    found = sections(collector.watch(read_groups(path)), by, system)
+    data = {"folder": str(folder), **found.to_dict()}
     stages = data["system"]["stages"]
     lengths = {
         name: collector.stages[name].histogram(max_tokens(manifest, name))
@@ -234,7 +214,8 @@ def figures(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, 
         "shaped_reward": shaped,
         "speed": collector.speed(),
         "shard_times": shard_times(path, manifest),
-        "selector": collector.selector.to_dict() if collector.selector is not None else None,
+        "charts": [chart(spec, found.whole.run) for spec in found.words.charts],
+        "derived_from": _obj(manifest.get("settings")).get("derived_from"),
         "last_run": {
             "wall_s": last.get("wall_s"),
             "requests": _obj(last.get("requests")).get("requests"),

@@ -4,8 +4,8 @@ than reading.
 The page is a single HTML file: inline CSS and inline SVG, no script, no font, no image, nothing fetched (its
 Content-Security-Policy forbids any load, so even a stray reference could not reach the network). It opens
 offline, from a mail attachment or a CI artifact. The figures are `figures.figures`' (so `stats`'s, for what
-both show); the page follows the folder's system: its stages, in its order, and the selector section only for
-a system with a `selector` stage.
+both show); the page follows the folder's system: its stages, in its order, its figures under its names, and a
+section for each chart its vocabulary declares (three-stage: the selector's pick against best of N).
 """
 
 from __future__ import annotations
@@ -34,20 +34,15 @@ th, td { border-bottom: 1px solid #eee; padding: 3px 10px; text-align: right; } 
 { text-align: left; } th { background: #f6f6f6; }
 svg text { font-family: system-ui, sans-serif; fill: #222; }
 """
-NAMES = {
-    "majority_vote_accuracy": "majority vote",
-    "best_of_n_accuracy": "best of N",
-    "system_accuracy": "system",
-    "selector_pick_accuracy": "selector's pick",
-}
 
 
-def accuracy_name(key: str) -> str:
-    return NAMES.get(key, key.removesuffix("_accuracy"))
+def figure_keys(data: dict[str, Any]) -> list[str]:
+    """The system's report figures, in its order (the rest of `report` is tokens)."""
+    return list(data["stats"]["system"].get("labels") or {})
 
 
-def accuracy_keys(report: dict[str, Any]) -> list[str]:
-    return [key for key in report if key.endswith("_accuracy")]
+def figure_name(data: dict[str, Any], key: str) -> str:
+    return str(data["stats"]["system"].get("labels", {}).get(key, key))
 
 
 def figure(svg: str, caption: str) -> str:
@@ -67,21 +62,21 @@ def pct(part: float, whole: float) -> str:
 def _stages(data: dict[str, Any]) -> str:
     whole = data["stats"]["all"]
     report = whole["report"]
-    keys = accuracy_keys(report)
+    keys = figure_keys(data)
     out = ["<h2>Reward and accuracy per stage</h2><div class='row'>"]
     out.append(
         figure(
             bar_chart(
                 "accuracy",
                 "accuracy",
-                [accuracy_name(k) for k in keys],
-                [Series("all", [report[k] for k in keys])],
+                [figure_name(data, k) for k in keys],
+                [Series("all", [report.get(k) for k in keys])],
                 y_label="accuracy",
                 y_top=1.0,
             ),
-            "Each stage's accuracy (its mean raw reward; the selector's over its picks), majority vote and "
-            "best of N over the solvers, and the system's (final rewards of 1): as <code>agentroll "
-            "stats</code> reports them.",
+            "The system's figures: each stage's accuracy (its mean raw reward, unless the system judges the "
+            "stage otherwise), the system's own figures, and the system's accuracy (final rewards of 1), as "
+            "<code>agentroll stats</code> reports them.",
         )
     )
     stages = list(whole["stages"])
@@ -189,11 +184,11 @@ def _by(data: dict[str, Any]) -> str:
             "to split these figures by a field of the input rows (kept in each record's metadata).</p>"
         )
     split = data["stats"]["split"]
-    keys = accuracy_keys(data["stats"]["all"]["report"])
+    keys = figure_keys(data)
     shown = _splits(data)
     out = [f"<h2>By {escape(by)}</h2>"]
     if shown:
-        series = [Series(accuracy_name(k), [split[v]["report"].get(k) for v in shown]) for k in keys]
+        series = [Series(figure_name(data, k), [split[v]["report"].get(k) for v in shown]) for k in keys]
         note = "" if len(shown) == len(split) else f" The {MOST_SPLITS} values with the most problems are drawn."
         out.append(
             figure(
@@ -211,12 +206,20 @@ def _by(data: dict[str, Any]) -> str:
         ]
         for value, f in split.items()
     ]
-    out.append(table([by, "problems", "executions", *(accuracy_name(k) for k in keys), "truncation rate"], rows))
+    out.append(table([by, "problems", "executions", *(figure_name(data, k) for k in keys), "truncation rate"], rows))
     return "".join(out)
 
 
 def _throughput(data: dict[str, Any]) -> str:
     out = ["<h2>Throughput over the run</h2>"]
+    derived = data.get("derived_from")
+    if derived:
+        source = derived.get("folder") if isinstance(derived, dict) else None
+        return "".join(out) + (
+            f"<p class='note'>This folder was derived from {escape(str(source or 'another folder'))} "
+            "(<code>agentroll rescore</code>): its records were scored again, not generated, so it has no "
+            "throughput of its own. The source folder's report shows how it was generated.</p>"
+        )
     last = data["last_run"]
     if last.get("wall_s"):
         tokens = sum(
@@ -287,45 +290,24 @@ def _throughput(data: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _selector(data: dict[str, Any]) -> str:
-    out = ["<h2>The selector's pick against best of N</h2>"]
-    sel = data["selector"]
-    if sel is None:
-        name = data["stats"]["system"]["name"]
-        return "".join(out) + f"<p class='note'>This folder's system ({escape(name)}) has no selector stage.</p>"
-    report = data["stats"]["all"]["report"]
-    names = ["best of N solvers", "best of the candidates", "selector's pick", "majority vote", "system"]
-    values = [
-        sel["best_of_n_accuracy"],
-        sel["best_of_candidates_accuracy"],
-        sel["pick_accuracy"],
-        report.get("majority_vote_accuracy"),
-        report.get("system_accuracy"),
-    ]
-    out.append("<div class='row'>")
-    out.append(
-        figure(
-            bar_chart(
-                "selector",
-                "selector's pick against best of N",
-                names,
-                [Series("all", values)],
-                y_label="share of executions",
-                y_top=1.0,
-            ),
-            f"Over the {fmt(sel['executions'])} executions with a selector record: a right answer among the "
-            "solvers (best of N) or among the candidates it was shown (best of the candidates: the most "
-            "its pick could reach), and its pick.",
-        )
+def _chart(data: dict[str, Any], chart: dict[str, Any]) -> str:
+    """A section the system's vocabulary declares: its bars, the counters behind them, its caption."""
+    out = [f"<h2>{escape(chart['title'])}</h2>"]
+    if chart["missing"]:
+        return "".join(out) + f"<p class='note'>{escape(chart['missing'])}</p>"
+    bars = chart["bars"]
+    svg = bar_chart(
+        chart["name"],
+        chart["title"],
+        [b["label"] for b in bars],
+        [Series("all", [b["value"] for b in bars])],
+        y_label="share",
+        y_top=1.0,
     )
-    out.append("</div>")
-    rows = [[key, fmt(n)] for key, n in sel["table"].items()]
-    out.append(table(["execution", "count"], rows))
-    out.append(
-        f"<p>When a right candidate was there, the selector picked one in "
-        f"{fmt(sel['pick_given_possible'])} of the cases. Selections without a <code>Judgment: K</code>: "
-        f"{fmt(sel['no_judgment'])}.</p>"
-    )
+    caption = chart["caption"].format_map({k: fmt(v) for k, v in chart["values"].items()})
+    out.append(f"<div class='row'>{figure(svg, escape(caption))}</div>")
+    if chart["counts"]:
+        out.append(table(["execution", "count"], [[c["label"], fmt(c["value"])] for c in chart["counts"]]))
     return "".join(out)
 
 
@@ -341,7 +323,10 @@ def render(data: dict[str, Any]) -> str:
         f"{'' if manifest.get('complete') else ' (the last run did not complete)'}; truncation rate "
         f"{fmt(whole['truncation_rate'])}.</p>"
     )
-    sections = [_stages(data), _lengths(data), _pass_at_k(data), _by(data), _throughput(data), _selector(data)]
+    if stats.get("warning"):  # the system could not be loaded here: its own figures are left out
+        head += f"<p class='note'>{escape(stats['warning'])}</p>"
+    sections = [_stages(data), _lengths(data), _pass_at_k(data), _by(data), _throughput(data)]
+    sections += [_chart(data, chart) for chart in data["charts"]]
     return (
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"

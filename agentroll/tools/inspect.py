@@ -1,13 +1,14 @@
 """`agentroll inspect DIR [--problem ID]`: one rollout drawn as a tree, to see what the stages did and why each
 sample got its reward, without reading JSON by eye.
 
-For the three-stage system the tree is solvers -> rewriters -> selector per execution: each sample with its
-status (truncations marked), raw reward / shaped reward, an excerpt of its answer content, its boxed answer and
-`reward_info`; each rewrite with the number it was listed as; the selector with its judgment and the rewrite it
-picked; the shape of a sample's routed experts when it has them. A stage that did not run says why. Any other
-system (the manifest's `settings.system`) is drawn stage by stage in the system's order, each call with its
-turn and the call it continues; a stage without a call says so. A sample marked `trainable: false` says
-"frozen". It is a rich renderable: the CLI prints it, a test exports it as text.
+Each execution is drawn stage by stage in its system's order (the manifest's `settings.system`), then any
+stage it does not declare: each sample with its status (truncations marked), raw reward / shaped reward, its
+size, its turn and the call it continues, "frozen" when marked `trainable: false`, the shape of its routed
+experts, an excerpt of its answer content, its boxed answer and `reward_info`. The words are the system's
+(its vocabulary's `heading` and `label`): three-stage names its solvers, the rewrite each was listed as, the
+selector's judgment and the rewrite it picked, and says why a stage did not run; a system without words of
+its own names each call by its stage, worker and position. It is a rich renderable: the CLI prints it, a test
+exports it as text.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from ..folder import routes
 from ..group import Group
 from ..parsing import last_boxed
 from ..schema import Sample
-from .system import LEGACY, SystemInfo, coerce
+from ..systems.vocabulary import Label, Vocabulary
+from .system import LEGACY, SystemInfo, coerce, words
 
 EXCERPT = 160  # characters of content shown: the head and, where the answer usually is, the tail
 
@@ -42,30 +44,28 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{round(value, 3):g}"
 
 
-def _sample_label(sample: Sample, name: str, picked: bool = False) -> Text:
-    label = Text.assemble((name, "bold"))
-    if sample.stage == "rewriter":
-        label.append(f" · listed as {sample.listed_as}" if sample.listed_as is not None else " · not listed")
+def _sample_label(sample: Sample, label: Label) -> Text:
+    label_text = Text.assemble((label.text, "bold"))
     truncated = sample.status == "truncated"
-    label.append(" · ")
-    label.append(sample.status, style="bold red" if truncated else "green")
+    label_text.append(" · ")
+    label_text.append(sample.status, style="bold red" if truncated else "green")
     if truncated:
-        label.append(" (cut at max tokens)", style="red")
-    label.append(
+        label_text.append(" (cut at max tokens)", style="red")
+    label_text.append(
         f" · raw {_num(sample.raw_reward)} / reward {_num(sample.reward)}",
         style="bold green" if sample.raw_reward == 1.0 else None,
     )
-    label.append(f" · {len(sample.response_token_ids)} tokens")
+    label_text.append(f" · {len(sample.response_token_ids)} tokens")
     if sample.turn or sample.continues is not None:
-        label.append(f" · turn {sample.turn}, continues record {sample.continues}", style="cyan")
+        label_text.append(f" · turn {sample.turn}, continues record {sample.continues}", style="cyan")
     if not sample.trainable:
-        label.append(" · frozen (trainable: false)", style="yellow")
+        label_text.append(" · frozen (trainable: false)", style="yellow")
     shape = routes_shape(sample.routed_experts)
     if shape is not None:
-        label.append(f" · routes {shape}", style="dim")
-    if picked:
-        label.append("  ◀ picked by the selector", style="bold magenta")
-    return label
+        label_text.append(f" · routes {shape}", style="dim")
+    if label.mark:
+        label_text.append(f"  {label.mark}", style="bold magenta")
+    return label_text
 
 
 def routes_shape(value: Any) -> str | None:
@@ -82,8 +82,8 @@ def routes_shape(value: Any) -> str | None:
     return "×".join(str(n) for n in array.shape) + f" {array.dtype}"
 
 
-def _add_sample(parent: Tree, sample: Sample, name: str, picked: bool = False) -> None:
-    node = parent.add(_sample_label(sample, name, picked))
+def _add_sample(parent: Tree, sample: Sample, label: Label) -> None:
+    node = parent.add(_sample_label(sample, label))
     if sample.content is None:
         node.add(Text("content: none", style="dim"))
     else:
@@ -105,72 +105,29 @@ def _execution_node(parent: Tree, samples: list[Sample]) -> Tree:
     )
 
 
-def _system_tree(parent: Tree, samples: list[Sample], stages: tuple[str, ...]) -> None:
-    """Any system's execution: its stages in order (then any stage it does not declare), each call as written,
-    numbered by its position in the execution (what `continues` refers to)."""
+def _system_tree(parent: Tree, samples: list[Sample], stages: tuple[str, ...], vocabulary: Vocabulary) -> None:
+    """One execution: its stages in order (then any stage it does not declare), each with the system's heading,
+    each call with its label."""
     node = _execution_node(parent, samples)
-    position = {id(s): i for i, s in enumerate(samples)}
     for stage in (*stages, *dict.fromkeys(s.stage for s in samples if s.stage not in stages)):
         members = [s for s in samples if s.stage == stage]
+        heading = vocabulary.heading(stage, members, samples)
         if not members:
-            node.add(Text(f"{stage}: none (no call made)", style="dim"))
+            node.add(Text(heading, style="dim"))
             continue
-        branch = node.add(Text(f"{stage} ({len(members)})", style="bold"))
+        branch = node.add(Text(heading, style="bold"))
         for s in members:
-            _add_sample(branch, s, f"{stage} {s.worker} · record {position[id(s)]}")
-
-
-def _execution_tree(parent: Tree, samples: list[Sample]) -> None:
-    node = _execution_node(parent, samples)
-    solvers = [s for s in samples if s.stage == "solver"]
-    rewriters = [s for s in samples if s.stage == "rewriter"]
-    selector = next((s for s in samples if s.stage == "selector"), None)
-    answered = sum(s.content is not None for s in solvers)
-    listed = [r for r in rewriters if r.listed_as is not None]
-    picked_as = (
-        selector.judgment
-        if selector is not None and selector.judgment is not None and 1 <= selector.judgment <= len(listed)
-        else None
-    )
-
-    branch = node.add(Text(f"solvers ({len(solvers)}, {answered} with an answer)", style="bold"))
-    for s in solvers:
-        _add_sample(branch, s, f"solver {s.worker}")
-
-    if rewriters:
-        branch = node.add(
-            Text(
-                f"rewriters ({len(rewriters)}, each shown {answered} solver answer{'s' * (answered != 1)})",
-                style="bold",
-            )
-        )
-        for r in rewriters:
-            _add_sample(branch, r, f"rewriter {r.worker}", picked=picked_as is not None and r.listed_as == picked_as)
-    else:
-        why = "no solver gave an answer" if not answered else "no call made (no room left in the context window)"
-        node.add(Text(f"rewriters: none ({why})", style="dim"))
-
-    if selector is not None:
-        branch = node.add(Text(f"selector (shown {len(listed)} rewrite{'s' * (len(listed) != 1)})", style="bold"))
-        if picked_as is not None:
-            chosen = next(r for r in listed if r.listed_as == picked_as)
-            verdict = f"judgment {selector.judgment} → rewrite {picked_as} (rewriter {chosen.worker})"
-        elif selector.judgment is not None:
-            verdict = f"judgment {selector.judgment} → out of range 1..{len(listed)}: nothing picked"
-        else:
-            verdict = "no judgment: nothing picked"
-        _add_sample(branch, selector, "selector · " + verdict)
-    else:
-        why = "no rewriter gave an answer" if not listed else "no call made (no room left in the context window)"
-        node.add(Text(f"selector: none ({why})", style="dim"))
+            _add_sample(branch, s, vocabulary.label(s, samples))
 
 
 def rollout_tree(
     group: Group, executions: list[list[Sample]] | None = None, system: SystemInfo | dict[str, Any] | None = None
 ) -> Tree:
     """A group's executions (all, or those given) as a tree rooted at the problem. `system` (a manifest's
-    `settings.system`, or a `SystemInfo`): which system drew them; three-stage when not given."""
+    `settings.system`, or a `SystemInfo`): which system drew them, and whose words label them; three-stage when
+    not given. A system that cannot be loaded here is drawn with the generic words."""
     info = LEGACY if system is None else coerce(system)
+    vocabulary, _ = words(info)
     executions = group.executions if executions is None else executions
     first = group.executions[0][0]
     figures = (
@@ -184,10 +141,7 @@ def rollout_tree(
         )
     )
     for samples in executions:
-        if info.three_stage:
-            _execution_tree(root, samples)
-        else:
-            _system_tree(root, samples, info.stages or ())
+        _system_tree(root, samples, info.stages or (), vocabulary)
     return root
 
 

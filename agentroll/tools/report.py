@@ -30,10 +30,12 @@ from rich.text import Text
 
 from ..group import Group
 from ..schema import STAGES
-from ..stats import RunStats, StageStats
-from .system import LEGACY, SystemInfo, coerce, system_of
+from ..stats import RunStats
+from ..systems.vocabulary import Vocabulary
+from .system import LEGACY, SystemInfo, coerce, system_of, words
 
 NONE_KEY = "(none)"  # the --by value of a group whose metadata lacks the field (or holds null)
+STAGE_FIGURES = ("samples", "mean_raw_reward", "truncated", "with_content", "prompt_tokens", "response_tokens")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -50,26 +52,27 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 @dataclass(slots=True)
-class _Section:
-    """The figures of one set of groups (the whole folder, or one value of --by)."""
+class Section:
+    """The figures of one set of groups (the whole folder, or one value of --by): the system's `RunStats`, fed
+    each execution, so that its vocabulary tallies them as a run does."""
 
     stages: tuple[str, ...]
+    words: Vocabulary
     run: RunStats = field(default_factory=RunStats)
     solver_counts: list[tuple[int, int]] = field(default_factory=list)  # per problem: (n, c)
     frozen: dict[str, int] = field(default_factory=dict)  # per stage: samples marked trainable: false
     records: int = 0
 
     def __post_init__(self) -> None:
-        self.run.stages = {name: StageStats() for name in self.stages}
+        self.run.stages = {}
+        self.run.use_stages(self.stages, self.words)
 
     def add(self, group: Group) -> None:
         for samples in group.executions:
             for s in samples:
-                if s.stage not in self.run.stages:  # not one of the system's (validate says so): shown after them
-                    self.run.stages[s.stage] = StageStats()
                 if not s.trainable:
                     self.frozen[s.stage] = self.frozen.get(s.stage, 0) + 1
-            self.run.add_execution(samples)
+            self.run.add_execution(samples)  # a stage the system does not declare (validate says so): after its own
             self.records += len(samples)
         solvers = [s for samples in group.executions for s in samples if s.stage == "solver"]
         self.solver_counts.append((len(solvers), sum(s.raw_reward == 1.0 for s in solvers)))
@@ -77,21 +80,8 @@ class _Section:
     def to_dict(self) -> dict[str, Any]:
         run = self.run.to_dict()
         stages = {
-            name: {
-                **{
-                    key: run["stages"][name][key]
-                    for key in (
-                        "samples",
-                        "mean_raw_reward",
-                        "truncated",
-                        "with_content",
-                        "prompt_tokens",
-                        "response_tokens",
-                    )
-                },
-                "trainable": not self.frozen.get(name),
-            }
-            for name in run["stages"]
+            name: {**{key: figures[key] for key in STAGE_FIGURES}, "trainable": not self.frozen.get(name)}
+            for name, figures in run["stages"].items()
         }
         top = max((n for n, _ in self.solver_counts), default=0)
         passes = []
@@ -106,6 +96,7 @@ class _Section:
             "records": self.records,
             "stages": stages,
             "report": run["report"],
+            "counters": dict(self.run.counters),
             "pass_at_k": passes,
             "truncation_rate": run["truncation_rate"],
             "tokens": {"prompt": prompt, "response": response, "total": prompt + response},
@@ -120,6 +111,57 @@ def split_key(metadata: Any, by: str) -> str:
     return value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
+@dataclass(slots=True)
+class Sections:
+    """`stats`' figures before they are dicts: the whole, each --by value, the system and its vocabulary."""
+
+    by: str | None
+    system: SystemInfo
+    words: Vocabulary
+    whole: Section
+    parts: dict[str, Section]
+    warning: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        order = sorted(self.parts, key=lambda key: (key == NONE_KEY, key))
+        labels = {f.key: f.label for f in self.whole.run.report_figures()}
+        return {
+            "by": self.by,
+            "system": {"name": self.system.name, "stages": list(self.whole.run.stages), "labels": labels},
+            "all": self.whole.to_dict(),
+            "split": {key: self.parts[key].to_dict() for key in order},
+            **({"warning": self.warning} if self.warning else {}),
+        }
+
+
+def sections(
+    groups: Iterable[Group], by: str | None = None, system: SystemInfo | dict[str, Any] | None = None
+) -> Sections:
+    """`stats_of_groups` before it is a dict (`agentroll.tools.figures` draws the system's charts from it)."""
+    info = LEGACY if system is None else coerce(system)
+    vocabulary, warning = words(info)
+    stages = info.stages or ()
+    whole = Section(stages, vocabulary)
+    parts: dict[str, Section] = {}
+    for group in groups:
+        whole.add(group)
+        if by is not None:
+            first = group.executions[0][0] if group.executions and group.executions[0] else None
+            key = split_key(first.metadata if first is not None else None, by)
+            parts.setdefault(key, Section(stages, vocabulary)).add(group)
+    if system is None and any(name not in STAGES for name in whole.run.stages):  # not three-stage after all
+        empty = [name for name in STAGES if not whole.run.stages[name].samples]
+        info, vocabulary = SystemInfo("?", None), Vocabulary()
+        for section in (whole, *parts.values()):
+            for name in empty:
+                section.run.stages.pop(name, None)
+            section.words, section.run.figures, section.run.counters = vocabulary, (), {}
+        info = SystemInfo("?", tuple(whole.run.stages))
+    for section in parts.values():  # every column has the same stages, in the same order
+        section.run.stages = {name: section.run.stage(name) for name in whole.run.stages}
+    return Sections(by, info, vocabulary, whole, parts, warning)
+
+
 def stats_of_groups(
     groups: Iterable[Group], by: str | None = None, system: SystemInfo | dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -127,41 +169,18 @@ def stats_of_groups(
 
     `system`: the system that made them, as a manifest's `settings.system` (a `Generator`'s
     `settings["system"]`) or a `SystemInfo`. Without it: three-stage when every stage seen is one of its own,
-    else the stages seen, in the order first seen."""
-    info = LEGACY if system is None else coerce(system)
-    stages = info.stages or ()
-    whole = _Section(stages)
-    parts: dict[str, _Section] = {}
-    for group in groups:
-        whole.add(group)
-        if by is not None:
-            first = group.executions[0][0] if group.executions and group.executions[0] else None
-            key = split_key(first.metadata if first is not None else None, by)
-            parts.setdefault(key, _Section(stages)).add(group)
-    if system is None and any(name not in STAGES for name in whole.run.stages):  # not three-stage after all
-        empty = [name for name in STAGES if not whole.run.stages[name].samples]
-        for section in (whole, *parts.values()):
-            for name in empty:
-                section.run.stages.pop(name, None)
-        info = SystemInfo("?", tuple(whole.run.stages))
-    for section in parts.values():  # every column has the same stages, in the same order
-        section.run.stages = {name: section.run.stages.get(name) or StageStats() for name in whole.run.stages}
-    order = sorted(parts, key=lambda key: (key == NONE_KEY, key))
-    return {
-        "by": by,
-        "system": {"name": info.name, "stages": list(whole.run.stages)},
-        "all": whole.to_dict(),
-        "split": {key: parts[key].to_dict() for key in order},
-    }
+    else the stages seen, in the order first seen (and no system's own figures)."""
+    return sections(groups, by, system).to_dict()
 
 
 def stats(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
     """The system's report for a folder (or a merged one), from its records; split by `metadata[by]` if given.
 
-    Returns {"folder", "by", "system": {"name", "stages"}, "all": figures, "split": {value: figures}} (split is
-    empty without `by`); figures are problems, executions, records, stages, report (RunStats.report's keys),
-    pass_at_k, truncation_rate, tokens. A damaged folder raises `OutputError` (run `agentroll validate` to see
-    where).
+    Returns {"folder", "by", "system": {"name", "stages", "labels"}, "all": figures, "split": {value: figures}}
+    (split is empty without `by`; `labels` names each report figure); figures are problems, executions,
+    records, stages, report (the system's figures: `RunStats.report`), counters (what its vocabulary
+    tallied), pass_at_k, truncation_rate, tokens. A damaged folder raises `OutputError` (run `agentroll
+    validate` to see where). A system that cannot be loaded here adds a `warning`: the generic figures only.
     """
     from ..folder import load_manifest, read_groups
 
@@ -182,11 +201,10 @@ def _shown_ks(top: int) -> list[int]:
     return ks if not top or ks[-1] == top else [*ks, top]
 
 
-_LABELS = {
-    "majority_vote_accuracy": "majority vote accuracy",
-    "best_of_n_accuracy": "best of N accuracy",
-    "selector_pick_accuracy": "selector (its pick) accuracy",
-}
+def figure_name(data: dict[str, Any], key: str) -> str:
+    """A report figure's name in a table: its label, "accuracy" after it when it is one."""
+    name = (data.get("system") or {}).get("labels", {}).get(key) or key.removesuffix("_accuracy")
+    return f"{name} accuracy" if key.endswith("_accuracy") else name
 
 
 def stats_table(data: dict[str, Any]) -> Table:
@@ -217,10 +235,9 @@ def stats_table(data: dict[str, Any]) -> Table:
             lambda c, s=stage: f"{c['stages'][s]['prompt_tokens']}/{c['stages'][s]['response_tokens']}",
             end=stage == stages[-1],
         )
-    accuracies = [key for key in data["all"]["report"] if key.endswith("_accuracy")]
-    for key in accuracies:
-        label = _LABELS.get(key, key.removesuffix("_accuracy") + " accuracy")
-        row(label, lambda c, k=key: _fmt(c["report"].get(k)), end=key == accuracies[-1])
+    named = list(system.get("labels") or (k for k in data["all"]["report"] if k.endswith("_accuracy")))
+    for key in named:
+        row(figure_name(data, key), lambda c, k=key: _fmt(c["report"].get(k)), end=key == named[-1])
     top = max((len(c["pass_at_k"]) for c in columns.values()), default=0)
     for k in _shown_ks(top):
 

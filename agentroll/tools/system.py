@@ -1,5 +1,6 @@
 """Which agent system made a folder, as its manifest says: the folder tools, the converters and the torch dataset
-key their stage lists, orders and system-specific checks off it.
+key their stage lists and orders off it, and the folder tools ask it for its vocabulary (`words`): report
+figures, checks and inspect labels.
 
 `settings.system` is `{"name", "stages": [...], "options": {...}}` (pluggable systems, schema version 4). A
 folder made before systems were pluggable has none: it is the three-stage system, stages `schema.STAGES`.
@@ -7,16 +8,19 @@ folder made before systems were pluggable has none: it is the three-stage system
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import UsageError
 from ..folder.manifest import Manifest
 from ..schema import STAGES
+from ..systems import vocabulary_of
+from ..systems.vocabulary import Vocabulary
 
-THREE_STAGE = "three-stage"  # the built-in default: solver, rewriter, selector
-SINGLE = "single"  # one stage "solver", one record per execution
-CRITIQUE_REVISE = "critique-revise"  # solver, critic, reviser: one multi-turn conversation per execution
+log = logging.getLogger("agentroll")
+THREE_STAGE = "three-stage"  # the built-in default, and the system of a folder that names none
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +111,17 @@ def coerce(system: Any) -> SystemInfo:
     ):
         return SystemInfo(named, tuple(stages))
     return SystemInfo(named, None)
+
+
+def words(system: SystemInfo, warn: bool = True) -> tuple[Vocabulary, str | None]:
+    """The system's vocabulary, and a warning when it cannot be had (a FILE.py system not found from here, a
+    module not installed): then the generic one, so that the tool still says all it can. `warn`: also log it."""
+    if system.name == "?":
+        return Vocabulary(), None
+    try:
+        return vocabulary_of(system.name), None
+    except UsageError as exc:
+        said = f"{exc}: its own figures, checks and labels are left out"
+        if warn:
+            log.warning("%s", said)
+        return Vocabulary(), said
