@@ -92,20 +92,6 @@ SYSTEM_ACCURACY = Figure("system_accuracy", "system", "system_correct")  # final
 DERIVED = frozenset({"truncation_rate", "selector_accuracy"})  # figures in `to_dict` (older manifests' too)
 
 
-class _Counter:
-    """A system counter read and set as an attribute (`stats.tool_calls += 1`), kept in `counters`.
-    Transitional: systems/tool_use.py counts its calls this way; `RunStats.count` is the interface."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, stats: RunStats | None, owner: type | None = None) -> Any:
-        return self if stats is None else stats.counters.get(self.name, 0)
-
-    def __set__(self, stats: RunStats, value: float) -> None:
-        stats.counters[self.name] = value
-
-
 @dataclass(slots=True)
 class RunStats:
     problems: int = 0  # rows read (after --partition and --limit), valid or not
@@ -130,13 +116,6 @@ class RunStats:
     figures: tuple[Figure, ...] = ()  # the system's report figures over the counters (`report`)
     stages: dict[str, StageStats] = field(default_factory=lambda: {s: StageStats() for s in STAGES})
     vocabulary: Vocabulary | None = field(default=None, repr=False, compare=False)  # tallies each execution
-
-    tool_calls = _Counter()  # tool-use's, until systems/tool_use.py calls `count` (see _Counter)
-    tool_calls_malformed = _Counter()
-    tool_calls_unknown = _Counter()
-    tool_calls_failed = _Counter()
-    tool_calls_timed_out = _Counter()
-    tool_calls_not_run = _Counter()
 
     def stage(self, name: str) -> StageStats:
         """A stage's counters, made on first use: a system may name any stages."""

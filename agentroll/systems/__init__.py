@@ -90,10 +90,10 @@ def vocabulary_of(target: System | str) -> Vocabulary:
     FILE.py:NAME or MODULE:NAME, imported as `generate` did; `UsageError` when it cannot be). The system is not
     built: its vocabulary is read from its class (or function)."""
     if isinstance(target, System):
-        return _pending(target.name, target.vocabulary)
+        return target.vocabulary
     known = builtins()
     if target in known:
-        return _pending(target, known[target].vocabulary)
+        return known[target].vocabulary
     if ":" not in target:
         raise UsageError(f"system {target!r}: not a built-in ({', '.join(known)}) nor FILE.py:CLASS or MODULE:CLASS")
     found = load_object(target, "system", UsageError, "class or function")
@@ -108,16 +108,6 @@ def _vocabulary(function: Any, spec: str) -> Vocabulary:
     words = getattr(function, "vocabulary", None) or Vocabulary()
     if not isinstance(words, Vocabulary):
         raise UsageError(f"system {spec!r}: its vocabulary is not an agentroll.systems.vocabulary.Vocabulary")
-    return words
-
-
-def _pending(name: str, words: Vocabulary) -> Vocabulary:
-    """Transitional: tool-use's vocabulary lives in tool_use_words.py until systems/tool_use.py declares it
-    (`vocabulary = ToolUseWords()`); then this goes."""
-    if name == "tool-use" and type(words) is Vocabulary:
-        from .tool_use_words import ToolUseWords
-
-        return ToolUseWords()
     return words
 
 

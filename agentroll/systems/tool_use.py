@@ -29,6 +29,7 @@ from ..errors import UsageError
 from ..sandbox import SandboxUnavailable
 from ..toolcalls import ParsedCall, Toolbox, ToolResult, call_id, parser_for, tool_text
 from . import System
+from .tool_use_words import ToolUseWords
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -76,6 +77,7 @@ class ToolUse(System):
         "tool_threads": 16,
     }
     version = 2  # 2: a turn cut at max_tokens ends the conversation; tool messages carry name and id
+    vocabulary = ToolUseWords()
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -163,10 +165,10 @@ class ToolUse(System):
     @staticmethod
     def _count(ctx: Context, results: list[ToolResult]) -> None:
         stats = ctx.engine.stats
-        stats.tool_calls += len(results)
+        stats.count("tool_calls", len(results))
         for result in results:
             if result.status in COUNTERS:
-                setattr(stats, COUNTERS[result.status], getattr(stats, COUNTERS[result.status]) + 1)
+                stats.count(COUNTERS[result.status])
 
 
 def tool_message(call: ParsedCall, result: ToolResult, identifier: str) -> dict[str, Any]:
