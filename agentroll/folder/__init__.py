@@ -9,7 +9,7 @@ from .follow import consumed, read_groups
 from .layout import COMPRESSIONS, Layout
 from .manifest import Manifest, ShardEntry, changed_settings, load_manifest
 from .merge import merge
-from .reader import ShardFile, as_group, read_records, shard_files, shard_lines, shard_paths, stored_groups
+from .reader import ShardFile, as_group, read_records, shard_files, shard_paths, shard_records, stored_groups
 from .stdout import StdoutWriter
 from .writer import ShardWriter
 
@@ -29,7 +29,7 @@ __all__ = [
     "read_groups",
     "read_records",
     "shard_files",
-    "shard_lines",
     "shard_paths",
+    "shard_records",
     "stored_groups",
 ]

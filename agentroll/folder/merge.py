@@ -23,6 +23,7 @@ from .files import file_sha256
 from .layout import Layout, is_zstd, routes_name, shard_name
 from .manifest import Manifest, RoutesEntry, ShardEntry, changed_settings
 from .reader import shard_bytes
+from .recovery import read_keys
 from .shards import scan_groups
 from .writer import prepare
 
@@ -43,9 +44,10 @@ def problem_ids(folder: Path, manifest: Manifest) -> set[str]:
     layout = Layout(folder)
     ids: set[str] = set()
     for shard in manifest.shards:
-        try:
-            ids.update(str(pid) for pid, _ in orjson.loads(layout.keys(shard.file).read_bytes()))
-        except (OSError, orjson.JSONDecodeError, TypeError, ValueError):
+        keys = read_keys(layout.keys(shard.file))
+        if keys is not None and len(keys) == shard.groups:
+            ids.update(pid for pid, _ in keys)
+        else:
             data = shard_bytes(folder / shard.file)
             kept, _, _, found = scan_groups(data, is_zstd(shard.file))
             if kept != len(data):

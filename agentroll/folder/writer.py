@@ -24,7 +24,7 @@ from ..schema import SCHEMA_VERSION
 from . import lock
 from .files import write_all
 from .layout import PARTIAL, Layout, routes_path
-from .manifest import Manifest, ShardEntry, changed_settings
+from .manifest import Manifest, ShardEntry, changed_settings, in_the_way
 from .recovery import finish_file, next_index, recover
 from .routes import Packer
 from .shards import GroupKey, encode
@@ -110,6 +110,8 @@ class ShardWriter:
         layout = prepare(self.directory)
         try:
             self._lock_fd = lock.take(layout.lock, f"{self.directory} is being written by another agentroll process")
+            if layout.manifest.is_dir():
+                raise in_the_way(layout.manifest)
             earlier = None if self.overwrite else self._earlier()
             if self.overwrite:
                 clear(layout)
