@@ -218,3 +218,26 @@ def test_a_manifest_that_is_a_directory_gives_advice_that_is_true(tmp_path):
     assert (tmp_path / "rollouts-00000.jsonl").exists()
     code, output = cli("stats", str(tmp_path))
     assert code == 6 and "is a directory" in output
+
+
+# -- 5. validate loads the manifest as every other tool does ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["no settings", "settings not an object", "no file", "format"])
+def test_validate_refuses_a_manifest_every_other_tool_refuses(tmp_path, damage):
+    folder = finished(tmp_path / "f", ["a"])
+    path = Layout(folder).manifest
+    manifest = orjson.loads(path.read_bytes())
+    if damage == "no settings":
+        del manifest["settings"]
+    elif damage == "settings not an object":
+        manifest["settings"] = []
+    elif damage == "no file":
+        del manifest["shards"][0]["file"]
+    else:
+        manifest["format"] = "other"
+    path.write_bytes(orjson.dumps(manifest))
+    assert cli("stats", str(folder))[0] == 6
+    code, output = cli("validate", str(folder))
+    assert code == 6, output
+    assert "manifest" in output and "Traceback" not in output
