@@ -250,6 +250,24 @@ def test_merge_can_be_redone_with_overwrite_but_never_over_a_run(tmp_path):
     assert code == 6 and "not a merge" in output
 
 
+@pytest.mark.parametrize("copy", [[], ["--copy"]])
+@pytest.mark.parametrize("damage", ["moved", "sha256"])
+def test_merge_overwrite_checks_the_new_parts_before_it_replaces_the_earlier_merge(tmp_path, copy, damage):
+    finished(tmp_path / "p0", ["a"])
+    finished(tmp_path / "p1", ["b", "c"])
+    parts = [str(tmp_path / "p0"), str(tmp_path / "p1")]
+    assert cli("merge", *parts, "-o", str(tmp_path / "all"), *copy)[0] == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "all").iterdir() if p.is_file()}
+    shard = tmp_path / "p1" / "rollouts-00000.jsonl"
+    if damage == "moved":
+        shard.rename(tmp_path / "elsewhere.jsonl")
+    else:
+        shard.write_bytes(shard.read_bytes().replace(b'"c"', b'"x"'))
+    code, output = cli("merge", *parts, "-o", str(tmp_path / "all"), "--overwrite", "--verify", *copy)
+    assert code == 6 and "rollouts-00000.jsonl" in output, output
+    assert {p.name: p.read_bytes() for p in (tmp_path / "all").iterdir() if p.is_file()} == before
+
+
 # -- the folder's edges ------------------------------------------------------------------------------------------
 
 
