@@ -21,13 +21,12 @@ import orjson
 
 from ..errors import OutputError
 from ..stats import RunStats
-from .files import file_sha256
+from .files import file_sha256, prepare
+from .keys import read_keys
 from .layout import Layout, is_zstd, routes_name, shard_name
 from .manifest import Manifest, RoutesEntry, ShardEntry, changed_settings
 from .reader import shard_bytes
-from .recovery import read_keys
 from .shards import scan_groups
-from .writer import prepare
 
 
 def _load(folder: Path) -> Manifest:

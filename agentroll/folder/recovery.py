@@ -17,7 +17,6 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import orjson
 
 from ..errors import OutputError
 from .files import atomic_write, file_sha256, fsync_dir, truncate
+from .keys import read_keys, write_keys
 from .layout import TMP, Layout, is_zstd, parse_shard, routes_path
 from .manifest import Manifest, RoutesEntry, ShardEntry
 from .shards import GroupKey, join_frames, scan_groups, scan_routed
@@ -37,24 +37,6 @@ class Recovered:
     shards: list[ShardEntry] = field(default_factory=list)
     done: dict[str, str] = field(default_factory=dict)  # problem id -> content hash, committed or filtered
     filtered_groups: int = 0
-
-
-def write_keys(layout: Layout, shard: str, keys: Iterable[GroupKey]) -> None:
-    atomic_write(layout.keys(shard), orjson.dumps([list(k) for k in keys]))
-
-
-def read_keys(path: Path) -> list[GroupKey] | None:
-    """A keys file's (problem id, content hash) pairs; None when it is missing or not such a list (it is derived
-    data: the caller rebuilds it from its shard)."""
-    try:
-        keys = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    if not isinstance(keys, list) or not all(
-        isinstance(k, list) and len(k) == 2 and all(isinstance(x, str) for x in k) for k in keys
-    ):
-        return None
-    return [(k[0], k[1]) for k in keys]
 
 
 def rebuild_keys(layout: Layout, path: Path, entry: ShardEntry) -> list[GroupKey]:

@@ -22,7 +22,7 @@ from ..errors import OutputError
 from ..group import Group
 from ..schema import SCHEMA_VERSION
 from . import lock
-from .files import write_all
+from .files import prepare, write_all
 from .layout import PARTIAL, Layout, routes_path
 from .manifest import Manifest, ShardEntry, changed_settings, in_the_way
 from .recovery import finish_file, next_index, recover
@@ -44,21 +44,6 @@ def clear(layout: Layout) -> None:
     for path in (layout.filtered, layout.demo_marker):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-
-
-def prepare(root: Path) -> Layout:
-    """The folder and its state directory, made if need be; our own words for what stands in the way."""
-    if root.exists() and not root.is_dir():
-        raise OutputError(f"{root} is a file, not a folder")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        layout = Layout(root)
-        layout.state.mkdir(exist_ok=True)
-    except NotADirectoryError:
-        raise OutputError(f"output folder {root}: a part of the path is a file, not a folder") from None
-    except OSError as exc:
-        raise OutputError(f"output folder {root}: {exc.strerror or exc}") from exc
-    return layout
 
 
 class ShardWriter:
