@@ -218,6 +218,10 @@ def test_a_manifest_that_is_a_directory_gives_advice_that_is_true(tmp_path):
     assert (tmp_path / "rollouts-00000.jsonl").exists()
     code, output = cli("stats", str(tmp_path))
     assert code == 6 and "is a directory" in output
+    finished(tmp_path / "part", ["b"])
+    for extra in ([], ["--overwrite"]):
+        code, output = cli("merge", str(tmp_path / "part"), "-o", str(tmp_path), *extra)
+        assert code == 6 and "is a directory" in output and "pass --overwrite" not in output, output
 
 
 # -- 5. validate loads the manifest as every other tool does ----------------------------------------------------------

@@ -24,7 +24,7 @@ from ..stats import RunStats
 from .files import file_sha256, prepare
 from .keys import read_keys
 from .layout import Layout, is_zstd, routes_name, shard_name
-from .manifest import Manifest, RoutesEntry, ShardEntry, changed_settings
+from .manifest import Manifest, RoutesEntry, ShardEntry, changed_settings, in_the_way
 from .reader import shard_bytes
 from .shards import scan_groups
 
@@ -96,6 +96,8 @@ def _check_output(output: Path, overwrite: bool) -> bool:
     """An empty folder (False), or with --overwrite one an earlier merge wrote (True: it is to be replaced, never
     a run's own rollouts). Nothing is removed here: the new parts are checked first."""
     layout = Layout(output)
+    if layout.manifest.is_dir():
+        raise in_the_way(layout.manifest)
     if not (layout.manifest.exists() or layout.ours()):
         return False
     if not overwrite:
