@@ -2,8 +2,9 @@
 
 Rows stream in from a file or stdin as they arrive; `Generator.stream` keeps a bounded number of groups in
 flight, so memory stays flat however long the input. Signals, progress drawing and exit codes are the CLI's:
-the runner only reports through a `Progress` hook and returns (or raises) what happened. The writer is closed
-on every exit path, so the folder is consistent whatever ends the run.
+the runner only reports through a `Progress` hook and returns (or raises) what happened. The input's first row
+is read and checked before the folder is touched (an empty or bad input leaves it as it was); the writer is
+closed on every exit path, so the folder is consistent whatever ends the run.
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ class Runner:
         started, begun = time.monotonic(), time.time()
         gen = self.generator
         async with gen:
+            checked = await self._checked(self._rows())
             settings = {
                 **gen.settings,
                 "partition": list(opts.slice) if opts.slice else None,
@@ -204,7 +206,7 @@ class Runner:
             try:
                 self.progress.start(None if opts.partition else self._total())
                 ticker = asyncio.create_task(self._tick())
-                rows = self._todo(done, writer)
+                rows = self._todo(done, writer, checked)
                 if self._reached(writer):
                     log.info(
                         "--target-groups %d: that many groups are on disk already, nothing to do", opts.target_groups
@@ -217,13 +219,6 @@ class Runner:
                                 break  # the groups still in flight are cancelled; their calls stay in the journal
                 if self.target_reached:
                     self.stats.problems_beyond_target = max(0, self.stats.problems - self.stats.groups_settled)
-                elif self.rows_seen == 0:
-                    raise InputError(
-                        self._named(),
-                        0,
-                        None,
-                        "no rows to generate from: the input is empty (or holds only blank lines)",
-                    )
                 if (
                     opts.skip_invalid
                     and self.stats.problems
@@ -311,15 +306,41 @@ class Runner:
         if limit is not None and self.generator.counters.failures > limit:
             raise TooManyFailures(f"{self.generator.counters.failures} calls failed for good (--max-failures {limit})")
 
-    async def _todo(self, done: dict[str, str], writer: ShardWriter | StdoutWriter) -> AsyncIterator[Problem]:
+    def _rows(self) -> AsyncIterator[Problem]:
+        """The input's rows as read: a row that cannot be parsed raises (is counted under --skip-invalid)."""
+        opts, gen = self.run_options, self.generator
+        unread = self._skip_unread if opts.skip_invalid else None
+        return amix(opts.sources(), gen.keys, unread) if opts.mix else aread_problems(opts.input, gen.keys, unread)
+
+    async def _checked(self, rows: AsyncIterator[Problem]) -> AsyncIterator[Problem]:
+        """The rows, the first read and checked now, before the output folder is touched: an empty input (said
+        in one line naming it) or a bad first row leaves the folder as it was."""
+        first = await anext(rows, None)
+        if first is None and self.rows_seen == 0:  # (rows that do not parse count, under --skip-invalid)
+            raise InputError(
+                self._named(), 0, None, "no rows to generate from: the input is empty (or holds only blank lines)"
+            )
+        part = self.run_options.slice
+        if first is not None and not self.run_options.skip_invalid and (not part or in_partition(first.id, *part)):
+            self.generator.problem(first)  # checked again in its turn
+
+        async def chained() -> AsyncIterator[Problem]:
+            if first is not None:
+                yield first
+            async for problem in rows:
+                yield problem
+
+        return chained()
+
+    async def _todo(
+        self, done: dict[str, str], writer: ShardWriter | StdoutWriter, rows: AsyncIterator[Problem]
+    ) -> AsyncIterator[Problem]:
         """The rows still to run: bad rows raise (or are counted under --skip-invalid), rows of another slice
         are passed over, and a row already done is skipped, unless its content differs from what was written
         under its id: then it is refused."""
         opts, stats, gen = self.run_options, self.stats, self.generator
         on_invalid = self._skip if opts.skip_invalid else None
         taken = 0
-        unread = self._skip_unread if on_invalid else None
-        rows = amix(opts.sources(), gen.keys, unread) if opts.mix else aread_problems(opts.input, gen.keys, unread)
         async for problem in rows:
             if self.target_reached:
                 break  # --target-groups: no more prompts than it takes

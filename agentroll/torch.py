@@ -41,11 +41,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from .convert.trajectory import Trajectory, executions, own_mask, trainable, trajectories
 from .errors import OutputError, UsageError
-from .folder import load_manifest, shard_lines, shard_paths
+from .folder import ShardFile, load_manifest, shard_files, shard_records
 from .tools.system import system_of
 
 try:
@@ -132,8 +130,11 @@ class RolloutDataset(IterableDataset[Item]):
     ) -> None:
         super().__init__()
         self.path = Path(path)
-        self.shards: list[Path] = shard_paths(self.path)
-        self.system = system_of(load_manifest(self.path))
+        manifest = load_manifest(self.path)
+        files = shard_files(self.path, manifest)  # each there and of its size, or one OutputError line
+        self._files: dict[Path, ShardFile] = {f.path: f for f in files}
+        self.shards: list[Path] = [f.path for f in files]
+        self.system = system_of(manifest)
         if isinstance(stages, str):
             stages = [stages]
         self.stages = None if stages is None else frozenset(stages)
@@ -179,8 +180,7 @@ class RolloutDataset(IterableDataset[Item]):
             if self.trajectory:
                 yield from self._trajectories(shard)
                 continue
-            for number, line in enumerate(shard_lines(shard), start=1):
-                record = orjson.loads(line)
+            for number, record in shard_records(self._files[shard]):
                 if self.stages is not None and record["stage"] not in self.stages:
                     continue
                 if not trainable(record):
@@ -197,10 +197,9 @@ class RolloutDataset(IterableDataset[Item]):
         first: dict[int, int] = {}  # id(an execution's first record) -> its line, for the error message
 
         def records() -> Iterator[dict[str, Any]]:
-            rollout: Any = None
-            for number, line in enumerate(shard_lines(shard), start=1):
-                record = orjson.loads(line)
-                if number == 1 or record.get("rollout_id") != rollout:
+            start = rollout = object()
+            for number, record in shard_records(self._files[shard]):
+                if rollout is start or record.get("rollout_id") != rollout:
                     rollout = record.get("rollout_id")
                     first[id(record)] = number
                 yield record

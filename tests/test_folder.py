@@ -250,6 +250,24 @@ def test_merge_can_be_redone_with_overwrite_but_never_over_a_run(tmp_path):
     assert code == 6 and "not a merge" in output
 
 
+@pytest.mark.parametrize("copy", [[], ["--copy"]])
+@pytest.mark.parametrize("damage", ["moved", "sha256"])
+def test_merge_overwrite_checks_the_new_parts_before_it_replaces_the_earlier_merge(tmp_path, copy, damage):
+    finished(tmp_path / "p0", ["a"])
+    finished(tmp_path / "p1", ["b", "c"])
+    parts = [str(tmp_path / "p0"), str(tmp_path / "p1")]
+    assert cli("merge", *parts, "-o", str(tmp_path / "all"), *copy)[0] == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "all").iterdir() if p.is_file()}
+    shard = tmp_path / "p1" / "rollouts-00000.jsonl"
+    if damage == "moved":
+        shard.rename(tmp_path / "elsewhere.jsonl")
+    else:
+        shard.write_bytes(shard.read_bytes().replace(b'"c"', b'"x"'))
+    code, output = cli("merge", *parts, "-o", str(tmp_path / "all"), "--overwrite", "--verify", *copy)
+    assert code == 6 and "rollouts-00000.jsonl" in output, output
+    assert {p.name: p.read_bytes() for p in (tmp_path / "all").iterdir() if p.is_file()} == before
+
+
 # -- the folder's edges ------------------------------------------------------------------------------------------
 
 
@@ -318,7 +336,26 @@ def test_an_empty_input_is_said_in_one_line_naming_the_file_with_exit_3(sim, tmp
     )
     assert code == 3, output
     assert str(empty) in output and "empty" in output
-    assert not Manifest.load(tmp_path / "out").complete
+    assert not (tmp_path / "out").exists()  # checked before the folder is touched
+
+
+def generated(sim, problems: Path, out: Path, *extra: str) -> tuple[int, str]:
+    return cli("generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER, "-q", *extra)
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+@pytest.mark.parametrize("content", ["", "\n \n", '{"prompt": "What is 1 plus', '{"id": "x"}\n'])
+def test_an_empty_or_bad_input_leaves_an_existing_folder_as_it_was(sim, problems, tmp_path, content, overwrite):
+    out = tmp_path / "out"
+    assert generated(sim, problems, out)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    code, output = generated(sim, bad, out, *overwrite)
+    assert code == 3, output
+    assert str(bad) in output
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert Manifest.load(out).complete and len(list(read_groups(out))) == 8
 
 
 def test_an_input_that_cannot_be_read_leaves_the_output_folder_untouched(sim, tmp_path):

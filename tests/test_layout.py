@@ -150,3 +150,99 @@ def test_the_readme_development_section_names_every_module_and_package_of_the_to
     top = {p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")}
     top |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert sorted(top - named) == []  # a module the layout table does not place
+
+
+# -- the output folder has one owner (agentroll/folder) -------------------------------------------------------------
+
+FOLDER = "agentroll.folder"
+READERS = ["reader", "follow", "shards", "routes", "layout", "manifest", "files", "keys", "raw"]
+WRITING = {f"{FOLDER}.{name}" for name in ("writer", "recovery")}
+
+
+def loaded_by(module: str) -> set[str]:
+    """What importing `module` loads at module level: its imports, every package on its path (Python runs their
+    __init__ first), and theirs in turn. The top package `agentroll` is left out: it gathers everything."""
+    edges = graph(lazy=False)
+    found: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        parts = name.split(".")
+        parents = [".".join(parts[:i]) for i in range(2, len(parts))]
+        todo += [m for m in (*edges.get(name, ()), *parents) if m != "agentroll"]
+    return found
+
+
+def test_no_reader_of_the_folder_loads_its_writer():
+    for name in [FOLDER, *(f"{FOLDER}.{r}" for r in READERS)]:
+        assert name in MODULES, name
+        assert not loaded_by(name) & WRITING, (name, sorted(loaded_by(name) & WRITING))
+
+
+def test_the_writer_is_still_there_when_asked_for():
+    import agentroll.folder as folder
+    from agentroll.folder.writer import ShardWriter
+
+    assert folder.ShardWriter is ShardWriter
+
+
+def layout_names() -> tuple[str, ...]:
+    from agentroll.folder import layout
+
+    return (
+        layout.MANIFEST,
+        layout.STATE_DIR,
+        layout.SHARD_PREFIX,
+        layout.ROUTES,
+        layout.PARTIAL,
+        layout.FILTERED,
+        ".keys",
+        "plan.json",
+    )
+
+
+def spelled_names(tree: ast.AST, names: tuple[str, ...]) -> list[tuple[int, str]]:
+    """Strings (docstrings and prose aside: help, messages hold spaces) that spell a name of the folder's layout:
+    a module that builds such a path opens the folder's files itself."""
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    found, inside = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            inside.update(id(n) for n in ast.walk(node) if n is not node)
+            text = "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+            if any(n in text for n in names) and not any(c.isspace() for c in text):
+                found.append((node.lineno, text))
+    skip = docs | inside
+    for node in ast.walk(tree):
+        text = node.value if isinstance(node, ast.Constant) and id(node) not in skip else None
+        if isinstance(text, str) and any(n in text for n in names) and not any(c.isspace() for c in text):
+            found.append((node.lineno, text))
+    return found
+
+
+def test_no_module_outside_the_folder_package_spells_its_file_names():
+    names = layout_names()
+    wrong = [
+        (name, line, text)
+        for name, path in MODULES.items()
+        if not name.startswith(FOLDER + ".") and name != FOLDER
+        for line, text in spelled_names(ast.parse(path.read_text()), names)
+    ]
+    assert not wrong, wrong
+
+
+def test_the_spelling_check_catches_a_path_built_by_hand():
+    names = layout_names()
+    code = 'open(folder / "manifest.json")\nsorted(folder.glob("rollouts-*.jsonl"))\nopen(f"{d}/.agentroll/lock")\n'
+    assert [line for line, _ in spelled_names(ast.parse(code), names)] == [3, 1, 2]
+    prose = 'raise OutputError(f"{out} holds no manifest.json")\nhelp = "shards as rollouts-NNNNN.jsonl.zst"\n'
+    assert spelled_names(ast.parse(prose), names) == []

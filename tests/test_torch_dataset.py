@@ -266,6 +266,9 @@ def test_a_misaligned_record_is_refused_with_its_shard_and_line(folder, tmp_path
     record["loss_mask"].append(1)
     lines[2] = json.dumps(record)
     shard.write_text("\n".join(lines) + "\n")
+    manifest = json.loads((copy / "manifest.json").read_text())  # written so: the file is what its entry says
+    manifest["shards"][1]["bytes"] = shard.stat().st_size
+    (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(OutputError, match=rf"{shard.name}:3: .*{len(record['response_token_ids'])} response tokens"):
         list(RolloutDataset(copy))
 

@@ -1,4 +1,5 @@
-"""Durable file operations: a file replaced whole or not at all, appends that leave nothing half-buffered."""
+"""Durable file operations: a file replaced whole or not at all, appends that leave nothing half-buffered; the
+folder itself made ready (`prepare`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .layout import TMP
+from ..errors import OutputError
+from .layout import TMP, Layout
 
 
 def fsync_dir(directory: Path) -> None:
@@ -49,3 +51,18 @@ def truncate(path: Path, size: int) -> None:
         f.truncate(size)
         f.flush()
         os.fsync(f.fileno())
+
+
+def prepare(root: Path) -> Layout:
+    """The folder and its state directory, made if need be; our own words for what stands in the way."""
+    if root.exists() and not root.is_dir():
+        raise OutputError(f"{root} is a file, not a folder")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        layout = Layout(root)
+        layout.state.mkdir(exist_ok=True)
+    except NotADirectoryError:
+        raise OutputError(f"output folder {root}: a part of the path is a file, not a folder") from None
+    except OSError as exc:
+        raise OutputError(f"output folder {root}: {exc.strerror or exc}") from exc
+    return layout

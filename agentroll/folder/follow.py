@@ -4,8 +4,12 @@
 view points into other folders), the folder's own finished shards not listed yet, and its partial shard up to
 its last whole group. It yields each group once as soon as it is committed, survives the writer being killed
 and restarted (a recovered shard is read again and its groups already yielded are skipped), starts over when
-the folder is overwritten (a new `folder_id`), and ends by itself when the manifest says the run is complete:
-then every listed shard must have been read whole, with its routes, or it raises as the plain reader does.
+the folder is overwritten (a new `folder_id`), and ends by itself once the manifest is final: the run is
+complete, or the folder is a merged view (`agentroll merge`; nothing ever completes one that was merged with
+`--allow-incomplete`: the follower reads the groups it lists and ends, and a new merge makes a new view). A
+final folder is what its manifest lists (nothing else beside it is read). A listed shard is checked as the plain
+reader checks it, as soon as it is read: its size, its routes sidecar, whole groups to its end, its group count;
+damage raises one `OutputError` line.
 
 A consumer (`read_groups(consumer=NAME)`) keeps its position in `.agentroll/consumers/NAME` (replaced
 atomically): a group counts as consumed once the next one is asked for; a rerun of the reader starts after the
@@ -26,8 +30,8 @@ from ..errors import OutputError, UsageError
 from ..group import Group
 from .files import atomic_write
 from .layout import PARTIAL, Layout, is_zstd, routes_name, routes_path
-from .manifest import Manifest
-from .reader import as_group, finished_groups
+from .manifest import Manifest, ShardEntry
+from .reader import ShardFile, as_group, check_counts, check_size, damaged, finished_groups, missing
 from .routes import RoutesUnavailable, Sidecar
 from .shards import shard_groups
 
@@ -115,13 +119,15 @@ def _manifest(folder: Path, failures: list[OutputError]) -> Manifest | None:
     return manifest
 
 
-def _files(folder: Path, manifest: Manifest | None) -> list[Path]:
-    """Listed shards in manifest order, then the folder's own finished and partial ones not listed (a finished
-    one before its partial namesake)."""
-    listed = [folder / s.file for s in manifest.shards] if manifest is not None else []
-    known = {os.path.realpath(p) for p in listed}
+def _files(folder: Path, manifest: Manifest | None, final: bool) -> list[tuple[Path, ShardEntry | None]]:
+    """Listed shards in manifest order with their entries; unless the manifest is final, then the folder's own
+    finished and partial ones not listed yet (a finished one before its partial namesake)."""
+    listed: list[tuple[Path, ShardEntry | None]] = [(folder / s.file, s) for s in manifest.shards] if manifest else []
+    if final:
+        return listed  # a finished folder is what its manifest lists, whatever else lies beside it
+    known = {os.path.realpath(p) for p, _ in listed}
     own = [path for _, _, path in Layout(folder).entries() if os.path.realpath(path) not in known]
-    return listed + own
+    return listed + [(path, None) for path in own]
 
 
 def _live_routes(shard: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
@@ -139,9 +145,41 @@ def _live_routes(shard: Path, records: list[dict[str, Any]]) -> list[dict[str, A
     return None
 
 
+class _Replaced(Exception):
+    """A listed file changed under the follower because the folder was overwritten: read it again."""
+
+
+def _damage(folder: Path, identity: str, error: OutputError) -> Exception:
+    """A listed shard that is not what its entry says: damage, unless the folder was overwritten since the
+    manifest was read (its files are then another dataset's, named alike)."""
+    try:
+        same = Manifest.load(folder).folder_id == identity
+    except OutputError:
+        same = False
+    return error if same else _Replaced()
+
+
+def _listed_fault(folder: Path, shard: Path, entry: ShardEntry, routes: bool) -> OutputError | None:
+    """What is wrong with a finished shard (and, when routes are read, its sidecar) before it is read."""
+    try:
+        check_size(ShardFile(shard, None, entry), shard.stat().st_size)
+    except OSError as exc:
+        return missing(shard, exc)
+    except OutputError as exc:
+        return exc
+    if routes and entry.routes is not None:
+        side = folder / entry.routes.file
+        size = side.stat().st_size if side.exists() else None
+        if size != entry.routes.bytes:
+            have = "is missing" if size is None else f"holds {size} bytes where the manifest says {entry.routes.bytes}"
+            return OutputError(f"{side} (the routes sidecar of {shard.name}) {have}")
+    return None
+
+
 def _follow(folder: Path, poll_s: float, timeout_s: float | None, routes: bool) -> Iterator[tuple[str, Group]]:
     seen: set[str] = set()
     offsets: dict[str, int] = {}  # real path -> bytes of whole groups already read
+    counts: dict[str, int] = {}  # real path -> whole groups already read
     identity = ""
     failures: list[OutputError] = []
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -151,45 +189,58 @@ def _follow(folder: Path, poll_s: float, timeout_s: float | None, routes: bool) 
             if identity:  # overwritten since: another dataset in the same place
                 seen.clear()
                 offsets.clear()
+                counts.clear()
             identity = manifest.folder_id
-        complete = manifest is not None and manifest.complete
-        for shard in _files(folder, manifest):
-            key = os.path.realpath(shard)
-            start = offsets.get(key, 0)
-            try:
-                with open(shard, "rb") as f:
-                    f.seek(start)
-                    data = f.read()
-            except FileNotFoundError:  # renamed (finished) or recovered since the listing: next pass
-                continue
-            for end, records in shard_groups(data, is_zstd(shard)):
-                pid = str(records[0]["problem_id"])
-                if pid not in seen and routes:
-                    resolved = _live_routes(shard, records)
-                    if resolved is None:
-                        break  # its sidecar is being renamed: the next pass reads the group again
-                    records = resolved
-                offsets[key] = start + end
-                if pid not in seen:  # a shard renamed or recovered is read again from its start
-                    seen.add(pid)
-                    yield identity, as_group(records)
-        if complete:
+        final = manifest is not None and (manifest.complete or manifest.merged_from is not None)
+        try:
+            for shard, entry in _files(folder, manifest, final):
+                key = os.path.realpath(shard)
+                start = offsets.get(key, 0)
+                if entry is not None:
+                    if start == entry.bytes:
+                        continue  # read whole already
+                    fault = _listed_fault(folder, shard, entry, routes)
+                    if fault is not None:
+                        raise _damage(folder, identity, fault)
+                try:
+                    with open(shard, "rb") as f:
+                        f.seek(start)
+                        data = f.read()
+                except FileNotFoundError:  # renamed (finished) or recovered since the listing: next pass
+                    if entry is not None:
+                        raise _damage(folder, identity, missing(shard, FileNotFoundError())) from None
+                    continue
+                sidecar = Sidecar(folder / entry.routes.file if entry and entry.routes else None, shard)
+                with sidecar:
+                    for end, records in shard_groups(data, is_zstd(shard)):
+                        pid = str(records[0]["problem_id"])
+                        if pid not in seen and routes:
+                            resolved = sidecar.resolve_or_fail(records) if entry else _live_routes(shard, records)
+                            if resolved is None:
+                                break  # its sidecar is being renamed: the next pass reads the group again
+                            records = resolved
+                        offsets[key], counts[key] = start + end, counts.get(key, 0) + 1
+                        if pid not in seen:  # a shard renamed or recovered is read again from its start
+                            seen.add(pid)
+                            yield identity, as_group(records)
+        except _Replaced:
+            final = False
+        if final:
             assert manifest is not None
-            _check_whole(folder, manifest, offsets)
+            _check_whole(folder, manifest, offsets, counts)
             return
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"{folder}: the run did not complete within {timeout_s:g}s")
         time.sleep(poll_s)
 
 
-def _check_whole(folder: Path, manifest: Manifest, offsets: dict[str, int]) -> None:
-    """A complete folder read to its end: every listed shard whole, as the plain reader demands."""
+def _check_whole(folder: Path, manifest: Manifest, offsets: dict[str, int], counts: dict[str, int]) -> None:
+    """A finished folder read to its end: every listed shard whole groups to the size and count its entry says,
+    as the plain reader demands."""
     for entry in manifest.shards:
         path = folder / entry.file
-        if not path.exists():
-            raise OutputError(f"{path} is listed in its folder's manifest but is not there (moved away?)")
-        size = path.stat().st_size
-        read = offsets.get(os.path.realpath(path), 0)
-        if read != size:
-            reason = "its routes sidecar is missing or short" if read and entry.routes else "not whole groups"
-            raise OutputError(f"{path} is damaged after byte {read} ({reason})")
+        key = os.path.realpath(path)
+        read = offsets.get(key, 0)
+        if read != entry.bytes:
+            raise damaged(path, f"not whole groups after byte {read}")
+        check_counts(ShardFile(path, None, entry), "groups", counts.get(key, 0))

@@ -157,6 +157,8 @@ class Manifest:
     def load(cls, folder: str | Path) -> Manifest:
         """The folder's manifest, or one `OutputError` line naming the file and what is wrong."""
         path = Layout(Path(folder)).manifest
+        if path.is_dir():
+            raise in_the_way(path)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -212,6 +214,14 @@ class Manifest:
             merged_from=merged,
             path=path,
         )
+
+
+def in_the_way(path: Path) -> OutputError:
+    """A directory where the manifest goes: not ours, so nothing (--overwrite neither) removes it."""
+    return OutputError(
+        f"{path} is a directory, not an agentroll manifest: move it away (--overwrite removes only agentroll's "
+        "own files)"
+    )
 
 
 def load_manifest(folder: str | Path) -> Manifest:

@@ -2,9 +2,11 @@
 
 By default the merged manifest points at the shards where they are (paths relative to the merged folder), so
 nothing is copied; `--copy` copies them in under fresh names. Either way the settings must match (all but the
-partition) and no problem may appear in two folders. A shard's routes sidecar goes with it. The parts' run
-figures add up into the merged `last_run`. A part whose run did not complete is refused unless allowed; the
-merged manifest then says which one (`merged_from[].complete`, and `complete: false`).
+partition) and no problem may appear in two folders. A shard's routes sidecar goes with it. Every part's shard
+is checked (there, of its size, with `--verify` of its sha256) before anything is written; `--overwrite`
+replaces an earlier merge only then. The parts' run figures add up into the merged `last_run`. A part whose run
+did not complete is refused unless allowed; the merged manifest then says which one (`merged_from[].complete`,
+and `complete: false`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ import orjson
 
 from ..errors import OutputError
 from ..stats import RunStats
-from .files import file_sha256
+from .files import file_sha256, prepare
+from .keys import read_keys
 from .layout import Layout, is_zstd, routes_name, shard_name
-from .manifest import Manifest, RoutesEntry, ShardEntry, changed_settings
+from .manifest import Manifest, RoutesEntry, ShardEntry, changed_settings, in_the_way
 from .reader import shard_bytes
 from .shards import scan_groups
-from .writer import prepare
 
 
 def _load(folder: Path) -> Manifest:
@@ -43,9 +45,10 @@ def problem_ids(folder: Path, manifest: Manifest) -> set[str]:
     layout = Layout(folder)
     ids: set[str] = set()
     for shard in manifest.shards:
-        try:
-            ids.update(str(pid) for pid, _ in orjson.loads(layout.keys(shard.file).read_bytes()))
-        except (OSError, orjson.JSONDecodeError, TypeError, ValueError):
+        keys = read_keys(layout.keys(shard.file))
+        if keys is not None and len(keys) == shard.groups:
+            ids.update(pid for pid, _ in keys)
+        else:
             data = shard_bytes(folder / shard.file)
             kept, _, _, found = scan_groups(data, is_zstd(shard.file))
             if kept != len(data):
@@ -89,27 +92,49 @@ def merge(
         raise OutputError(f"merge: {exc.filename or ''}: {exc.strerror or exc}".replace(": : ", ": ")) from exc
 
 
-def _check_output(output: Path, overwrite: bool) -> None:
-    """An empty folder, or with --overwrite one an earlier merge wrote (never a run's own rollouts)."""
+def _check_output(output: Path, overwrite: bool) -> bool:
+    """An empty folder (False), or with --overwrite one an earlier merge wrote (True: it is to be replaced, never
+    a run's own rollouts). Nothing is removed here: the new parts are checked first."""
     layout = Layout(output)
+    if layout.manifest.is_dir():
+        raise in_the_way(layout.manifest)
     if not (layout.manifest.exists() or layout.ours()):
-        return
-    earlier = None
-    if layout.manifest.exists():
-        try:
-            earlier = Manifest.load(output)
-        except OutputError:
-            earlier = None
+        return False
     if not overwrite:
         raise OutputError(
             f"{output} already holds rollouts or a manifest; choose an empty folder, or pass "
             "--overwrite to redo an earlier merge there"
         )
+    try:
+        earlier = Manifest.load(output) if layout.manifest.exists() else None
+    except OutputError:
+        earlier = None
     if earlier is None or earlier.merged_from is None:
         raise OutputError(f"{output} holds rollouts of a run, not a merge: --overwrite redoes only a merge")
-    layout.manifest.unlink()
+    return True
+
+
+def _remove_earlier(output: Path) -> None:
+    layout = Layout(output)
+    layout.manifest.unlink()  # first: no manifest outlives the copies it lists
     for path in layout.ours():  # the copies an earlier `merge --copy` made
         path.unlink()
+
+
+def _check_part(folder: Path, shard: ShardEntry, verify: bool) -> None:
+    """A part's shard (and sidecar) is there, of the size its entry says, and with `verify` of its sha256."""
+    files = [(folder / shard.file, shard.bytes, shard.sha256)]
+    if shard.routes is not None:
+        files.append((folder / shard.routes.file, shard.routes.bytes, shard.routes.sha256))
+    for path, size, digest in files:
+        if not path.exists():
+            raise OutputError(f"{path} is listed in {folder}'s manifest but is not there (moved away?)")
+        if path.stat().st_size != size:
+            raise OutputError(
+                f"{path} is damaged: {path.stat().st_size} bytes where {Layout(folder).manifest} says {size}"
+            )
+        if verify and file_sha256(path) != digest:
+            raise OutputError(f"{path} does not match the sha256 in {Layout(folder).manifest}")
 
 
 def _merge(
@@ -139,12 +164,17 @@ def _merge(
             if pid in owner:
                 raise OutputError(f"problem {pid!r} is in both {owner[pid]} and {folder}")
             owner[pid] = folder
+    replace = _check_output(output, overwrite)
+    for folder, manifest in manifests:
+        for shard in manifest.shards:
+            _check_part(folder, shard, verify)
     prepare(output)
-    _check_output(output, overwrite)
+    if replace:
+        _remove_earlier(output)
     shards: list[ShardEntry] = []
     for folder, manifest in manifests:
         for shard in manifest.shards:
-            shards.append(_place(folder, shard, output, len(shards), copy, verify))
+            shards.append(_place(folder, shard, output, len(shards), copy))
     servers = [x for _, m in manifests for x in m.servers]
     stats = [RunStats.from_dict(m.last_run["stats"]) for _, m in manifests if isinstance(m.last_run.get("stats"), dict)]
     requests = [m.last_run["requests"] for _, m in manifests if isinstance(m.last_run.get("requests"), dict)]
@@ -170,15 +200,11 @@ def _merge(
     return merged
 
 
-def _place(folder: Path, shard: ShardEntry, output: Path, index: int, copy: bool, verify: bool) -> ShardEntry:
-    """A part's shard as the merged manifest lists it: pointed at where it is, or copied in as shard `index`."""
+def _place(folder: Path, shard: ShardEntry, output: Path, index: int, copy: bool) -> ShardEntry:
+    """A part's (checked) shard as the merged manifest lists it: pointed at where it is, or copied in as shard
+    `index`."""
     source = folder / shard.file
     side = folder / shard.routes.file if shard.routes is not None else None
-    for path, digest in ((source, shard.sha256), (side, shard.routes.sha256 if shard.routes else None)):
-        if path is not None and not path.exists():
-            raise OutputError(f"{path} is listed in {folder}'s manifest but is not there (moved away?)")
-        if verify and path is not None and file_sha256(path) != digest:
-            raise OutputError(f"{path} does not match the sha256 in {Layout(folder).manifest}")
     entry = ShardEntry(
         shard.file,
         shard.records,

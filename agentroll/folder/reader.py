@@ -2,8 +2,10 @@
 
 With `routes=True` a record's `routed_experts` (a reference into its shard's routes sidecar) becomes the full
 numpy array, shape (prompt + response - 1, layers, experts per token), read a blob at a time; with False the
-reference stays (docs/routed-experts.md). A shard the manifest lists but that is not there, or that does not
-hold whole groups to its end, is one `OutputError` line: a folder is never read short without a word.
+reference stays (docs/routed-experts.md). Every shard is checked against its manifest entry: one that is not
+there, not of its size, not whole groups to its end, not its count of groups or records, or holding a line that
+is not a record, is one `OutputError` line naming the file: a folder is never read short without a word (its
+sha256 is `agentroll validate`'s to check).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..schema import Sample
 from .layout import is_zstd
 from .manifest import Manifest, ShardEntry
 from .routes import Sidecar
-from .shards import read_lines, shard_groups
+from .shards import Undecodable, read_lines, shard_groups
 
 _SAMPLE_FIELDS = frozenset(f.name for f in fields(Sample))
 
@@ -38,12 +40,19 @@ class ShardFile:
 
 
 def shard_files(folder: str | os.PathLike[str], manifest: Manifest | None = None) -> list[ShardFile]:
-    """The finished shards of a folder in manifest order (a merged folder's paths are relative to it)."""
+    """The finished shards of a folder in manifest order (a merged folder's paths are relative to it), each
+    checked to be there and of the size its entry says."""
     root = Path(folder)
     manifest = manifest or Manifest.load(root)
-    return [
+    found = [
         ShardFile(root / s.file, root / s.routes.file if s.routes is not None else None, s) for s in manifest.shards
     ]
+    for shard in found:
+        try:
+            check_size(shard, shard.path.stat().st_size)
+        except OSError as exc:
+            raise missing(shard.path, exc) from exc
+    return found
 
 
 def shard_paths(folder: str | os.PathLike[str]) -> list[Path]:
@@ -60,17 +69,51 @@ def missing(path: Path, exc: OSError) -> OutputError:
     return OutputError(f"{path}: cannot read it ({exc.strerror or exc})")
 
 
+def damaged(path: Path, what: str) -> OutputError:
+    return OutputError(
+        f"{path} is damaged: {what} (agentroll validate tells more); move it away and rerun generate into "
+        "its folder to make its groups again"
+    )
+
+
+def check_size(shard: ShardFile, size: int) -> None:
+    if size != shard.entry.bytes:
+        raise damaged(shard.path, f"{size} bytes where its manifest says {shard.entry.bytes}")
+
+
+def check_counts(shard: ShardFile, what: str, found: int) -> None:
+    listed = getattr(shard.entry, what)
+    if found != listed:
+        raise damaged(shard.path, f"it holds {found} {what} where its manifest says {listed}")
+
+
+def shard_records(shard: ShardFile) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each record of a finished shard with its line number. A shard that is missing, not the size or the
+    record count its manifest entry says, or holding a line that is not a JSON record, is one `OutputError`
+    line naming the file (and the line)."""
+    count = 0
+    try:
+        with open(shard.path, "rb") as f:
+            check_size(shard, os.fstat(f.fileno()).st_size)
+            for number, line in read_lines(f, is_zstd(shard.path)):
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    raise OutputError(f"{shard.path}:{number}: not a JSON record ({exc})") from None
+                if not isinstance(record, dict):
+                    raise OutputError(f"{shard.path}:{number}: a JSON {type(record).__name__}, not a record")
+                count += 1
+                yield number, record
+    except OSError as exc:
+        raise missing(shard.path, exc) from exc
+    except Undecodable as exc:
+        raise damaged(shard.path, str(exc)) from None
+    check_counts(shard, "records", count)
+
+
 def shard_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
-    except OSError as exc:
-        raise missing(path, exc) from exc
-
-
-def shard_lines(path: Path) -> Iterator[bytes]:
-    """The JSONL lines of a finished shard (decompressed), a missing or unreadable one being one error line."""
-    try:
-        yield from read_lines(path)
     except OSError as exc:
         raise missing(path, exc) from exc
 
@@ -80,8 +123,7 @@ def read_records(path: str | os.PathLike[str], routes: bool = False) -> Iterator
     numpy array (see the module's docstring)."""
     for shard in shard_files(path):
         with Sidecar(shard.routes, shard.path) as sidecar:
-            for line in shard_lines(shard.path):
-                record = orjson.loads(line)
+            for _, record in shard_records(shard):
                 yield sidecar.resolve_or_fail([record])[0] if routes else record
 
 
@@ -111,16 +153,20 @@ def stored_groups(
     path: str | os.PathLike[str], manifest: Manifest | None = None
 ) -> Iterator[tuple[list[dict[str, Any]], Sidecar]]:
     """Each whole group of a finished folder as its records (references as written), with its shard's sidecar
-    (open while the shard is read) to resolve the routes of the groups one wants."""
+    (open while the shard is read) to resolve the routes of the groups one wants. A shard is checked against
+    its manifest entry (size first, then its whole groups and records)."""
     for shard in shard_files(path, manifest):
         data = shard_bytes(shard.path)
-        read = 0
+        check_size(shard, len(data))
+        read = groups = records = 0
         with Sidecar(shard.routes, shard.path) as sidecar:
-            for end, records in shard_groups(data, is_zstd(shard.path)):
-                read = end
-                yield records, sidecar
+            for end, found in shard_groups(data, is_zstd(shard.path)):
+                read, groups, records = end, groups + 1, records + len(found)
+                yield found, sidecar
         if read != len(data):
-            raise OutputError(f"{shard.path} is damaged after byte {read} (not whole groups)")
+            raise damaged(shard.path, f"not whole groups after byte {read}")
+        check_counts(shard, "groups", groups)
+        check_counts(shard, "records", records)
 
 
 def finished_groups(path: str | os.PathLike[str], routes: bool = False) -> Iterator[Group]:

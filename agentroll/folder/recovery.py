@@ -3,7 +3,8 @@
 A group is on disk whole or not at all: recovery keeps a partial shard's whole groups, drops a torn or short
 one at its tail (it is redone), cuts its routes sidecar to what the kept records reference, and finishes the
 shard. A finished shard missing from the manifest (the run died between the rename and the manifest) is
-adopted after a full scan. Temporaries of an interrupted atomic replace are removed, never taken for data.
+adopted after a full scan. A listed shard's keys file that is damaged is rebuilt from the shard (keys are
+derived data). Temporaries of an interrupted atomic replace are removed, never taken for data.
 
 Finishing a shard (also the writer's normal path): a zstd shard's frames are joined into one first, its keys
 file is written, its sidecar renamed, and only then the shard itself takes its final name.
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,9 +24,12 @@ import orjson
 
 from ..errors import OutputError
 from .files import atomic_write, file_sha256, fsync_dir, truncate
+from .keys import read_keys, write_keys
 from .layout import TMP, Layout, is_zstd, parse_shard, routes_path
 from .manifest import Manifest, RoutesEntry, ShardEntry
-from .shards import GroupKey, join_frames, scan_routed
+from .shards import GroupKey, join_frames, scan_groups, scan_routed
+
+log = logging.getLogger("agentroll")
 
 
 @dataclass(slots=True)
@@ -35,8 +39,19 @@ class Recovered:
     filtered_groups: int = 0
 
 
-def write_keys(layout: Layout, shard: str, keys: Iterable[GroupKey]) -> None:
-    atomic_write(layout.keys(shard), orjson.dumps([list(k) for k in keys]))
+def rebuild_keys(layout: Layout, path: Path, entry: ShardEntry) -> list[GroupKey]:
+    """The keys of a listed shard read from the shard itself (its keys file was damaged), written again; a shard
+    that is not whole groups of its entry's count is one `OutputError` line."""
+    data = path.read_bytes()
+    kept, _, _, keys = scan_groups(data, is_zstd(path))
+    if kept != len(data) or len(keys) != entry.groups:
+        raise OutputError(
+            f"{path} is damaged (whole groups up to byte {kept} of {len(data)}, {len(keys)} of the "
+            f"{entry.groups} groups its manifest lists) and its keys file too; move it away and rerun "
+            "(its groups are generated again)"
+        )
+    write_keys(layout, path.name, keys)
+    return keys
 
 
 def finish_file(
@@ -111,7 +126,11 @@ def recover(layout: Layout, manifest: Manifest | None) -> Recovered:
                     "move it away and rerun (its groups are generated again)"
                 )
             check_routes(layout, path, entry)
-            out.done.update((str(k), str(h)) for k, h in orjson.loads(keys_path.read_bytes()))
+            keys = read_keys(keys_path)
+            if keys is None or len(keys) != entry.groups:
+                log.warning("%s is damaged: rebuilt from %s", keys_path, path.name)
+                keys = rebuild_keys(layout, path, entry)
+            out.done.update(keys)
         out.shards.append(entry)
     for partial in layout.partials():
         recover_partial(layout, partial, out)

@@ -6,22 +6,24 @@ whole frame. When the shard is finished its frames are joined into one (`join_fr
 its final name: `datasets` (through fsspec) reads a zstd file a frame at a time and types its columns from the
 first piece it reads, so a first group without, say, a selector would make a later one fail to load.
 
-A shard whose records carry routed experts has a routes sidecar beside it (`routes_name`; agentroll.routes),
+A shard whose records carry routed experts has a routes sidecar beside it (`layout.routes_name`; `routes`),
 never compressed; a group's blobs are written to it before the group's records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
 from . import routes
-from .layout import is_zstd
 
 GroupKey = tuple[str, str]  # (problem id, content hash)
+
+
+class Undecodable(Exception):
+    """A finished zstd shard whose data does not decompress."""
 
 
 def encode(block: bytes, compression: str) -> bytes:
@@ -68,21 +70,29 @@ def join_frames(data: bytes) -> bytes:
     return encode(plain, "zstd")
 
 
-def read_lines(path: Path) -> Iterator[bytes]:
-    """The JSONL lines of a shard file, decompressing a zstd one."""
-    if not is_zstd(path):
-        with open(path, "rb") as f:
-            yield from (line for line in f if line.strip())
+def read_lines(f: BinaryIO, compressed: bool) -> Iterator[tuple[int, bytes]]:
+    """The non-blank JSONL lines of an open shard file with their 1-based line numbers, decompressing a zstd one."""
+    if not compressed:
+        yield from ((number, line) for number, line in enumerate(f, start=1) if line.strip())
         return
     import zstandard
 
-    with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as reader:
-        pending = b""
-        while chunk := reader.read(1 << 20):
+    with zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True, closefd=False) as reader:
+        pending, number = b"", 0
+        while True:
+            try:
+                chunk = reader.read(1 << 20)
+            except zstandard.ZstdError as exc:
+                raise Undecodable(f"its zstd data does not decompress after line {number} ({exc})") from None
+            if not chunk:
+                break
             *lines, pending = (pending + chunk).split(b"\n")
-            yield from (line for line in lines if line.strip())
+            for line in lines:
+                number += 1
+                if line.strip():
+                    yield number, line
         if pending.strip():
-            yield pending
+            yield number + 1, pending
 
 
 def group_blocks(data: bytes) -> Iterator[tuple[int, list[dict[str, Any]]]]:

@@ -22,9 +22,9 @@ from ..errors import OutputError
 from ..group import Group
 from ..schema import SCHEMA_VERSION
 from . import lock
-from .files import write_all
+from .files import prepare, write_all
 from .layout import PARTIAL, Layout, routes_path
-from .manifest import Manifest, ShardEntry, changed_settings
+from .manifest import Manifest, ShardEntry, changed_settings, in_the_way
 from .recovery import finish_file, next_index, recover
 from .routes import Packer
 from .shards import GroupKey, encode
@@ -44,21 +44,6 @@ def clear(layout: Layout) -> None:
     for path in (layout.filtered, layout.demo_marker):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-
-
-def prepare(root: Path) -> Layout:
-    """The folder and its state directory, made if need be; our own words for what stands in the way."""
-    if root.exists() and not root.is_dir():
-        raise OutputError(f"{root} is a file, not a folder")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        layout = Layout(root)
-        layout.state.mkdir(exist_ok=True)
-    except NotADirectoryError:
-        raise OutputError(f"output folder {root}: a part of the path is a file, not a folder") from None
-    except OSError as exc:
-        raise OutputError(f"output folder {root}: {exc.strerror or exc}") from exc
-    return layout
 
 
 class ShardWriter:
@@ -110,6 +95,8 @@ class ShardWriter:
         layout = prepare(self.directory)
         try:
             self._lock_fd = lock.take(layout.lock, f"{self.directory} is being written by another agentroll process")
+            if layout.manifest.is_dir():
+                raise in_the_way(layout.manifest)
             earlier = None if self.overwrite else self._earlier()
             if self.overwrite:
                 clear(layout)

@@ -58,23 +58,29 @@ _ENTRY_FIELDS = {"file": str, "records": int, "executions": int, "groups": int, 
 
 
 def _load_manifest(folder: Path, report: ValidationReport) -> dict[str, Any] | None:
+    """The manifest as a dict, checked by `Manifest` as every other folder tool checks it (one fault, and no
+    further checks, where they would refuse it); a schema other than this agentroll's is one more fault."""
+    from ..errors import OutputError
+    from ..folder.manifest import Manifest, in_the_way
+
     path = folder / MANIFEST
     try:
-        manifest = orjson.loads(folder_files.manifest_bytes(folder))
+        data = folder_files.manifest_bytes(folder)
     except FileNotFoundError:
         report.add(Fault("manifest", f"no {MANIFEST} in {folder}: not an agentroll output folder"))
+        return None
+    except IsADirectoryError:
+        report.add(Fault("manifest", str(in_the_way(path))))
         return None
     except OSError as exc:
         report.add(Fault("manifest", f"cannot read {path}: {exc.strerror or exc}"))
         return None
-    except orjson.JSONDecodeError as exc:
-        report.add(Fault("manifest", f"not JSON ({exc})"))
+    try:
+        Manifest.parse(data, path)
+    except OutputError as exc:
+        report.add(Fault("manifest", str(exc)))
         return None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
-        report.add(Fault("manifest", "not an agentroll manifest (no shard list)"))
-        return None
-    if manifest.get("format") != "agentroll.rollouts":
-        report.add(Fault("manifest", f"format {manifest.get('format')!r}, expected 'agentroll.rollouts'"))
+    manifest: dict[str, Any] = orjson.loads(data)
     if manifest.get("schema_version") != SCHEMA_VERSION:
         report.add(
             Fault(
