@@ -29,7 +29,7 @@ def _check_keys(shard: Path, name: str, found: list[list[str]], faults: list[Fau
     try:
         listed = orjson.loads(folder_files.keys_bytes(shard))
     except (OSError, orjson.JSONDecodeError) as exc:
-        faults.append(Fault("keys", f"{path.name} is unreadable ({exc}); resume trusts it", name))
+        faults.append(Fault("keys", f"{path.name} is unreadable ({exc}); a resume rebuilds it from the shard", name))
         return
     if listed != found:
         diff = next(

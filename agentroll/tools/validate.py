@@ -12,7 +12,7 @@ What is checked, and where (each module says the details):
   settings only for those stages (here and `tools.system`);
 - each shard (`tools.shards`): present, its byte size and sha256 as the manifest says, whole lines; a
   compressed one (`.jsonl.zst`) decompresses, its frames holding whole groups; its counts and keys file
-  (resume trusts it) against what it holds;
+  (a resume trusts a readable one) against what it holds;
 - each record (`tools.records`): exactly the fields of `agentroll.schema.Sample`, each of its JSON type;
   values the writer can write (a stage of the system, status, 0/1 masks, schema_version); aligned lengths;
 - conversations (`tools.conversations`): a record that `continues` another continues an earlier record of
