@@ -217,7 +217,7 @@ class Runner:
                                 break  # the groups still in flight are cancelled; their calls stay in the journal
                 if self.target_reached:
                     self.stats.problems_beyond_target = max(0, self.stats.problems - self.stats.groups_settled)
-                elif self.rows_seen == 0:
+                elif self.rows_seen == 0 and opts.limit != 0:  # --limit 0 reads no row
                     raise InputError(
                         self._named(),
                         0,
@@ -320,7 +320,10 @@ class Runner:
         taken = 0
         unread = self._skip_unread if on_invalid else None
         rows = amix(opts.sources(), gen.keys, unread) if opts.mix else aread_problems(opts.input, gen.keys, unread)
-        async for problem in rows:
+        while opts.limit is None or taken < opts.limit:  # --limit: not one row read past the last one taken
+            problem = await anext(rows, None)
+            if problem is None:
+                break
             if self.target_reached:
                 break  # --target-groups: no more prompts than it takes
             self.rows_seen += 1
@@ -330,8 +333,6 @@ class Runner:
                         gen.problem(problem)
                         self.valid_elsewhere = True
                 continue
-            if opts.limit is not None and taken >= opts.limit:
-                break
             taken += 1
             stats.problems += 1
             try:
