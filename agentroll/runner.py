@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,7 @@ class RunResult:
     output: str
     complete: bool = False
     committed: bool = False  # the folder's manifest says complete: true (closed so)
+    notes: list[str] = field(default_factory=list)  # lines the summary ends with (said as warnings too)
 
     @property
     def missing_groups(self) -> int:
@@ -183,6 +184,7 @@ class Runner:
                 **gen.settings,
                 "partition": list(opts.slice) if opts.slice else None,
                 "compression": opts.compression,
+                **({"mix": [{"name": s.name, "weight": s.weight} for s in opts.sources()]} if opts.mix else {}),
             }
             writer = (
                 StdoutWriter()
@@ -224,6 +226,8 @@ class Runner:
                         None,
                         "no rows to generate from: the input is empty (or holds only blank lines)",
                     )
+                if opts.target_groups is not None and not self.target_reached:
+                    self._short_of_target(writer, result)
                 if (
                     opts.skip_invalid
                     and self.stats.problems
@@ -285,6 +289,18 @@ class Runner:
         on_disk = writer.groups_committed if isinstance(writer, ShardWriter) else self.stats.groups_written
         self.target_reached = self.target_reached or on_disk >= target
         return self.target_reached
+
+    def _short_of_target(self, writer: ShardWriter | StdoutWriter, result: RunResult) -> None:
+        """--target-groups N, but the input (or --limit) ran out first: said once, and in the summary."""
+        opts = self.run_options
+        on_disk = writer.groups_committed if isinstance(writer, ShardWriter) else self.stats.groups_written
+        limit = f", --limit {opts.limit}" if opts.limit is not None else ""
+        note = (
+            f"--target-groups {opts.target_groups}: the input ran out at {on_disk} of {opts.target_groups} groups "
+            f"({self.stats.problems} prompts read{limit})"
+        )
+        log.warning(note)
+        result.notes.append(note)
 
     def _commit(self, writer: ShardWriter | StdoutWriter, group: Group) -> None:
         stats = self.stats

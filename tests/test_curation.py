@@ -218,3 +218,74 @@ def test_a_bad_mix_is_one_line(sim, tmp_path):
     assert proc.returncode == 3 and b"duplicate id 'a0' (first in" in proc.stderr
     proc = run_cli("generate", "-o", str(tmp_path / "o3"), "--base-url", sim.url)
     assert proc.returncode == 2 and b"give INPUT" in proc.stderr
+
+
+def test_an_input_that_runs_out_before_the_target_says_so_once_and_in_the_summary(tmp_path):
+    problems = write(tmp_path / "p.jsonl", ["right-0", "mixed-0", "wrong-0", "mixed-1", "mixed-2", "mixed-3"])
+    server = SimServer(script=Outcomes())  # type: ignore[arg-type]
+    server.start()
+    try:
+        proc = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--num-parallel",
+            "2",
+            "--samples-per-prompt",
+            "2",
+            "--reward",
+            "exact",
+            "--filter-uniform-groups",
+            "--limit",
+            "4",
+            "--target-groups",
+            "10",
+        )
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert Manifest.load(tmp_path / "out").groups == 2
+    said = [line for line in proc.stderr.decode().splitlines() if "ran out" in line]
+    assert len(said) == 2, proc.stderr.decode()  # the warning, and the summary's line
+    assert "WARNING" in said[0] and all("--target-groups 10: the input ran out at 2 of 10 groups" in s for s in said)
+
+
+def test_the_mix_is_recorded_in_the_settings_and_a_rerun_with_other_weights_is_refused(sim, tmp_path):
+    math_rows, code_rows = rows(tmp_path / "math.jsonl", "m", 6), rows(tmp_path / "code.jsonl", "c", 6)
+
+    def run(math: float, code: float, *extra: str):
+        return run_cli(
+            "generate",
+            "--mix",
+            f"{math_rows}={math}",
+            "--mix",
+            f"code:{code_rows}={code}",
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            sim.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--reward",
+            "exact",
+            "--num-parallel",
+            "1",
+            "--limit",
+            "4",
+            *extra,
+        )
+
+    assert run(0.75, 0.25).returncode == 0
+    settings = Manifest.load(tmp_path / "out").settings
+    assert settings["mix"] == [{"name": "math.jsonl", "weight": 0.75}, {"name": "code", "weight": 0.25}]
+    assert run(0.75, 0.25).returncode == 0  # the same mix resumes
+    other = run(0.5, 0.5)
+    assert other.returncode == 6, other.stderr.decode()
+    errors = [line for line in other.stderr.decode().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "mix: " in errors[0] and "--overwrite to start over" in errors[0]
+    assert run(0.5, 0.5, "--overwrite").returncode == 0
