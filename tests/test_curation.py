@@ -4,10 +4,13 @@ length shaping (DAPO's soft overlong punishment and overlong filter)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from agentroll.folder import Manifest, read_records
+from agentroll.folder import Manifest, read_groups, read_records
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
@@ -289,3 +292,39 @@ def test_the_mix_is_recorded_in_the_settings_and_a_rerun_with_other_weights_is_r
     errors = [line for line in other.stderr.decode().splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "mix: " in errors[0] and "--overwrite to start over" in errors[0]
     assert run(0.5, 0.5, "--overwrite").returncode == 0
+
+
+def test_target_groups_with_ordered_and_a_consumer_bound(tmp_path):
+    """--ordered: the N groups are the first N informative ones in input order; --consumer/--max-ahead: the run
+    waits for its reader, and ends at N with the reader given each of them once."""
+    names = ["mixed-0", "mixed-1", "right-0", "wrong-0", "mixed-2", "mixed-3", "right-1", "mixed-4", "mixed-5"]
+    problems = write(tmp_path / "p.jsonl", names)
+    server = SimServer(script=Outcomes())  # type: ignore[arg-type]
+    server.start()
+    out = tmp_path / "out"
+    args = [
+        *("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER),
+        *("--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", "--concurrency", "1"),
+        *("--filter-uniform-groups", "--target-groups", "3", "--ordered", "--consumer", "trainer", "--max-ahead", "1"),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    run = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stderr=subprocess.PIPE, env=env)
+    try:
+        assert run.stderr is not None
+        for line in run.stderr:  # the run says when it stops taking prompts for the consumer
+            if b"waiting for consumer trainer" in line:
+                break
+        else:
+            raise AssertionError("the run never waited for its consumer")
+        assert run.poll() is None
+        taken = [g.problem_id for g in read_groups(out, follow=True, poll_s=0.05, timeout_s=120, consumer="trainer")]
+        assert run.wait(120) == 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        run.stderr.close()
+        server.stop()
+    assert taken == ["mixed-0", "mixed-1", "mixed-2"]  # in input order, each once, N of them
+    assert [g.problem_id for g in read_groups(out)] == taken
+    assert json.loads((out / ".agentroll" / "consumers" / "trainer").read_text())["groups"] == 3

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -122,7 +127,7 @@ def test_rescore_filters_uniform_groups_and_resumes(sim, problems, tmp_path):
     assert json.loads((out / "manifest.json").read_text())["complete"] is True
 
 
-def test_rescore_refuses_its_own_source_and_a_broken_folder(tmp_path):
+def test_rescore_refuses_a_source_that_is_not_an_output_folder(tmp_path):
     (tmp_path / "x").mkdir()
     proc = run_cli("rescore", str(tmp_path / "x"), "-o", str(tmp_path / "y"), "--reward", "exact")
     assert proc.returncode == 6 and b"not an agentroll output folder" in proc.stderr
@@ -289,3 +294,63 @@ def test_rescore_takes_generates_reward_options_so_code_can_be_scored_in_a_remot
     settings = Manifest.load(out).settings
     assert settings["reward"] == "code"
     assert settings["code_reward"] == {"code_test_timeout": 3.0, "code_partial_credit": True, "sandbox_memory_mb": 300}
+
+
+def test_rescore_refuses_to_write_into_its_own_source_however_it_is_named(sim, problems, tmp_path):
+    src = made(sim, problems, tmp_path)
+    before = {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()}
+    (tmp_path / "link").symlink_to(src)
+    for target in (src, src / ".", tmp_path / "link"):
+        for extra in ((), ("--overwrite",)):
+            proc = run_cli("rescore", str(src), "-o", str(target), "--reward", "exact", *extra)
+            assert proc.returncode == 2, proc.stderr.decode()
+            assert b"rescoring writes a new folder, not into its source" in proc.stderr
+    assert {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()} == before  # not a byte touched
+
+
+BLOCKING = """import pathlib, threading
+calls = 0
+lock = threading.Lock()
+def score(request):
+    global calls
+    with lock:
+        calls += 1
+        n = calls
+    if n == {at} and pathlib.Path({block!r}).exists():
+        pathlib.Path({marker!r}).write_text("blocked")
+        threading.Event().wait()  # until the test kills the process
+    return float(len(request.response) % 3 == 0)
+"""
+
+
+def test_rescore_killed_mid_run_resumes_to_the_records_of_a_clean_run(sim, problems, tmp_path):
+    src = made(sim, problems, tmp_path)
+    block, marker = tmp_path / "block", tmp_path / "blocked"
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text(BLOCKING.format(at=29, block=str(block), marker=str(marker)))  # 8 calls a group: in the 4th
+    block.touch()
+    out, clean = tmp_path / "new", tmp_path / "clean"
+    args = ["rescore", str(src), "-o", str(out), "--reward", f"{scorer}:score", "--reward-timeout", "600"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    run = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling a file the scorer writes: the condition, not a guess at timing
+        assert marker.exists(), run.stderr.read().decode() if run.stderr else ""
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if run.stderr is not None:
+            run.stderr.close()
+    assert not Manifest.load(out).complete
+    block.unlink()
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr.decode()
+    assert b"(0 filtered, 3 done before)" in again.stderr  # the 3 groups committed before the kill are kept
+    assert run_cli("rescore", str(src), "-o", str(clean), "--reward", f"{scorer}:score").returncode == 0
+    assert list(read_records(out)) == list(read_records(clean))
+    assert Manifest.load(out).complete and validate(out).ok
