@@ -1,10 +1,13 @@
 """`agentroll rescore DIR -o NEW --reward SPEC`: the same records scored again by another reward, no model called.
 
 Every record is copied token for token (ids, logprobs, masks, routes); only the rewards move. Each recorded
-execution goes through its system's `rescore` (the selector's pick and the shaping recomputed as the system
-defines them), then the folder's length shaping, then the group's figures; `--filter-uniform-groups` applies to
-the new outcomes. NEW is a whole folder of its own (its manifest's `settings.derived_from` names DIR), written by
-the folder package as any run is: killed, it resumes by running the same command again.
+execution goes through its system's `rescore` (the selector's pick and the shaping recomputed as the system defines
+them), then the folder's length shaping, then the group's figures; `--filter-uniform-groups` applies to the new
+outcomes. A reward is given the request the run gave the old one: the statement and the row's prompt as given, from
+the records' `problem` (a folder older than schema 6 has only the rendered prompt: said once). The reward options
+are generate's (`RewardOptions`), passed in whole as `RewardSettings`. NEW is a whole folder of its own (its
+manifest's `settings.derived_from` names DIR), written by the folder package as any run is: killed, it resumes by
+running the same command again.
 """
 
 from __future__ import annotations
