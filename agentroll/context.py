@@ -400,6 +400,7 @@ class Context:
             endpoint=done.endpoint,
             latency_s=round(done.latency_s, 4),
             attempts=done.attempts,
+            problem=p.prompt,
             metadata=p.metadata,
             sampling={
                 "seed": seed,

@@ -9,37 +9,30 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson
 
 from .client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts
 from .context import SystemConfig
+from .declare import KIND_NAMES, at_least, check_types, default_of, flag, option, positive
 from .errors import UsageError
-from .rewards import RewardSettings
+from .rewards.options import RewardOptions
 from .sampling import DEFAULT as DEFAULT_SAMPLING
 from .sampling import KEYS as SAMPLING_KEYS
 from .sampling import Sampling
-from .sandbox import SandboxSettings
 from .shaping import LengthShaping
 
-TIMEOUTS, RETRIES, HEALTH, CONCURRENCY, REWARDS = Timeouts(), Retries(), Health(), Concurrency(), RewardSettings()
+TIMEOUTS, RETRIES, HEALTH, CONCURRENCY = Timeouts(), Retries(), Health(), Concurrency()
 CHAT_RENDER = ("auto", "local", "server")
 API = ("auto", "completions", "generate")
 
 
-def option(default: Any, help: str, **cli: Any) -> Any:
-    """A dataclass field carrying its CLI help (and `envvar`, `short` or `cli_type` where the CLI needs them)."""
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **cli})
-    return field(default=default, metadata={"help": help, **cli})
-
-
 @dataclass(frozen=True, kw_only=True)
-class GenerateOptions:
-    """Everything that decides how a group is generated. Run-level options (input, output, shards, resume,
-    limits) belong to the CLI's runner, not here."""
+class GenerateOptions(RewardOptions):
+    """Everything that decides how a group is generated (the reward options are `RewardOptions`', shared with
+    `agentroll rescore`). Run-level options (input, output, shards, resume, limits) belong to the CLI's runner."""
 
     base_url: list[str] = option(
         [],
@@ -113,13 +106,6 @@ class GenerateOptions:
     correct_reward_weight: float = option(1.0, "Reward multiplier when the selector's pick is correct.")
     incorrect_reward_weight: float = option(1.0, "Reward multiplier otherwise.")
     no_think: bool = option(False, "The whole response is the answer (models that do not reason).")
-    reward: str = option(REWARDS.default, "math | exact | code | remote | FILE.py:FUNCTION | MODULE:FUNCTION")
-    reward_timeout: float = option(REWARDS.timeout_s, "Seconds per reward check (or reward-model request).")
-    reward_url: str | None = option(None, "Reward model URL, for --reward remote.")
-    reward_workers: int = option(0, "Math-check worker processes (0: a quarter of the cores, at least 1).")
-    reward_concurrency: int = option(
-        REWARDS.concurrency, "Most reward calls in flight: reward-model requests or function threads."
-    )
     allow_reward: list[str] = option(
         [],
         "A reward a row's own reward field may name besides math and exact "
@@ -144,26 +130,9 @@ class GenerateOptions:
         {}, 'JSON object for the chat template, e.g. {"enable_thinking": true}.', cli_type=str
     )
     chat_render: str = option("auto", "auto | local | server: where prompts become token ids.")
-    max_retries: int = option(RETRIES.max_retries, "Retries per call for transient failures.")
     request_timeout: float = option(TIMEOUTS.request_s, "Seconds per completion attempt, once connected.")
-    connect_timeout: float = option(TIMEOUTS.connect_s, "Seconds to open a connection to a server.")
     down_timeout: float = option(HEALTH.down_timeout_s, "Seconds to wait when every endpoint is down.")
     probe_interval: float = option(HEALTH.probe_interval_s, "Seconds between /health probes of a down endpoint.")
-    # -- model code: the sandbox, the code reward (docs/tool-use.md, docs/rewards.md) --------------------------------
-    sandbox_url: str | None = option(
-        None, "SandboxFusion server that runs model code (its /run_code); default: local child processes."
-    )
-    sandbox_concurrency: int = option(0, "Most sandbox runs at once (0: one per core).")
-    sandbox_memory_mb: int = option(1024, "Memory limit per sandbox run, in MB.")
-    code_test_timeout: float = option(6.0, "--reward code: seconds per test.")
-    code_partial_credit: bool = option(False, "--reward code: the fraction of tests passed, not 1 only when all pass.")
-
-    def _check_sandbox(self) -> None:
-        at_least(self, 0, "sandbox_concurrency")
-        at_least(self, 16, "sandbox_memory_mb")
-        positive(self, "code_test_timeout")
-        if self.sandbox_url is not None and not self.sandbox_url.startswith(("http://", "https://")):
-            raise UsageError(f"--sandbox-url {self.sandbox_url!r} must be an http:// or https:// URL")
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -207,9 +176,10 @@ class GenerateOptions:
             at_least(self, 1, "concurrency")
         else:
             set_(self, "concurrency", "auto")
-        at_least(self, 1, "num_parallel", "samples_per_prompt", "max_concurrency", "reward_concurrency")
-        at_least(self, 0, "max_retries", "resample_uniform", "reward_workers")
-        positive(self, "reward_timeout", "request_timeout", "connect_timeout", "probe_interval")
+        at_least(self, 1, "num_parallel", "samples_per_prompt", "max_concurrency")
+        at_least(self, 0, "resample_uniform")
+        positive(self, "request_timeout", "probe_interval")
+        self.check_rewards()
         if not (math.isfinite(self.down_timeout) and self.down_timeout >= 0):
             raise UsageError("--down-timeout must be a number of seconds, 0 or more")
         if self.max_context_len is not None and self.max_context_len < 2:
@@ -237,7 +207,6 @@ class GenerateOptions:
             raise UsageError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
         self.stage_settings()
         self.system_options()
-        self._check_sandbox()
 
     def stage_settings(self) -> dict[str, dict[str, Any]]:
         """--stage NAME.KEY=VALUE as {stage: {key: value}}, each value of its key's type and range."""
@@ -286,27 +255,6 @@ class GenerateOptions:
             correct_reward_weight=self.correct_reward_weight,
             incorrect_reward_weight=self.incorrect_reward_weight,
             think=not self.no_think,
-        )
-
-    def reward_settings(self) -> RewardSettings:
-        workers = self.reward_workers or max(1, (os.cpu_count() or 1) // 4)
-        sandbox = SandboxSettings(
-            url=self.sandbox_url,
-            concurrency=self.sandbox_concurrency,
-            memory_mb=self.sandbox_memory_mb,
-            max_retries=self.max_retries,
-            connect_timeout_s=self.connect_timeout,
-        )
-        return RewardSettings(
-            self.reward,
-            self.reward_timeout,
-            self.reward_url,
-            self.reward_concurrency,
-            self.max_retries,
-            workers,
-            sandbox,
-            self.code_test_timeout,
-            self.code_partial_credit,
         )
 
     def length_shaping(self) -> LengthShaping:
@@ -360,43 +308,4 @@ def _stage_value(item: str, key: str, raw: str) -> Any:
     return value
 
 
-def default_of(spec: Any) -> Any:
-    """A dataclass field's default, made fresh when it comes from a factory."""
-    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
-
-
-SCALARS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
-KIND_NAMES = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "a string"}
-
-
-def check_types(options: Any) -> None:
-    """Each scalar option has its declared type (`True` is no number, 2.5 is no count): a float max_tokens
-    would only surface as a 400 on every call."""
-    for spec in fields(options):
-        annotation = str(spec.type).replace(" ", "")
-        optional = annotation.endswith("|None")
-        kinds = SCALARS.get(annotation.removesuffix("|None"))
-        value = getattr(options, spec.name)
-        if kinds is None or (optional and value is None):
-            continue
-        if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
-            kind = KIND_NAMES[annotation.removesuffix("|None")]
-            raise UsageError(f"--{flag(spec.name)} must be {kind}, got {value!r}")
-
-
-def flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def at_least(options: Any, low: int, *names: str) -> None:
-    for name in names:
-        value = getattr(options, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise UsageError(f"--{flag(name)} must be a whole number of at least {low}, got {value!r}")
-
-
-def positive(options: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(options, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
-            raise UsageError(f"--{flag(name)} must be a number of seconds above 0, got {value!r}")
+__all__ = ["GenerateOptions", "RewardOptions", "at_least", "check_types", "default_of", "flag", "option", "positive"]

@@ -62,10 +62,11 @@ def check_options(run: RunOptions, generate: GenerateOptions) -> None:
     ray_address(run.ray)
     if run.output == "-":
         raise UsageError("--ray writes into a folder (each partition into OUT/part-I), not -o -")
-    if run.input == "-":
-        raise UsageError("--ray needs an input file that every node reads at the same path, not stdin")
-    if not os.path.isfile(run.input):
-        raise InputError(run.input, 0, None, "no such file")
+    for path in [s.path for s in run.sources()] if run.mix else [run.input]:
+        if path == "-":
+            raise UsageError("--ray needs an input file that every node reads at the same path, not stdin")
+        if not os.path.isfile(path):
+            raise InputError(path, 0, None, "no such file")
     if run.partition is not None:
         raise UsageError("--ray makes its own partitions: use --partitions P, not --partition")
     if run.limit is not None:
@@ -92,6 +93,20 @@ def share(total: int, ways: int) -> int:
     return max(1, total // ways)
 
 
+def target_share(target: int | None, index: int, partitions: int) -> int | None:
+    """Partition `index`'s part of the job's `--target-groups`: N // P, one more for each of the first N % P
+    partitions, so the shares add up to N (a user means the job's N, not N per partition)."""
+    if target is None:
+        return None
+    return target // partitions + (index < target % partitions)
+
+
+def mixed(run: RunOptions) -> list[str]:
+    """The job's `--mix`, each source named as on the driver and its path made absolute: every partition reads
+    the same sources, interleaved the same way, and keeps the rows of its own slice."""
+    return [f"{s.name}:{os.path.abspath(s.path)}={s.weight!r}" for s in run.sources()]
+
+
 def endpoints(urls: list[str], index: int, per_task: int | None) -> list[str]:
     """Task `index`'s endpoints: all of them, or `per_task` of them, round-robin (task 0 the first E, ...)."""
     if per_task is None:
@@ -109,8 +124,9 @@ class Task:
 def plan_tasks(
     run: RunOptions, given: dict[str, Any], generate: GenerateOptions, partitions: int, at_once: int
 ) -> list[Task]:
-    """Each partition's options. `--concurrency` (or, under auto, `--max-concurrency` per endpoint) is the
-    whole job's: split between the tasks that run at once (or share an endpoint at once)."""
+    """Each partition's options. `--concurrency` (or, under auto, `--max-concurrency` per endpoint) and
+    `--target-groups` are the whole job's: the one split between the tasks that run at once (or share an endpoint
+    at once), the other between the partitions."""
     out = Path(os.path.abspath(run.output))
     urls = generate.base_url
     per_task = run.endpoints_per_task
@@ -120,7 +136,9 @@ def plan_tasks(
     for index in range(partitions):
         options = replace(
             run,
-            input=os.path.abspath(run.input),
+            input="-" if run.mix else os.path.abspath(run.input),
+            mix=mixed(run),
+            target_groups=target_share(run.target_groups, index, partitions),
             output=str(part_dir(out, index)),
             partition=f"{index}/{partitions}",
             overwrite=False,

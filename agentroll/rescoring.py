@@ -1,10 +1,13 @@
 """`agentroll rescore DIR -o NEW --reward SPEC`: the same records scored again by another reward, no model called.
 
 Every record is copied token for token (ids, logprobs, masks, routes); only the rewards move. Each recorded
-execution goes through its system's `rescore` (the selector's pick and the shaping recomputed as the system
-defines them), then the folder's length shaping, then the group's figures; `--filter-uniform-groups` applies to
-the new outcomes. NEW is a whole folder of its own (its manifest's `settings.derived_from` names DIR), written by
-the folder package as any run is: killed, it resumes by running the same command again.
+execution goes through its system's `rescore` (the selector's pick and the shaping recomputed as the system defines
+them), then the folder's length shaping, then the group's figures; `--filter-uniform-groups` applies to the new
+outcomes. A reward is given the request the run gave the old one: the statement and the row's prompt as given, from
+the records' `problem` (a folder older than schema 6 has only the rendered prompt: said once). The reward options
+are generate's (`RewardOptions`), passed in whole as `RewardSettings`. NEW is a whole folder of its own (its
+manifest's `settings.derived_from` names DIR), written by the folder package as any run is: killed, it resumes by
+running the same command again.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from typing import Any
 from .errors import UsageError
 from .folder import Manifest, ShardWriter, read_groups
 from .group import Group, annotate
+from .inputs import Problem
 from .rewards import RewardRequest, RewardSet, RewardSettings
+from .rewards.options import RewardOptions
 from .schema import Sample
 from .shaping import LengthShaping
 from .stats import RunStats
@@ -36,16 +41,17 @@ class Rescoring:
     samples: list[Sample]
     rewards: RewardSet
     stats: RunStats
+    problem: Problem  # the row as the run's rewards saw it (`asked`), as `Context.problem` is
     weights: tuple[float, float] = (1.0, 1.0)  # --correct-reward-weight, --incorrect-reward-weight of the run
     final_reward: float | None = None
-    problem: str = ""
-    prompt: Any = None
 
     async def reward(self, samples: list[Sample]) -> None:
+        """Score samples with the new reward, given the very request `Context.reward` gave the old one."""
         if not samples:
             return
+        p = self.problem
         requests = [
-            RewardRequest(s.content, s.label, self.problem, s.stage, s.metadata, s.response, self.prompt, s.problem_id)
+            RewardRequest(s.content, p.label, p.statement, s.stage, p.metadata, s.response, p.prompt, p.id)
             for s in samples
         ]
         results = await self.rewards.get(None).score(requests)
@@ -73,6 +79,25 @@ class RescoreResult:
     complete: bool = False
 
 
+def asked(group: Group) -> Problem | None:
+    """The group's row as the run gave it to its rewards: its prompt as given (the records' `problem`), label,
+    metadata and id, so `Problem.statement` derives the statement as the run did. None for a folder written before
+    schema 6, whose records do not hold the row's prompt."""
+    first = group.executions[0][0] if group.executions and group.executions[0] else None
+    if first is None or not first.problem:
+        return None
+    stored = group.problem
+    return Problem(
+        id=stored.id,
+        prompt=first.problem,
+        label=first.label,
+        metadata=first.metadata,
+        line=0,
+        source=stored.source,
+        content_hash=stored.content_hash,
+    )
+
+
 def system_of_folder(manifest: Manifest) -> System:
     """The folder's system: a built-in by name; a user's system loaded from its spec when it still loads, else
     the base `System` (each sample scored, the last one's the outcome), with a warning."""
@@ -95,18 +120,20 @@ def system_of_folder(manifest: Manifest) -> System:
 async def rescore(
     source: str | os.PathLike[str],
     output: str | os.PathLike[str],
-    reward: str,
-    reward_url: str | None = None,
-    reward_timeout: float = 10.0,
-    reward_concurrency: int = 32,
+    reward: str | RewardSettings,
+    *,
     filter_uniform_groups: bool | None = None,
+    overwrite: bool = False,
     shard_size: int = 1000,
 ) -> RescoreResult:
-    """Rescore the folder `source` into `output` (see the module's docstring). `filter_uniform_groups` None keeps
-    the source's setting."""
+    """Rescore the folder `source` into `output` (see the module's docstring). `reward`: a spec, with every other
+    reward setting at generate's defaults, or the whole `RewardSettings` (`RewardOptions.reward_settings()`, as the
+    CLI passes them). `filter_uniform_groups` None keeps the source's setting; `overwrite` starts `output` over
+    (as generate's does)."""
     src, out = Path(source), Path(output)
     if src.resolve() == out.resolve():
         raise UsageError(f"-o {out}: rescoring writes a new folder, not into its source")
+    settings_of_rewards = RewardOptions(reward=reward).reward_settings() if isinstance(reward, str) else reward
     manifest = Manifest.load(src)
     if not manifest.complete:
         log.warning("%s: its run did not complete; only the groups on disk are rescored", src)
@@ -115,23 +142,27 @@ async def rescore(
     uniform = bool(settings.get("filter_uniform_groups")) if filter_uniform_groups is None else filter_uniform_groups
     derived = {"folder": str(src.resolve()), "folder_id": manifest.folder_id, "reward": settings.get("reward")}
     new_settings = {
-        **settings,
-        "reward": reward,
-        "reward_url": reward_url,
+        **{k: v for k, v in settings.items() if k != "code_reward"},
+        **settings_of_rewards.recorded(),
         "filter_uniform_groups": uniform,
         "resample_uniform": 0,
         "derived_from": derived,
     }
     length = LengthShaping(**settings["length_shaping"]) if settings.get("length_shaping") else LengthShaping()
     weights = (float(settings.get("correct_reward_weight", 1.0)), float(settings.get("incorrect_reward_weight", 1.0)))
-    workers = max(1, (os.cpu_count() or 1) // 4)
-    rewards = RewardSet(RewardSettings(reward, reward_timeout, reward_url, reward_concurrency, 5, workers))
-    writer = ShardWriter(out, new_settings, shard_size, compression=str(settings.get("compression") or "none"))
+    rewards = RewardSet(settings_of_rewards)
+    compression = str(settings.get("compression") or "none")
+    writer = ShardWriter(out, new_settings, shard_size, overwrite=overwrite, compression=compression)
     result = RescoreResult(str(src), str(out))
     stats = result.stats
     stats.use_stages(tuple(settings.get("system", {}).get("stages") or ()) or system.stages, vocabulary_of(system))
     started, begun = time.monotonic(), time.time()
-    done = writer.open()
+    try:
+        done = writer.open()
+    except BaseException:  # another run's folder, other settings: nothing scored, nothing left running
+        await rewards.aclose()
+        raise
+    warned = False
     try:
         routes = bool(settings.get("return_routed_experts"))
         for group in read_groups(src, routes=routes):
@@ -139,7 +170,17 @@ async def rescore(
             if done.get(group.problem.id) == group.problem.content_hash:
                 stats.problems_skipped_done += 1
                 continue
-            scored = await _group(group, system, rewards, stats, weights, length)
+            problem = asked(group)
+            if problem is None:
+                problem = group.problem  # its prompt is the rendered solver prompt: said once
+                if not warned:
+                    warned = True
+                    log.warning(
+                        "%s was written before records kept the row's prompt (field problem, schema 6): the "
+                        "rewards see the rendered solver prompt as request.problem and request.prompt",
+                        src,
+                    )
+            scored = await _group(group, problem, system, rewards, stats, weights, length)
             if uniform and len({s[0].final_reward for s in scored.executions}) <= 1:
                 scored.status = "filtered"
                 stats.groups_filtered += 1
@@ -164,6 +205,7 @@ async def rescore(
 
 async def _group(
     group: Group,
+    problem: Problem,
     system: System,
     rewards: RewardSet,
     stats: RunStats,
@@ -173,14 +215,7 @@ async def _group(
     for samples in group.executions:
         for sample in samples:  # the run's length shaping is applied again below: its notes go first
             sample.reward_info = length.unnoted(sample.reward_info)
-        execution = Rescoring(
-            samples,
-            rewards,
-            stats,
-            weights,
-            problem=group.problem.prompt if isinstance(group.problem.prompt, str) else "",
-            prompt=group.problem.prompt,
-        )
+        execution = Rescoring(samples, rewards, stats, problem, weights)
         await system.rescore(execution)
         if execution.final_reward is None:
             raise UsageError(f"system {system.name}'s rescore set no outcome (final_reward)")

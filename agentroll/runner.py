@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,7 @@ class RunResult:
     output: str
     complete: bool = False
     committed: bool = False  # the folder's manifest says complete: true (closed so)
+    notes: list[str] = field(default_factory=list)  # lines the summary ends with (said as warnings too)
 
     @property
     def missing_groups(self) -> int:
@@ -185,6 +186,7 @@ class Runner:
                 **gen.settings,
                 "partition": list(opts.slice) if opts.slice else None,
                 "compression": opts.compression,
+                **({"mix": [{"name": s.name, "weight": s.weight} for s in opts.sources()]} if opts.mix else {}),
             }
             writer = (
                 StdoutWriter()
@@ -219,6 +221,8 @@ class Runner:
                                 break  # the groups still in flight are cancelled; their calls stay in the journal
                 if self.target_reached:
                     self.stats.problems_beyond_target = max(0, self.stats.problems - self.stats.groups_settled)
+                if opts.target_groups is not None and not self.target_reached:
+                    self._short_of_target(writer, result)
                 if (
                     opts.skip_invalid
                     and self.stats.problems
@@ -281,6 +285,18 @@ class Runner:
         self.target_reached = self.target_reached or on_disk >= target
         return self.target_reached
 
+    def _short_of_target(self, writer: ShardWriter | StdoutWriter, result: RunResult) -> None:
+        """--target-groups N, but the input (or --limit) ran out first: said once, and in the summary."""
+        opts = self.run_options
+        on_disk = writer.groups_committed if isinstance(writer, ShardWriter) else self.stats.groups_written
+        limit = f", --limit {opts.limit}" if opts.limit is not None else ""
+        note = (
+            f"--target-groups {opts.target_groups}: the input ran out at {on_disk} of {opts.target_groups} groups "
+            f"({self.stats.problems} prompts read{limit})"
+        )
+        log.warning(note)
+        result.notes.append(note)
+
     def _commit(self, writer: ShardWriter | StdoutWriter, group: Group) -> None:
         stats = self.stats
         if group.status in ("complete", "filtered"):
@@ -314,7 +330,9 @@ class Runner:
 
     async def _checked(self, rows: AsyncIterator[Problem]) -> AsyncIterator[Problem]:
         """The rows, the first read and checked now, before the output folder is touched: an empty input (said
-        in one line naming it) or a bad first row leaves the folder as it was."""
+        in one line naming it) or a bad first row leaves the folder as it was. `--limit 0` reads no row."""
+        if self.run_options.limit == 0:
+            return rows
         first = await anext(rows, None)
         if first is None and self.rows_seen == 0:  # (rows that do not parse count, under --skip-invalid)
             raise InputError(
@@ -341,7 +359,10 @@ class Runner:
         opts, stats, gen = self.run_options, self.stats, self.generator
         on_invalid = self._skip if opts.skip_invalid else None
         taken = 0
-        async for problem in rows:
+        while opts.limit is None or taken < opts.limit:  # --limit: not one row read past the last one taken
+            problem = await anext(rows, None)
+            if problem is None:
+                break
             if self.target_reached:
                 break  # --target-groups: no more prompts than it takes
             self.rows_seen += 1
@@ -351,8 +372,6 @@ class Runner:
                         gen.problem(problem)
                         self.valid_elsewhere = True
                 continue
-            if opts.limit is not None and taken >= opts.limit:
-                break
             taken += 1
             stats.problems += 1
             try:

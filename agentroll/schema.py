@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 5  # 2: groups are whole; problem_hash. 3: sampling per record, ranks, top-k, weight versions, routes.
-# 4: pluggable systems: trainable, turn, continues, history_mask, history_logprobs. 5: tool use: tool_calls
+SCHEMA_VERSION = 6  # 2: groups are whole; problem_hash. 3: sampling per record, ranks, top-k, weight versions, routes.
+# 4: pluggable systems: trainable, turn, continues, history_mask, history_logprobs. 5: tool use: tool_calls.
+# 6: problem (the row's prompt as given: what a reward saw, so that rescore gives it the same)
 
 STAGES = ("solver", "rewriter", "selector")  # the three-stage system's, in order; other systems name their own
 
@@ -95,5 +96,8 @@ class Sample:
     # was shown, cut to max_tool_output; null when not run), "duration_s", "error" (null when it went well),
     # "status" (ok, malformed, unknown, failed, timeout, not_run)}; null when the response made none
     tool_calls: list[dict[str, Any]] | None = None
+    # the input row's prompt exactly as given (a string, or the list of chat messages): what the rewards were
+    # given as `prompt` (and the statement derived from it), so that `rescore` gives them the same ("" before 6)
+    problem: str | list[dict[str, Any]] = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION

@@ -4,10 +4,13 @@ length shaping (DAPO's soft overlong punishment and overlong filter)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from agentroll.folder import Manifest, read_records
+from agentroll.folder import Manifest, read_groups, read_records
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
@@ -218,3 +221,110 @@ def test_a_bad_mix_is_one_line(sim, tmp_path):
     assert proc.returncode == 3 and b"duplicate id 'a0' (first in" in proc.stderr
     proc = run_cli("generate", "-o", str(tmp_path / "o3"), "--base-url", sim.url)
     assert proc.returncode == 2 and b"give INPUT" in proc.stderr
+
+
+def test_an_input_that_runs_out_before_the_target_says_so_once_and_in_the_summary(tmp_path):
+    problems = write(tmp_path / "p.jsonl", ["right-0", "mixed-0", "wrong-0", "mixed-1", "mixed-2", "mixed-3"])
+    server = SimServer(script=Outcomes())  # type: ignore[arg-type]
+    server.start()
+    try:
+        proc = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            server.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--num-parallel",
+            "2",
+            "--samples-per-prompt",
+            "2",
+            "--reward",
+            "exact",
+            "--filter-uniform-groups",
+            "--limit",
+            "4",
+            "--target-groups",
+            "10",
+        )
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert Manifest.load(tmp_path / "out").groups == 2
+    said = [line for line in proc.stderr.decode().splitlines() if "ran out" in line]
+    assert len(said) == 2, proc.stderr.decode()  # the warning, and the summary's line
+    assert "WARNING" in said[0] and all("--target-groups 10: the input ran out at 2 of 10 groups" in s for s in said)
+
+
+def test_the_mix_is_recorded_in_the_settings_and_a_rerun_with_other_weights_is_refused(sim, tmp_path):
+    math_rows, code_rows = rows(tmp_path / "math.jsonl", "m", 6), rows(tmp_path / "code.jsonl", "c", 6)
+
+    def run(math: float, code: float, *extra: str):
+        return run_cli(
+            "generate",
+            "--mix",
+            f"{math_rows}={math}",
+            "--mix",
+            f"code:{code_rows}={code}",
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            sim.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--reward",
+            "exact",
+            "--num-parallel",
+            "1",
+            "--limit",
+            "4",
+            *extra,
+        )
+
+    assert run(0.75, 0.25).returncode == 0
+    settings = Manifest.load(tmp_path / "out").settings
+    assert settings["mix"] == [{"name": "math.jsonl", "weight": 0.75}, {"name": "code", "weight": 0.25}]
+    assert run(0.75, 0.25).returncode == 0  # the same mix resumes
+    other = run(0.5, 0.5)
+    assert other.returncode == 6, other.stderr.decode()
+    errors = [line for line in other.stderr.decode().splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "mix: " in errors[0] and "--overwrite to start over" in errors[0]
+    assert run(0.5, 0.5, "--overwrite").returncode == 0
+
+
+def test_target_groups_with_ordered_and_a_consumer_bound(tmp_path):
+    """--ordered: the N groups are the first N informative ones in input order; --consumer/--max-ahead: the run
+    waits for its reader, and ends at N with the reader given each of them once."""
+    names = ["mixed-0", "mixed-1", "right-0", "wrong-0", "mixed-2", "mixed-3", "right-1", "mixed-4", "mixed-5"]
+    problems = write(tmp_path / "p.jsonl", names)
+    server = SimServer(script=Outcomes())  # type: ignore[arg-type]
+    server.start()
+    out = tmp_path / "out"
+    args = [
+        *("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER),
+        *("--num-parallel", "2", "--samples-per-prompt", "2", "--reward", "exact", "--concurrency", "1"),
+        *("--filter-uniform-groups", "--target-groups", "3", "--ordered", "--consumer", "trainer", "--max-ahead", "1"),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    run = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stderr=subprocess.PIPE, env=env)
+    try:
+        assert run.stderr is not None
+        for line in run.stderr:  # the run says when it stops taking prompts for the consumer
+            if b"waiting for consumer trainer" in line:
+                break
+        else:
+            raise AssertionError("the run never waited for its consumer")
+        assert run.poll() is None
+        taken = [g.problem_id for g in read_groups(out, follow=True, poll_s=0.05, timeout_s=120, consumer="trainer")]
+        assert run.wait(120) == 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        run.stderr.close()
+        server.stop()
+    assert taken == ["mixed-0", "mixed-1", "mixed-2"]  # in input order, each once, N of them
+    assert [g.problem_id for g in read_groups(out)] == taken
+    assert json.loads((out / ".agentroll" / "consumers" / "trainer").read_text())["groups"] == 3

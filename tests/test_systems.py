@@ -38,6 +38,7 @@ NEW_FIELDS = {
     "history_logprobs",
     "endpoint",
     "tool_calls",
+    "problem",  # schema 6: the row's prompt as given
 }
 
 

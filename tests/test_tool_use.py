@@ -439,7 +439,7 @@ def test_a_folder_of_the_previous_schema_is_refused_on_resume(serve, tmp_path):
     out = tmp_path / "out"
     assert tool_use(problems, out, server.url)[0] == 0
     data = manifest(out)
-    data["schema_version"] = 4
+    data["schema_version"] = 5
     (out / "manifest.json").write_text(json.dumps(data))
     code, output = tool_use(problems, out, server.url)
-    assert code == 6 and "holds rollouts of schema 4 (this agentroll writes 5)" in output
+    assert code == 6 and "holds rollouts of schema 5 (this agentroll writes 6)" in output

@@ -14,6 +14,7 @@ from rich.text import Text
 from ..errors import OutputError
 from .console import err, folder_tool, log, out
 from .help import Command, help_text
+from .rescore import rescore
 
 FOLDER = typer.Argument(help="An output folder, or a merged one.", metavar="DIR", show_default=False)
 
@@ -228,60 +229,3 @@ def report(
 
     made = folder_tool(lambda: html_report(folder, output, by))
     err.print(Text(f"{made['charts']} charts -> {made['output']} ({made['bytes']:,} bytes)"))
-
-
-def rescore(
-    folder: Annotated[Path, FOLDER],
-    output: Annotated[Path, opt("--output", "-o", help="The new folder.", metavar="DIR")],
-    reward: Annotated[
-        str,
-        opt(
-            "--reward",
-            help="math | exact | remote | FILE.py:FUNCTION | MODULE:FUNCTION (docs/rewards.md).",
-            metavar="SPEC",
-        ),
-    ],
-    reward_url: Annotated[
-        str | None, opt("--reward-url", help="Reward model URL, for --reward remote.", metavar="URL")
-    ] = None,
-    reward_timeout: Annotated[
-        float, opt("--reward-timeout", help="Seconds per reward check.", metavar="SECONDS")
-    ] = 10.0,
-    reward_concurrency: Annotated[
-        int, opt("--reward-concurrency", help="Most reward calls in flight.", metavar="N")
-    ] = 32,
-    filter_uniform_groups: Annotated[
-        bool | None,
-        opt(
-            "--filter-uniform-groups/--keep-uniform-groups",
-            help="Leave out groups whose new outcomes are all alike (default: as the folder was made).",
-            show_default=False,
-        ),
-    ] = None,
-) -> None:
-    """Score a folder's records again with another reward, no model called: a new folder, token for token."""
-    import asyncio
-
-    from ..rescoring import rescore as rescore_folder
-
-    result = folder_tool(
-        lambda: asyncio.run(
-            rescore_folder(
-                folder,
-                output,
-                reward,
-                reward_url=reward_url,
-                reward_timeout=reward_timeout,
-                reward_concurrency=reward_concurrency,
-                filter_uniform_groups=filter_uniform_groups,
-            )
-        )
-    )
-    s = result.stats
-    err.print(
-        Text(
-            f"rescored {s.groups_written + s.groups_filtered} groups ({s.groups_filtered} filtered, "
-            f"{s.problems_skipped_done} done before) -> {output}; system accuracy "
-            f"{s.report().get('system_accuracy')}"
-        )
-    )

@@ -60,4 +60,5 @@ def print_summary(result: RunResult) -> None:
     ]
     if r.concurrency:
         lines.append("concurrency (auto, settled): " + ", ".join(f"{u} {n}" for u, n in r.concurrency.items()))
+    lines += result.notes
     err.print(Text("\n".join(lines)), soft_wrap=True)

@@ -22,37 +22,37 @@ Item = bytes | list[dict[str, Any]]
 
 
 class Reader:
-    """Turns items (JSONL bytes, or batches of Parquet rows) into problems, numbering lines (rows) from 1."""
+    """Turns items (JSONL bytes, or batches of Parquet rows) into problems, numbering lines (rows) from 1. Rows
+    come out one by one, lazily: a bad row raises when it is reached, after every row before it in its item (64
+    KiB of JSONL, a batch of Parquet rows) has been handed on, and a reader that stops early (`--limit`) never
+    checks a row after the last one it took."""
 
     def __init__(self, path: str, keys: InputKeys, on_invalid: Callable[[InputError], None] | None) -> None:
         self.rows = Rows(source_name(path), keys, on_invalid)
         self.lines = Lines()
         self.line = 0
 
-    def feed(self, item: Item) -> list[Problem]:
+    def feed(self, item: Item) -> Iterator[Problem]:
         if isinstance(item, bytes):
-            return self._lines(self.lines.feed(item))
+            yield from self._lines(self.lines.feed(item))
+            return
         from .parquet import to_json
 
-        out = []
         for row in item:
             self.line += 1
             problem = self.rows.take_row(row, self.line, to_json)
             if problem is not None:
-                out.append(problem)
-        return out
+                yield problem
 
-    def end(self) -> list[Problem]:
+    def end(self) -> Iterator[Problem]:
         return self._lines(self.lines.end())
 
-    def _lines(self, lines: list[bytes]) -> list[Problem]:
-        out = []
+    def _lines(self, lines: list[bytes]) -> Iterator[Problem]:
         for raw in lines:
             self.line += 1
             problem = self.rows.take(raw, self.line)
             if problem is not None:
-                out.append(problem)
-        return out
+                yield problem
 
 
 def items(path: str) -> Iterator[Item]:

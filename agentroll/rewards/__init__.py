@@ -8,6 +8,7 @@ one instance of each kind for the whole run, and the run's sandbox for model cod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import RewardError
 from ..sandbox import Sandbox, SandboxSettings, make_sandbox
@@ -44,6 +45,18 @@ class RewardSettings:
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # --sandbox-*: the code reward's, the tools'
     code_test_timeout_s: float = 6.0  # --code-test-timeout
     code_partial_credit: bool = False  # --code-partial-credit
+
+    def recorded(self) -> dict[str, Any]:
+        """What of these settings changes a reward, as a folder's settings hold it (generate's names): the code
+        reward's only where they differ from the defaults, so a folder made before they existed still resumes."""
+        base = RewardSettings()
+        code = {
+            "code_test_timeout": (self.code_test_timeout_s, base.code_test_timeout_s),
+            "code_partial_credit": (self.code_partial_credit, base.code_partial_credit),
+            "sandbox_memory_mb": (self.sandbox.memory_mb, base.sandbox.memory_mb),
+        }
+        changed = {name: value for name, (value, default) in code.items() if value != default}
+        return {"reward": self.default, "reward_url": self.url, **({"code_reward": changed} if changed else {})}
 
 
 def make_reward(spec: str, settings: RewardSettings | None = None, sandbox: Sandbox | None = None) -> Reward:

@@ -1,0 +1,79 @@
+"""`agentroll rescore DIR -o NEW --reward SPEC`: its reward options are generate's (`RewardOptions`: the same
+names, defaults, help and checks, one declaration), handed to `agentroll.rescore` whole as `RewardSettings`."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import fields
+from pathlib import Path
+from typing import Annotated, Any, get_type_hints
+
+import typer
+from rich.text import Text
+
+from ..declare import default_of
+from ..rewards.options import RewardOptions
+from .console import err, folder_tool, run_async, setup_logging
+from .generate import _parameter
+from .help import help_text
+
+FOLDER = typer.Argument(help="An output folder, or a merged one.", metavar="DIR", show_default=False)
+
+
+def _own(name: str, annotation: Any, default: Any, *decls: str, help: str, metavar: str = "") -> inspect.Parameter:
+    """One of rescore's own options (the reward options are `RewardOptions`')."""
+    info = typer.Option(*decls, help=help_text(help), metavar=metavar, show_default=default not in (None, ...))
+    kind = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Parameter(name, kind, default=default, annotation=Annotated[annotation, info])
+
+
+def build() -> Any:
+    params = [
+        inspect.Parameter("folder", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[Path, FOLDER]),
+        _own("output", Path, ..., "--output", "-o", help="The new folder.", metavar="DIR"),
+        _own(
+            "filter_uniform_groups",
+            bool | None,
+            None,
+            "--filter-uniform-groups/--keep-uniform-groups",
+            help="Leave out groups whose new outcomes are all alike (default: as the folder was made).",
+        ),
+        _own("overwrite", bool, False, "--overwrite", help="Delete earlier rollouts in the new folder."),
+        _own("quiet", bool, False, "--quiet", "-q", help="No warnings, no summary."),
+    ]
+    hints = get_type_hints(RewardOptions)
+    for spec in fields(RewardOptions):  # --reward is asked for: rescoring by a default would be an accident
+        params.append(_parameter(spec.name, spec, hints[spec.name], ... if spec.name == "reward" else default_of(spec)))
+
+    def rescore(**kwargs: Any) -> None:
+        """Score a folder's records again with another reward, no model called: a new folder, token for token."""
+        from ..rescoring import rescore as rescore_folder
+
+        folder, output, quiet = kwargs.pop("folder"), kwargs.pop("output"), kwargs.pop("quiet")
+        uniform, overwrite = kwargs.pop("filter_uniform_groups"), kwargs.pop("overwrite")
+        restore = setup_logging(quiet, False)
+        try:
+            rewards = folder_tool(lambda: RewardOptions(**kwargs).reward_settings())
+            result = folder_tool(
+                lambda: run_async(
+                    rescore_folder(folder, output, rewards, filter_uniform_groups=uniform, overwrite=overwrite)
+                )
+            )
+        finally:
+            restore()
+        s = result.stats
+        if not quiet:
+            err.print(
+                Text(
+                    f"rescored {s.groups_written + s.groups_filtered} groups ({s.groups_filtered} filtered, "
+                    f"{s.problems_skipped_done} done before) -> {output}; system accuracy "
+                    f"{s.report().get('system_accuracy')}"
+                )
+            )
+
+    rescore.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    rescore.__annotations__ = {p.name: p.annotation for p in params}
+    return rescore
+
+
+rescore = build()
