@@ -55,7 +55,8 @@ def convert(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Converts the folder `src` into `out` (a folder) and returns a summary: format, records read, rows
-    written, files, and what was left out or added (`skipped_frozen`, `folded_turns`, `placeholders`,
+    written, files, and what was left out or added (`skipped_frozen`, `dropped_overlong`: the samples
+    `--overlong-filter drop` took out of training, never converted; `folded_turns`, `placeholders`,
     `left_over_problems`). Every option is checked before anything is written (`UsageError`, one line).
 
     `advantage` (the formats whose trainer takes one): `none`, `grpo` (reward minus its (problem, stage) group's
@@ -66,9 +67,10 @@ def convert(
     pairs per (problem, stage) group. `layout` (dpo, sft): `conversational` (default: chat messages, recovered
     from the rendered prompt with `tokenizer`, by default the run's) or `standard` (the prompt as text).
     `groups_per_file` (slime, prime-rl): problems per training step. `ranks` (prime-rl): data-parallel ranks.
-    `include_frozen`: convert the records marked `trainable: false` too (default: no for the RL formats, yes for
-    dpo, sft, nemo-rl-dpo). `trajectories` (the formats that take whole conversations; default on): a multi-turn
-    conversation is one sample, from its last turn (docs/convert.md). `overwrite`: replace this format's files.
+    `include_frozen`: convert the records of frozen stages (`trainable: false`) too (default: no for the RL
+    formats, yes for dpo, sft, nemo-rl-dpo); never those the overlong filter dropped. `trajectories` (the
+    formats that take whole conversations; default on): a multi-turn conversation is one sample, from its last
+    turn (docs/convert.md). `overwrite`: replace this format's files.
     """
     src_path, out_path = Path(src), Path(out)
     spec = SPECS.get(to)
@@ -126,6 +128,7 @@ def convert(
     }
     if advantage == "grpo":
         summary["std"] = chosen_std
-    summary.update({key: counts[key] for key in ("skipped_frozen", "folded_turns") if key in counts})
+    left_out = ("skipped_frozen", "dropped_overlong", "folded_turns")
+    summary.update({key: counts[key] for key in left_out if key in counts})
     summary.update(extra)
     return summary

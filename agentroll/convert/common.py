@@ -18,7 +18,8 @@ import orjson
 from ..errors import UsageError
 from ..folder.manifest import Manifest
 from ..schema import STAGES
-from .trajectory import Trajectory, executions, single, trainable, trajectories
+from ..shaping import dropped
+from .trajectory import Trajectory, executions, kept, single, trajectories
 
 ADVANTAGES = ("none", "grpo", "mean")
 STDS = ("sample", "population")
@@ -119,9 +120,10 @@ def read_problems(
     another sample's advantage. `counts["records"]` counts what was read.
 
     Unless `include_frozen`, records marked `trainable: false` are left out after the baselines
-    (`counts["skipped_frozen"]`). With `whole_conversations`, a group keeps only the records that end a
-    conversation, each with its `Trajectory` (`convert.trajectory`); the turns folded into a later one are
-    counted in `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`. `routes`: records'
+    (`counts["skipped_frozen"]`); those the overlong filter dropped always are (`counts["dropped_overlong"]`).
+    With `whole_conversations`, a group keeps only the records that end a conversation, each with its
+    `Trajectory` (`convert.trajectory`); the turns folded into a later one are counted in
+    `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`. `routes`: records'
     `routed_experts` as arrays (`read_groups(routes=True)`)."""
     from ..folder import read_groups
 
@@ -147,9 +149,12 @@ def read_problems(
             if not members:
                 continue
             found_advantages = advantages([float(r["reward"]) for r in members], advantage, std)
-            keep = [i for i, r in enumerate(members) if include_frozen or trainable(r)]
+            keep = [i for i, r in enumerate(members) if kept(r, include_frozen)]
+            cut = sum(map(dropped, members))
+            if cut:
+                counts["dropped_overlong"] = counts.get("dropped_overlong", 0) + cut
             if not include_frozen:
-                counts["skipped_frozen"] += len(members) - len(keep)
+                counts["skipped_frozen"] += len(members) - len(keep) - cut
             if whole_conversations:
                 counts["folded_turns"] += sum(id(members[i]) not in ends for i in keep)
                 keep = [i for i in keep if id(members[i]) in ends]

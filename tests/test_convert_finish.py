@@ -1,0 +1,135 @@
+"""Issue 23, the last findings: samples dropped by `--overlong-filter drop` are never converted (a dropped sample
+is not a frozen stage), the conversational layout judges a prompt by its template's own markup only, verl's
+routed experts as its replay loop takes them, and a refused conversion leaves no `-o` folder behind."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentroll.convert import FORMATS, convert
+from agentroll.folder import read_records
+from agentroll.sim.script import Script
+from agentroll.sim.server import SimServer
+
+from . import synthetic
+from .conftest import TOKENIZER, run_cli, write_problems
+from .convert_support import executions_of, lines, rewrite
+from .test_convert_trainers import VIEWS, WHOLE
+
+DROP_NOTE = "overlong filter: drop"
+
+
+@pytest.fixture(scope="module")
+def dropped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`--system single --overlong-filter drop` with a budget some responses reach: truncated samples marked
+    `trainable: false` by the filter, next to completed ones of both rewards in the same groups."""
+    tmp = tmp_path_factory.mktemp("dropped")
+    problems = write_problems(tmp / "problems.jsonl", 3)
+    server = SimServer(script=Script.from_jsonl(problems))
+    server.start()
+    try:
+        out = tmp / "rollouts"
+        result = run_cli(
+            *("generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER),
+            *("--system", "single", "--samples-per-prompt", "8", "--reward", "exact", "--overlong-filter", "drop"),
+            *("--max-tokens", "60", "--seed", "3"),
+        )
+        assert result.returncode == 0, result.stderr.decode()[-2000:]
+    finally:
+        server.stop()
+    found = list(read_records(out))
+    cut = [r for r in found if r["status"] == "truncated"]
+    assert cut and all(r["trainable"] is False and DROP_NOTE in r["reward_info"] for r in cut)
+    # a group holds a dropped sample and a better one: the old dpo paired them
+    assert any(
+        r["reward"] > c["reward"] and r["problem_id"] == c["problem_id"] and r["status"] == "completed"
+        for r in found
+        for c in cut
+    )
+    return out
+
+
+def sequences(records: list[dict[str, Any]]) -> Counter[tuple[int, ...]]:
+    return Counter(tuple(r["prompt_token_ids"] + r["response_token_ids"]) for r in records)
+
+
+@pytest.mark.parametrize("include_frozen", [True, None])
+@pytest.mark.parametrize("to", WHOLE)
+def test_a_dropped_sample_is_never_converted_not_even_with_include_frozen(dropped, tmp_path, to, include_frozen):
+    found = list(read_records(dropped))
+    kept = [r for r in found if r["status"] != "truncated"]
+    summary = convert(dropped, to, tmp_path / "o", include_frozen=include_frozen)
+    assert summary["dropped_overlong"] == len(found) - len(kept)
+    assert not summary.get("skipped_frozen")  # nothing here is a frozen stage
+    assert Counter(tuple(v["tokens"]) for v in VIEWS[to](tmp_path / "o")) == sequences(kept)
+
+
+def test_verl_include_frozen_gives_no_dropped_row_a_trained_token(dropped, tmp_path):
+    convert(dropped, "verl", tmp_path / "o", include_frozen=True)
+    rows = lines(tmp_path / "o" / "verl.jsonl")
+    assert rows and all(row["extra_fields"]["status"] != "truncated" for row in rows)
+
+
+@pytest.mark.parametrize("to", ["trl", "slime"])
+def test_per_call_formats_leave_dropped_samples_out(dropped, tmp_path, to):
+    found = list(read_records(dropped))
+    kept = [r for r in found if r["status"] != "truncated"]
+    summary = convert(dropped, to, tmp_path / "o", include_frozen=True)
+    assert summary["rows"] == len(kept)
+    rows = lines(tmp_path / "o" / f"{to}.jsonl")
+    got = Counter(tuple(r["prompt_ids"] + r["completion_ids"]) if to == "trl" else tuple(r["tokens"]) for r in rows)
+    assert got == sequences(kept)
+
+
+@pytest.mark.parametrize("to", ["dpo", "nemo-rl-dpo"])
+def test_dpo_pairs_never_hold_a_dropped_response(dropped, tmp_path, to):
+    options: dict[str, Any] = {"layout": "standard"} if to == "dpo" else {}
+    summary = convert(dropped, to, tmp_path / "o", **options)
+    cut = {tuple(r["response_token_ids"]) for r in read_records(dropped) if r["status"] == "truncated"}
+    rows = lines(tmp_path / "o" / ("dpo.jsonl" if to == "dpo" else "nemo_rl_dpo.jsonl"))
+    assert rows and summary["dropped_overlong"] == len(cut)
+    for row in rows:
+        assert tuple(row["chosen_token_ids"]) not in cut and tuple(row["rejected_token_ids"]) not in cut
+
+
+def test_every_format_counts_the_dropped_samples_it_left_out(dropped, tmp_path):
+    cut = sum(r["status"] == "truncated" for r in read_records(dropped))
+    for to in FORMATS:
+        options: dict[str, Any] = {"layout": "standard"} if to in ("dpo", "sft") else {}
+        assert convert(dropped, to, tmp_path / to, **options)["dropped_overlong"] == cut, to
+
+
+def test_the_convert_command_names_the_dropped_samples(dropped, tmp_path):
+    result = run_cli("convert", str(dropped), "--to", "verl", "-o", str(tmp_path / "o"), "--include-frozen")
+    assert result.returncode == 0, result.stderr.decode()
+    cut = sum(r["status"] == "truncated" for r in read_records(dropped))
+    assert f"{cut} dropped overlong" in " ".join(result.stderr.decode().split())
+
+
+def test_a_dropped_earlier_turn_stays_untrained_inside_a_conversation_with_include_frozen(tmp_path):
+    """The overlong filter drops a call a later turn continues: its tokens in the conversation are not the
+    policy's to train (mask 0), frozen stages or not; a frozen critic's are trained with --include-frozen."""
+    folder = synthetic.critique_revise(tmp_path / "cr")
+    first = executions_of(folder)[0]
+    assert first[1]["continues"] == 0
+
+    def drop_first_call(found: list[dict[str, Any]]) -> None:
+        record = found[0]
+        record["status"], record["trainable"] = "truncated", False
+        record["loss_mask"] = [0] * len(record["response_token_ids"])
+        record["reward_info"] = f"exact; {DROP_NOTE}"
+
+    rewrite(folder, drop_first_call)
+    begin = len(first[0]["prompt_token_ids"])
+    end = begin + len(first[0]["response_token_ids"])
+    convert(folder, "verl", tmp_path / "o", include_frozen=True)
+    every = lines(tmp_path / "o" / "verl.jsonl")
+    rows = [r for r in every if r["extra_fields"]["rollout_id"] == first[0]["rollout_id"]]
+    assert rows and all(len(r["prompt_ids"]) == begin for r in rows)  # conversations that go on past it
+    assert all(r["response_mask"][: end - begin] == [0] * (end - begin) for r in rows)
+    others = [r for r in every if r["extra_fields"]["rollout_id"] != first[0]["rollout_id"]]
+    assert any(r["response_mask"][: end - begin] != [0] * (end - begin) for r in others)  # the others train theirs
