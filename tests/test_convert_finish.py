@@ -4,6 +4,7 @@ routed experts as its replay loop takes them, and a refused conversion leaves no
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,13 @@ from agentroll.folder import read_records
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
-from . import synthetic
+from . import convert_support, synthetic
 from .conftest import TOKENIZER, run_cli, write_problems
-from .convert_support import executions_of, lines, rewrite
+from .convert_support import edited_copy, executions_of, lines, rewrite
 from .test_convert_trainers import VIEWS, WHOLE
 
 DROP_NOTE = "overlong filter: drop"
+folder, tokenizer = convert_support.folder, convert_support.tokenizer  # the fixtures
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +135,44 @@ def test_a_dropped_earlier_turn_stays_untrained_inside_a_conversation_with_inclu
     assert all(r["response_mask"][: end - begin] == [0] * (end - begin) for r in rows)
     others = [r for r in every if r["extra_fields"]["rollout_id"] != first[0]["rollout_id"]]
     assert any(r["response_mask"][: end - begin] != [0] * (end - begin) for r in others)  # the others train theirs
+
+
+# ---------------------------------------------------------------- 2. the conversational layout's multi-turn check
+
+
+THINKING = "<|im_start|>user\nWhat do <think> and </think> mark in a reply?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("to", ["sft", "dpo", "nemo-rl-dpo"])
+def test_a_single_message_mentioning_an_added_token_the_frame_never_uses_is_one_message(folder, tmp_path, to):
+    """The sim tokenizer (like Qwen3's) has `<think>` and `</think>` as added tokens; its chat template's frame
+    uses only `<|im_start|>` / `<|im_end|>`. A user asking about `<think>` wrote one message."""
+
+    def edit(found: list[dict[str, Any]]) -> None:
+        for r in found:
+            if r["stage"] == "solver":
+                r["prompt"] = THINKING
+
+    edited = edited_copy(folder, tmp_path / "edited", edit)
+    summary = convert(edited, to, tmp_path / "o", stages="solver")
+    assert summary["rows"] > 0
+    row = lines(next((tmp_path / "o").glob("*.jsonl")))[0]
+    messages = row.get("messages") or row.get("prompt") or row.get("context")
+    assert messages[0] == {"role": "user", "content": "What do <think> and </think> mark in a reply?"}
+
+
+def test_tokens_only_the_generation_prompt_holds_are_not_message_markup(tokenizer):
+    """Qwen3 with thinking off ends its generation prompt with an empty `<think></think>`: a user's `<think>` is
+    still one message, a rendered conversation still several."""
+    from agentroll.convert.common import ChatMessages
+
+    qwen3ish = copy.copy(tokenizer)
+    qwen3ish.chat_template = tokenizer.chat_template.replace(
+        "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}"
+    )
+    assert qwen3ish.chat_template != tokenizer.chat_template
+    chat = ChatMessages(qwen3ish, {})
+    message = [{"role": "user", "content": "Is <think> a tag?"}]
+    assert chat(chat.render(message)) == message
+    several = [*message, {"role": "assistant", "content": "yes"}, {"role": "user", "content": "And </think>?"}]
+    assert chat(chat.render(several)) is None

@@ -264,6 +264,7 @@ class ChatMessages:
         self._tokenizer = tokenizer
         self._kwargs = chat_template_kwargs
         self._patterns: list[tuple[tuple[str, ...], re.Pattern[str]]] = []
+        frames = []
         for shape in _SHAPES:
             placeholders = [{"role": role, "content": s} for role, s in zip(shape, _SENTINELS, strict=False)]
             try:
@@ -274,19 +275,36 @@ class ChatMessages:
             if pieces is not None:
                 for group in ("(.*)", "(.*?)"):  # greedy, then lazy: the re-rendering decides
                     self._patterns.append((shape, re.compile(group.join(map(re.escape, pieces)), re.S)))
+                frames.append(self._frame(placeholders) or "".join(pieces))
         self._cache: dict[str, list[dict[str, str]] | None] = {}
-        # a message's content never holds the template's own markup: a content that does is several messages
-        # rendered together (a later turn's prompt, a row's own conversation), not one
+        # A message's content never holds the markup the template frames messages with: a content that does is
+        # several messages rendered together (a later turn's prompt, a row's own conversation), not one. Only
+        # the special tokens of that frame count: a user may well write an added token the frame never uses
+        # (`<think>` in Qwen3's vocabulary).
         special = set(getattr(tokenizer, "all_special_tokens", None) or [])
         special |= {
             str(getattr(t, "content", t)) for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
         }
-        self._markup = sorted(t for t in special if t.strip())
+        self._markup = sorted(t for t in special if t.strip() and any(t in frame for frame in frames))
 
     def render(self, messages: list[dict[str, str]]) -> str:
         return str(
             self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **self._kwargs)
         )
+
+    def _frame(self, messages: list[dict[str, str]]) -> str | None:
+        """The template's text around the messages without the generation prompt (which may hold tokens no
+        message boundary does, as Qwen3's empty `<think></think>` with thinking off), or None."""
+        try:
+            text = str(
+                self._tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=False, **self._kwargs
+                )
+            )
+        except Exception:
+            return None
+        pieces = _split(text, _SENTINELS[: len(messages)])
+        return None if pieces is None else "".join(pieces)
 
     def __call__(self, prompt: str) -> list[dict[str, str]] | None:
         """The messages that render to exactly `prompt`, or None."""
