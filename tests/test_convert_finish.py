@@ -176,3 +176,15 @@ def test_tokens_only_the_generation_prompt_holds_are_not_message_markup(tokenize
     assert chat(chat.render(message)) == message
     several = [*message, {"role": "assistant", "content": "yes"}, {"role": "user", "content": "And </think>?"}]
     assert chat(chat.render(several)) is None
+
+
+# ------------------------------------------------------------------------------- 3. OpenRLHF's own class in CI
+
+
+def test_ci_installs_openrlhf_so_its_replay_test_runs_there():
+    """tests/test_convert_trainers.py's replay executor test skips without openrlhf; CI installs it `--no-deps`
+    (its full install needs CUDA) before the README's test command, which stays the script's last line."""
+    steps = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text().strip().splitlines()
+    install = [i for i, line in enumerate(steps) if line.startswith("pip install") and "openrlhf==" in line]
+    assert install and install[0] < len(steps) - 1
+    assert "--no-deps" in steps[install[0]] and "pylatexenc" in steps[install[0]]
