@@ -18,7 +18,7 @@ from agentroll.sim.server import SimServer
 
 from . import convert_support, synthetic
 from .conftest import TOKENIZER, run_cli, write_problems
-from .convert_support import edited_copy, executions_of, lines, rewrite
+from .convert_support import doc_code, edited_copy, executions_of, lines, rewrite
 from .test_convert_trainers import VIEWS, WHOLE
 
 DROP_NOTE = "overlong filter: drop"
@@ -188,3 +188,41 @@ def test_ci_installs_openrlhf_so_its_replay_test_runs_there():
     install = [i for i, line in enumerate(steps) if line.startswith("pip install") and "openrlhf==" in line]
     assert install and install[0] < len(steps) - 1
     assert "--no-deps" in steps[install[0]] and "pylatexenc" in steps[install[0]]
+
+
+# ------------------------------------------------------------------------------------------ 4. verl routed experts
+
+
+def test_the_documented_verl_row_gives_routed_experts_as_verls_postprocess_reads_them(tmp_path):
+    """verl's `_agent_loop_postprocess` (agent_loop.py at b178a3c, ~589-611) unpacks `routed_experts.shape` into
+    (length, layers, topk), takes an np.ndarray or a torch.Tensor, and copies it into a zero (1, total, layers,
+    topk) tensor from the left-padded prompt's first position. JSON holds nested lists, which have no shape."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from .test_convert_defects import routed_folder
+    from .test_convert_trainers import AgentLoopOutput
+
+    folder = routed_folder(tmp_path / "routed")
+    convert(folder, "verl", tmp_path / "o")
+    rows = lines(tmp_path / "o" / "verl.jsonl")
+    source = {tuple(r["prompt_token_ids"] + r["response_token_ids"]): r for r in read_records(folder, routes=True)}
+    assert rows and all(isinstance(row["routed_experts"], list) for row in rows)
+    with pytest.raises(AttributeError):
+        AgentLoopOutput.model_validate(rows[0]).routed_experts.shape  # noqa: B018 (what verl reads)
+    namespace: dict[str, Any] = {}
+    exec(doc_code("verl-output"), namespace)
+    # verl pads the prompt on the left, the response on the right, to its configured lengths
+    prompt_width = max(len(row["prompt_ids"]) for row in rows) + 3
+    response_width = max(len(row["response_ids"]) for row in rows) + 5
+    for row in rows:
+        output = AgentLoopOutput.model_validate(namespace["agent_loop_output"](row))
+        length, layers, topk = output.routed_experts.shape
+        assert isinstance(output.routed_experts, np.ndarray)
+        experts = torch.from_numpy(output.routed_experts)
+        padded = torch.zeros(1, prompt_width + response_width, layers, topk, dtype=experts.dtype)
+        start = prompt_width - len(output.prompt_ids)
+        padded[:, start : start + length] = experts.unsqueeze(0)
+        record = source[tuple(output.prompt_ids + output.response_ids)]
+        assert length == len(output.prompt_ids) + len(output.response_ids) - 1  # vLLM's P + R - 1 rows
+        assert np.array_equal(padded[0, start : start + length].numpy(), record["routed_experts"].astype(np.int32))
