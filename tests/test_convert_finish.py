@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agentroll.convert import FORMATS, convert
+from agentroll.errors import UsageError
 from agentroll.folder import read_records
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
@@ -226,3 +227,47 @@ def test_the_documented_verl_row_gives_routed_experts_as_verls_postprocess_reads
         record = source[tuple(output.prompt_ids + output.response_ids)]
         assert length == len(output.prompt_ids) + len(output.response_ids) - 1  # vLLM's P + R - 1 rows
         assert np.array_equal(padded[0, start : start + length].numpy(), record["routed_experts"].astype(np.int32))
+
+
+# ------------------------------------------------------------------------------ 5. a refusal leaves no -o folder
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_conversion_refused_while_reading_leaves_no_output_folder(tmp_path, nested):
+    """critique-revise's later turns are multi-turn prompts, which the conversational layout refuses once it
+    reaches one: the folder the conversion made for its output (and the parents it made) must not stay behind."""
+    folder = synthetic.critique_revise(tmp_path / "cr")
+    out = tmp_path / "new" / "deeper" / "out" if nested else tmp_path / "out"
+    result = run_cli("convert", str(folder), "--to", "sft", "-o", str(out), "--tokenizer", TOKENIZER)
+    assert result.returncode == 2, result.stderr.decode()
+    assert "--layout standard" in result.stderr.decode()
+    assert not out.exists() and not (tmp_path / "new").exists()
+
+
+def test_a_refused_conversion_leaves_an_existing_output_folder_and_its_files_alone(tmp_path):
+    folder = synthetic.critique_revise(tmp_path / "cr")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    result = run_cli("convert", str(folder), "--to", "sft", "-o", str(out), "--tokenizer", TOKENIZER)
+    assert result.returncode == 2
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("to", ["slime", "prime-rl"])
+def test_a_step_written_before_a_refusal_is_taken_away_again(tmp_path, to):
+    """slime and prime-rl write each step as it fills: a refusal in a later problem (a broken conversation)
+    leaves none of the format's files, and nothing else in OUT is touched."""
+    folder = synthetic.critique_revise(tmp_path / "cr")
+
+    def break_last_problem(found: list[dict[str, Any]]) -> None:
+        last = [r for r in found if r["problem_id"] == found[-1]["problem_id"] and r["continues"] is not None]
+        last[-1]["continues"] = 99  # no earlier record of its execution
+
+    rewrite(folder, break_last_problem)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="continues 99"):
+        convert(folder, to, out, groups_per_file=1)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]

@@ -28,6 +28,7 @@ from .common import (
     baseline,
     check_source,
     check_stages,
+    discard,
     load_messages,
     prepare_out,
     read_problems,
@@ -57,7 +58,9 @@ def convert(
     """Converts the folder `src` into `out` (a folder) and returns a summary: format, records read, rows
     written, files, and what was left out or added (`skipped_frozen`, `dropped_overlong`: the samples
     `--overlong-filter drop` took out of training, never converted; `folded_turns`, `placeholders`,
-    `left_over_problems`). Every option is checked before anything is written (`UsageError`, one line).
+    `left_over_problems`). Every option is checked before anything is written (`UsageError`, one line); a
+    refusal found while reading (a prompt the conversational layout cannot recover) leaves no file, and no
+    folder the conversion created.
 
     `advantage` (the formats whose trainer takes one): `none`, `grpo` (reward minus its (problem, stage) group's
     mean, over the group's std when that is not 0) or `mean` (minus the mean only); the default is the format's
@@ -94,7 +97,7 @@ def convert(
     chat = None
     if spec.chat and (layout or "conversational") == "conversational":
         chat = load_messages(manifest, tokenizer)
-    prepare_out(out_path, spec.names, spec.stale, overwrite)
+    created = prepare_out(out_path, spec.names, spec.stale, overwrite)
 
     counts: dict[str, int] = {}
     chosen_std = std or "sample"
@@ -115,7 +118,11 @@ def convert(
     options = Options(
         out_path, keep_frozen, chat, max_pairs_per_group, groups_per_file, ranks or 1, dict(manifest.settings or {})
     )
-    rows, files, extra = spec.write(read, options)
+    try:
+        rows, files, extra = spec.write(read, options)
+    except BaseException:  # refused while reading (a prompt the layout cannot recover...): leave nothing
+        discard(out_path, spec.names, spec.stale, created)
+        raise
     summary = {
         "format": to,
         "source": str(src_path),

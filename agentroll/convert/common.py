@@ -200,23 +200,51 @@ def check_source(src: Path, out: Path) -> Manifest:
     return manifest
 
 
-def prepare_out(out: Path, names: list[str], stale: str | None, overwrite: bool) -> None:
-    """Creates OUT. Our own files already there are refused unless `overwrite`, which deletes them first (and
-    any file matching `stale`, e.g. a slime file of an earlier, longer conversion)."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"-o {out}: exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"-o {out}: {exc.strerror or exc}") from None
-    present = [p for p in out.iterdir() if p.name in names or (stale and re.fullmatch(stale, p.name))]
-    if present and not overwrite:
-        raise UsageError(f"-o {out}: already holds {present[0].name} (pass --overwrite to replace it)")
-    for path in present:
+def _ours(out: Path, names: list[str], stale: str | None) -> list[Path]:
+    """The format's files (and folders) in OUT: its `names`, and any name matching `stale`."""
+    if not out.is_dir():
+        return []
+    return [p for p in out.iterdir() if p.name in names or (stale and re.fullmatch(stale, p.name))]
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
-            path.unlink()
+            path.unlink(missing_ok=True)
+
+
+def prepare_out(out: Path, names: list[str], stale: str | None, overwrite: bool) -> list[Path]:
+    """Creates OUT and returns the folders it created, OUT's missing parents first (for `discard`). Our own
+    files already there are refused unless `overwrite`, which deletes them first (and any file matching `stale`,
+    e.g. a slime file of an earlier, longer conversion): checked before anything is created."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out}: exists and is not a folder")
+    present = _ours(out, names, stale)
+    if present and not overwrite:
+        raise UsageError(f"-o {out}: already holds {present[0].name} (pass --overwrite to replace it)")
+    created = [p for p in reversed([out, *out.absolute().parents]) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        discard(out, [], None, created)
+        raise UsageError(f"-o {out}: {exc.strerror or exc}") from None
+    _remove(present)
+    return created
+
+
+def discard(out: Path, names: list[str], stale: str | None, created: list[Path]) -> None:
+    """Undoes a conversion refused while reading (a prompt the conversational layout cannot recover, a broken
+    conversation): the format's files in OUT, which `prepare_out` left none of, so this run wrote them (a
+    slime or prime-rl step already flushed), then the folders it created, deepest first, while empty. Nothing
+    else in OUT is touched."""
+    _remove(_ours(out, names, stale))
+    for path in reversed(created):
+        try:
+            path.rmdir()
+        except OSError:
+            return
 
 
 class JsonlWriter:
