@@ -271,3 +271,85 @@ def test_a_step_written_before_a_refusal_is_taken_away_again(tmp_path, to):
     with pytest.raises(UsageError, match="continues 99"):
         convert(folder, to, out, groups_per_file=1)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+# ------------------------------------------------------------------------------------------------ 6. the docs
+
+
+def test_verifiers_rollouts_per_example_is_what_verifiers_computes_from_the_outputs(folder, tmp_path):
+    """verifiers (legacy/envs/environment.py at a60a606) sets `rollouts_per_example` to outputs // examples. One
+    stage's groups are all alike here (K selectors): that size; mixed stages: the floor of the mean size."""
+    import json
+
+    convert(folder, "verifiers", tmp_path / "sel", stages="selector")
+    metadata = json.loads((tmp_path / "sel" / "metadata.json").read_text())
+    rows = lines(tmp_path / "sel" / "results.jsonl")
+    sizes = Counter(row["example_id"] for row in rows)
+    assert set(sizes.values()) == {3} and metadata["rollouts_per_example"] == 3
+    convert(folder, "verifiers", tmp_path / "all")
+    metadata = json.loads((tmp_path / "all" / "metadata.json").read_text())
+    rows = lines(tmp_path / "all" / "results.jsonl")
+    assert metadata["rollouts_per_example"] == len(rows) // metadata["num_examples"]
+
+
+def nemo_rl_baselines(prompts: list[tuple[int, ...]], rewards: list[float]) -> list[float]:
+    """calculate_baseline_and_std_per_prompt (nemo_rl/algorithms/utils.py at 7ea279a) with every sample valid and
+    its default leave-one-out baseline: a prompt seen once keeps its reward as baseline (advantage 0)."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        others = [r for j, (p, r) in enumerate(zip(prompts, rewards, strict=True)) if p == prompt and j != i]
+        out.append(rewards[i] if not others else sum(others) / len(others))
+    return out
+
+
+def test_nemo_rl_never_trains_a_prompt_seen_once_as_the_docs_say(folder, tmp_path):
+    convert(folder, "nemo-rl", tmp_path / "o")
+    rows = lines(tmp_path / "o" / "nemo_rl.jsonl")
+    prompts = [tuple(row["message_log"][0]["token_ids"]) for row in rows]
+    rewards = [row["total_reward"] for row in rows]
+    advantages = [r - b for r, b in zip(rewards, nemo_rl_baselines(prompts, rewards), strict=True)]
+    selectors = [a for a, row in zip(advantages, rows, strict=True) if row["task_name"] == "agentroll/selector"]
+    assert selectors and all(a == 0.0 for a in selectors)  # every selector's prompt is its own
+    assert any(a != 0.0 for a in advantages)  # solvers share their prompt: they do train
+    text = " ".join((convert_support.ROOT / "docs" / "convert.md").read_text().lower().split())
+    assert "a prompt seen once" in text and "never train" in text
+
+
+def test_slime_metadata_raw_reward_is_described_as_what_slime_does_with_it(folder, tmp_path):
+    """slime (ray/rollout.py at 624b824): `raw_reward` of the train data is `get_reward_value`, the sample's
+    `reward` (our advantage with --advantage), unless a sample's metadata has `raw_reward`, which then replaces it;
+    rollout-side figures (zero-std counts) read `reward`."""
+    convert(folder, "slime", tmp_path / "o", advantage="grpo")
+    samples = lines(tmp_path / "o" / "slime.jsonl")
+    train_raw = [s["metadata"]["raw_reward"] if "raw_reward" in s["metadata"] else s["reward"] for s in samples]
+    assert train_raw == [s["metadata"]["agentroll"]["reward"] for s in samples]
+    assert any(s["reward"] != s["metadata"]["raw_reward"] for s in samples)  # the advantage is elsewhere
+    from agentroll.convert import slime
+
+    for text in (slime.__doc__ or "", (convert_support.ROOT / "docs" / "convert.md").read_text()):
+        flat = " ".join(text.split())
+        assert "logs as the raw reward" not in flat and "slime logs it as the raw reward" not in flat
+        assert "get_reward_value" in flat
+
+
+def test_docs_show_a_convert_command_line_for_every_format_and_each_runs(folder, tmp_path):
+    import re
+
+    text = (convert_support.ROOT / "docs" / "convert.md").read_text()
+    found = dict(re.findall(r"`agentroll convert out --to (\S+) -o (\S+?)[` ]", text))
+    assert set(found) == set(FORMATS)
+    for to, out in found.items():
+        result = run_cli("convert", str(folder), "--to", to, "-o", str(tmp_path / out))
+        assert result.returncode == 0, (to, result.stderr.decode())
+
+
+def test_the_documented_areal_versions_follow_weight_versions():
+    namespace: dict[str, Any] = {}
+    exec(doc_code("areal-versions"), namespace)
+    record = {
+        "prompt_token_ids": [1, 2, 3],
+        "response_token_ids": [4, 5, 6, 7, 8],
+        "weight_versions": [{"version": "3", "start": 0, "end": 2}, {"version": 4, "start": 2, "end": 5}],
+    }
+    assert namespace["areal_versions"](record) == [-1, -1, -1, 3, 3, 4, 4, 4]
+    assert namespace["areal_versions"]({**record, "weight_versions": None}) is None
