@@ -4,11 +4,13 @@ Soft overlong punishment (a buffer of B tokens below a response's budget L, its 
 of at most L - B tokens is not touched; one in the buffer loses `penalty` x (length - (L - B)) / B; one that
 used the whole budget (truncated) loses `penalty`. The overlong filter keeps truncated samples out of training:
 `mask` zeroes their loss mask (the record stays, token-exact), `drop` also marks them `trainable: false`, so
-the RL converters leave them out as they leave out frozen stages. Each touched record says so in `reward_info`.
+every converter leaves them out (`dropped`: not a frozen stage, which `--include-frozen` would bring back). Each
+touched record says so in `reward_info`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -16,6 +18,19 @@ from .errors import UsageError
 from .schema import Sample
 
 FILTERS = ("none", "mask", "drop")
+DROP_NOTE = "overlong filter: drop"  # the `reward_info` note of a sample `drop` took out of training
+
+
+def dropped(record: Mapping[str, Any]) -> bool:
+    """Whether `--overlong-filter drop` took this record (a dict) out of training: truncated, `trainable: false`,
+    and its `reward_info` notes it. The record schema has no field for it, and a frozen stage's record is
+    `trainable: false` too, but only a dropped one carries the note."""
+    info = record.get("reward_info") or ""
+    return (
+        record.get("trainable", True) is False
+        and record.get("status") == "truncated"
+        and DROP_NOTE in str(info).split("; ")
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,6 +85,6 @@ class LengthShaping:
                 sample.loss_mask = [0] * len(sample.loss_mask)
                 if self.filter == "drop":
                     sample.trainable = False
-                notes.append(f"overlong filter: {self.filter}")
+                notes.append(DROP_NOTE if self.filter == "drop" else f"overlong filter: {self.filter}")
             if notes:
                 sample.reward_info = "; ".join([*([sample.reward_info] if sample.reward_info else []), *notes])

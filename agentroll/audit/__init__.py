@@ -5,7 +5,9 @@ chat template, a wrong logprobs mode, another dtype or kernel. The audit loads t
 teacher-forces each audited conversation (prompt + response ids; a multi-turn conversation whole, from its last
 turn) and compares the logprob of every sampled token with the recorded one, applying how it was sampled
 (`logprobs.py`). It also checks each first-turn prompt against a fresh rendering with the model's chat template
-(`template.py`), and how each response ended against its own tokens (`units.record_faults`).
+(`template.py`), and how each response ended against its own tokens (`units.record_faults`). What fails or
+warns about the folder as a whole (another chat template than the model's, prompts that cannot be re-rendered,
+shards edited after the run, nothing compared at all) is `gates.py`.
 
     from agentroll.audit import AuditOptions, audit
     report = audit("out", AuditOptions(model="Qwen/Qwen3-0.6B", sample=200))

@@ -17,6 +17,7 @@ from ..errors import UsageError
 RAW, PROCESSED = "raw_logprobs", "processed_logprobs"
 MODES = ("auto", RAW, PROCESSED)
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+BATCH_TOKENS = 4096  # padded tokens per forward pass: the API's and the CLI's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +55,11 @@ class AuditOptions:
     seed: int = 0
     stages: frozenset[str] | None = None
     include_frozen: bool = False
-    batch_tokens: int = 16384  # padded tokens per forward pass
+    batch_tokens: int = BATCH_TOKENS  # padded tokens per forward pass
     worst: int = 10
     templates: bool = True  # re-render first-turn prompts with the model's chat template
+    accept_chat_template: bool = False  # a run template other than the model's (by hash): a warning, not a fault
+    accept_unrendered: bool = False  # first-turn prompts the template check cannot re-render: a warning
     overrides: dict[str, float] = field(default_factory=dict)  # Tolerance fields set by flags
 
     def __post_init__(self) -> None:

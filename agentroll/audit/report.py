@@ -227,8 +227,15 @@ def lines(report: dict[str, Any]) -> list[str]:
             f"chat template ({stage}): {t['match']} first-turn prompts match a fresh rendering, "
             f"{t['mismatch']} differ, {t['unrecoverable']} could not be re-rendered"
         )
+    stages = list(report["stages"].items()) + ([("all", report["overall"])] if len(report["stages"]) > 1 else [])
+    for stage, f in stages:
+        if f["tokens_skipped"]:
+            out.append(
+                f"tokens not compared ({stage}): " + ", ".join(f"{n} {w}" for w, n in f["tokens_skipped"].items())
+            )
     if report["faults"]:
         out.append("faults: " + ", ".join(f"{n} {kind}" for kind, n in report["faults"].items()))
+    out += [f"fault ({f['kind']}): {f['message']}" for f in report["folder_faults"]]
     if report["failed"]:
         out.append(f"{report['overall']['records_failed']} records out of tolerance; the worst:")
         out += [f"  {_name(r)}: {'; '.join(r['fails'])}{_token(r)}" for r in report["failed"]]
@@ -239,7 +246,15 @@ def lines(report: dict[str, Any]) -> list[str]:
     if report["ok"]:
         out.append(f"ok: {overall['records']} records, {overall['tokens']} tokens within tolerance")
     else:
-        out.append(f"FAIL: {overall['records_failed']} of {overall['records']} records out of tolerance")
+        folder = report["folder_faults"]
+        out.append(
+            f"FAIL: {overall['records_failed']} of {overall['records']} records out of tolerance"
+            + (
+                f"; {len(folder)} folder fault{'s' if len(folder) > 1 else ''} ({', '.join(f['kind'] for f in folder)})"
+                if folder
+                else ""
+            )
+        )
     return out
 
 

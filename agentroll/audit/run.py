@@ -6,11 +6,10 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from .. import provenance
 from ..errors import UsageError
 from ..folder import Manifest, load_manifest
 from ..tools.system import system_of
-from . import forward
+from . import forward, gates
 from .logprobs import MASKED, PENALTIES
 from .options import PROCESSED, RAW, AuditOptions
 from .report import KL_ESTIMATOR, Collector
@@ -61,24 +60,6 @@ def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(found)
 
 
-def provenance_warnings(manifest: Manifest, tokenizer: Any) -> list[str]:
-    servers = manifest.servers
-    if not servers:
-        return []
-    out = []
-    for key, ours in (
-        ("tokenizer_sha256", provenance.tokenizer_sha256(tokenizer)),
-        ("chat_template_sha256", provenance.chat_template_sha256(tokenizer)),
-    ):
-        theirs = servers[-1].get(key)
-        if theirs and theirs != ours:
-            out.append(
-                f"the model's {key.removesuffix('_sha256').replace('_', ' ')} is not the run's ({key} "
-                f"differs from the manifest's)"
-            )
-    return out
-
-
 def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progress | None = None) -> dict[str, Any]:
     path = Path(folder)
     manifest = load_manifest(path)
@@ -106,7 +87,8 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
     tokenizer = forward.load_tokenizer(options.tokenizer or options.model)
     dtype = str(model.dtype).removeprefix("torch.")
     tolerance = options.tolerance(dtype)
-    warnings += provenance_warnings(manifest, tokenizer)
+    found, folder_faults = gates.run_provenance(manifest, tokenizer, options.accept_chat_template)
+    warnings += found + gates.edited_shards(path, manifest)
     penalties = {k: v for k, v in (settings.get("sampling") or {}).items() if k in NEUTRAL and v != NEUTRAL[k]}
     if penalties and mode == PROCESSED:
         warnings.append(f"penalties {penalties}: processed logprobs are not compared")
@@ -140,6 +122,17 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
             codes = [c if m else MASKED for c, m in zip(codes, record["loss_mask"], strict=False)]
         collector.add(record, found, result.recorded, result.recomputed, codes)
 
+    fallback, unsampled = gates.sampling_fallback(settings), [0]
+
+    def sampled(units: Any) -> Any:
+        """Records without their own `sampling` (schema 2 and before) get the run's."""
+        for unit in units:
+            for turn in unit.turns:
+                if not turn.record.get("sampling"):
+                    turn.record["sampling"] = dict(fallback)
+                    unsampled[0] += 1
+            yield unit
+
     def comparable(units: Any) -> Any:
         for unit in units:
             bad = [t for t in unit.tokens if not 0 <= t < forcing.vocab]
@@ -160,7 +153,7 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
     if progress:
         progress.start(len(chosen))
     try:
-        for batch in forcing.batches(comparable(build(path, chosen, selection))):
+        for batch in forcing.batches(comparable(sampled(build(path, chosen, selection)))):
             forcing.run(batch, on_turn)
             if progress:
                 progress.advance(len(batch))
@@ -168,6 +161,14 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
         if progress:
             progress.stop()
     overall = collector.overall()
+    if unsampled[0]:
+        warnings.append(gates.fallback_warning(unsampled[0], fallback))
+    found, more = gates.unrendered(collector.templates, options.accept_unrendered)
+    warnings += found
+    folder_faults += more
+    spread = gates.coverage(overall, bool(overall.records_failed or folder_faults))
+    if spread:
+        warnings.append(spread)
     order = system.ordered(collector.stages)
     return {
         "folder": str(path),
@@ -193,8 +194,9 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
         "templates": {s: collector.templates[s] for s in system.ordered(collector.templates)},
         "skipped_records": {s: dict(sorted(selection.skipped[s].items())) for s in system.ordered(selection.skipped)},
         "faults": dict(sorted(collector.faults.items())),
+        "folder_faults": folder_faults,
         "failed": [r.to_dict() for r in collector.failed()],
         "worst": [r.to_dict() for r in collector.worst()],
         "warnings": warnings,
-        "ok": overall.records_failed == 0,
+        "ok": overall.records_failed == 0 and not folder_faults,
     }

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ..audit.options import AuditOptions
+from ..audit.options import BATCH_TOKENS, AuditOptions
 from ..errors import AgentrollError, AuditFailed, UsageError
 from .console import err, error, out
 from .folders import FOLDER, opt
@@ -37,10 +37,11 @@ class Bar:
             console=console,
             transient=True,
         )
-        self.task = self.bar.add_task("audit", total=None)
+        self.task = self.bar.add_task("audit", total=None, start=False)  # its clock starts after the model loads
 
     def start(self, total: int) -> None:
         self.bar.update(self.task, total=total)
+        self.bar.start_task(self.task)
         self.bar.start()
 
     def advance(self, units: int) -> None:
@@ -56,7 +57,8 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 def stage_table(report: dict[str, Any]) -> Table:
     table = Table(title=Text(f"audit of {report['folder']}"), title_justify="left")
-    for name in ("stage", "records", "failed", "tokens", "mean |Δ|", "max |Δ|", "KL k3", "share over", "skipped"):
+    names = ("stage", "records", "failed", "tokens", "mean |Δ|", "max |Δ|", "KL k3", "share over", "skipped", "outside")
+    for name in names:
         table.add_column(name, justify="left" if name == "stage" else "right", overflow="fold")
     rows = [*report["stages"].items(), ("all", report["overall"])]
     for stage, f in rows:
@@ -69,7 +71,8 @@ def stage_table(report: dict[str, Any]) -> Table:
             _fmt(f["max_abs"]),
             _fmt(f["kl_k3"]),
             _fmt(f["share_over"]),
-            str(sum(f["tokens_skipped"].values()) + f["tokens_outside"]),
+            str(sum(f["tokens_skipped"].values())),  # not compared; the reasons are listed below the table
+            str(f["tokens_outside"]),  # outside the filters: failures
         )
     return table
 
@@ -101,7 +104,9 @@ def audit_command(
         str | None, opt("--stages", help="Comma-separated stages (default: all of the run's model).", metavar="STAGES")
     ] = None,
     include_frozen: Annotated[bool, opt("--include-frozen", help="Also audit records of frozen stages.")] = False,
-    batch_tokens: Annotated[int, opt("--batch-tokens", help="Padded tokens per forward pass.", metavar="N")] = 4096,
+    batch_tokens: Annotated[
+        int, opt("--batch-tokens", help="Padded tokens per forward pass.", metavar="N")
+    ] = BATCH_TOKENS,
     threshold: Annotated[
         float | None,
         opt("--threshold", help="|Δ| that counts a token as over (default: the preset's).", metavar="NUMBER"),
@@ -135,6 +140,20 @@ def audit_command(
             "--template-check/--no-template-check", help="Re-render first-turn prompts with the model's chat template."
         ),
     ] = True,
+    accept_chat_template: Annotated[
+        bool,
+        opt(
+            "--accept-chat-template",
+            help="A run chat template other than the model's (by the manifest's hash) is a warning, not a failure.",
+        ),
+    ] = False,
+    accept_unrendered: Annotated[
+        bool,
+        opt(
+            "--accept-unrendered",
+            help="First-turn prompts the template check cannot re-render are a warning, not a failure.",
+        ),
+    ] = False,
     json_: Annotated[bool, opt("--json", help="The report as JSON on stdout.")] = False,
     quiet: Annotated[bool, opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -175,6 +194,8 @@ def audit_command(
             batch_tokens=batch_tokens,
             worst=worst,
             templates=template_check,
+            accept_chat_template=accept_chat_template,
+            accept_unrendered=accept_unrendered,
             overrides=overrides,
         )
         bar = Bar(err) if err.is_terminal and not quiet else None
@@ -184,13 +205,16 @@ def audit_command(
         raise typer.Exit(exc.exit_code) from None
     if json_:
         sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+        for warning in report["warnings"]:  # a person running it still sees them
+            err.print(Text(f"warning: {warning}", style="bold yellow"), soft_wrap=True)
     else:
         from ..audit.report import lines
 
         console = out()
         console.print(stage_table(report))
         for line in lines(report):
-            console.print(Text(line), soft_wrap=True)
+            loud = line.startswith(("warning:", "fault (", "FAIL"))
+            console.print(Text(line, style="bold yellow" if loud else ""), soft_wrap=True)
     raise typer.Exit(0 if report["ok"] else AuditFailed.exit_code)
 
 

@@ -207,7 +207,7 @@ def convert(
     )
     extra = "".join(
         f", {summary[k]} {k.replace('_', ' ')}"
-        for k in ("skipped_frozen", "folded_turns", "placeholders", "left_over_problems")
+        for k in ("skipped_frozen", "dropped_overlong", "folded_turns", "placeholders", "left_over_problems")
         if summary.get(k)
     )
     err.print(

@@ -28,6 +28,7 @@ from .common import (
     baseline,
     check_source,
     check_stages,
+    discard,
     load_messages,
     prepare_out,
     read_problems,
@@ -55,8 +56,11 @@ def convert(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Converts the folder `src` into `out` (a folder) and returns a summary: format, records read, rows
-    written, files, and what was left out or added (`skipped_frozen`, `folded_turns`, `placeholders`,
-    `left_over_problems`). Every option is checked before anything is written (`UsageError`, one line).
+    written, files, and what was left out or added (`skipped_frozen`, `dropped_overlong`: the samples
+    `--overlong-filter drop` took out of training, never converted; `folded_turns`, `placeholders`,
+    `left_over_problems`). Every option is checked before anything is written (`UsageError`, one line); a
+    refusal found while reading (a prompt the conversational layout cannot recover) leaves no file, and no
+    folder the conversion created.
 
     `advantage` (the formats whose trainer takes one): `none`, `grpo` (reward minus its (problem, stage) group's
     mean, over the group's std when that is not 0) or `mean` (minus the mean only); the default is the format's
@@ -66,9 +70,10 @@ def convert(
     pairs per (problem, stage) group. `layout` (dpo, sft): `conversational` (default: chat messages, recovered
     from the rendered prompt with `tokenizer`, by default the run's) or `standard` (the prompt as text).
     `groups_per_file` (slime, prime-rl): problems per training step. `ranks` (prime-rl): data-parallel ranks.
-    `include_frozen`: convert the records marked `trainable: false` too (default: no for the RL formats, yes for
-    dpo, sft, nemo-rl-dpo). `trajectories` (the formats that take whole conversations; default on): a multi-turn
-    conversation is one sample, from its last turn (docs/convert.md). `overwrite`: replace this format's files.
+    `include_frozen`: convert the records of frozen stages (`trainable: false`) too (default: no for the RL
+    formats, yes for dpo, sft, nemo-rl-dpo); never those the overlong filter dropped. `trajectories` (the
+    formats that take whole conversations; default on): a multi-turn conversation is one sample, from its last
+    turn (docs/convert.md). `overwrite`: replace this format's files.
     """
     src_path, out_path = Path(src), Path(out)
     spec = SPECS.get(to)
@@ -92,7 +97,7 @@ def convert(
     chat = None
     if spec.chat and (layout or "conversational") == "conversational":
         chat = load_messages(manifest, tokenizer)
-    prepare_out(out_path, spec.names, spec.stale, overwrite)
+    created = prepare_out(out_path, spec.names, spec.stale, overwrite)
 
     counts: dict[str, int] = {}
     chosen_std = std or "sample"
@@ -113,7 +118,11 @@ def convert(
     options = Options(
         out_path, keep_frozen, chat, max_pairs_per_group, groups_per_file, ranks or 1, dict(manifest.settings or {})
     )
-    rows, files, extra = spec.write(read, options)
+    try:
+        rows, files, extra = spec.write(read, options)
+    except BaseException:  # refused while reading (a prompt the layout cannot recover...): leave nothing
+        discard(out_path, spec.names, spec.stale, created)
+        raise
     summary = {
         "format": to,
         "source": str(src_path),
@@ -126,6 +135,7 @@ def convert(
     }
     if advantage == "grpo":
         summary["std"] = chosen_std
-    summary.update({key: counts[key] for key in ("skipped_frozen", "folded_turns") if key in counts})
+    left_out = ("skipped_frozen", "dropped_overlong", "folded_turns")
+    summary.update({key: counts[key] for key in left_out if key in counts})
     summary.update(extra)
     return summary

@@ -18,7 +18,8 @@ import orjson
 from ..errors import UsageError
 from ..folder.manifest import Manifest
 from ..schema import STAGES
-from .trajectory import Trajectory, executions, single, trainable, trajectories
+from ..shaping import dropped
+from .trajectory import Trajectory, executions, kept, single, trajectories
 
 ADVANTAGES = ("none", "grpo", "mean")
 STDS = ("sample", "population")
@@ -119,9 +120,10 @@ def read_problems(
     another sample's advantage. `counts["records"]` counts what was read.
 
     Unless `include_frozen`, records marked `trainable: false` are left out after the baselines
-    (`counts["skipped_frozen"]`). With `whole_conversations`, a group keeps only the records that end a
-    conversation, each with its `Trajectory` (`convert.trajectory`); the turns folded into a later one are
-    counted in `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`. `routes`: records'
+    (`counts["skipped_frozen"]`); those the overlong filter dropped always are (`counts["dropped_overlong"]`).
+    With `whole_conversations`, a group keeps only the records that end a conversation, each with its
+    `Trajectory` (`convert.trajectory`); the turns folded into a later one are counted in
+    `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`. `routes`: records'
     `routed_experts` as arrays (`read_groups(routes=True)`)."""
     from ..folder import read_groups
 
@@ -147,9 +149,12 @@ def read_problems(
             if not members:
                 continue
             found_advantages = advantages([float(r["reward"]) for r in members], advantage, std)
-            keep = [i for i, r in enumerate(members) if include_frozen or trainable(r)]
+            keep = [i for i, r in enumerate(members) if kept(r, include_frozen)]
+            cut = sum(map(dropped, members))
+            if cut:
+                counts["dropped_overlong"] = counts.get("dropped_overlong", 0) + cut
             if not include_frozen:
-                counts["skipped_frozen"] += len(members) - len(keep)
+                counts["skipped_frozen"] += len(members) - len(keep) - cut
             if whole_conversations:
                 counts["folded_turns"] += sum(id(members[i]) not in ends for i in keep)
                 keep = [i for i in keep if id(members[i]) in ends]
@@ -195,23 +200,51 @@ def check_source(src: Path, out: Path) -> Manifest:
     return manifest
 
 
-def prepare_out(out: Path, names: list[str], stale: str | None, overwrite: bool) -> None:
-    """Creates OUT. Our own files already there are refused unless `overwrite`, which deletes them first (and
-    any file matching `stale`, e.g. a slime file of an earlier, longer conversion)."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"-o {out}: exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"-o {out}: {exc.strerror or exc}") from None
-    present = [p for p in out.iterdir() if p.name in names or (stale and re.fullmatch(stale, p.name))]
-    if present and not overwrite:
-        raise UsageError(f"-o {out}: already holds {present[0].name} (pass --overwrite to replace it)")
-    for path in present:
+def _ours(out: Path, names: list[str], stale: str | None) -> list[Path]:
+    """The format's files (and folders) in OUT: its `names`, and any name matching `stale`."""
+    if not out.is_dir():
+        return []
+    return [p for p in out.iterdir() if p.name in names or (stale and re.fullmatch(stale, p.name))]
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
-            path.unlink()
+            path.unlink(missing_ok=True)
+
+
+def prepare_out(out: Path, names: list[str], stale: str | None, overwrite: bool) -> list[Path]:
+    """Creates OUT and returns the folders it created, OUT's missing parents first (for `discard`). Our own
+    files already there are refused unless `overwrite`, which deletes them first (and any file matching `stale`,
+    e.g. a slime file of an earlier, longer conversion): checked before anything is created."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out}: exists and is not a folder")
+    present = _ours(out, names, stale)
+    if present and not overwrite:
+        raise UsageError(f"-o {out}: already holds {present[0].name} (pass --overwrite to replace it)")
+    created = [p for p in reversed([out, *out.absolute().parents]) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        discard(out, [], None, created)
+        raise UsageError(f"-o {out}: {exc.strerror or exc}") from None
+    _remove(present)
+    return created
+
+
+def discard(out: Path, names: list[str], stale: str | None, created: list[Path]) -> None:
+    """Undoes a conversion refused while reading (a prompt the conversational layout cannot recover, a broken
+    conversation): the format's files in OUT, which `prepare_out` left none of, so this run wrote them (a
+    slime or prime-rl step already flushed), then the folders it created, deepest first, while empty. Nothing
+    else in OUT is touched."""
+    _remove(_ours(out, names, stale))
+    for path in reversed(created):
+        try:
+            path.rmdir()
+        except OSError:
+            return
 
 
 class JsonlWriter:
@@ -259,6 +292,7 @@ class ChatMessages:
         self._tokenizer = tokenizer
         self._kwargs = chat_template_kwargs
         self._patterns: list[tuple[tuple[str, ...], re.Pattern[str]]] = []
+        frames = []
         for shape in _SHAPES:
             placeholders = [{"role": role, "content": s} for role, s in zip(shape, _SENTINELS, strict=False)]
             try:
@@ -269,19 +303,36 @@ class ChatMessages:
             if pieces is not None:
                 for group in ("(.*)", "(.*?)"):  # greedy, then lazy: the re-rendering decides
                     self._patterns.append((shape, re.compile(group.join(map(re.escape, pieces)), re.S)))
+                frames.append(self._frame(placeholders) or "".join(pieces))
         self._cache: dict[str, list[dict[str, str]] | None] = {}
-        # a message's content never holds the template's own markup: a content that does is several messages
-        # rendered together (a later turn's prompt, a row's own conversation), not one
+        # A message's content never holds the markup the template frames messages with: a content that does is
+        # several messages rendered together (a later turn's prompt, a row's own conversation), not one. Only
+        # the special tokens of that frame count: a user may well write an added token the frame never uses
+        # (`<think>` in Qwen3's vocabulary).
         special = set(getattr(tokenizer, "all_special_tokens", None) or [])
         special |= {
             str(getattr(t, "content", t)) for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
         }
-        self._markup = sorted(t for t in special if t.strip())
+        self._markup = sorted(t for t in special if t.strip() and any(t in frame for frame in frames))
 
     def render(self, messages: list[dict[str, str]]) -> str:
         return str(
             self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **self._kwargs)
         )
+
+    def _frame(self, messages: list[dict[str, str]]) -> str | None:
+        """The template's text around the messages without the generation prompt (which may hold tokens no
+        message boundary does, as Qwen3's empty `<think></think>` with thinking off), or None."""
+        try:
+            text = str(
+                self._tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=False, **self._kwargs
+                )
+            )
+        except Exception:
+            return None
+        pieces = _split(text, _SENTINELS[: len(messages)])
+        return None if pieces is None else "".join(pieces)
 
     def __call__(self, prompt: str) -> list[dict[str, str]] | None:
         """The messages that render to exactly `prompt`, or None."""

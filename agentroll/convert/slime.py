@@ -11,8 +11,9 @@ loss aggregation: one execution, several training samples, as its subagent rollo
 
 slime normalises rewards itself by reshaping them into rows of `--n-samples-per-prompt`, which cannot express
 our per-stage groups (K*N solvers, up to K*N rewriters, K selectors per problem). With `--advantage grpo` the
-per-stage advantage is written as `reward` and the reward itself as `metadata["raw_reward"]` (which slime logs
-as the raw reward): run slime with `--disable-rewards-normalization` then.
+per-stage advantage is written as `reward` (what slime's `get_reward_value` returns) and the reward itself as
+`metadata["raw_reward"]`, which slime's train data takes as its `raw_reward` instead (ray/rollout.py
+`_convert_samples_to_train_data`): run slime with `--disable-rewards-normalization` then.
 
 A multi-turn conversation is one slime sample, as slime's own multi-turn rollouts make it (slime/utils/types.py
 `Sample.append_response_tokens`, examples/search-r1): `tokens` = the first turn's prompt + everything after it

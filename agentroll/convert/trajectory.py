@@ -13,6 +13,10 @@ trajectory's last turn (the trajectory ends at its last trainable turn), and a t
 one is not emitted again. With `include_frozen` the caller asked to train on them: a frozen call's response
 tokens count as generated (mask 1, its own logprobs), although its record's `loss_mask` is 0 throughout
 (`own_mask`), since a sample kept only to be masked out would train nothing.
+
+A call the overlong filter dropped (`--overlong-filter drop`, `shaping.dropped`) is not a frozen stage: it is
+never a trajectory's last turn and its tokens inside a longer conversation are never trained, `include_frozen`
+or not.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..shaping import dropped
 
 Record = dict[str, Any]
 
@@ -83,10 +89,16 @@ def trainable(record: Record) -> bool:
     return record.get("trainable", True) is not False
 
 
+def kept(record: Record, include_frozen: bool) -> bool:
+    """Whether a converter trains the record: a trainable one, or a frozen one with `include_frozen`; never one
+    the overlong filter dropped."""
+    return not dropped(record) and (include_frozen or trainable(record))
+
+
 def own_mask(record: Record, include_frozen: bool) -> list[int]:
     """The record's response mask as a converter trains it: its `loss_mask`, or, for a frozen record kept with
     `include_frozen`, 1 on every response token (they were generated, by the frozen model)."""
-    if include_frozen and not trainable(record):
+    if include_frozen and not trainable(record) and not dropped(record):
         return [1] * len(record["response_token_ids"])
     return [int(m) for m in record["loss_mask"]]
 
@@ -108,11 +120,11 @@ def single(record: Record, include_frozen: bool = False, position: int = 0) -> T
 
 
 def ends(execution: list[Record], include_frozen: bool = False) -> list[int]:
-    """Positions of the records that end a trajectory, in write order: the (trainable, unless `include_frozen`)
-    records that no other such record continues, directly or through other turns."""
-    kept = [i for i, r in enumerate(execution) if include_frozen or trainable(r)]
-    inside = {j for i in kept for j in _chain(execution, i)[1:]}
-    return [i for i in kept if i not in inside]
+    """Positions of the records that end a trajectory, in write order: the records trained (`kept`) that no
+    other such record continues, directly or through other turns."""
+    chosen = [i for i, r in enumerate(execution) if kept(r, include_frozen)]
+    inside = {j for i in chosen for j in _chain(execution, i)[1:]}
+    return [i for i in chosen if i not in inside]
 
 
 def trajectory(execution: list[Record], i: int, include_frozen: bool = False) -> Trajectory:
@@ -145,8 +157,9 @@ def trajectory(execution: list[Record], i: int, include_frozen: bool = False) ->
         if not trainable(earlier):
             begin = len(earlier["prompt_token_ids"])
             end = min(begin + len(earlier["response_token_ids"]), len(prompt))
+            train = kept(earlier, include_frozen)
             for k in range(begin, end):  # a frozen turn: left out, or (include_frozen) trained as generated
-                if include_frozen:
+                if train:
                     mask[k], logprobs[k] = 1, float(earlier["response_logprobs"][k - begin])
                 else:
                     mask[k], logprobs[k] = 0, 0.0

@@ -7,7 +7,8 @@ A step's `tokens` are the call's own: `prompt_ids` (the conversation so far, as 
 model's tokens; 0 on a frozen turn's unless `include_frozen`), `completion_logprobs`, `is_truncated`.
 `prompt` / `completion` are single text messages holding the rendered prompt and the response (the records keep
 no chat messages; trainers take the tokens). `example_id` numbers the (problem, stage) groups: verifiers and
-prime-rl group rollouts by it. `reward` is the record's; `advantage` (on the output and every step) follows
+prime-rl group rollouts by it (metadata's `rollouts_per_example` is outputs // examples, as verifiers computes
+it: our groups differ in size). `reward` is the record's; `advantage` (on the output and every step) follows
 verifiers' rubric, reward minus the group's mean (`--advantage mean`, the default), or `grpo` / `none`.
 """
 
@@ -104,14 +105,13 @@ def output(record: Record, found: Trajectory, example_id: int, advantage: float 
 
 
 def write(problems: Iterable[Problem], out: Path, include_frozen: bool, settings: dict[str, Any]) -> int:
-    example_id, rewards, sizes = 0, [], []
+    example_id, rewards = 0, []
     with JsonlWriter(out / FILE) as writer:
         for problem in problems:
             for group in problem.groups:
                 for record, found, advantage in group.items(include_frozen):
                     writer.write(output(record, found, example_id, advantage))
                     rewards.append(float(record["reward"]))
-                sizes.append(len(group.records))
                 example_id += 1
     metadata = {  # GenerateMetadata, less what save_metadata leaves out (path_to_save, date)
         "env_id": "agentroll",
@@ -119,7 +119,7 @@ def write(problems: Iterable[Problem], out: Path, include_frozen: bool, settings
         "model": str(settings.get("model", "")),
         "base_url": "",
         "num_examples": example_id,
-        "rollouts_per_example": max(sizes, default=0),
+        "rollouts_per_example": writer.rows // example_id if example_id else 0,  # as verifiers computes it
         "sampling_args": settings.get("sampling") or {},
         "time": 0.0,
         "avg_reward": sum(rewards) / len(rewards) if rewards else 0.0,

@@ -8,7 +8,8 @@ sampled logprobs (0.0 off the model's tokens), as verl's own multi-turn agent lo
 reward function. `num_turns` counts chat messages as verl does (its single-turn loop writes 2: the user's and the
 assistant's), so a conversation of T calls has 2T. `metrics` are `AgentLoopMetrics` defaults (no timings are
 known offline), `extra_fields` say where the row came from. Routed experts are carried as `routed_experts`
-(rows over prompt + response, as verl pads them).
+(rows over prompt + response, as verl pads them), as nested lists: verl reads their `.shape`, so a replay loop
+makes them an array (`np.asarray`, docs/convert.md).
 
 verl's GRPO groups by `non_tensor_batch["uid"]` (`core_algos.compute_grpo_outcome_advantage`, Bessel std, a
 group of one keeps its reward) and takes groups of any size, so `uid` = "problem_id/stage" is all it needs;
