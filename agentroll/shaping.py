@@ -88,3 +88,23 @@ class LengthShaping:
                 notes.append(DROP_NOTE if self.filter == "drop" else f"overlong filter: {self.filter}")
             if notes:
                 sample.reward_info = "; ".join([*([sample.reward_info] if sample.reward_info else []), *notes])
+        if self.filter != "none":
+            _unmask_history(samples)
+
+
+def _unmask_history(samples: list[Sample]) -> None:
+    """A later turn of a conversation repeats an earlier turn's response in its prompt, marked by `history_mask`
+    as the model's own: where the filter zeroed that turn's loss mask, its tokens must not be trained through the
+    later turn's history either (whole-conversation converters read it). Samples are the execution's records in
+    write order (`continues` indexes them), so an earlier turn is settled before the turns that continue it."""
+    for sample in samples:
+        if sample.continues is None or sample.history_mask is None:
+            continue
+        earlier = samples[sample.continues]
+        p = len(earlier.prompt_token_ids)
+        allowed = [*(earlier.history_mask or [0] * p), *earlier.loss_mask]
+        for i, keep in enumerate(allowed[: len(sample.history_mask)]):
+            if not keep and sample.history_mask[i]:
+                sample.history_mask[i] = 0
+                if sample.history_logprobs is not None:
+                    sample.history_logprobs[i] = 0.0

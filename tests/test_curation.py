@@ -328,3 +328,38 @@ def test_target_groups_with_ordered_and_a_consumer_bound(tmp_path):
     assert taken == ["mixed-0", "mixed-1", "mixed-2"]  # in input order, each once, N of them
     assert [g.problem_id for g in read_groups(out)] == taken
     assert json.loads((out / ".agentroll" / "consumers" / "trainer").read_text())["groups"] == 3
+
+
+@pytest.mark.parametrize("overlong_filter", ["mask", "drop"])
+def test_a_filtered_turn_is_not_trained_through_the_history_of_the_turns_that_continue_it(
+    problems, tmp_path, overlong_filter
+):
+    """critique-revise repeats the solver's response in the reviser's prompt: where the filter zeroed the solver's
+    loss mask, the reviser's history_mask is 0 over it too (a whole-conversation converter reads that mask)."""
+    server = SimServer(script=Script.from_jsonl(problems))
+    server.start()
+    out = tmp_path / "out"
+    try:
+        proc = run_cli(
+            "generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
+            "--system", "critique-revise", "--samples-per-prompt", "4", "--max-tokens", "24", "--seed", "3",
+            "--overlong-filter", overlong_filter,
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert proc.returncode == 0, proc.stderr.decode()
+    checked = 0
+    for group in read_groups(out):
+        for execution in group.executions:
+            for sample in execution:
+                if sample.continues is None:
+                    continue
+                earlier = execution[sample.continues]
+                p, n = len(earlier.prompt_token_ids), len(earlier.response_token_ids)
+                over = sample.history_mask[p : p + n]
+                assert over == earlier.loss_mask
+                if earlier.status == "truncated":
+                    assert not any(over) and not any(sample.history_logprobs[p : p + n])
+                    checked += 1
+    assert checked, "no continued turn after a truncated one: the test saw nothing"
+    assert run_cli("validate", str(out)).returncode == 0
