@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .folder import Manifest, ShardWriter, read_groups
+from .folder import Manifest, read_groups
 from .group import Group, annotate
 from .inputs import Problem
 from .rewards import RewardRequest, RewardSet, RewardSettings
@@ -152,6 +152,8 @@ async def rescore(
     weights = (float(settings.get("correct_reward_weight", 1.0)), float(settings.get("incorrect_reward_weight", 1.0)))
     rewards = RewardSet(settings_of_rewards)
     compression = str(settings.get("compression") or "none")
+    from .folder import ShardWriter  # the writer only for a rescore: `import agentroll` reads, never writes
+
     writer = ShardWriter(out, new_settings, shard_size, overwrite=overwrite, compression=compression)
     result = RescoreResult(str(src), str(out))
     stats = result.stats

@@ -128,8 +128,9 @@ def read_records(path: str | os.PathLike[str], routes: bool = False) -> Iterator
 
 
 def as_group(records: list[dict[str, Any]]) -> Group:
-    """A group's records as an `agentroll.Group`. `problem.prompt` is the solver prompt as rendered (the row's
-    own prompt is not stored); `problem.content_hash` is the row's identity."""
+    """A group's records as an `agentroll.Group`. `problem.prompt` is the row's own prompt as given (the records'
+    `problem`, schema 6; in an older folder, which did not store it, the first record's rendered prompt);
+    `problem.content_hash` is the row's identity."""
     executions: list[list[Sample]] = []
     for record in records:
         sample = Sample(**{k: v for k, v in record.items() if k in _SAMPLE_FIELDS})
@@ -139,7 +140,7 @@ def as_group(records: list[dict[str, Any]]) -> Group:
     first = records[0]
     problem = Problem(
         id=str(first["problem_id"]),
-        prompt=first.get("prompt", ""),
+        prompt=first["problem"] if first.get("problem") is not None else first.get("prompt", ""),
         label=first.get("label"),
         metadata=first.get("metadata") or {},
         line=0,
