@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 
 from .client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts
-from .context import SystemConfig
 from .errors import UsageError
 from .rewards import RewardSettings
 from .sampling import DEFAULT as DEFAULT_SAMPLING
@@ -23,6 +22,7 @@ from .sampling import KEYS as SAMPLING_KEYS
 from .sampling import Sampling
 from .sandbox import SandboxSettings
 from .shaping import LengthShaping
+from .stages import SystemConfig
 
 TIMEOUTS, RETRIES, HEALTH, CONCURRENCY, REWARDS = Timeouts(), Retries(), Health(), Concurrency(), RewardSettings()
 CHAT_RENDER = ("auto", "local", "server")

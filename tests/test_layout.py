@@ -17,6 +17,8 @@ ABOVE = {
         "agentroll.runner",
         "agentroll.generator",
         "agentroll.context",
+        "agentroll.stages",
+        "agentroll.calls",
         "agentroll.client",
         "agentroll.systems",
         "agentroll.pipeline",
@@ -27,6 +29,8 @@ ABOVE = {
         "agentroll.runner",
         "agentroll.generator",
         "agentroll.context",
+        "agentroll.stages",
+        "agentroll.calls",
         "agentroll.systems",
         "agentroll.pipeline",
         "agentroll.folder",
@@ -38,6 +42,25 @@ ABOVE = {
         "agentroll.systems",
         "agentroll.pipeline",
         "agentroll.folder",
+    ),
+    "agentroll.stages": (
+        "agentroll.context",
+        "agentroll.calls",
+        "agentroll.cli",
+        "agentroll.runner",
+        "agentroll.generator",
+        "agentroll.systems",
+        "agentroll.pipeline",
+        "agentroll.folder",
+    ),
+    "agentroll.calls": (
+        "agentroll.cli",
+        "agentroll.runner",
+        "agentroll.generator",
+        "agentroll.systems",
+        "agentroll.pipeline",
+        "agentroll.folder",
+        "agentroll.context",
     ),
     "agentroll.systems": (
         "agentroll.cli",
@@ -51,6 +74,8 @@ ABOVE = {
         "agentroll.runner",
         "agentroll.generator",
         "agentroll.context",
+        "agentroll.stages",
+        "agentroll.calls",
         "agentroll.folder",
     ),
     "agentroll.generator": ("agentroll.cli", "agentroll.runner"),
@@ -150,3 +175,17 @@ def test_the_readme_development_section_names_every_module_and_package_of_the_to
     top = {p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")}
     top |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
     assert sorted(top - named) == []  # a module the layout table does not place
+
+
+LIMIT = 420  # README's Development section: modules stay at about 400 lines at most
+# Being split by their owners on other branches: the lead empties this list at merge, and then no module is over.
+OVER_LIMIT_FOR_NOW = {
+    "agentroll/client/core.py",  # engineer `flow`
+    "agentroll/tools/validate.py",  # engineer `vocab`
+}
+
+
+def test_no_module_is_longer_than_420_lines():
+    lengths = {str(p.relative_to(PACKAGE.parent)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    over = {path: n for path, n in lengths.items() if n > LIMIT and path not in OVER_LIMIT_FOR_NOW}
+    assert over == {}, over  # split along a line that makes sense, and say why in the docstrings
