@@ -103,3 +103,17 @@ def test_doctor_names_a_model_that_is_not_served(sim):
     assert proc.returncode == 1
     assert b"model 'nope' is not served (available: agentroll-sim)" in proc.stderr
     assert b"pass --model" not in proc.stderr
+
+
+def test_serve_sim_names_the_file_and_line_of_a_bad_answers_row_and_says_a_folder_is_a_folder(tmp_path):
+    bad = tmp_path / "answers.jsonl"
+    bad.write_text('{"prompt": "1+1?", "label": "2"}\n{"prompt": oops}\n')
+    proc = run_cli("serve-sim", "--answers", str(bad), "--port", "0")
+    assert proc.returncode == 2 and b"Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert f"{bad}:2: malformed JSON".encode() in proc.stderr
+    bad.write_text('{"prompt": "1+1?", "label": "2"}\n\n["a list"]\n')
+    proc = run_cli("serve-sim", "--answers", str(bad), "--port", "0")
+    assert proc.returncode == 2 and f"{bad}:3: expected a JSON object".encode() in proc.stderr
+    proc = run_cli("serve-sim", "--answers", str(tmp_path), "--port", "0")
+    assert proc.returncode == 2 and f"--answers {tmp_path}: is a folder, not a file".encode() in proc.stderr

@@ -206,7 +206,7 @@ def serve_sim(
     from ..sim.server import Faults, SimServer
 
     if answers is not None and not answers.is_file():
-        error(f"--answers {answers}: no such file")
+        error(f"--answers {answers}: {'is a folder, not a file' if answers.is_dir() else 'no such file'}")
         raise typer.Exit(2)
     try:
         script = Script.from_jsonl(answers, Behavior(reasoning_words=reasoning_words))
@@ -238,7 +238,7 @@ def serve_sim(
             return_routed_experts=enable_return_routed_experts,
         )
     except (ValueError, OSError) as exc:
-        error(f"{answers}: {exc}" if isinstance(exc, OSError) else str(exc))
+        error(f"--answers {answers}: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc))
         raise typer.Exit(2) from None
 
     async def main() -> None:
