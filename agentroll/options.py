@@ -24,7 +24,8 @@ from .sandbox import SandboxSettings
 from .shaping import LengthShaping
 from .stages import SystemConfig
 
-TIMEOUTS, RETRIES, HEALTH, CONCURRENCY, REWARDS = Timeouts(), Retries(), Health(), Concurrency(), RewardSettings()
+CLIENT, REWARDS = ClientSettings(), RewardSettings()
+TIMEOUTS, RETRIES, HEALTH, CONCURRENCY = CLIENT.timeouts, CLIENT.retries, CLIENT.health, CLIENT.concurrency
 CHAT_RENDER = ("auto", "local", "server")
 API = ("auto", "completions", "generate")
 
@@ -74,7 +75,7 @@ class GenerateOptions:
     )
     samples_per_prompt: int = option(1, "Executions per prompt (one group).")
     concurrency: int | str = option(
-        "auto",
+        "auto" if CONCURRENCY.adaptive else CONCURRENCY.fixed,
         "Most completion requests in flight over the run; or auto: per endpoint, "
         "following its vLLM /metrics (queue, KV cache, preemptions).",
         cli_type=str,
