@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 
@@ -12,7 +13,7 @@ from agentroll import __version__
 from agentroll.cli import app
 from agentroll.cli.generate import PANEL_OF, PANELS
 
-from .conftest import TOKENIZER, run_cli
+from .conftest import TOKENIZER, read_records, run_cli
 
 runner = CliRunner()
 
@@ -57,28 +58,51 @@ def test_data_in_an_error_is_never_read_as_markup_or_emoji(sim, tmp_path):
     assert "💯".encode() not in proc.stderr
 
 
-def test_a_folder_tools_table_never_cuts_a_figure_at_80_columns(sim, problems, tmp_path):
-    assert (
-        run_cli(
-            "generate",
-            str(problems),
-            "-o",
-            str(tmp_path / "out"),
-            "--base-url",
-            sim.url,
-            "--tokenizer",
-            TOKENIZER,
-            "--reward",
-            "exact",
-            "-q",
-        ).returncode
-        == 0
+def whole(figure: str, text: str) -> bool:
+    """`figure` appears in `text` in one piece (not folded onto two lines, not cut, not part of a longer one)."""
+    return re.search(rf"(?<![\w./]){re.escape(figure)}(?![\w./])", text) is not None
+
+
+def figures_of(records: list[dict]) -> set[str]:
+    """Figures the tables show: per stage its record count and tokens (prompt/response)."""
+    shown = set()
+    for stage in {r["stage"] for r in records}:
+        mine = [r for r in records if r["stage"] == stage]
+        if not mine:
+            continue
+        prompt = sum(len(r["prompt_token_ids"]) for r in mine)
+        response = sum(len(r["response_token_ids"]) for r in mine)
+        shown |= {str(len(mine)), f"{prompt}/{response}"}
+    return shown
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_tables_never_cut_or_fold_a_figure_and_keep_to_the_width(sim, problems, tmp_path, columns):
+    """At `COLUMNS` wide (honoured when piped, as under CliRunner): the run's summary and `stats --by` show every
+    figure whole, and no line is wider than the terminal."""
+    env = {"COLUMNS": str(columns)}
+    topics = ["algebra", "geometry", "number-theory", "combinatorics", "probability"]
+    rows = [json.loads(line) for line in problems.read_text().splitlines()]
+    problems.write_text("".join(json.dumps({**r, "topic": topics[i % 5]}) + "\n" for i, r in enumerate(rows)))
+    run = runner.invoke(
+        app,
+        ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER],
+        env=env,
     )
-    result = runner.invoke(
-        app, ["stats", str(tmp_path / "out"), "--by", "topic"], terminal_width=80, env={"COLUMNS": "80"}
-    )
-    assert result.exit_code == 0
-    assert "…" not in result.output
+    assert run.exit_code == 0, run.output
+    figures = figures_of(read_records(tmp_path / "out"))
+    summary = run.stderr[run.stderr.index("agentroll generate:") :]
+    assert [f for f in figures if not whole(f, summary)] == []
+    table = [line for line in summary.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) <= columns
+    stats = runner.invoke(app, ["stats", str(tmp_path / "out"), "--by", "topic"], env=env)
+    assert stats.exit_code == 0
+    assert "…" not in stats.output and max(len(line) for line in stats.output.splitlines()) <= columns
+    records = read_records(tmp_path / "out")
+    for topic in topics:
+        figures |= figures_of([r for r in records if r["metadata"]["topic"] == topic])
+    assert [f for f in figures if not whole(f, stats.output)] == []
+    assert [t for t in topics if not whole(f"topic={t}", stats.output)] == []
 
 
 def test_a_base_url_without_a_scheme_is_a_usage_error(problems, tmp_path):

@@ -9,7 +9,7 @@ import typer
 
 from .. import __version__
 from . import audit, folders, generate, servers
-from .console import REPEATS, err
+from .console import REPEATS, err, fit_to_terminal
 from .generate import run_generate
 from .help import HELP_OPTIONS, Group
 from .progress import LogLines, RichBar
@@ -37,6 +37,7 @@ def _root(
     ] = False,
 ) -> None:
     """Rewarded, token-exact multi-agent rollouts from a vLLM server."""
+    fit_to_terminal()
 
 
 generate.register(app)
