@@ -49,7 +49,9 @@ class GenerateOptions:
     )
     api_key: str | None = option(None, "Sent as a Bearer token.", envvar="OPENAI_API_KEY")
     model: str | None = option(None, "Served model name (default: the only one listed).")
-    tokenizer: str | None = option(None, "Path or hub id for AutoTokenizer (default: the server's model root).")
+    tokenizer: str | None = option(
+        None, "Tokenizer folder or hub id, loaded by the class it names (default: the server's model root)."
+    )
     prompts: str | None = option(
         None,
         "Folder of stage templates (default: bundled; `code`: the bundled set that asks for a "

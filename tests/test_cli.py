@@ -31,7 +31,8 @@ def test_generate_help_groups_its_options_in_panels_and_shows_values_only_where_
     assert "<bool>" not in text and "{INPUT}" not in text
     assert re.search(r"--overwrite\s{2,}Delete", text)  # a flag: no value after it
     assert re.search(r"--base-url\s+URL\s", text) and re.search(r"--top-k\s+N\s", text)
-    assert "[default: the cluster's" in text and "(Ray tasks) ." not in text  # our brackets survive typer's markup
+    flat = re.sub(r"[\s│]+", " ", text)  # the help column's lines joined
+    assert "[default: the cluster's" in flat and "(Ray tasks) ." not in flat  # our brackets survive typer's markup
     assert max(len(line) for line in text.splitlines()) <= columns
 
 
@@ -141,3 +142,44 @@ def test_serve_sim_names_the_file_and_line_of_a_bad_answers_row_and_says_a_folde
     assert proc.returncode == 2 and f"{bad}:3: expected a JSON object".encode() in proc.stderr
     proc = run_cli("serve-sim", "--answers", str(tmp_path), "--port", "0")
     assert proc.returncode == 2 and f"--answers {tmp_path}: is a folder, not a file".encode() in proc.stderr
+
+
+def commands() -> dict[str, object]:
+    from typer.main import get_command
+
+    group = get_command(app)
+    return {"": group} | {n: c for n, c in group.commands.items() if not c.hidden}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", sorted(commands()))
+@pytest.mark.parametrize("columns", [80, 160])
+def test_no_help_cuts_a_flag_name_or_a_metavar(name, columns):
+    command = commands()[name]
+    text = help_of(*([name] if name else []), columns=columns)
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= columns
+
+    def whole(word: str) -> bool:
+        return re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", text) is not None
+
+    shown = []
+    for param in command.params:  # type: ignore[attr-defined]
+        if getattr(param, "hidden", False):
+            continue
+        shown += [*param.opts, *param.secondary_opts] if param.param_type_name == "option" else []
+        if param.metavar:
+            shown.append(param.metavar)
+    assert shown and [w for w in shown if not whole(w)] == []
+    usage = next(line for line in text.splitlines() if "Usage:" in line)
+    assert "{" not in usage and "}" not in usage and "......" not in usage
+    assert not re.search(r"<(str|path|int|list\[\w+\])>", text)  # Python's types are not the user's words
+
+
+def test_every_option_names_its_value_in_the_users_words():
+    for name, command in commands().items():
+        for param in command.params:  # type: ignore[attr-defined]
+            assert param.metavar != "TEXT", (name, param.name)
+    assert "AutoTokenizer" not in help_of("generate", columns=160)
+
+
+def test_merge_usage_reads_dir_once():
+    assert re.search(r"merge \[OPTIONS\] DIR\.\.\.\s*$", help_of("merge", columns=160), re.M)

@@ -104,6 +104,7 @@ METAVARS = {
     "api": "auto|completions|generate",
     "chat_render": "auto|local|server",
     "server_priority": "auto|on|off",
+    "overlong_filter": "none|mask|drop",
     "reward": "SPEC",
     "reward_url": "URL",
     "allow_reward": "SPEC",
