@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import re
 import socket
+from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from agentroll import __version__
@@ -183,3 +185,53 @@ def test_every_option_names_its_value_in_the_users_words():
 
 def test_merge_usage_reads_dir_once():
     assert re.search(r"merge \[OPTIONS\] DIR\.\.\.\s*$", help_of("merge", columns=160), re.M)
+
+
+TYPED = {
+    int: ["3", "-1", " 7 ", "+5", "1.0", "1.00", "-0.0", "1.5", "abc", "", "1e3", "1_000", "1__0", "_1", "inf"],
+    float: ["0.5", "1e3", "-2", " 3 ", "nan", "inf", "-inf", "x", "", "1_0"],
+    bool: ["true", "False", "1", "0", "yes", "no", "on", "off", "T", "n", "maybe", ""],
+    str: ["x", "", " a b "],
+    Path: ["a/b", "-", "~"],
+}
+
+
+@pytest.mark.parametrize("kind", list(TYPED), ids=lambda k: k.__name__)
+def test_our_value_conversion_does_what_typers_pydantic_adapters_do(kind):
+    """Our commands convert their values without pydantic (agentroll/cli/values.py): the same values come out,
+    and what typer refuses we refuse, on what a user may type."""
+    from typer._coercion import build_runtime_param, resolve_type_descriptor
+    from typer.models import OptionInfo
+
+    from agentroll.cli.values import Plain
+
+    descriptor = resolve_type_descriptor(kind, OptionInfo())
+    theirs, ours = build_runtime_param(descriptor), Plain(OptionInfo(), kind, kind=kind)
+
+    def outcome(converter, text):
+        try:
+            value = converter._coerce_value(text, param=None, ctx=None)
+        except typer.BadParameter:
+            return "refused"
+        return "nan" if value != value else (type(value), value)
+
+    assert {t: outcome(ours, t) for t in TYPED[kind]} == {t: outcome(theirs, t) for t in TYPED[kind]}
+
+
+def test_generate_parses_its_options_without_pydantic():
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, agentroll.cli.generate as g, agentroll.cli as c\n"
+        "def stop(run, options, *a, **k):\n"
+        "    print(sorted(options.items()), 'pydantic' in sys.modules); raise SystemExit(0)\n"
+        "g.run_generate = stop\n"
+        "sys.argv = ['agentroll', 'generate', 'in.jsonl', '-o', 'out', '--limit', '1.0', '--temperature', '0.5',"
+        " '--stage', 'a.top_k=2', '--stage', 'b.top_k=3']\n"
+        "c.main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("False")  # pydantic was never imported
+    assert "('stage', ['a.top_k=2', 'b.top_k=3'])" in done.stdout and "('temperature', 0.5)" in done.stdout

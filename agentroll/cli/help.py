@@ -21,6 +21,8 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
+from .values import use_plain_values
+
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 
 
@@ -28,6 +30,7 @@ def _flag(option: Any, panel: str | None) -> Any:
     if option is not None:
         option.metavar = ""  # a flag takes no value: show none
         option.rich_help_panel = panel  # with the command's first options, not in a panel of its own
+        use_plain_values([option])
     return option
 
 
@@ -106,6 +109,10 @@ def _options_tables() -> Iterator[None]:
 
 
 class Group(TyperGroup):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        use_plain_values(self.params)
+
     def get_help_option(self, ctx: Any) -> Any:  # typer's own click (vendored): its types are private
         return _flag(super().get_help_option(ctx), None)
 
@@ -116,6 +123,10 @@ class Group(TyperGroup):
 
 class Command(TyperCommand):
     help_panel: str | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        use_plain_values(self.params)  # converted without pydantic (values.py)
 
     def get_help_option(self, ctx: Any) -> Any:
         return _flag(super().get_help_option(ctx), self.help_panel)
