@@ -225,7 +225,8 @@ def test_generate_parses_its_options_without_pydantic():
     probe = (
         "import sys, agentroll.cli.generate as g, agentroll.cli as c\n"
         "def stop(run, options, *a, **k):\n"
-        "    print(sorted(options.items()), 'pydantic' in sys.modules); raise SystemExit(0)\n"
+        "    others = [m for m in ('audit', 'folders', 'servers') if 'agentroll.cli.' + m in sys.modules]\n"
+        "    print(sorted(options.items()), others, 'pydantic' in sys.modules); raise SystemExit(0)\n"
         "g.run_generate = stop\n"
         "sys.argv = ['agentroll', 'generate', 'in.jsonl', '-o', 'out', '--limit', '1.0', '--temperature', '0.5',"
         " '--stage', 'a.top_k=2', '--stage', 'b.top_k=3']\n"
@@ -233,5 +234,16 @@ def test_generate_parses_its_options_without_pydantic():
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith("False")  # pydantic was never imported
+    assert done.stdout.strip().endswith("[] False")  # neither pydantic nor the other commands were imported
     assert "('stage', ['a.top_k=2', 'b.top_k=3'])" in done.stdout and "('temperature', 0.5)" in done.stdout
+
+
+def test_each_command_is_built_from_the_module_main_imports_for_it():
+    from typer.main import get_command
+
+    from agentroll.cli import COMMANDS, MODULES, build
+
+    for module in MODULES:
+        built = set(get_command(build((module,))).commands)  # type: ignore[attr-defined]
+        assert built == {name for name, owner in COMMANDS.items() if owner == module}, module
+    assert set(get_command(app).commands) == set(COMMANDS)  # type: ignore[attr-defined]
