@@ -247,3 +247,20 @@ def test_each_command_is_built_from_the_module_main_imports_for_it():
         built = set(get_command(build((module,))).commands)  # type: ignore[attr-defined]
         assert built == {name for name, owner in COMMANDS.items() if owner == module}, module
     assert set(get_command(app).commands) == set(COMMANDS)  # type: ignore[attr-defined]
+
+
+def test_a_log_line_on_a_terminal_is_not_refitted_as_a_table():
+    """RichHandler draws each log line as a rich grid: it must keep its own layout (the level column whole)."""
+    import io
+    import logging
+
+    from rich.logging import RichHandler
+
+    from agentroll.cli.console import Terminal
+
+    console = Terminal(file=io.StringIO(), width=40, force_terminal=True, color_system=None, markup=False)
+    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    record = logging.LogRecord("agentroll", logging.WARNING, __file__, 1, "a long message " * 6, None, None)
+    handler.emit(record)
+    lines = console.file.getvalue().splitlines()
+    assert lines[0].startswith("WARNING ") and all(len(line) <= 40 for line in lines)

@@ -43,10 +43,15 @@ def columns(tty: bool, fallback: int) -> int | None:
 
 
 class Terminal(Console):
-    """A console that prints a table fitted to its width (`fit`)."""
+    """A console that prints a table of figures (boxed, with a header) fitted to its width (`fit`); rich's own
+    layout grids (a log line, a progress bar) are left as they are."""
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
-        super().print(*(fit(o, self) if isinstance(o, Table) else o for o in objects), **kwargs)
+        super().print(*(fit(o, self) if _figures(o) else o for o in objects), **kwargs)
+
+
+def _figures(renderable: Any) -> bool:
+    return isinstance(renderable, Table) and renderable.box is not None and renderable.show_header
 
 
 def fit(table: Table, console: Console) -> RenderableType:
