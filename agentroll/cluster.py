@@ -52,7 +52,8 @@ from .partitions import (
     unseen_parts,
 )
 from .progress import Progress
-from .runner import RunOptions, RunResult, _count_rows
+from .run_options import RunOptions
+from .runner import RunResult, _count_rows
 from .stats import RunStats
 
 log = logging.getLogger("agentroll")

@@ -4,6 +4,9 @@ A system only decides *what* to ask; the context makes every call the engine's w
 budget, retries and routing through the client, server-exact ids and logprobs) and keeps the bookkeeping a
 trainer relies on (which call continues which, which tokens the model sampled). A call that fails for good raises
 `ExecutionFailed`, which fails the whole group: an infrastructure failure is never recorded as a model outcome.
+
+The run's wiring (stages, their clients and sampling, what executions share) is `agentroll.stages`; what one call
+derives and makes (seed, journal key, the record) is `agentroll.calls`: this module is the API a system calls.
 """
 
 from __future__ import annotations
@@ -12,32 +15,25 @@ import asyncio
 import hashlib
 import logging
 import uuid
-import zlib
-from collections import OrderedDict
-from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .chat import ChatEncoder
-from .client import CallFailed, CompletionClient, Endpoint
+from .calls import call_key, call_seed, sample_of, sampling_record
+from .client import CallFailed, Endpoint
 from .errors import InputError, ServerError, UsageError, first_line
 from .inputs import Problem
-from .parsing import answer_content
-from .provenance import chat_template_sha256, tokenizer_sha256
-from .rewards import RewardRequest, RewardSet
-from .sampling import DEFAULT as DEFAULT_SAMPLING
+from .rewards import RewardRequest
 from .sampling import KEYS as SAMPLING_KEYS
-from .sampling import Sampling
-from .sandbox import Sandbox
-from .schema import Sample, status_for
-from .stats import RunStats
-from .templates import Templates
+from .schema import Sample
+from .stages import Engine, Stage, SystemConfig, same_tokens
 from .turns import continue_turn, separator
 from .wire import Completion
 
 if TYPE_CHECKING:
-    from .folder.journal import Journal
+    from .sandbox import Sandbox
+
+__all__ = ["Context", "Engine", "ExecutionFailed", "Stage", "SystemConfig", "call_seed"]
 
 log = logging.getLogger("agentroll")
 
@@ -49,85 +45,8 @@ class ExecutionFailed(Exception):
 History = tuple[list[int], list[float]]  # a continued turn's history mask and logprobs
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SystemConfig:
-    """How a stage samples and how rewards are shaped, made once from the run's options
-    (`GenerateOptions.system_config`). Per-stage settings (`--stage NAME.KEY=VALUE`) are this with some fields
-    replaced (`with_overrides`)."""
-
-    model: str
-    sampling: Sampling = DEFAULT_SAMPLING
-    num_parallel: int = 4
-    samples_per_prompt: int = 1
-    max_context_len: int | None = None
-    seed: int | None = None
-    alternatives: int = 0  # --logprobs K
-    routes: bool = False  # --return-routed-experts
-    correct_reward_weight: float = 1.0
-    incorrect_reward_weight: float = 1.0
-    think: bool = True
-
-    def with_overrides(self, overrides: dict[str, Any], where: str = "") -> SystemConfig:
-        """This config with `overrides`: sampling keys (checked by `Sampling`), `model`, `max_context_len`."""
-        sampled = {k: v for k, v in overrides.items() if k in SAMPLING_KEYS}
-        rest = {k: v for k, v in overrides.items() if k in ("model", "max_context_len")}
-        return replace(self, sampling=self.sampling.with_(sampled, where) if sampled else self.sampling, **rest)
-
-
 def _key(tools: list[dict[str, Any]] | None) -> str:
     return "" if not tools else hashlib.blake2b(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def call_seed(seed: int, *parts: object) -> int:
-    """A distinct, reproducible seed per call: one seed for all N parallel solvers would make them identical."""
-    key = "/".join(map(str, parts)).encode()
-    return (seed * 1_000_003 + zlib.crc32(key)) % (2**31 - 1)
-
-
-def same_tokens(a: ChatEncoder, b: ChatEncoder) -> bool:
-    """A conversation only goes on under one tokenizer and chat template: the same encoder, or equal hashes
-    (worked out only when a conversation crosses encoders)."""
-    return a is b or (tokenizer_sha256(a.tokenizer), chat_template_sha256(a.tokenizer)) == (
-        tokenizer_sha256(b.tokenizer),
-        chat_template_sha256(b.tokenizer),
-    )
-
-
-@dataclass(slots=True)
-class Stage:
-    """Where and how one stage's calls go: its client, model, tokenizer and sampling, and whether it trains."""
-
-    name: str
-    client: CompletionClient
-    encoder: ChatEncoder
-    config: SystemConfig
-    trainable: bool = True
-
-
-@dataclass(slots=True)
-class Engine:
-    """What every execution shares: stages, rewards, templates, counters (built once by the Generator)."""
-
-    stages: dict[str, Stage]
-    default: Stage  # a stage without settings of its own
-    rewards: RewardSet
-    templates: Templates
-    stats: RunStats
-    options: dict[str, Any] = field(default_factory=dict)  # the system's options
-    prompt_key: str = "prompt"
-    declared: tuple[str, ...] = ()  # the system's stages; none: any
-    # first prompts, rendered once per problem and shared by its K executions (a future: they ask at once)
-    prompts: OrderedDict[tuple[str, str, str, str], asyncio.Future[tuple[str, list[int]]]] = field(
-        default_factory=OrderedDict
-    )
-    separators: OrderedDict[tuple[int, bytes, int | None], list[int]] = field(default_factory=OrderedDict)
-    journal: Journal | None = None  # finished calls of earlier runs, replayed; this run's, kept
-
-    def stage(self, name: str) -> Stage:
-        found = self.stages.get(name)
-        if found is None:
-            found = self.stages[name] = replace(self.default, name=name)
-        return found
 
 
 class Context:
@@ -345,8 +264,13 @@ class Context:
             params["seed"] = seed = call_seed(cfg.seed, *parts, *((self.attempt,) if self.attempt else ()))
         client = runtime.client
         client.budget.started(self.group)  # its group has placed a call: the stream may admit the next
-        done = self._replayed(stage, worker, ids, params, cfg.model, cfg.alternatives)
-        if done is None:
+        journal = self.engine.journal
+        sent = call_key(p, self.sample_index, self.attempt, stage, worker, (ids, params, cfg.model, cfg.alternatives))
+        found = journal.get(*sent) if journal is not None else None
+        if found is not None:  # answered in an earlier run, to exactly this request: replayed
+            self.engine.stats.calls_replayed += 1
+            done = Completion.from_json(found)
+        else:
             prefer = self._endpoints.get(id(client))
             try:
                 done = await client.complete(
@@ -362,7 +286,8 @@ class Context:
                 self.engine.stats.stage(stage).failed_calls += 1
                 log.warning("problem %s sample %d %s %d failed: %s", p.id, self.sample_index, stage, worker, exc)
                 raise self._failed(f"{stage} call failed: {exc}") from exc
-            self._journal(stage, worker, ids, params, cfg.model, cfg.alternatives, done)
+            if journal is not None:
+                journal.put(*sent, (p.id, p.content_hash), done.to_json())
         if done.endpoint in client.by_url:
             self._endpoints[id(client)] = client.by_url[done.endpoint]
         if cfg.routes and done.routed_experts is None:
@@ -375,90 +300,22 @@ class Context:
             if done.text is not None
             else runtime.encoder.decode_response(done.token_ids, done.finish_reason, done.stop_reason, ids)
         )
-        return Sample(
-            problem_id=p.id,
-            problem_hash=p.content_hash,
+        return sample_of(
+            done,
+            runtime,
+            cfg,
+            p,
             rollout_id=self.rollout_id,
             sample_index=self.sample_index,
-            group_size=cfg.samples_per_prompt,
-            stage=stage,
             worker=worker,
-            prompt=text,
-            prompt_token_ids=ids,
+            prompt=(text, ids),
             response=response,
-            response_token_ids=done.token_ids,
-            response_logprobs=done.logprobs,
-            loss_mask=[int(runtime.trainable)] * len(done.token_ids),
-            status=status_for(done.finish_reason),
-            finish_reason=done.finish_reason,
-            stop_reason=done.stop_reason,
-            content=answer_content(response, think=cfg.think),
-            raw_reward=0.0,
-            reward=0.0,
-            label=p.label,
-            model=cfg.model,
-            endpoint=done.endpoint,
-            latency_s=round(done.latency_s, 4),
-            attempts=done.attempts,
-            problem=p.prompt,
-            metadata=p.metadata,
-            sampling={
-                "seed": seed,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "top_k": sampling.top_k,
-                "min_p": sampling.min_p,
-                "max_tokens": max_tokens,
-            },
-            response_ranks=done.ranks,
-            top_token_ids=done.top_token_ids,
-            top_logprobs=done.top_logprobs,
-            weight_versions=done.weight_versions,
-            routed_experts=done.routed_experts if cfg.routes else None,
-            trainable=runtime.trainable,
+            sampled=sampling_record(sampling, seed, max_tokens),
         )
 
     def _rank(self, stage: str) -> int:
         declared = self.engine.declared
         return declared.index(stage) if stage in declared else len(declared)
-
-    def _call_key(
-        self, stage: str, worker: int, ids: list[int], params: dict[str, Any], model: str, alternatives: int
-    ) -> tuple[str, str]:
-        """A call's identity (problem, execution, attempt, stage, worker: what makes its seed) and a digest of
-        what it sends: a journaled answer is replayed only for exactly this request."""
-        p = self.problem
-        key = "\x1f".join(map(str, (p.id, p.content_hash, self.sample_index, self.attempt, stage, worker)))
-        sent = orjson.dumps([ids, params, model, alternatives], option=orjson.OPT_SORT_KEYS)
-        return key, hashlib.blake2b(sent, digest_size=12).hexdigest()
-
-    def _replayed(
-        self, stage: str, worker: int, ids: list[int], params: dict[str, Any], model: str, alternatives: int
-    ) -> Completion | None:
-        """This call's answer from an earlier run's journal, when it asked exactly this."""
-        journal = self.engine.journal
-        if journal is None:
-            return None
-        found = journal.get(*self._call_key(stage, worker, ids, params, model, alternatives))
-        if found is None:
-            return None
-        self.engine.stats.calls_replayed += 1
-        return Completion.from_json(found)
-
-    def _journal(
-        self,
-        stage: str,
-        worker: int,
-        ids: list[int],
-        params: dict[str, Any],
-        model: str,
-        alternatives: int,
-        done: Completion,
-    ) -> None:
-        journal = self.engine.journal
-        if journal is not None:
-            key, digest = self._call_key(stage, worker, ids, params, model, alternatives)
-            journal.put(key, digest, (self.problem.id, self.problem.content_hash), done.to_json())
 
     # -- rewards ----------------------------------------------------------------------------------------------
     async def reward(self, samples: list[Sample]) -> None:

@@ -7,13 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from .chat import ChatEncoder, load_first, tokenizer_candidates
-from .client import ClientSettings, CompletionClient, Concurrency, Retries, Timeouts, detect_api
+from .client import CompletionClient, detect_api
 from .errors import AgentrollError
+from .options import GenerateOptions
 from .parity import check_parity, probe_messages
 from .provenance import logprobs_mode, mode_warning
 from .templates import Templates
 from .turns import SAMPLE_TURNS, prefix_break
 from .wire import WireError, parse_completions
+
+# a few short calls that should fail fast: the run's settings otherwise
+PROBE: dict[str, Any] = {"concurrency": 4, "request_timeout": 120.0, "max_retries": 1}
 
 
 @dataclass(slots=True)
@@ -23,21 +27,17 @@ class Check:
     detail: str
 
 
-async def diagnose(
-    base_url: str,
-    api_key: str | None = None,
-    model: str | None = None,
-    tokenizer: str | None = None,
-    prompts: Path | None = None,
-    sampling: dict[str, Any] | None = None,
-) -> list[Check]:
-    settings = ClientSettings(
-        api_key=api_key,
-        concurrency=Concurrency(fixed=4),
-        timeouts=Timeouts(request_s=120),
-        retries=Retries(max_retries=1),
-    )
-    client = CompletionClient([base_url], settings)
+def doctor_options(**given: Any) -> GenerateOptions:
+    """What doctor checks for, as `generate` would take it (its flags checked by the same value objects, so a
+    setting generate refuses is refused here too), with the calls of `PROBE`."""
+    return GenerateOptions(**given, **PROBE)
+
+
+async def diagnose(options: GenerateOptions) -> list[Check]:
+    """One verdict per check, against the first server of `options` (see `doctor_options`)."""
+    client = CompletionClient(options.base_url[:1], options.client_settings())
+    model, tokenizer = options.model, options.tokenizer
+    prompts = Path(options.prompts) if options.prompts else None
     checks: list[Check] = []
     try:
         try:
@@ -72,7 +72,7 @@ async def diagnose(
             return checks
         checks.append(_prefix_property(encoder))
         checks.append(await _token_ids(client, encoder, str(name)))
-        checks.extend(await _apis_and_logprobs(client, encoder, str(name), sampling or {}))
+        checks.extend(await _apis_and_logprobs(client, encoder, str(name), options.sampling().params()))
         try:
             parity = await check_parity(client, encoder, str(name), probe_messages(Templates(prompts)))
         except AgentrollError as exc:

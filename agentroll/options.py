@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 
 from .client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts
-from .context import SystemConfig
 from .declare import KIND_NAMES, at_least, check_types, default_of, flag, option, positive
 from .errors import UsageError
 from .rewards.options import RewardOptions
@@ -23,8 +22,10 @@ from .sampling import DEFAULT as DEFAULT_SAMPLING
 from .sampling import KEYS as SAMPLING_KEYS
 from .sampling import Sampling
 from .shaping import LengthShaping
+from .stages import SystemConfig
 
-TIMEOUTS, RETRIES, HEALTH, CONCURRENCY = Timeouts(), Retries(), Health(), Concurrency()
+CLIENT = ClientSettings()
+TIMEOUTS, RETRIES, HEALTH, CONCURRENCY = CLIENT.timeouts, CLIENT.retries, CLIENT.health, CLIENT.concurrency
 CHAT_RENDER = ("auto", "local", "server")
 API = ("auto", "completions", "generate")
 
@@ -41,7 +42,9 @@ class GenerateOptions(RewardOptions):
     )
     api_key: str | None = option(None, "Sent as a Bearer token.", envvar="OPENAI_API_KEY")
     model: str | None = option(None, "Served model name (default: the only one listed).")
-    tokenizer: str | None = option(None, "Path or hub id for AutoTokenizer (default: the server's model root).")
+    tokenizer: str | None = option(
+        None, "Tokenizer folder or hub id, loaded by the class it names (default: the server's model root)."
+    )
     prompts: str | None = option(
         None,
         "Folder of stage templates (default: bundled; `code`: the bundled set that asks for a "
@@ -67,7 +70,7 @@ class GenerateOptions(RewardOptions):
     )
     samples_per_prompt: int = option(1, "Executions per prompt (one group).")
     concurrency: int | str = option(
-        "auto",
+        "auto" if CONCURRENCY.adaptive else CONCURRENCY.fixed,
         "Most completion requests in flight over the run; or auto: per endpoint, "
         "following its vLLM /metrics (queue, KV cache, preemptions).",
         cli_type=str,

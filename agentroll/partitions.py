@@ -27,7 +27,7 @@ from .folder.layout import Layout
 from .folder.manifest import Manifest
 from .options import GenerateOptions
 from .progress import Progress
-from .runner import RunOptions
+from .run_options import RunOptions
 from .stats import RunStats
 
 RAY_RETRIES = 3  # --ray-retries when not given

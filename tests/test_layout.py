@@ -17,6 +17,8 @@ ABOVE = {
         "agentroll.runner",
         "agentroll.generator",
         "agentroll.context",
+        "agentroll.stages",
+        "agentroll.calls",
         "agentroll.client",
         "agentroll.systems",
         "agentroll.pipeline",
@@ -27,6 +29,8 @@ ABOVE = {
         "agentroll.runner",
         "agentroll.generator",
         "agentroll.context",
+        "agentroll.stages",
+        "agentroll.calls",
         "agentroll.systems",
         "agentroll.pipeline",
         "agentroll.folder",
@@ -38,6 +42,25 @@ ABOVE = {
         "agentroll.systems",
         "agentroll.pipeline",
         "agentroll.folder",
+    ),
+    "agentroll.stages": (
+        "agentroll.context",
+        "agentroll.calls",
+        "agentroll.cli",
+        "agentroll.runner",
+        "agentroll.generator",
+        "agentroll.systems",
+        "agentroll.pipeline",
+        "agentroll.folder",
+    ),
+    "agentroll.calls": (
+        "agentroll.cli",
+        "agentroll.runner",
+        "agentroll.generator",
+        "agentroll.systems",
+        "agentroll.pipeline",
+        "agentroll.folder",
+        "agentroll.context",
     ),
     "agentroll.systems": (
         "agentroll.cli",
@@ -51,6 +74,8 @@ ABOVE = {
         "agentroll.runner",
         "agentroll.generator",
         "agentroll.context",
+        "agentroll.stages",
+        "agentroll.calls",
         "agentroll.folder",
     ),
     "agentroll.generator": ("agentroll.cli", "agentroll.runner"),
@@ -246,3 +271,16 @@ def test_the_spelling_check_catches_a_path_built_by_hand():
     assert [line for line, _ in spelled_names(ast.parse(code), names)] == [3, 1, 2]
     prose = 'raise OutputError(f"{out} holds no manifest.json")\nhelp = "shards as rollouts-NNNNN.jsonl.zst"\n'
     assert spelled_names(ast.parse(prose), names) == []
+
+
+LIMIT = 420  # README's Development section: modules stay at about 400 lines at most
+# Being split by their owners on other branches: the lead empties this list at merge, and then no module is over.
+OVER_LIMIT_FOR_NOW = {
+    "agentroll/client/core.py",  # engineer `flow`
+}
+
+
+def test_no_module_is_longer_than_420_lines():
+    lengths = {str(p.relative_to(PACKAGE.parent)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    over = {path: n for path, n in lengths.items() if n > LIMIT and path not in OVER_LIMIT_FOR_NOW}
+    assert over == {}, over  # split along a line that makes sense, and say why in the docstrings

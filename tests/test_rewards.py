@@ -209,6 +209,23 @@ def test_a_worker_that_cannot_start_is_a_set_up_failure_not_a_zero_for_every_ans
         asyncio.run(reward.aclose())
 
 
+def test_a_worker_that_cannot_start_says_why_in_one_line_with_its_own_exit_code(monkeypatch, capfd, caplog):
+    """The cause is the worker's own (its exit 1 and the import error), not the kill that cleaned up after it
+    (exit -9), and the worker prints no traceback of its own before our one line."""
+    monkeypatch.setenv("AGENTROLL_MATH_CHECK", "agentroll_no_such_module:check")
+    reward = MathReward(timeout_s=5)
+    try:
+        with pytest.raises(RewardError) as failed:
+            asyncio.run(reward.ready())
+    finally:
+        asyncio.run(reward.aclose())
+    message = str(failed.value)
+    assert "\n" not in message and "-9" not in message
+    assert "exit code 1" in message and "No module named 'agentroll_no_such_module'" in message
+    assert "Traceback" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if "math worker" in r.getMessage()]  # said once: by the error
+
+
 def test_a_worker_whose_parent_is_already_gone_exits_at_once():
     """The race PR_SET_PDEATHSIG leaves open (the parent died before the call) is closed by a parent check."""
     not_its_parent = os.getppid()

@@ -86,3 +86,29 @@ def test_the_options_take_their_defaults_from_the_value_objects():
     assert dataclasses.replace(rewards, workers=RewardSettings().workers) == RewardSettings()
     config = o.system_config("m", 2048)
     assert config.sampling == Sampling() and config.max_context_len == 2048
+
+
+def test_the_client_and_the_command_line_share_one_concurrency_default():
+    from agentroll.client.settings import ClientSettings
+
+    assert (
+        GenerateOptions(base_url=["http://127.0.0.1:1"]).client_settings().concurrency == ClientSettings().concurrency
+    )
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [("--top-p", "0", "--top-p must be in (0, 1]")])
+def test_doctor_checks_the_sampling_it_is_given_as_generate_does(flag, value, message):
+    from .conftest import run_cli
+
+    doctor = run_cli("doctor", "--base-url", "http://127.0.0.1:9", flag, value)
+    generate = run_cli("generate", "-", "-o", "-", "--base-url", "http://127.0.0.1:9", flag, value)
+    assert (doctor.returncode, generate.returncode) == (2, 2)
+    assert message.encode() in doctor.stderr and message.encode() in generate.stderr
+
+
+def test_doctor_takes_its_sampling_defaults_from_sampling():
+    from typer.main import get_command
+
+    doctor = get_command(app).commands["doctor"]  # type: ignore[attr-defined]
+    defaults = {p.name: p.default for p in doctor.params if p.name in ("temperature", "top_p", "top_k", "min_p")}
+    assert defaults == {k: getattr(Sampling(), k) for k in defaults} and len(defaults) == 4

@@ -2,33 +2,110 @@
 
 Nothing that comes from data, paths or servers is read as markup or emoji: the consoles are made with both off,
 and our own styling is applied to `Text` objects. An error is one line and its exit code.
+
+A console is as wide as `COLUMNS` says, else as the terminal, else (a file, a pipe) wide enough for a log line.
+Tables are built by the tools as plain rich tables of data; fitting them to the width is the console's business
+(`fit`): a figure is never cut or folded, whatever the table's own overflow setting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.highlighter import NullHighlighter
 from rich.logging import RichHandler
+from rich.measure import Measurement
+from rich.table import Column, Table
 from rich.text import Text
 
 from ..errors import AgentrollError
 
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160, markup=False, emoji=False, highlight=False)
 log = logging.getLogger("agentroll")
 T = TypeVar("T")
 
 
-def out() -> Console:
-    """Standard output for a report: as wide as the terminal, or 200 columns for a file or a pipe."""
-    return Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False, highlight=False)
+def columns(tty: bool, fallback: int) -> int | None:
+    """The width to draw at: `COLUMNS` when set, else the terminal's (None: rich asks it), else `fallback`."""
+    given = os.environ.get("COLUMNS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return None if tty else fallback
+
+
+class Terminal(Console):
+    """A console that prints a table of figures (boxed, with a header) fitted to its width (`fit`); rich's own
+    layout grids (a log line, a progress bar) are left as they are."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        super().print(*(fit(o, self) if _figures(o) else o for o in objects), **kwargs)
+
+
+def _figures(renderable: Any) -> bool:
+    return isinstance(renderable, Table) and renderable.box is not None and renderable.show_header
+
+
+def fit(table: Table, console: Console) -> RenderableType:
+    """`table` drawn within the console's width with every figure whole. Its first column (the labels) may fold;
+    every other column (figures) gets the width of its widest cell, its header folding on words, and columns that
+    do not fit beside the labels go on in another table below (the labels repeated), never cut."""
+    if len(table.columns) < 2:
+        return table
+    options = console.options
+    label, *figures = table.columns
+    label = dataclasses.replace(label, overflow="fold", no_wrap=False)
+    fixed = []
+    for column in figures:
+        widest = max((Measurement.get(console, options, cell).maximum for cell in column.cells), default=1)
+        header = Measurement.get(console, options, column.header).minimum if table.show_header else 1
+        fixed.append(dataclasses.replace(column, width=max(widest, header, 1), overflow="fold", no_wrap=False))
+    _, right, _, left = table.padding
+    room = options.max_width - (2 if table.box and table.show_edge else 0)  # the outer edges
+    words = max((Measurement.get(console, options, cell).minimum for cell in label.cells), default=1)
+    room -= min(words, options.max_width // 3) + left + right  # the labels, folded at most to a third
+    chunks: list[list[Column]] = [[]]
+    used = 0
+    for column in fixed:
+        need = (column.width or 1) + left + right + (1 if table.box else 0)  # its cell and the rule before it
+        if chunks[-1] and used + need > room:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(column)
+        used += need
+    parts = [_part(table, [label, *chunk], first=i == 0, last=i == len(chunks) - 1) for i, chunk in enumerate(chunks)]
+    return parts[0] if len(parts) == 1 else Group(*parts)
+
+
+def _part(table: Table, chosen: list[Column], first: bool = True, last: bool = True) -> Table:
+    part = copy.copy(table)
+    part.columns = [dataclasses.replace(c, _index=i) for i, c in enumerate(chosen)]
+    part.title = table.title if first else None
+    part.caption = table.caption if last else None
+    return part
+
+
+err = Terminal(stderr=True, width=columns(sys.stderr.isatty(), 160), markup=False, emoji=False, highlight=False)
+
+
+def fit_to_terminal() -> None:
+    """Take `COLUMNS` as it is now (a command run in-process, or in a shell that set it after import)."""
+    width = columns(err.is_terminal, 160)
+    if width is not None:  # None: a terminal without COLUMNS, which rich asks itself
+        err.width = width
+
+
+def out() -> Terminal:
+    """Standard output for a report: as wide as `COLUMNS` or the terminal, or 200 columns for a file or a pipe."""
+    return Terminal(width=columns(sys.stdout.isatty(), 200), markup=False, emoji=False, highlight=False)
 
 
 def error(message: str) -> None:

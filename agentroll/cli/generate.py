@@ -16,7 +16,8 @@ from rich.text import Text
 from ..errors import AgentrollError, IncompleteRun, PipeClosed
 from ..options import GenerateOptions, default_of
 from ..progress import Progress as ProgressHook
-from ..runner import RUN_OPTION_NAMES, Runner, RunOptions
+from ..run_options import RUN_OPTION_NAMES, RunOptions
+from ..runner import Runner
 from .console import REPEATS, err, error, log, run_async, setup_logging
 from .help import Command, help_text, metavar
 from .progress import LogLines, RichBar
@@ -104,6 +105,7 @@ METAVARS = {
     "api": "auto|completions|generate",
     "chat_render": "auto|local|server",
     "server_priority": "auto|on|off",
+    "overlong_filter": "none|mask|drop",
     "reward": "SPEC",
     "reward_url": "URL",
     "allow_reward": "SPEC",

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from ..errors import OutputError
 from ..resources import samples_dir, sim_tokenizer_dir
+from ..sampling import DEFAULT as SAMPLING
 from .console import err, error, run_async
 from .folders import opt
 from .generate import run_generate
@@ -60,19 +61,28 @@ def doctor(
             "server's logprobs are not those of that distribution.",
             metavar="NUMBER",
         ),
-    ] = 1.0,
-    top_p: Annotated[float, opt("--top-p", help="Top-p you will generate with.", metavar="NUMBER")] = 1.0,
-    top_k: Annotated[int, opt("--top-k", help="Top-k you will generate with.", metavar="N")] = -1,
-    min_p: Annotated[float, opt("--min-p", help="Min-p you will generate with.", metavar="NUMBER")] = 0.0,
+    ] = SAMPLING.temperature,
+    top_p: Annotated[float, opt("--top-p", help="Top-p you will generate with.", metavar="NUMBER")] = SAMPLING.top_p,
+    top_k: Annotated[int, opt("--top-k", help="Top-k you will generate with.", metavar="N")] = SAMPLING.top_k,
+    min_p: Annotated[float, opt("--min-p", help="Min-p you will generate with.", metavar="NUMBER")] = SAMPLING.min_p,
 ) -> None:
     """Check a server before a long job: token ids, APIs, logprobs mode, chat-template parity, context length."""
-    from ..doctor import diagnose
+    from ..doctor import diagnose, doctor_options
     from ..errors import UsageError
 
-    url = base_url.replace(",", " ").split()[0] if base_url.strip() else base_url
-    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
     try:
-        checks = asyncio.run(diagnose(url, api_key, model, tokenizer, prompts, sampling))
+        options = doctor_options(
+            base_url=base_url,
+            api_key=api_key,
+            model=model,
+            tokenizer=tokenizer,
+            prompts=prompts,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+        )
+        checks = asyncio.run(diagnose(options))
     except UsageError as exc:
         error(str(exc))
         raise typer.Exit(exc.exit_code) from None
@@ -206,7 +216,7 @@ def serve_sim(
     from ..sim.server import Faults, SimServer
 
     if answers is not None and not answers.is_file():
-        error(f"--answers {answers}: no such file")
+        error(f"--answers {answers}: {'is a folder, not a file' if answers.is_dir() else 'no such file'}")
         raise typer.Exit(2)
     try:
         script = Script.from_jsonl(answers, Behavior(reasoning_words=reasoning_words))
@@ -238,7 +248,7 @@ def serve_sim(
             return_routed_experts=enable_return_routed_experts,
         )
     except (ValueError, OSError) as exc:
-        error(f"{answers}: {exc}" if isinstance(exc, OSError) else str(exc))
+        error(f"--answers {answers}: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc))
         raise typer.Exit(2) from None
 
     async def main() -> None:

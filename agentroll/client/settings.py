@@ -62,6 +62,6 @@ class ClientSettings:
     timeouts: Timeouts = Timeouts()
     retries: Retries = Retries()
     health: Health = Health()
-    concurrency: Concurrency = Concurrency(fixed=64)
+    concurrency: Concurrency = Concurrency()  # auto, as --concurrency defaults to
     api_key: str | None = None
     affinity_slack: int = 8  # room for one group's first stage above a fair share (client.affine)

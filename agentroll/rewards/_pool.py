@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import logging
 import os
 import subprocess
 import sys
@@ -25,8 +24,6 @@ import weakref
 from pathlib import Path
 
 import orjson
-
-log = logging.getLogger("agentroll")
 
 WORKER = str(Path(__file__).with_name("_worker.py"))
 
@@ -51,7 +48,7 @@ class _Job:
 
 
 class _Worker:
-    __slots__ = ("alive", "buffer", "job", "proc", "ready", "timer")
+    __slots__ = ("alive", "buffer", "job", "proc", "ready", "timer", "why")
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
@@ -60,6 +57,7 @@ class _Worker:
         self.ready = False
         self.job: _Job | None = None
         self.timer: asyncio.TimerHandle | None = None  # the running check's deadline, or the start-up's
+        self.why = ""  # what it said before it was ready: why it could not set up
 
     @property
     def fd_out(self) -> int:
@@ -96,7 +94,6 @@ class CheckPool:
         self._queue: collections.deque[_Job] = collections.deque()
         self._procs: set[subprocess.Popen[bytes]] = set()
         self._finalizer = weakref.finalize(self, _reap, self._procs)
-        self._warned = False
 
     async def check(self, label: str, answer: str, inner_timeout_s: int) -> bool:
         """Whether the worker finds them equal. Raises CheckTimeout or CheckFailed. Cancelling the caller
@@ -194,6 +191,9 @@ class CheckPool:
             worker.ready = line == b"R"
             if worker.ready:
                 self._free(worker)
+            elif line.startswith(b"E"):
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    worker.why = str(orjson.loads(line[1:]))
             return
         job, worker.job = worker.job, None
         if job is not None and not job.future.done():
@@ -218,18 +218,18 @@ class CheckPool:
     def _lost(self, worker: _Worker) -> None:
         """The worker's pipe closed: it died, or was killed from outside."""
         job = worker.job
-        self._discard(worker)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # its own exit code, before our kill replaces it
+            worker.proc.wait(timeout=1)  # its pipe closed: it has exited, or is exiting
         code = worker.proc.returncode
+        self._discard(worker)
         if job is not None and not job.future.done():
             job.future.set_exception(CheckFailed(f"the math worker died (exit code {code})"))
         if worker.ready:
             self._refill()
             return
-        if not self._warned:
-            self._warned = True
-            log.warning("the math worker could not start (exit code %s); see its error output above", code)
+        why = f"the math worker could not start (exit code {code}{': ' + worker.why if worker.why else ''})"
         # Restarting it at once could loop for ever: fail what waits; the next check tries again.
-        self._fail_queue(f"the math worker could not start (exit code {code})")
+        self._fail_queue(why)
 
     def _fail_queue(self, why: str) -> None:
         """No worker could be had. Unless others are running or starting, the waiting checks fail."""

@@ -6,7 +6,8 @@ killed that: `PR_SET_PDEATHSIG` on Linux (a watcher thread elsewhere), and it al
 
 Protocol, one line each way, one check at a time:
   parent -> worker  `["label", "answer", inner_timeout_s]` (JSON)
-  worker -> parent  `R` once ready, then per check `1` (equal), `0` (not equal) or `E"why"` (it raised)
+  worker -> parent  `R` once ready (or `E"why"` and exit 1 if it cannot set up), then per check `1` (equal),
+                    `0` (not equal) or `E"why"` (it raised)
 
 `AGENTROLL_MATH_CHECK=module:function` puts another check in math-verify's place; tests use it to hang or crash
 a worker on purpose.
@@ -92,7 +93,11 @@ def main() -> None:
     checks = sys.stdin.buffer
     import orjson
 
-    check = load_check()
+    try:
+        check = load_check()
+    except BaseException as exc:  # the parent says why in one line: no traceback of ours before it
+        replies.write(b"E" + orjson.dumps(f"{type(exc).__name__}: {exc}"[:300]) + b"\n")
+        sys.exit(1)
     replies.write(b"R\n")
     for line in checks:  # ends at EOF: the parent closed the pipe or is gone
         label, answer, timeout_s = orjson.loads(line)

@@ -4,11 +4,12 @@ A `Script` writes the text, the bundled tiny tokenizer turns it into token ids, 
 vLLM's engine would to that token stream: EOS and `stop_token_ids` end it (the stop token stays in `token_ids`,
 not in `text`), `stop` strings cut the text, `max_tokens` and the context limit cut it to `length`, an abort
 cuts it short. Logprobs are seeded noise shaped like vLLM's (the sampled token first, then the top k).
+
+What vLLM refuses before scheduling a request is `checks`; the logprob values are drawn by `logprobs.Draws`.
 """
 
 from __future__ import annotations
 
-import math
 import random
 import time
 import uuid
@@ -18,8 +19,9 @@ from typing import Any
 
 import orjson
 
+from .checks import check_model, check_prompt, check_stop, vllm_tools
 from .faults import Faults
-from .logprobs import completion_logprobs, generate_logprobs, processed, routed_experts
+from .logprobs import Draws, completion_logprobs, generate_logprobs, routed_experts
 from .validation import (
     COMPLETION,
     DETOKENIZE,
@@ -30,33 +32,9 @@ from .validation import (
     validate,
     validate_params,
 )
-from .wire import VLLM_VERSION, HTTPFailure, bad_request, error_body, sanitize, validation_failure
+from .wire import VLLM_VERSION, bad_request
 
-MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 STOP_TOKEN = "<|endoftext|>"  # the extra end-of-text id that `stop_token_rate` emits (Qwen-style chat models)
-
-
-def vllm_tools(tools: list[Any]) -> list[dict[str, Any]]:
-    """Tools as vLLM 0.32 passes them to a chat template: `ChatCompletionToolsParam.model_dump()`, so `type` then
-    `function` {`name`, `description`, `parameters`}, the two last null when not given, `strict` only when set."""
-    out = []
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if (
-            not isinstance(function, dict)
-            or not isinstance(function.get("name"), str)
-            or tool.get("type", "function") != "function"
-        ):
-            raise ValueError(f"tools.{i}: expected {{'type': 'function', 'function': {{'name': ...}}}}")
-        dumped = {
-            "name": function["name"],
-            "description": function.get("description"),
-            "parameters": function.get("parameters"),
-        }
-        if function.get("strict") is not None:
-            dumped["strict"] = function["strict"]
-        out.append({"type": "function", "function": dumped})
-    return out
 
 
 @dataclass
@@ -97,8 +75,7 @@ class Engine:
         self._prompt_texts: dict[tuple[int, ...], str] = {}
         self._filler = list(self.tokenizer.encode(" and so on", add_special_tokens=False).ids)
         self._id_strings = [f"token_id:{i}" for i in range(self.vocab_size)]
-        noise = random.Random(seed + 1)  # logprobs: seeded noise, sliced per answer
-        self._noise = [round(-noise.expovariate(1.5) - 0.001, 6) for _ in range(max_model_len + 8192)]  # < 0: no ties
+        self._draws = Draws(seed, max_model_len + 8192, self.vocab_size, logprobs_mode)
         self._encoded: dict[str, list[int]] = {}
         self.rng = random.Random(seed)
         self._fault_rng = random.Random(seed + 3)  # stop tokens and abort points: faults leave the answers as they were
@@ -139,18 +116,6 @@ class Engine:
             ],
         }
 
-    def check_model(self, model: Any) -> None:
-        if model and model != self.model:
-            raise HTTPFailure(
-                404,
-                error_body(
-                    sanitize(f"The model `{model}` does not exist. Valid aliases: {self.model}."),
-                    "NotFoundError",
-                    404,
-                    "model",
-                ),
-            )
-
     def render_chat(
         self,
         messages: list[dict[str, Any]],
@@ -175,7 +140,7 @@ class Engine:
 
     def tokenize(self, data: Any) -> dict[str, Any]:
         kind, body = validate(data, TOKENIZE_PROMPT, TOKENIZE_CHAT)
-        self.check_model(body.get("model"))
+        check_model(self.model, body.get("model"))
         if kind == 1:
             try:
                 text = self.render_chat(
@@ -195,7 +160,7 @@ class Engine:
 
     def detokenize(self, data: Any) -> dict[str, Any]:
         _, body = validate(data, DETOKENIZE)
-        self.check_model(body.get("model"))
+        check_model(self.model, body.get("model"))
         ids = [t for t in body["tokens"] if t < self.vocab_size]  # vLLM decodes unknown ids to nothing
         return {"prompt": self.tokenizer.decode(ids, skip_special_tokens=False)}
 
@@ -203,18 +168,7 @@ class Engine:
     def prompts(self, data: Any) -> tuple[dict[str, Any], list[list[int]]]:
         """Validate a completion body as vLLM does before scheduling it: its fields, then each prompt's ids."""
         _, request = validate(data, COMPLETION)
-        stop = request.get("stop")
-        if stop is not None and not (
-            isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
-        ):
-            errors = [
-                {"type": "string_type", "loc": ("body", "stop"), "msg": "Input should be a valid string", "input": stop}
-            ]
-            if not isinstance(stop, list):
-                errors.append(
-                    {"type": "list_type", "loc": ("body", "stop"), "msg": "Input should be a valid list", "input": stop}
-                )
-            raise validation_failure(errors)
+        check_stop(request.get("stop"))
         prompt = request.get("prompt")
         if prompt is None or prompt == "":
             raise bad_request(
@@ -223,7 +177,7 @@ class Engine:
         batch = completion_prompt(prompt)
         if not batch:
             raise bad_request("You must pass at least one prompt")
-        self.check_model(request.get("model"))
+        check_model(self.model, request.get("model"))
         if request.get("stream"):
             raise bad_request("the simulated server does not stream", "stream")
         ids_batch = [list(self.tokenizer.encode(p).ids) if isinstance(p, str) else p for p in batch]
@@ -231,46 +185,8 @@ class Engine:
         if n < 1:
             raise bad_request(f"n must be at least 1, got {n}.")
         for ids in ids_batch:
-            self.check_prompt(ids, request)
+            check_prompt(ids, request, self.vocab_size, self.max_model_len)
         return request, ids_batch
-
-    def check_prompt(self, ids: list[int], request: dict[str, Any], generate: bool = False) -> None:
-        """The checks vLLM makes before scheduling: ids in the vocabulary, logprobs, max_tokens and the context."""
-        for t in ids:
-            if not 0 <= t < self.vocab_size:
-                raise bad_request(f"Token id {t} is out of vocabulary")
-        k = request.get("logprobs")
-        if k is not None and k > MAX_LOGPROBS:
-            raise bad_request(
-                f"Requested sample logprobs of {k}, which is greater than max allowed: {MAX_LOGPROBS} "
-                f"(parameter=logprobs, value={k})",
-                "logprobs",
-            )
-        limit = self.max_model_len
-        max_tokens = request.get("max_tokens")
-        if max_tokens is not None and max_tokens < 1:
-            raise bad_request(
-                f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})",
-                "max_tokens",
-            )
-        if generate and len(ids) > limit:
-            raise bad_request(
-                f"The decoder prompt (length {len(ids)}) is longer than the maximum model length of "
-                f"{limit}. Make sure that `max_model_len` is no smaller than the number of text tokens."
-            )
-        if len(ids) >= limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
-                f"{len(ids)} input tokens, which exceeds this limit even without any output tokens. Please "
-                f"reduce the length of the input prompt. (parameter=input_tokens, value={len(ids)})",
-                "input_tokens",
-            )
-        if max_tokens is not None and max_tokens > limit:
-            raise bad_request(
-                f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request "
-                f"fewer output tokens. (parameter=max_tokens, value={max_tokens})",
-                "max_tokens",
-            )
 
     def complete(self, request: dict[str, Any], ids_batch: list[list[int]], abort: bool = False) -> dict[str, Any]:
         """The 200 body for a validated request; `abort` cuts every sequence short, as an engine-side abort does."""
@@ -385,7 +301,7 @@ class Engine:
         k = request.get("logprobs")
         logprobs = None
         if k is not None:
-            values, tops, _ = self._draw(seq.ids, seq.logprobs_of or seq.ids, k, request, rng, want_ranks=False)
+            values, tops, _ = self._draws(seq.ids, seq.logprobs_of or seq.ids, k, request, rng, want_ranks=False)
             logprobs = completion_logprobs(seq.ids, values, tops, request, self._id_strings, self._decode_one)
         return {
             "index": index,
@@ -399,47 +315,6 @@ class Engine:
             "routed_experts": self.routes(prompt_ids, seq),
         }
 
-    def _draw(
-        self,
-        ids: list[int],
-        drawn: list[int],
-        k: int,
-        request: dict[str, Any],
-        rng: random.Random,
-        want_ranks: bool = True,
-    ) -> tuple[list[float], list[list[tuple[int, float, int]]], list[int]]:
-        """Per token: its logprob, the k most likely tokens (id, logprob, rank) in rank order, and its own rank.
-        Drawn for the whole sequence `drawn` and cut to `ids`, its prefix: an abort changes no other draw. Under
-        `processed_logprobs` the values are those after temperature (scaled) and top-k (the rest are -inf)."""
-        start = rng.randrange(len(self._noise) - len(drawn))
-        values = self._noise[start : start + len(drawn)]
-        tops: list[list[tuple[int, float, int]]] = []
-        ranks: list[int] = []
-        if not k:  # no alternatives: no draws (a rank that follows the value, likelier tokens ranking higher)
-            tops = [[] for _ in values]
-            ranks = [1 + int(-2 * v) for v in values] if want_ranks else []
-        n = MAX_LOGPROBS  # the same top list whatever k is asked, as a real distribution has; cut to k below
-        for i, value in enumerate(values if k else ()):
-            rank = 1 if rng.random() < 0.6 else rng.randint(2, n + 4)  # the sampled token's rank
-            above = sorted((value * (1 - 0.5 * rng.random()) for _ in range(min(rank - 1, n))), reverse=True)
-            below = sorted((value - rng.random() for _ in range(n - len(above) - (rank <= n))), reverse=True)
-            ranked = [*above, *([value] if rank <= n else []), *below]
-            mass = math.exp(value) * (rank > n) + sum(map(math.exp, ranked))
-            if mass > 0.95:  # probabilities: what is listed adds up to less than 1
-                shift = math.log(mass / 0.95)
-                values[i], ranked = round(value - shift, 6), [v - shift for v in ranked]
-            sampled = drawn[i]
-            picks = rng.sample(range(self.vocab_size - 1), len(ranked))  # distinct ids, none the sampled one
-            others = [
-                (sampled if r == rank else t + (t >= sampled), round(v, 6), r)
-                for r, (v, t) in enumerate(zip(ranked, picks, strict=True), 1)
-            ][:k]
-            tops.append(others)
-            ranks.append(rank)
-        if self.logprobs_mode == "processed_logprobs":
-            values, tops = processed(values, tops, ranks or [1] * len(values), request)
-        return values[: len(ids)], tops[: len(ids)], ranks[: len(ids)]
-
     def routes(self, prompt_ids: list[int], seq: Choice) -> str | None:
         return routed_experts(self.moe, prompt_ids, seq.ids)
 
@@ -450,9 +325,9 @@ class Engine:
     def parse_generate(self, data: Any) -> dict[str, Any]:
         """A /generate body validated as vLLM does before scheduling it (`sampling_params` coerced in place)."""
         _, body = validate(data, GENERATE)
-        self.check_model(body.get("model"))
+        check_model(self.model, body.get("model"))
         _, params = validate_params(body["sampling_params"])
-        self.check_prompt(body["token_ids"], params, generate=True)
+        check_prompt(body["token_ids"], params, self.vocab_size, self.max_model_len, generate=True)
         if params.get("n") not in (None, 1):
             raise bad_request("the simulated server answers one sequence per /generate request", "n")
         return {**body, "sampling_params": params}
@@ -470,7 +345,7 @@ class Engine:
         k = params.get("logprobs")
         logprobs = None
         if k is not None:
-            values, tops, ranks = self._draw(seq.ids, seq.logprobs_of or seq.ids, k, params, rng)
+            values, tops, ranks = self._draws(seq.ids, seq.logprobs_of or seq.ids, k, params, rng)
             logprobs = generate_logprobs(seq.ids, values, tops, ranks, k)
         choice = {
             "index": 0,

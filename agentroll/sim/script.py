@@ -134,16 +134,24 @@ class Script:
 
     @classmethod
     def from_jsonl(cls, path: Path | None, behavior: Behavior | None = None) -> Script:
+        """The answer key from prompt rows (`label`: an answer, or code tests). A row it cannot read is a
+        `ValueError` naming the file and line."""
         answers: dict[str, str] = {}
         tests: dict[str, dict[str, Any]] = {}
         if path is not None:
-            for raw in Path(path).read_bytes().splitlines():
+            for line, raw in enumerate(Path(path).read_bytes().split(b"\n"), 1):
                 if not raw.strip():
                     continue
-                row = orjson.loads(raw)
+                try:
+                    row = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{line}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"{path}:{line}: expected a JSON object, got {type(row).__name__}")
                 prompt = row.get("prompt")
                 if isinstance(prompt, list):
-                    prompt = next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "")
+                    user = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+                    prompt = user[-1].get("content", "") if user else ""
                 if isinstance(prompt, str) and "label" in row:
                     found = code_tests(row["label"])
                     if found is not None:

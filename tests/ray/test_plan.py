@@ -41,7 +41,7 @@ from agentroll.partitions import (
     tasks_at_once,
     unseen_parts,
 )
-from agentroll.runner import RunOptions
+from agentroll.run_options import RunOptions
 from agentroll.stats import RunStats, StageStats
 
 from ..conftest import run_cli
