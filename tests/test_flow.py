@@ -411,6 +411,35 @@ def test_a_signal_after_the_folder_is_complete_leaves_the_exit_at_0(problems, tm
     assert Manifest.load(tmp_path / "out").complete
 
 
+LATE_SIGNAL = """
+import os, signal, sys
+import agentroll.cli.generate as g
+SIGNAL = getattr(signal, sys.argv.pop(1))
+shown = g.print_summary
+def summary(result):  # the event loop is over and the folder closed complete: a signal comes now
+    os.kill(os.getpid(), SIGNAL)
+    shown(result)
+g.print_summary = summary
+from agentroll.cli import main
+sys.argv[0] = "agentroll"
+main()
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_summary_of_a_complete_run_leaves_the_exit_at_0(problems, tmp_path, sim, name):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    args = ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER]
+    run = subprocess.run(
+        [sys.executable, "-c", LATE_SIGNAL, name, *args, "--reward", "exact"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr.decode()
+    assert Manifest.load(tmp_path / "out").complete and b"groups written 8" in run.stderr
+
+
 def test_two_interrupts_within_a_second_are_one(tmp_path):
     problems = write_problems(tmp_path / "p.jsonl", 20)
     server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.5))
@@ -453,3 +482,40 @@ def test_two_interrupts_within_a_second_are_one(tmp_path):
     assert run.returncode == 130, stderr.decode()
     assert b"second interrupt" not in stderr and b"groups written" in stderr  # stopped cleanly, with its summary
     assert Manifest.load(tmp_path / "out").groups >= 0
+
+
+def test_under_ray_two_interrupts_within_a_second_are_one(monkeypatch, tmp_path):
+    """`--ray`: the job's own handlers debounce too; a second interrupt would kill the tasks and exit."""
+    import agentroll.cluster
+    from agentroll.cli import run_generate
+
+    seen: list[str] = []
+
+    class Job:
+        def __init__(self, *args: object) -> None:
+            self.stopped: int | None = None
+
+        def connect(self) -> None: ...
+
+        def run(self):
+            os.kill(os.getpid(), signal.SIGINT)  # the interrupt, and its echo a moment later
+            os.kill(os.getpid(), signal.SIGINT)
+            result = type("Result", (), {"code": 128 + (self.stopped or 0), "message": None})
+            return result()
+
+        def stop(self, signum: int) -> None:
+            seen.append("stop")
+            self.stopped = signum
+
+        def kill(self) -> None:
+            seen.append("kill")
+
+        def close(self) -> None: ...
+
+    def exit_at_once(code: int) -> None:
+        raise AssertionError(f"os._exit({code})")
+
+    monkeypatch.setattr(agentroll.cluster, "RayJob", Job)
+    monkeypatch.setattr(os, "_exit", exit_at_once)
+    code = run_generate({"input": "x.jsonl", "output": str(tmp_path), "ray": "local"}, {}, quiet=True, debug=False)
+    assert seen == ["stop"] and code == 130
