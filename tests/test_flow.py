@@ -219,6 +219,7 @@ def test_a_reward_that_hangs_ends_the_run_with_exit_5_naming_reward_and_problem(
     )
     assert code == 5, output
     assert f"reward {hang}:reward" in output and "p000" in output and "stuck" in output
+    assert "problems p000)" in output  # each problem named once, not once per stuck call
     assert Manifest.load(tmp_path / "out").groups < 8  # nothing half written: the groups on disk are whole
 
 

@@ -16,6 +16,7 @@ from ..options import GenerateOptions, default_of
 from ..progress import Progress as ProgressHook
 from ..runner import RUN_OPTION_NAMES, Runner, RunOptions
 from .console import REPEATS, err, error, log, run_async, setup_logging
+from .folds import Folds
 from .help import Command, help_text, metavar
 from .interrupts import Interrupts
 from .progress import LogLines, RichBar
@@ -230,16 +231,25 @@ def run_generate(
 ) -> int:
     """The exit code of a whole run (README: exit codes)."""
     restore = setup_logging(quiet, debug)
+    folds = Folds()
+    for handler in log.handlers:
+        handler.addFilter(folds)
     try:
         if run.get("ray") is not None:  # `--ray ""` too: refused there, not run without Ray
             return _run_ray(run, generate, quiet, debug)
-        return _generate(run, generate, quiet, debug, progress, demo)
+        return _generate(run, generate, quiet, debug, progress, demo, folds)
     finally:  # an in-process caller's logging is its own again
         restore()
 
 
 def _generate(
-    run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool, progress: ProgressHook | None, demo: bool
+    run: dict[str, Any],
+    generate: dict[str, Any],
+    quiet: bool,
+    debug: bool,
+    progress: ProgressHook | None,
+    demo: bool,
+    folds: Folds,
 ) -> int:
     try:
         runner = Runner(RunOptions(**run), generate, demo=demo)
@@ -253,12 +263,12 @@ def _generate(
     interrupts = Interrupts(lambda: runner.result is not None and runner.result.committed)
     interrupts.install()
     try:
-        return _outcome(runner, interrupts, quiet, debug)
+        return _outcome(runner, interrupts, quiet, debug, folds)
     finally:
         interrupts.restore()
 
 
-def _outcome(runner: Runner, interrupts: Interrupts, quiet: bool, debug: bool) -> int:
+def _outcome(runner: Runner, interrupts: Interrupts, quiet: bool, debug: bool, folds: Folds) -> int:
     """Run, say what happened, and give the exit code; a signal that comes once the folder is complete leaves it
     0, one that comes while the summary is said after an unfinished run gives its own code."""
     code: int
@@ -276,7 +286,7 @@ def _outcome(runner: Runner, interrupts: Interrupts, quiet: bool, debug: bool) -
         code = interrupts.code or 130
     result = runner.result
     try:
-        for line in REPEATS.said():
+        for line in [*folds.said(), *REPEATS.said()]:
             log.warning(line)
         if result is not None and not quiet:
             print_summary(result)
