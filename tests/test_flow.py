@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import logging
 import os
 import signal
@@ -520,3 +521,32 @@ def test_under_ray_two_interrupts_within_a_second_are_one(monkeypatch, tmp_path)
     monkeypatch.setattr(os, "_exit", exit_at_once)
     code = run_generate({"input": "x.jsonl", "output": str(tmp_path), "ray": "local"}, {}, quiet=True, debug=False)
     assert seen == ["stop"] and code == 130
+
+
+def test_on_a_resume_rates_and_eta_count_only_the_groups_made_now(caplog):
+    clock = [0.0]
+    lines = LogLines(every_s=10.0, clock=lambda: clock[0])
+    with caplog.at_level(logging.INFO, logger="agentroll"):
+        lines.start(315)
+        stats = RunStats(problems_skipped_done=200)  # on disk already: read, skipped at once
+        lines.advance(stats, ClientCounters())
+        for second in range(1, 11):  # then one new group a second
+            clock[0] = float(second)
+            stats.groups_written = second
+            lines.advance(stats, ClientCounters(requests=4 * second))
+    said = caplog.records[-1].getMessage()
+    assert "groups 210/315 (67%), 1.00 groups/s, 4.0 requests/s, ETA 1m45s" in said, said
+
+
+def test_without_a_terminal_a_line_comes_at_least_every_10_seconds():
+    """The runner's ticker sleeps `interval_s` and is a little late each time (as a loaded machine makes it)."""
+    clock = [0.0]
+    said: list[float] = []
+    lines = LogLines(every_s=10.0, clock=lambda: clock[0])
+    lines._say = lambda: (said.append(clock[0]), LogLines._say(lines))  # type: ignore[method-assign]
+    lines.start(None)
+    for step in range(400):
+        clock[0] += lines.interval_s + (0.002 if step % 2 else 0.03)
+        lines.advance(RunStats(), ClientCounters())
+    gaps = [b - a for a, b in itertools.pairwise(said)]
+    assert len(gaps) > 10 and all(9.0 < gap <= 10.0 for gap in gaps), gaps
