@@ -155,8 +155,8 @@ async def settle_priority(client: CompletionClient, choice: str, model: str, pro
     client.send_priority = await detect_priority(client, model, probe)
     if choice == "on" and not client.send_priority:
         raise ServerError(
-            f"{client.endpoints[0].url} does not take a request priority: start vLLM with "
-            "--scheduling-policy priority, or pass --server-priority auto"
+            f"not every server ({', '.join(e.url for e in client.endpoints)}) takes a request priority: start "
+            "vLLM with --scheduling-policy priority, or pass --server-priority auto"
         )
 
 

@@ -109,7 +109,11 @@ def grant_order(priorities: list[tuple[int, int]]) -> list[int]:
     return answered
 
 
-def test_when_slots_are_scarce_older_groups_and_later_stages_go_first():
+def test_when_slots_are_scarce_older_groups_go_first_and_within_one_its_earlier_stages():
+    """Within a group, the call of an earlier stage goes first: a group is written when its last execution ends,
+    and the execution furthest behind (still at an earlier stage) has the most work left, so serving it first
+    ends the group soonest (critical path first); serving the nearly done ones first would only make them wait
+    for it. Across groups the older one goes first, whatever its stage."""
     assert grant_order([(5, 0), (1, 2), (3, 0), (1, 0), (0, 1)]) == [4, 3, 1, 2, 0]
 
 
@@ -550,3 +554,21 @@ def test_without_a_terminal_a_line_comes_at_least_every_10_seconds():
         lines.advance(RunStats(), ClientCounters())
     gaps = [b - a for a, b in itertools.pairwise(said)]
     assert len(gaps) > 10 and all(9.0 < gap <= 10.0 for gap in gaps), gaps
+
+
+def test_the_priority_is_sent_only_when_every_endpoint_takes_it(problems, tmp_path):
+    takes = SimServer(script=Script.from_jsonl(problems), scheduling_policy="priority")
+    refuses = SimServer(script=Script.from_jsonl(problems))  # fcfs: a non-zero priority is a 400
+    takes.start()
+    refuses.start()
+    try:
+        code, output = generate(
+            str(problems), "-o", str(tmp_path / "out"), "--base-url", f"{takes.url},{refuses.url}", "--tokenizer",
+            TOKENIZER, "--reward", "exact", "--num-parallel", "2",
+        )  # fmt: skip
+    finally:
+        takes.stop()
+        refuses.stop()
+    assert code == 0, output
+    assert Manifest.load(tmp_path / "out").servers[-1]["priority"] is False
+    assert f"{refuses.url} does not take a request priority" in output
