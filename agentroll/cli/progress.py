@@ -65,9 +65,8 @@ class LogLines(ProgressHook):
 
     def __init__(self, every_s: float = 10.0, clock: Callable[[], float] | None = None) -> None:
         self.every_s, self.clock = every_s, clock or time.monotonic
-        clock = self.clock
         self.due = -math.inf  # when the next line is due
-        self.rates = Rates(started=clock())
+        self.rates = Rates(started=self.clock())
         self.total: int | None = None
         self.seen: tuple[RunStats, ClientCounters] | None = None
 
