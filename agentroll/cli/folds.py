@@ -1,10 +1,10 @@
 """Warnings that come once per item (a group not written) folded: a few said in full, then counts per reason.
 
 A record logged with `extra={"fold": (kind, reason)}` is one of a kind (`kind` in the plural: "groups not
-written"). The first `first` of each kind are said as
-they are; later ones are counted by reason and said as one line every `every_s` seconds (on the next one of the
-kind to come) and at the end (`said`), so a run where many groups fail keeps a screen a person can read and still
-accounts for every one of them. Other records pass untouched (`console.Repeats` folds exact repeats).
+written"). The first `first` of each kind are said as they are; later ones are counted by reason and said as one
+line every `every_s` seconds (when the next one of the kind comes, or on the CLI's timer: `due`) and at the end
+(`said`), so a run where many groups fail keeps a screen a person can read and still accounts for every one of
+them. Other records pass untouched (`console.Repeats` folds exact repeats).
 """
 
 from __future__ import annotations
@@ -52,6 +52,17 @@ class Folds(logging.Filter):
         if rest:
             parts.append(f"{rest}x for other reasons")
         return f"{kind}: {sum(reasons.values())} more ({'; '.join(parts)}), {self.seen[kind]} in all so far"
+
+    def due(self) -> list[str]:
+        """The counts of the kinds last said `every_s` ago or more, for a timer: a burst of failures followed by
+        quiet is still said within the period, not only at the end."""
+        now = self.clock()
+        lines = []
+        for kind in [k for k, reasons in self.pending.items() if reasons]:
+            if now - self.last.get(kind, now) >= self.every_s:
+                self.last[kind] = now
+                lines.append(self._line(kind))
+        return lines
 
     def said(self) -> list[str]:
         """The counts not said yet, one line per kind, for the end of the run."""

@@ -194,7 +194,7 @@ INPUT_HELP = (
 )
 
 
-async def _supervised(runner: Runner, interrupts: Interrupts) -> None:
+async def _supervised(runner: Runner, interrupts: Interrupts, folds: Folds) -> None:
     """Run; the first SIGINT/SIGTERM cancels the run in the loop (the runner closes the folder cleanly)."""
     import asyncio
 
@@ -211,7 +211,14 @@ async def _supervised(runner: Runner, interrupts: Interrupts) -> None:
     def stop(signum: int) -> None:  # in the signal handler: the rest in the loop, between two of its steps
         loop.call_soon_threadsafe(first, signum)
 
+    async def say_folded() -> None:  # counts of folded warnings, within their period even when none follows
+        while True:
+            await asyncio.sleep(1.0)
+            for line in folds.due():
+                log.warning(line)
+
     interrupts.stop = stop
+    timer = asyncio.ensure_future(say_folded())
     try:
         await task
     except asyncio.CancelledError:
@@ -219,6 +226,7 @@ async def _supervised(runner: Runner, interrupts: Interrupts) -> None:
             raise
     finally:
         interrupts.stop = None
+        timer.cancel()
 
 
 def run_generate(
@@ -273,7 +281,7 @@ def _outcome(runner: Runner, interrupts: Interrupts, quiet: bool, debug: bool, f
     0, one that comes while the summary is said after an unfinished run gives its own code."""
     code: int
     try:
-        run_async(_supervised(runner, interrupts))
+        run_async(_supervised(runner, interrupts, folds))
         code = interrupts.code or 0
     except PipeClosed:
         return PipeClosed.exit_code
