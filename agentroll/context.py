@@ -284,7 +284,7 @@ class Context:
                 )
             except CallFailed as exc:
                 self.engine.stats.stage(stage).failed_calls += 1
-                log.warning("problem %s sample %d %s %d failed: %s", p.id, self.sample_index, stage, worker, exc)
+                log.debug("problem %s sample %d %s %d failed: %s", p.id, self.sample_index, stage, worker, exc)
                 raise self._failed(f"{stage} call failed: {exc}") from exc
             if journal is not None:
                 journal.put(*sent, (p.id, p.content_hash), done.to_json())

@@ -11,6 +11,7 @@ import asyncio
 import os
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from .client import Budget, ClientCounters, CompletionClient, follow_metrics
 from .context import Stage
 from .errors import InputError, UsageError
 from .group import Group, annotate
-from .handshake import discover, renders_otherwise, server_facts, settle_stage_api
+from .handshake import discover, renders_otherwise, server_facts, settle_stage_api, stage_setups
 from .inputs import InputKeys, Problem, problem_from_row
 from .options import GenerateOptions
 from .parity import server_renderer
@@ -121,7 +122,8 @@ class Generator:
             self.logprobs_mode = server["logprobs_mode"]
             if client.adaptive:
                 await follow_metrics(client)
-            stages, stage_settings = await self._stages(Stage("", client, encoder, config))
+            main = Stage("", client, encoder, config)
+            stages, stage_settings = await stage_setups(o, main, model, partial(self._stage_client, main=main))
             self._system = AgentSystem(
                 client,
                 encoder,
@@ -150,7 +152,8 @@ class Generator:
         if self.journal is None and self._journal_path is not None:
             from .folder.journal import Journal
 
-            self.journal = Journal(self._journal_path, fingerprint=self.server)
+            fingerprint = journal_fingerprint(self.model, self.server, self.options.return_routed_experts)
+            self.journal = Journal(self._journal_path, fingerprint=fingerprint)
             self.journal.open(done)
             assert self._system is not None
             self._system.use_journal(self.journal)
@@ -319,40 +322,6 @@ class Generator:
         self.stats.use_stages(system.stages, vocabulary_of(system))  # none declared: added as they run
         return system
 
-    async def _stages(self, main: Stage) -> tuple[dict[str, Stage], dict[str, dict[str, Any]]]:
-        """Stages with settings of their own (--stage NAME.KEY=VALUE): another served model or server, with its
-        tokenizer and context length, or other sampling. A stage that runs another model is frozen (trainable
-        false) unless its settings say otherwise: its samples are kept, marked, for analysis. Also returns what
-        the settings guard keeps of them: the settings less base_url (where a stage runs is not what it is, as
-        with --base-url), plus the model each one resolved to."""
-        o = self.options
-        out: dict[str, Stage] = {}
-        guard: dict[str, dict[str, Any]] = {}
-        clients: dict[str, CompletionClient] = {}
-        for name, settings in o.stage_settings().items():
-            client, encoder = main.client, main.encoder
-            url, model, tokenizer_name = settings.get("base_url"), settings.get("model"), settings.get("tokenizer")
-            length, root = main.config.max_context_len, None
-            if url:
-                client = clients.get(url) or await self._stage_client(url, main)
-                clients[url] = client
-            if url or model:
-                model, served, root = await discover(client, model or (None if url else self.model), name)
-                length = o.max_context_len or served
-            model = model or self.model
-            if tokenizer_name or model != self.model:
-                _, tokenizer = await asyncio.to_thread(
-                    load_first, tokenizer_candidates(tokenizer_name, model, root), False, not tokenizer_name
-                )
-                encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
-            overrides = {k: v for k, v in settings.items() if k not in ("base_url", "tokenizer", "trainable")}
-            config = main.config.with_overrides(
-                {**overrides, "model": model, "max_context_len": length}, f"--stage {name}"
-            )
-            out[name] = Stage(name, client, encoder, config, settings.get("trainable", model == self.model))
-            guard[name] = {**{k: v for k, v in settings.items() if k != "base_url"}, "model": model}
-        return out, guard
-
     async def _stage_client(self, url: str, main: Stage) -> CompletionClient:
         """A client for a stage's own server, inside the run's request budget and counters (under auto, with a cap
         of its own that follows its /metrics), on the run's token API."""
@@ -399,6 +368,18 @@ class Generator:
             **({"length_shaping": self._length.settings()} if self._length.active else {}),
             **code_settings(o),
         }
+
+
+JOURNALED_FACTS = ("api", "logprobs_mode", "tokenizer_sha256", "chat_template_sha256", "revision")
+
+
+def journal_fingerprint(model: str, server: dict[str, Any], routes: bool) -> dict[str, Any]:
+    """What a journaled call's answer depends on beyond what each entry's digest holds (its prompt ids, sampling,
+    model and top-k): the token API (the response text is the server's, or decoded here), what the logprobs
+    mean, the tokenizer and chat template that decode it, the weights' revision, and whether routes are kept. Not
+    the request priority, the model's root path or the vLLM version: a journal made with or without them is
+    replayed (a changed one discards the journal whole)."""
+    return {"model": model, **{k: server.get(k) for k in JOURNALED_FACTS}, "routes": routes}
 
 
 def code_settings(o: GenerateOptions) -> dict[str, Any]:

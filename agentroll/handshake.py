@@ -1,5 +1,6 @@
 """What a run learns from its servers before the first real call: the served model and its context length, where
-prompts are rendered, the token API, the request priority and what the logprobs mean.
+prompts are rendered, the token API, the request priority and what the logprobs mean; and each stage's own
+server, model and tokenizer (`stage_setups`).
 
 Each step asks the server once and fails the run here, with one line, rather than on every call.
 """
@@ -8,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
 from . import provenance
-from .chat import ChatEncoder, load_tokenizer
+from .chat import ChatEncoder, load_first, load_tokenizer, tokenizer_candidates
 from .client import CompletionClient, detect_api, detect_priority
+from .context import Stage
 from .errors import ServerError, UsageError
 from .options import GenerateOptions
 from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages
@@ -152,6 +155,42 @@ async def settle_priority(client: CompletionClient, choice: str, model: str, pro
     client.send_priority = await detect_priority(client, model, probe)
     if choice == "on" and not client.send_priority:
         raise ServerError(
-            f"{client.endpoints[0].url} does not take a request priority: start vLLM with "
-            "--scheduling-policy priority, or pass --server-priority auto"
+            f"not every server ({', '.join(e.url for e in client.endpoints)}) takes a request priority: start "
+            "vLLM with --scheduling-policy priority, or pass --server-priority auto"
         )
+
+
+async def stage_setups(
+    o: GenerateOptions, main: Stage, model: str, new_client: Callable[[str], Awaitable[CompletionClient]]
+) -> tuple[dict[str, Stage], dict[str, dict[str, Any]]]:
+    """Stages with settings of their own (--stage NAME.KEY=VALUE): another served model or server (`new_client`
+    makes one), with its tokenizer and context length, or other sampling. A stage that runs another model than
+    the run's `model` is frozen (trainable false) unless its settings say otherwise: its samples are kept, marked,
+    for analysis. Also returns what the settings guard keeps of them: the settings less base_url (where a stage
+    runs is not what it is, as with --base-url), plus the model each one resolved to."""
+    out: dict[str, Stage] = {}
+    guard: dict[str, dict[str, Any]] = {}
+    clients: dict[str, CompletionClient] = {}
+    for name, settings in o.stage_settings().items():
+        client, encoder = main.client, main.encoder
+        url, served_model, tokenizer_name = settings.get("base_url"), settings.get("model"), settings.get("tokenizer")
+        length, root = main.config.max_context_len, None
+        if url:
+            client = clients.get(url) or await new_client(url)
+            clients[url] = client
+        if url or served_model:
+            served_model, served, root = await discover(client, served_model or (None if url else model), name)
+            length = o.max_context_len or served
+        served_model = served_model or model
+        if tokenizer_name or served_model != model:
+            _, tokenizer = await asyncio.to_thread(
+                load_first, tokenizer_candidates(tokenizer_name, served_model, root), False, not tokenizer_name
+            )
+            encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
+        overrides = {k: v for k, v in settings.items() if k not in ("base_url", "tokenizer", "trainable")}
+        config = main.config.with_overrides(
+            {**overrides, "model": served_model, "max_context_len": length}, f"--stage {name}"
+        )
+        out[name] = Stage(name, client, encoder, config, settings.get("trainable", served_model == model))
+        guard[name] = {**{k: v for k, v in settings.items() if k != "base_url"}, "model": served_model}
+    return out, guard

@@ -19,16 +19,26 @@ from .stats import RunStats
 class Progress:
     """A run's progress hook (the default says nothing)."""
 
-    interval_s: float = 1.0  # how often the runner's ticker calls `advance` between groups
+    @property
+    def interval_s(self) -> float:
+        """How long the runner's ticker waits before it next calls `advance` between groups."""
+        return 1.0
 
     def start(self, total: int | None) -> None: ...
     def advance(self, stats: RunStats, requests: ClientCounters) -> None: ...
     def stop(self) -> None: ...
 
 
+def worked(stats: RunStats) -> int:
+    """Groups settled by this run's own work: the rates leave out those a resume found on disk already (read
+    and skipped at once), which the ETA still counts as done."""
+    return stats.groups_settled - stats.problems_skipped_done
+
+
 @dataclass
 class Rates:
-    """Groups and requests per second over the last `window_s` (since the start until then), and an ETA."""
+    """Groups and requests per second over the last `window_s` (since the start until then), and an ETA. `add`
+    takes the groups this run made (`worked`); `eta_s` the groups done in all."""
 
     window_s: float = 60.0
     started: float = field(default_factory=lambda: time.monotonic())

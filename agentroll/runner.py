@@ -238,6 +238,7 @@ class Runner:
                 group.problem.source,
                 group.problem.line,
                 group.error,
+                extra={"fold": ("groups not written (a rerun redoes them)", str(group.error))},
             )
         self.progress.advance(stats, self.generator.counters)
         limit = self.run_options.max_failures

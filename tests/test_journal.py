@@ -195,3 +195,80 @@ def test_overwrite_discards_the_journal(tmp_path):
     again = Journal(Layout(tmp_path).journal)
     assert again.open() == 0
     again.close()
+
+
+SERVER = {
+    "api": "completions",
+    "priority": True,
+    "vllm_version": "0.32.0",
+    "root": "/models/a",
+    "revision": None,
+    "logprobs_mode": "raw_logprobs",
+    "tokenizer_sha256": "t1",
+    "chat_template_sha256": "c1",
+    "rendered_prompts_sha256": "r1",
+}
+
+
+def test_the_journal_is_kept_across_changes_that_cannot_change_a_record():
+    from agentroll.generator import journal_fingerprint
+
+    kept = journal_fingerprint("m", SERVER, routes=False)
+    for harmless in ({"priority": False}, {"root": "/mnt/elsewhere/a"}, {"vllm_version": "0.32.1"}):
+        assert journal_fingerprint("m", {**SERVER, **harmless}, routes=False) == kept, harmless
+    for telling in (
+        {"api": "generate"},
+        {"logprobs_mode": "processed_logprobs"},
+        {"tokenizer_sha256": "t2"},
+        {"chat_template_sha256": "c2"},
+        {"revision": "0" * 40},
+    ):
+        assert journal_fingerprint("m", {**SERVER, **telling}, routes=False) != kept, telling
+    assert journal_fingerprint("other", SERVER, routes=False) != kept
+    assert journal_fingerprint("m", SERVER, routes=True) != kept
+
+
+def test_a_generator_with_a_journal_replays_the_calls_an_earlier_one_left(tmp_path):
+    """The Python API: stop after a few groups; a new Generator on the same journal (here with the server's
+    priority turned off, which changes no record) replays the finished calls of the groups left unfinished."""
+    import asyncio
+
+    import orjson
+
+    problems = write_problems(tmp_path / "p.jsonl", 8)
+    rows = [orjson.loads(line) for line in problems.read_bytes().splitlines()]
+    server = SimServer(
+        script=Script.from_jsonl(problems), faults=Faults(latency_s=0.05), max_running=4, scheduling_policy="priority"
+    )
+    server.start()
+    options = {"base_url": server.url, "tokenizer": TOKENIZER, "reward": "exact", "seed": 3, "concurrency": 4}
+
+    async def first() -> list[str]:
+        async with agentroll.Generator(journal=tmp_path / "journal", **options) as gen:
+            assert gen.server["priority"] is True
+            handed: list[str] = []
+            async for group in gen.stream(rows):
+                handed.append(group.problem_id)
+                gen.settle(group)  # stored by the caller
+                assert gen.journal is not None
+                if gen.journal.live:
+                    break  # the groups still running are cancelled: their finished calls stay journaled
+            assert len(handed) < len(rows)
+            return handed
+
+    async def second(rest: list[dict]) -> tuple[int, int, int]:
+        async with agentroll.Generator(journal=tmp_path / "journal", server_priority="off", **options) as gen:
+            kept = gen.open_journal()
+            groups = [g async for g in gen.stream(rest)]
+            assert all(g.status == "complete" for g in groups) and len(groups) == len(rest)
+            return kept, gen.stats.calls_replayed, len(generations(server))
+
+    try:
+        handed = asyncio.run(first())
+        asked_first = len(generations(server))
+        server.log.clear()
+        kept, replayed, asked_second = asyncio.run(second([r for r in rows if r["id"] not in handed]))
+    finally:
+        server.stop()
+    assert kept > 0 and replayed == kept
+    assert asked_first + asked_second < 8 * 3 * 4 + 3  # the replayed calls were not asked again (one per record)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -320,13 +319,15 @@ def test_the_uniform_filter_judges_whole_groups_only_and_never_records_a_failure
     try:
         first = run_cli(*args(problems, out, server.url, *extra))
         assert first.returncode == 8, first.stderr.decode()
-        failed = set(re.findall(r"problem (p\d+) \(.*\): group not written", first.stderr.decode()))
         filtered = {
             json.loads(line)["problem_id"] for line in (out / ".agentroll" / "filtered.jsonl").read_text().splitlines()
         }
         stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
-        assert len(failed) == stats["groups_failed"] > 0
-        assert not failed & filtered and not failed & set(whole_groups(out))
+        written = set(whole_groups(out))
+        # a failed group recorded as filtered (or written) would be counted twice (failed groups are folded in
+        # the log after the first few, so they are counted here, not named)
+        assert stats["groups_failed"] > 0 and not written & filtered
+        assert stats["groups_failed"] + len(filtered) + len(written) == 16
         server.faults.error_rate = 0.0
         second = run_cli(*args(problems, out, server.url, *extra))
         assert second.returncode == 0, second.stderr.decode()

@@ -4,9 +4,7 @@ and help, shared with `agentroll.Generator`), shown in panels; the run, its sign
 from __future__ import annotations
 
 import inspect
-import os
 import signal
-import time
 from dataclasses import fields as dataclass_fields
 from typing import Annotated, Any, get_type_hints
 
@@ -19,7 +17,9 @@ from ..progress import Progress as ProgressHook
 from ..run_options import RUN_OPTION_NAMES, RunOptions
 from ..runner import Runner
 from .console import REPEATS, err, error, log, run_async, setup_logging
+from .folds import Folds
 from .help import Command, help_text, metavar
+from .interrupts import Interrupts
 from .progress import LogLines, RichBar
 from .summary import print_summary
 
@@ -194,55 +194,41 @@ INPUT_HELP = (
     "Prompts: JSONL, .jsonl.gz, .jsonl.zst or Parquet (told by their bytes), or - for stdin (JSONL); "
     "or none, with --mix."
 )
-DOUBLE_S = 1.0  # two interrupts this close are one said twice (a terminal's, `timeout -s INT`'s)
 
 
-async def _supervised(runner: Runner) -> int | None:
-    """Run, turning the first SIGINT/SIGTERM into a cancellation (the runner closes the folder cleanly); a
-    second one, a second or more later, exits at once (the next run repairs the partial shard). Returns the
-    signal number, if any."""
+async def _supervised(runner: Runner, interrupts: Interrupts, folds: Folds) -> None:
+    """Run; the first SIGINT/SIGTERM cancels the run in the loop (the runner closes the folder cleanly)."""
     import asyncio
 
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(runner.run())
-    received: list[int] = []
-    first = 0.0
 
-    def on_signal(signum: int) -> None:
-        nonlocal first
-        if received:
-            if time.monotonic() - first < DOUBLE_S:
-                log.debug("%s again within %.0fs: taken as the same interrupt", signal.Signals(signum).name, DOUBLE_S)
-                return
-            log.error("second interrupt: stopping at once")
-            os._exit(128 + signum)
-        received.append(signum)
-        first = time.monotonic()
+    def first(signum: int) -> None:
         log.warning(
             "%s: finishing up; the output folder stays resumable (interrupt again to stop at once)",
             signal.Signals(signum).name,
         )
         task.cancel()
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
+    def stop(signum: int) -> None:  # in the signal handler: the rest in the loop, between two of its steps
+        loop.call_soon_threadsafe(first, signum)
+
+    async def say_folded() -> None:  # counts of folded warnings, within their period even when none follows
+        while True:
+            await asyncio.sleep(1.0)
+            for line in folds.due():
+                log.warning(line)
+
+    interrupts.stop = stop
+    timer = asyncio.ensure_future(say_folded())
     try:
         await task
     except asyncio.CancelledError:
-        if not received:
+        if interrupts.first is None:
             raise
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-        if received:  # the run may end before the echo of its interrupt comes: that echo is still the same one
-
-            def late(signum: int, frame: object) -> None:
-                if time.monotonic() - first >= DOUBLE_S:
-                    raise KeyboardInterrupt
-
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, late)
-    return received[0] if received else None
+        interrupts.stop = None
+        timer.cancel()
 
 
 def run_generate(
@@ -255,16 +241,25 @@ def run_generate(
 ) -> int:
     """The exit code of a whole run (README: exit codes)."""
     restore = setup_logging(quiet, debug)
+    folds = Folds()
+    for handler in log.handlers:
+        handler.addFilter(folds)
     try:
         if run.get("ray") is not None:  # `--ray ""` too: refused there, not run without Ray
             return _run_ray(run, generate, quiet, debug)
-        return _generate(run, generate, quiet, debug, progress, demo)
+        return _generate(run, generate, quiet, debug, progress, demo, folds)
     finally:  # an in-process caller's logging is its own again
         restore()
 
 
 def _generate(
-    run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool, progress: ProgressHook | None, demo: bool
+    run: dict[str, Any],
+    generate: dict[str, Any],
+    quiet: bool,
+    debug: bool,
+    progress: ProgressHook | None,
+    demo: bool,
+    folds: Folds,
 ) -> int:
     try:
         runner = Runner(RunOptions(**run), generate, demo=demo)
@@ -275,15 +270,21 @@ def _generate(
         runner.progress = progress
     elif not quiet:
         runner.progress = RichBar() if err.is_terminal else LogLines()
+    interrupts = Interrupts(lambda: runner.result is not None and runner.result.committed)
+    interrupts.install()
+    try:
+        return _outcome(runner, interrupts, quiet, debug, folds)
+    finally:
+        interrupts.restore()
+
+
+def _outcome(runner: Runner, interrupts: Interrupts, quiet: bool, debug: bool, folds: Folds) -> int:
+    """Run, say what happened, and give the exit code; a signal that comes once the folder is complete leaves it
+    0, one that comes while the summary is said after an unfinished run gives its own code."""
     code: int
     try:
-        signum = run_async(_supervised(runner))
-        code = 128 + signum if signum is not None else 0
-        if signum is not None and runner.result is not None and runner.result.committed:
-            log.info(
-                "%s came after the run had written everything (complete: true): exit 0", signal.Signals(signum).name
-            )
-            code = 0
+        run_async(_supervised(runner, interrupts, folds))
+        code = interrupts.code or 0
     except PipeClosed:
         return PipeClosed.exit_code
     except AgentrollError as exc:
@@ -292,12 +293,20 @@ def _generate(
         error(str(exc))
         code = exc.exit_code
     except KeyboardInterrupt:
-        code = 130
+        code = interrupts.code or 130
     result = runner.result
-    for line in REPEATS.said():
-        log.warning(line)
-    if result is not None and not quiet:
-        print_summary(result)
+    try:
+        for line in [*folds.said(), *REPEATS.said()]:
+            log.warning(line)
+        if result is not None and not quiet:
+            print_summary(result)
+    except KeyboardInterrupt:
+        code = interrupts.code or 130
+    if result is not None and result.committed:
+        came = interrupts.first or interrupts.late
+        if came is not None:
+            log.info("%s came after the run had written everything (complete: true): exit 0", signal.Signals(came).name)
+        code = 0 if code == interrupts.code else code
     if code == 0 and result is not None and not result.complete:
         missing = IncompleteRun(
             f"{result.missing_groups} of {result.stats.problems} groups could not be produced "
@@ -315,24 +324,25 @@ def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: 
     from ..cluster import RayJob
 
     job: RayJob | None = None
+    interrupts = Interrupts()
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        assert job is not None
-        if job.stopped is not None:
-            log.error("second interrupt: stopping at once")
-            job.kill()
-            os._exit(128 + signum)
+    def stop(signum: int) -> None:
         log.warning(
             "%s: stopping every partition; their folders stay resumable (interrupt again to stop at once)",
             signal.Signals(signum).name,
         )
+        assert job is not None
         job.stop(signum)
 
-    previous: dict[int, Any] = {}
+    def kill() -> None:
+        if job is not None:
+            job.kill()
+
+    interrupts.stop, interrupts.kill = stop, kill
     try:
         job = RayJob(run, generate, None if quiet else RichBar() if err.is_terminal else LogLines(), debug)
         job.connect()  # Ray sets its own SIGTERM handler here: ours go in after it
-        previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+        interrupts.install()
         result = job.run()
     except AgentrollError as exc:
         if debug:
@@ -342,8 +352,7 @@ def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: 
     except KeyboardInterrupt:
         return 130
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        interrupts.restore()
         if job is not None:
             job.close()
     if not quiet:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from rich.console import Group as RenderGroup
 from rich.live import Live
@@ -12,7 +13,7 @@ from rich.text import Text
 
 from ..client import ClientCounters
 from ..progress import Progress as ProgressHook
-from ..progress import Rates, counts, done_line, duration
+from ..progress import Rates, counts, done_line, duration, worked
 from ..stats import RunStats
 from .console import err, log
 
@@ -44,7 +45,7 @@ class RichBar(ProgressHook):
         self.live.start()
 
     def advance(self, stats: RunStats, requests: ClientCounters) -> None:
-        self.rates.add(stats.groups_settled, requests.requests)
+        self.rates.add(worked(stats), requests.requests)
         eta = duration(self.rates.eta_s(self.total, stats.groups_settled))
         rates = f"{self.rates.groups_per_s:.2f} groups/s  {self.rates.requests_per_s:.1f} req/s  ETA {eta}"
         self.bar.update(self.task, completed=stats.groups_settled, rates=rates)
@@ -56,29 +57,38 @@ class RichBar(ProgressHook):
 
 class LogLines(ProgressHook):
     """No terminal (cron, CI): a timestamped line at the start, at least every `every_s` seconds, and at the end,
-    each with done/total, rates and ETA."""
+    each with done/total, rates and ETA. The next line is due `every_s` after the last; the runner's ticker is
+    asked to wake `EARLY_S` before that (`interval_s`), so a tick that comes a little late still keeps the gap
+    within `every_s`."""
 
-    interval_s = 1.0
+    EARLY_S = 0.25
 
-    def __init__(self, every_s: float = 10.0) -> None:
-        self.every_s, self.last = every_s, -math.inf
-        self.rates = Rates()
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] | None = None) -> None:
+        self.every_s, self.clock = every_s, clock or time.monotonic
+        self.due = -math.inf  # when the next line is due
+        self.rates = Rates(started=self.clock())
         self.total: int | None = None
         self.seen: tuple[RunStats, ClientCounters] | None = None
 
+    @property
+    def interval_s(self) -> float:
+        return max(0.01, min(1.0, self.due - self.EARLY_S - self.clock()))
+
     def start(self, total: int | None) -> None:
         self.total = total
+        self.rates = Rates(started=self.clock())
         self.advance(RunStats(), ClientCounters())
 
     def advance(self, stats: RunStats, requests: ClientCounters) -> None:
         self.seen = (stats, requests)
-        self.rates.add(stats.groups_settled, requests.requests)
-        if time.monotonic() - self.last >= self.every_s:
+        now = self.clock()
+        self.rates.add(worked(stats), requests.requests, now)
+        if now >= self.due - self.EARLY_S:
             self._say()
 
     def _say(self) -> None:
         assert self.seen is not None
-        self.last = time.monotonic()
+        self.due = self.clock() + self.every_s
         stats, requests = self.seen
         log.info("progress: %s; %s", done_line(stats, requests, self.total, self.rates), counts(stats, requests))
 

@@ -2,9 +2,8 @@
 
 The prompt goes out as token ids; the response's token ids and logprobs are taken from the server's answer as
 they are, never re-tokenized. Completion slots are granted best priority first (`slots.py`); transient failures
-are retried with jittered exponential backoff, without holding a slot; 401/403/404 end the run. An endpoint leaves
-the rotation only on evidence that it is down (`endpoints.py`); when every endpoint is down, calls wait (one line
-when the pause starts, one when it ends) up to the down timeout.
+are retried with jittered exponential backoff, without holding a slot; 401/403/404 end the run. Which endpoints
+take calls, and the pause when none does, is `rotation.py`'s.
 """
 
 from __future__ import annotations
@@ -20,13 +19,12 @@ import orjson
 
 from ..errors import ServerError
 from ..wire import APIS, PATHS, Completion, WireError, parse, request_body
-from .endpoints import Endpoint, normalize_base_url
+from .endpoints import FATAL_STATUS, RETRYABLE_STATUS, Endpoint, normalize_base_url
+from .rotation import Rotation
 from .settings import ClientSettings
 from .slots import FIRST, Budget, ClientCounters, Priority, Queue, Waiter
 from .transport import AiohttpTransport, Transport, TransportFailure
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-FATAL_STATUS = frozenset({401, 403, 404})
 FINISHED = frozenset({"stop", "length"})  # what a finished generation ends with; "abort" and the rest are retried
 
 log = logging.getLogger("agentroll")
@@ -94,9 +92,7 @@ class CompletionClient:
         # generations, and never takes a slot a completion needs
         self._aux_slots = asyncio.Semaphore(s.concurrency.aux)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._back = asyncio.Event()  # an endpoint came back
-        self._outage: float | None = None  # when every endpoint went down
-        self._dead: ServerError | None = None  # down past the down timeout: every call fails
+        self.rotation = Rotation(self.endpoints, s, self._ask, self.spawn, self._rotated)
 
     @property
     def counters(self) -> ClientCounters:
@@ -123,6 +119,9 @@ class CompletionClient:
         """A request outside the completion slots (health, metrics, model list, probes), a few at a time."""
         async with self._aux_slots:
             return await self.transport.request(method, url, payload, self.settings.timeouts.aux_s)
+
+    async def _ask(self, method: str, url: str, payload: bytes | None) -> tuple[int, bytes]:
+        return await self.side_request(method, url, payload)
 
     # -- choosing an endpoint -------------------------------------------------------------------------------------
     def _choose(self, waiter: Waiter | None) -> Endpoint | None:
@@ -155,8 +154,8 @@ class CompletionClient:
         self, priority: Priority, prefer: Endpoint | None, avoid: Endpoint | None, key: str | None
     ) -> Endpoint:
         """A completion slot and its endpoint, granted best priority first."""
-        if self._dead is not None:
-            raise self._dead
+        if self.rotation.dead is not None:
+            raise self.rotation.dead
         budget = self.budget
         budget.started(priority[0])
         waiter = Waiter(asyncio.get_running_loop().create_future(), prefer, avoid, key, priority[0])
@@ -174,94 +173,17 @@ class CompletionClient:
                 budget.release(waiter.future.result(), waiter.group)  # granted, then cancelled: the slot goes on
             raise
 
-    async def live(self, prefer: Endpoint | None = None, avoid: Endpoint | None = None) -> Endpoint:
-        """An endpoint that is up, for calls that take no completion slot (renders, probes); with every endpoint
-        down, waits for one to come back, up to the down timeout."""
-        while True:
-            if self._dead is not None:
-                raise self._dead
-            up = [e for e in self.endpoints if not e.down]
-            if up:
-                if prefer is not None and prefer in up and prefer is not avoid:
-                    return prefer
-                return min([e for e in up if e is not avoid] or up, key=lambda e: e.in_flight)
-            self._back.clear()
-            await self._back.wait()
-
-    # -- health ---------------------------------------------------------------------------------------------------
-    def _failed(self, endpoint: Endpoint, error: str) -> None:
-        """A failure on `endpoint`: ask its /health (once per probe interval); bench it on the evidence."""
-        endpoint.record(ok=False, error=error)
-        if endpoint.down:
-            return
-        if endpoint.failing() and any(not e.down for e in self.endpoints if e is not endpoint):
-            self.mark_down(endpoint, f"{error} (most of its recent calls failed)")
-            return
-        if endpoint.may_probe():
-            endpoint.probing, endpoint.last_probe = True, time.monotonic()
-            self.spawn(self._check(endpoint))
-
-    async def _check(self, endpoint: Endpoint) -> None:
-        try:
-            ok = await self._healthy(endpoint)
-        finally:
-            endpoint.probing = False
-        if not ok and not endpoint.down:
-            self.mark_down(endpoint, endpoint.last_error)
-
-    async def _healthy(self, endpoint: Endpoint) -> bool:
-        try:
-            status, _ = await self.side_request("GET", f"{endpoint.url}/health")
-        except TransportFailure:
-            return False
-        return status == 200
-
+    # -- health (rotation.py) ------------------------------------------------------------------------------------
     def mark_down(self, endpoint: Endpoint, error: str) -> None:
-        """Out of rotation until `GET /health` answers 200 again."""
-        if endpoint.down:
-            return
-        endpoint.down, endpoint.last_error = True, error
-        log.warning(
-            "endpoint %s out of rotation (%s); probing /health every %.0fs",
-            endpoint.url,
-            error,
-            self.settings.health.probe_interval_s,
-        )
-        self.spawn(self._probe(endpoint))
-        if all(e.down for e in self.endpoints) and self._outage is None:
-            self._outage = time.monotonic()
-            log.warning(
-                "every endpoint is down: calls wait up to %.0fs for one to answer /health",
-                self.settings.health.down_timeout_s,
-            )
-            self.spawn(self._outage_deadline())
+        """Out of rotation until `GET /health` answers 200 again (an endpoint that does not answer at start)."""
+        self.rotation.mark_down(endpoint, error)
 
-    async def _probe(self, endpoint: Endpoint) -> None:
-        while True:
-            await asyncio.sleep(self.settings.health.probe_interval_s)
-            if await self._healthy(endpoint):
-                break
-        endpoint.back()
-        if self._outage is not None:
-            log.warning(
-                "endpoint %s is back after %.1fs of outage: resuming", endpoint.url, time.monotonic() - self._outage
-            )
-            self._outage = None
+    def _rotated(self) -> None:
+        """An endpoint came back (slots to grant), or every one stayed down too long (every waiting call fails)."""
+        if self.rotation.dead is not None:
+            self.budget.fail_all(self.queue, self.rotation.dead)
         else:
-            log.warning("endpoint %s is back", endpoint.url)
-        self._back.set()
-        self.budget.dispatch()
-
-    async def _outage_deadline(self) -> None:
-        started = self._outage
-        await asyncio.sleep(self.settings.health.down_timeout_s)
-        if self._outage is not None and self._outage == started:
-            detail = "; ".join(f"{e.url}: {e.last_error}" for e in self.endpoints)
-            self._dead = ServerError(
-                f"every endpoint has been down for {self.settings.health.down_timeout_s:.0f}s ({detail})"
-            )
-            self.budget.fail_all(self.queue, self._dead)
-            self._back.set()
+            self.budget.dispatch()
 
     # -- plain requests -------------------------------------------------------------------------------------------
     async def get_json(self, path: str, endpoint: Endpoint | None = None) -> Any:
@@ -301,7 +223,7 @@ class CompletionClient:
         attempt, avoid = 0, None
         while True:
             attempt += 1
-            endpoint = await self.live(avoid=avoid)
+            endpoint = await self.rotation.live(avoid=avoid)
             try:
                 status, raw = await self.side_request("POST", f"{endpoint.url}{path}", payload)
             except TransportFailure as exc:
@@ -371,6 +293,8 @@ class CompletionClient:
                         endpoint,
                     )
             except CallFailed as exc:
+                if exc.retryable and (self.rotation.trial is None or self.rotation.trial[0] != PATHS[api]):
+                    self._keep_trial(api, model, prompt_ids)
                 if not exc.retryable or attempt > self.settings.retries.max_retries:
                     self.counters.failures += 1
                     raise
@@ -384,6 +308,11 @@ class CompletionClient:
                 continue
             done.endpoint, done.latency_s, done.attempts = endpoint.url, time.monotonic() - started, attempt
             return done
+
+    def _keep_trial(self, api: str, model: str, prompt_ids: list[int]) -> None:
+        """A one-token call like one that failed: what shows that an endpoint benched for its calls answers."""
+        body = request_body(api, model, prompt_ids[:16], {"max_tokens": 1, "temperature": 1.0}, 0)
+        self.rotation.trial = (PATHS[api], orjson.dumps(body))
 
     def _backoff(self, attempt: int) -> float:
         r = self.settings.retries
@@ -409,7 +338,7 @@ class CompletionClient:
                 "POST", endpoint.url + path, payload, self.settings.timeouts.request_s
             )
         except TransportFailure as exc:
-            self._failed(endpoint, str(exc))
+            self.rotation.failed(endpoint, str(exc))
             raise CallFailed(f"{endpoint.url}: {exc}", retryable=True, endpoint=endpoint) from None
         finally:
             self.budget.release(endpoint, group)
@@ -424,7 +353,7 @@ class CompletionClient:
             raise ServerError(f"{endpoint.url} answered {status}: {message}", status)
         retryable = status in RETRYABLE_STATUS
         if retryable:
-            self._failed(endpoint, f"HTTP {status}: {message}")
+            self.rotation.failed(endpoint, f"HTTP {status}: {message}")
         else:
             endpoint.record(ok=True)  # the server answered: a bad request is not a sign that it is down
         raise CallFailed(f"HTTP {status}: {message}", status, retryable, endpoint)

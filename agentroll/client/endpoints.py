@@ -1,9 +1,6 @@
 """One server of the rotation: its calls in flight, its limit, and the evidence on whether it is up.
 
-An endpoint leaves the rotation on evidence that it is down, never for a few unlucky answers among many in
-flight: a failure makes the client ask its `/health` (at most once per probe interval), and only a failing probe,
-or a failure share over the recent window that retries cannot absorb while another endpoint can take the calls,
-benches it (`Health`). A benched endpoint is probed until its /health answers 200 again.
+It keeps the outcomes of its recent calls: the evidence `rotation.Rotation` benches it on.
 """
 
 from __future__ import annotations
@@ -15,6 +12,9 @@ from urllib.parse import urlsplit
 
 from ..errors import UsageError
 from .settings import Health
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+FATAL_STATUS = frozenset({401, 403, 404})
 
 
 def normalize_base_url(url: str) -> str:
@@ -43,6 +43,7 @@ class Endpoint:
         self.limit: float = math.inf  # --concurrency auto: this endpoint's own cap, moved by its /metrics
         self.last_probe = -math.inf  # when its /health was last asked after a failure
         self.probing = False
+        self.benched_for_calls = False  # benched because its calls failed, not its /health
         self._outcomes: deque[tuple[float, bool]] = deque()
 
     def record(self, ok: bool, error: str = "") -> None:
@@ -54,11 +55,11 @@ class Endpoint:
         while outcomes and outcomes[0][0] < now - self.health.window_s:
             outcomes.popleft()
 
-    def failing(self) -> bool:
-        """More failures over the window than retries can absorb."""
+    def failing(self, share: float) -> bool:
+        """More than `share` of its calls over the window failed (out of enough calls to tell)."""
         calls = len(self._outcomes)
         failed = sum(1 for _, ok in self._outcomes if not ok)
-        return calls >= self.health.bench_min_calls and failed > self.health.bench_share * calls
+        return calls >= self.health.bench_min_calls and failed > share * calls
 
     def may_probe(self) -> bool:
         """Ask its /health after a failure? Not while a probe runs or was asked within the probe interval."""

@@ -47,19 +47,24 @@ async def detect_api(client: CompletionClient, model: str, token_ids: list[int])
 
 
 async def detect_priority(client: CompletionClient, model: str, token_ids: list[int]) -> bool:
-    """Does the server take a request `priority`? One one-token call with priority 1: vLLM without
-    `--scheduling-policy priority` may refuse it (400, "Priority scheduling is not enabled"); vLLM 0.32 takes
-    it under either policy (under fcfs it orders nothing)."""
+    """Does every server take a request `priority`? One one-token call with priority 1 each: vLLM without
+    `--scheduling-policy priority` may refuse it (400, "Priority scheduling is not enabled"); vLLM 0.32 takes it
+    under either policy (under fcfs it orders nothing). One body goes to every endpoint, so it is sent only when
+    all of them take it (one down now gives no yes): one that refused would fail every call sent to it."""
     body = orjson.dumps(request_body(client.api, model, token_ids, {"max_tokens": 1, "temperature": 1.0}, 0, 1))
-    endpoint = client.first_up()
-    try:
-        status, raw = await client.side_request("POST", f"{endpoint.url}{PATHS[client.api]}", body)
-    except TransportFailure:
-        return False
-    if status == 400 and "priority" in error_message(raw, status).lower():
-        log.info(
-            "%s does not take a request priority (vllm serve --scheduling-policy priority): groups are "
-            "ordered by agentroll's own slots only",
-            endpoint.url,
-        )
-    return status == 200
+
+    async def takes(endpoint: Endpoint) -> bool | None:
+        try:
+            status, raw = await client.side_request("POST", f"{endpoint.url}{PATHS[client.api]}", body)
+        except TransportFailure:
+            return None  # down: no verdict from it
+        if status == 400 and "priority" in error_message(raw, status).lower():
+            log.info(
+                "%s does not take a request priority (vllm serve --scheduling-policy priority): groups are "
+                "ordered by agentroll's own slots only",
+                endpoint.url,
+            )
+        return status == 200
+
+    answers = await asyncio.gather(*(takes(e) for e in client.endpoints if not e.down))
+    return len(answers) == len(client.endpoints) and all(a is True for a in answers)

@@ -25,14 +25,14 @@ class Retries:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Health:
-    """When an endpoint leaves the rotation: on evidence that it is down (its /health fails), or when its failures
-    over `window_s` are more than retries can absorb (`bench_share` of at least `bench_min_calls`) and another
-    endpoint can take its calls. The last endpoint is never benched while its /health answers."""
+    """When an endpoint leaves the rotation (`rotation.py`): its /health fails, or more of its calls over
+    `window_s` (at least `bench_min_calls`) failed than retries can absorb: `bench_share` while another endpoint
+    can take its calls; for the last one, the share at which most calls fail for good after every retry."""
 
     probe_interval_s: float = 5.0  # between /health probes of a benched endpoint (--probe-interval)
     down_timeout_s: float = 300.0  # how long calls wait when every endpoint is down (--down-timeout)
     window_s: float = 30.0
-    bench_share: float = 0.5
+    bench_share: float = 0.5  # with another endpoint up
     bench_min_calls: int = 20
 
 

@@ -2,7 +2,9 @@
 
 A call asks for a slot with a priority: (its group's admission number, its stage's rank), lower first. When
 slots are scarce the calls of older groups go first, so groups finish in about the order they started and are
-committed steadily (depth first), instead of all together at the end. A grant picks the endpoint at once, in
+committed steadily (depth first), instead of all together at the end. Within a group an earlier stage goes
+first: the group is written when its last execution ends, and the one still at an earlier stage has the most
+work left (critical path first). A grant picks the endpoint at once, in
 the releasing call's own step, so the counts it compares are current and no slot is taken twice.
 
 `Budget` is the run's: a fixed --concurrency caps every client of the run together (a stage on a server of its

@@ -67,6 +67,7 @@ class FunctionReward:
             return await self._threads.run(self.function, argument, self.timeout_s)
         except PoolExhausted as exc:
             stuck = [getattr(a[0] if isinstance(a, list) and a else a, "problem_id", "?") for a in exc.stuck]
+            stuck = list(dict.fromkeys(stuck))  # one problem's several hung calls: named once
             raise RewardError(
                 f"reward {self.name}: all {exc.size} of its threads are stuck in calls past "
                 f"--reward-timeout {self.timeout_s:g}s (problems {', '.join(map(str, stuck[:5]))}); "
