@@ -130,6 +130,8 @@ class RunStats:
         self.stages = {name: self.stages.get(name) or StageStats() for name in names}
         if vocabulary is not None:
             self.vocabulary, self.figures = vocabulary, tuple(vocabulary.figures)
+            for name in vocabulary.counters:
+                self.counters.setdefault(name, 0)
 
     def count(self, name: str, n: float = 1) -> None:
         """Add `n` to the system's counter `name`."""

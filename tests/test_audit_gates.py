@@ -192,14 +192,15 @@ def test_prompts_that_cannot_be_re_rendered_fail_unless_accepted(raw_folder, tin
 
 
 def test_a_shard_edited_after_generation_is_a_warning(raw_folder, tiny, tmp_path):
+    """An edit that keeps the shard's size passes the readers' checks (size, whole groups, counts): the audit
+    warns on its sha256. One that changes the size is refused by the readers, as by every folder tool."""
     path = copy(raw_folder, tmp_path / "copy")
     manifest = json.loads((path / "manifest.json").read_text())
     shard = path / manifest["shards"][0]["file"]
-    lines = shard.read_text().splitlines(keepends=True)
-    record = json.loads(lines[0])
-    record["reward"] = 0.25  # an edit that changes no audited figure
-    lines[0] = json.dumps(record, separators=(",", ":")) + "\n"
-    shard.write_text("".join(lines))
+    data = bytearray(shard.read_bytes())
+    at = data.index(b'"latency_s":') + len(b'"latency_s":')  # an edit that changes no audited figure
+    data[at] = ord("1") if data[at] != ord("1") else ord("2")
+    shard.write_bytes(bytes(data))
     assert hashlib.sha256(shard.read_bytes()).hexdigest() != manifest["shards"][0]["sha256"]
     code, report = audit(path, tiny)
     assert code == 0
@@ -207,6 +208,9 @@ def test_a_shard_edited_after_generation_is_a_warning(raw_folder, tiny, tmp_path
     assert edited and "sha256" in edited[0] and "agentroll validate" in edited[0]
     _, clean = audit(raw_folder, tiny)
     assert not any("sha256" in w for w in clean["warnings"])
+    shard.write_bytes(bytes(data) + b"\n")  # one byte more than the manifest says
+    result = run(path, tiny)
+    assert result.exit_code == 6 and shard.name in result.output
 
 
 # ------------------------------------------------------------------------------------------------ 10. minor

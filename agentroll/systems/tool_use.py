@@ -29,7 +29,7 @@ from ..errors import UsageError
 from ..sandbox import SandboxUnavailable
 from ..toolcalls import ParsedCall, Toolbox, ToolResult, call_id, parser_for, tool_text
 from . import System
-from .tool_use_words import ToolUseWords
+from .tool_use_words import COUNTERS, ToolUseWords
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -38,13 +38,6 @@ if TYPE_CHECKING:
     from ..rescoring import Rescoring
     from ..schema import Sample
 
-COUNTERS = {
-    "malformed": "tool_calls_malformed",
-    "unknown": "tool_calls_unknown",
-    "failed": "tool_calls_failed",
-    "timeout": "tool_calls_timed_out",
-    "not_run": "tool_calls_not_run",
-}
 NO_TOOLS = (
     "the chat template renders nothing of the `tools` argument, so the model would never see its tools: use "
     "a model whose template supports tools (Qwen2.5, Qwen3, Llama 3.1 ...), or pass --tokenizer with one"

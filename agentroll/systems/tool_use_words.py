@@ -1,7 +1,6 @@
 """`tool-use`'s vocabulary: what its records mean to the report, `validate` and `inspect`.
 
-Kept apart from systems/tool_use.py only while that file is being changed elsewhere: `ToolUse` is to declare
-`vocabulary = ToolUseWords()` (until then `agentroll.systems.vocabulary_of` supplies it for the name).
+`ToolUse` (systems/tool_use.py) declares `vocabulary = ToolUseWords()`; its words live here, apart from how it runs.
 
 - figures: majority vote and best of N over the turns (stage `solver`), and the share of the calls written that
   ran fine (`tool_calls_ok`). The run's own call counters (`tool_calls`, `tool_calls_failed`, ...: every call
@@ -22,11 +21,20 @@ from .votes import SOLVER_FIGURES, Votes
 
 TOOL_CALL_KEYS = frozenset({"name", "arguments", "result", "duration_s", "error", "status"})
 TOOL_STATUSES = ("ok", "malformed", "unknown", "failed", "timeout", "not_run")
+# a call's status -> the run counter it adds to (every call adds to `tool_calls`; `ok` has no counter of its own)
+COUNTERS = {
+    "malformed": "tool_calls_malformed",
+    "unknown": "tool_calls_unknown",
+    "failed": "tool_calls_failed",
+    "timeout": "tool_calls_timed_out",
+    "not_run": "tool_calls_not_run",
+}
 CALLS_OK = Figure("tool_calls_ok", "tool calls ok", "written_tool_calls_ok", "written_tool_calls")
 
 
 class ToolUseWords(Votes):
     figures = (*SOLVER_FIGURES, CALLS_OK)
+    counters = ("tool_calls", *COUNTERS.values())
 
     def tally(self, samples: list[Sample]) -> Mapping[str, float]:
         calls = [c for s in samples for c in s.tool_calls or []]

@@ -64,12 +64,15 @@ class Vocabulary:
 
     `figures`: report figures (`agentroll.stats.Figure`: a counter over a counter), in report order; each stage
     no figure stands for reports its mean raw reward after them, and the system's accuracy comes last.
-    `charts`: sections of the report page. `tally`: the counters one execution adds (what the figures divide).
+    `charts`: sections of the report page. `counters`: the names the system counts while it runs
+    (`ctx.engine.stats.count`), so a run that never counted one still reports it as 0. `tally`: the counters one
+    execution adds (what the figures divide).
     `check`: what is wrong with one execution, for `validate` (given only records of the right schema).
     `heading` and `label`: `inspect`'s words for a stage's branch and for one sample."""
 
     figures: ClassVar[tuple[Figure, ...]] = ()
     charts: ClassVar[tuple[Chart, ...]] = ()
+    counters: ClassVar[tuple[str, ...]] = ()  # what the system counts as it runs (`RunStats.count`): shown at 0 too
 
     def tally(self, samples: list[Sample]) -> Mapping[str, float]:
         """The system's counters of one execution (booleans count as 0 or 1); every call the same names."""
