@@ -169,11 +169,12 @@ def test_stream_keeps_at_most_max_ahead_groups_and_a_slow_consumer_slows_it(tmp_
 
 
 def test_a_cancelled_group_closes_its_requests_so_vllm_aborts_them(problems):
-    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=30))
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults())
     server.start()
 
     async def go():
         async with generator(server.url) as gen:
+            server.faults.latency_s = 30  # after the start-up probes: only the group's calls hang
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(gen.run_group(ROW), 1)
             # still inside: the session is open, so only the cancellation can have closed the connections

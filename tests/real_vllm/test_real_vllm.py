@@ -235,7 +235,7 @@ def test_a_prompt_leaving_no_room_is_a_bad_row(real_vllm, tmp_path):
     # a solver prompt that leaves no room in the server's context is a bad row, named, and nothing is sent
     refused = generate(real_vllm, path, tmp_path / "a", "--num-parallel", "1")
     assert refused.returncode == 3, refused.stderr.decode()
-    assert f"{path}:1: line 1, field 'prompt': the rendered prompt has".encode() in refused.stderr
+    assert f"{path}:1: field 'prompt': the rendered prompt has".encode() in refused.stderr
 
 
 @pytest.mark.parametrize(
