@@ -217,36 +217,20 @@ def real_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> Iterator
         stop(proc)
 
 
-@pytest.fixture(scope="module")
-def processed_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[str]:
-    """A second server of the same model with --logprobs-mode processed_logprobs: started only for the tests that
-    ask for it (while the main one starts, if it has not yet), stopped (its whole process group) when their
-    module is done."""
+@pytest.fixture(scope="session")
+def second_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[str]:
+    """A second server of the same model, the other way round from the main one on both settings it is asked
+    for: --logprobs-mode processed_logprobs (the sampling distribution's logprobs) and --scheduling-policy
+    priority (its queue ordered by each request's `priority`, lower first). One server for both saves a vLLM
+    start-up (~40 s on these machines) per module that asks; neither setting changes what the other's tests see.
+    Started only when a test asks for it (while the main one starts, if it has not yet), kept to the end."""
     server = launch(
         vllm_python,
         tiny_model,
-        tmp_path_factory.mktemp("logs") / "vllm-processed.log",
+        tmp_path_factory.mktemp("logs") / "vllm-second.log",
         "--enable-scale-out",
         "--logprobs-mode",
         "processed_logprobs",
-    )
-    try:
-        request.getfixturevalue("real_vllm")
-        _, url = ready(server)
-        yield url
-    finally:
-        stop(server.proc)
-
-
-@pytest.fixture(scope="module")
-def priority_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[str]:
-    """A server of the same model with --scheduling-policy priority (its queue ordered by each request's
-    `priority`, lower first): started only for the tests that ask for it, stopped when their module is done."""
-    server = launch(
-        vllm_python,
-        tiny_model,
-        tmp_path_factory.mktemp("logs") / "vllm-priority.log",
-        "--enable-scale-out",
         "--scheduling-policy",
         "priority",
     )
@@ -256,3 +240,15 @@ def priority_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, request
         yield url
     finally:
         stop(server.proc)
+
+
+@pytest.fixture(scope="session")
+def processed_vllm(second_vllm: str) -> str:
+    """A server whose logprobs are processed_logprobs (the second server)."""
+    return second_vllm
+
+
+@pytest.fixture(scope="session")
+def priority_vllm(second_vllm: str) -> str:
+    """A server started with --scheduling-policy priority (the second server)."""
+    return second_vllm
