@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import heap
 from .client import ClientCounters
 from .errors import InputError, TooManyFailures, UsageError
 from .folder import Layout, ShardWriter, StdoutWriter, consumed
@@ -104,6 +105,7 @@ class Runner:
         gen = self.generator
         async with gen:
             checked = await self._checked(self._rows())
+            heap.settle()  # what is loaded now lives as long as the run (agentroll.heap)
             settings = {
                 **gen.settings,
                 "partition": list(opts.slice) if opts.slice else None,

@@ -60,6 +60,9 @@ def build(modules: Iterable[str] = MODULES) -> typer.Typer:
 
 
 def main() -> Any:
+    from ..heap import own
+
+    own()  # this process is the command's: a long run may set its garbage collector (agentroll.heap)
     module = COMMANDS.get(sys.argv[1] if len(sys.argv) > 1 else "")
     return build((module,) if module else MODULES)()
 

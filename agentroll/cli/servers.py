@@ -252,6 +252,9 @@ def serve_sim(
         raise typer.Exit(2) from None
 
     async def main() -> None:
+        from ..heap import settle
+
+        settle()  # the process is the server's for its whole life (agentroll.heap)
         try:
             url = await server.serve(host, port)
         except OSError as exc:
