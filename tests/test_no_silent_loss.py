@@ -245,15 +245,20 @@ def test_bad_numeric_options_are_one_line_usage_errors(problems, tmp_path, flag,
 def test_serve_sim_names_its_tokenizer_so_generate_needs_no_tokenizer_flag(tmp_path):
     problems = write_problems(tmp_path / "p.jsonl", 2)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_", "HF_"))}
+    imports = (tmp_path / "imports.txt").open("wb")
     serve = children.spawn(
-        [sys.executable, "-m", "agentroll", "serve-sim", "--port", "0", "--answers", str(problems)],
+        [sys.executable, "-X", "importtime", "-m", "agentroll", "serve-sim", "--port", "0", "--answers", str(problems)],
         stdout=subprocess.PIPE,
+        stderr=imports,
         env=env,
     )  # dies with this test run
     try:
         assert serve.stdout is not None
         url = serve.stdout.readline().decode().split()[-1]
         assert url.startswith("http://127.0.0.1:")
+        # like vLLM, it has its chat template ready before it listens: a first /tokenize does not wait for
+        # transformers' import (which start-up benchmarks would count as the client's time)
+        assert "transformers.utils.chat_template_utils" in (tmp_path / "imports.txt").read_text()
         proc = subprocess.run(
             [
                 sys.executable,
@@ -278,6 +283,7 @@ def test_serve_sim_names_its_tokenizer_so_generate_needs_no_tokenizer_flag(tmp_p
         assert b"hub" not in proc.stderr and len(whole_groups(tmp_path / "o", 1)) == 2
     finally:
         children.stop_group(serve, grace_s=10)
+        imports.close()
         if serve.stdout is not None:
             serve.stdout.close()
 

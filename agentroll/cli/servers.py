@@ -254,6 +254,7 @@ def serve_sim(
     async def main() -> None:
         from ..heap import settle
 
+        server.engine.warm()
         settle()  # the process is the server's for its whole life (agentroll.heap)
         try:
             url = await server.serve(host, port)

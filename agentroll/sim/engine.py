@@ -138,6 +138,12 @@ class Engine:
         )
         return str(rendered[0][0])  # (one rendering per conversation, generation indices)
 
+    def warm(self) -> None:
+        """Render the chat template once, as vLLM has its tokenizer and template loaded before it listens: the
+        first /tokenize of a cold simulator would wait for transformers' import (~0.7 s here), a delay a real
+        server never shows (and that start-up benchmarks would count as the client's)."""
+        self.render_chat([{"role": "user", "content": "warm-up"}], add_generation_prompt=True)
+
     def tokenize(self, data: Any) -> dict[str, Any]:
         kind, body = validate(data, TOKENIZE_PROMPT, TOKENIZE_CHAT)
         check_model(self.model, body.get("model"))
