@@ -54,9 +54,22 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "real_vllm" in str(item.fspath):
             item.add_marker(pytest.mark.real_vllm)
-    # The test that kills the third server's process group runs after every other user of that server.
+    # The test that kills the third server's process group runs after every other user of that server: last in
+    # the tier (whose servers are stopped once its last test is done: `pytest_runtest_teardown`).
     last = [item for item in items if item.get_closest_marker("stops_tools_vllm")]
-    items[:] = [item for item in items if item not in last] + last
+    if last:
+        rest = [item for item in items if item not in last]
+        tier = [i for i, item in enumerate(rest) if "real_vllm" in str(item.fspath)]
+        at = tier[-1] + 1 if tier else len(rest)
+        items[:] = rest[:at] + last + rest[at:]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """After the tier's last test, its servers stop (each holds ~2 GB and a little CPU): the rest of the suite
+    runs without them. The `launched` fixture's own stop at the session's end then finds them gone."""
+    if nextitem is None or "real_vllm" not in str(nextitem.fspath):
+        for proc in SERVERS:
+            stop(proc)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -297,7 +297,7 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, tools_vll
         auto = generate(url, one, tmp_path / "auto", "--num-parallel", "1", "--max-tokens", "4")
         assert auto.returncode == 0, auto.stderr.decode()
         assert manifest(tmp_path / "auto")["servers"][-1]["api"] == "completions"
-        path = problems(tmp_path / "p.jsonl", 60)  # enough work left after the stop to need rerouting
+        path = problems(tmp_path / "p.jsonl", 40)  # enough work left after the stop to need rerouting
         out = tmp_path / "out"
         args = [
             "generate",
@@ -342,7 +342,7 @@ def test_two_real_servers_one_stopped_mid_run_loses_nothing(real_vllm, tools_vll
         assert proc.returncode == 0, stderr.decode()
         records = read_records(out)
         executions = {(r["problem_id"], r["sample_index"]) for r in records}
-        assert len(executions) == 60 and len({r["rollout_id"] for r in records}) == 60
+        assert len(executions) == 40 and len({r["rollout_id"] for r in records}) == 40
         assert {r["endpoint"] for r in records} == {real_vllm, url} and b"out of rotation" in stderr
         assert manifest(out)["last_run"]["requests"]["retries"] > 0
         assert manifest(out)["complete"] is True
