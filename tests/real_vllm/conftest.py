@@ -247,9 +247,9 @@ SECOND = ("--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--sche
 
 @pytest.fixture(scope="session")
 def launched(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[dict[str, Launched]]:
-    """Every server the collected tests ask for, launched at once at the first test that needs one, stopped at
-    the end of the session. A vLLM start-up is ~40-60 s on these machines and mostly waits on itself: one after
-    the other, the tier's three servers cost as much again as their tests."""
+    """Every server the collected tests ask for, launched at once at the first test that needs one, stopped after
+    the tier's last test. A vLLM start-up is ~40-60 s on these machines, little of it using both cores: started
+    together, the three take ~2.5 minutes, where one after the other (as each module asked) they took ~4."""
     wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
     logs = tmp_path_factory.mktemp("logs")
     servers: dict[str, Launched] = {}
