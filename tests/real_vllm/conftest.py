@@ -249,7 +249,7 @@ SECOND = ("--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--sche
 def launched(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[dict[str, Launched]]:
     """Every server the collected tests ask for, launched at once at the first test that needs one, stopped after
     the tier's last test. A vLLM start-up is ~40-60 s on these machines, little of it using both cores: started
-    together, the three take ~2.5 minutes, where one after the other (as each module asked) they took ~4."""
+    together, the three took under 3 minutes here, where one after the other (as each module asked) they took ~4."""
     wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
     logs = tmp_path_factory.mktemp("logs")
     servers: dict[str, Launched] = {}
