@@ -23,7 +23,6 @@ from .calls import call_key, call_seed, sample_of, sampling_record
 from .client import CallFailed, Endpoint
 from .errors import InputError, ServerError, UsageError, first_line
 from .inputs import Problem
-from .rewards import RewardRequest
 from .sampling import KEYS as SAMPLING_KEYS
 from .schema import Sample
 from .stages import Engine, Stage, SystemConfig, same_tokens
@@ -323,21 +322,7 @@ class Context:
         `reward_info`, and `reward` to the raw value (shape it further as the system likes)."""
         if not samples:
             return
-        p, stats = self.problem, self.engine.stats
-        requests = [
-            RewardRequest(s.content, p.label, p.statement, s.stage, p.metadata, s.response, p.prompt, p.id)
-            for s in samples
-        ]
-        results = await self.engine.rewards.get(p.reward).score(requests)
-        for sample, result in zip(samples, results, strict=True):
-            sample.raw_reward = sample.reward = float(result.value)
-            sample.reward_info = result.info
-            if result.failed == "timeout":
-                stats.reward_timeouts += 1
-            elif result.failed == "error":
-                stats.reward_errors += 1
-            elif result.failed == "invalid":
-                stats.reward_invalid += 1
+        await self.engine.rewards.score(samples, self.problem, self.engine.stats, self.problem.reward)
 
     def shape(self, samples: list[Sample], won: bool) -> None:
         """`reward` = raw_reward × --correct-reward-weight when the execution succeeded, else × the incorrect

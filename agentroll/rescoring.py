@@ -23,7 +23,7 @@ from .errors import UsageError
 from .folder import Manifest, read_groups
 from .group import Group, annotate
 from .inputs import Problem
-from .rewards import RewardRequest, RewardSet, RewardSettings
+from .rewards import RewardSet, RewardSettings
 from .rewards.options import RewardOptions
 from .schema import Sample
 from .shaping import LengthShaping
@@ -46,24 +46,10 @@ class Rescoring:
     final_reward: float | None = None
 
     async def reward(self, samples: list[Sample]) -> None:
-        """Score samples with the new reward, given the very request `Context.reward` gave the old one."""
+        """Score samples with the new reward through `RewardSet.score`, the request generate's `Context.reward` gave."""
         if not samples:
             return
-        p = self.problem
-        requests = [
-            RewardRequest(s.content, p.label, p.statement, s.stage, p.metadata, s.response, p.prompt, p.id)
-            for s in samples
-        ]
-        results = await self.rewards.get(None).score(requests)
-        for sample, result in zip(samples, results, strict=True):
-            sample.raw_reward = sample.reward = float(result.value)
-            sample.reward_info = result.info
-            if result.failed == "timeout":
-                self.stats.reward_timeouts += 1
-            elif result.failed == "error":
-                self.stats.reward_errors += 1
-            elif result.failed == "invalid":
-                self.stats.reward_invalid += 1
+        await self.rewards.score(samples, self.problem, self.stats)
 
     def shape(self, samples: list[Sample], won: bool) -> None:
         weight = self.weights[0] if won else self.weights[1]

@@ -8,7 +8,7 @@ one instance of each kind for the whole run, and the run's sandbox for model cod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import RewardError
 from ..sandbox import Sandbox, SandboxSettings, make_sandbox
@@ -17,6 +17,11 @@ from .code import CodeReward
 from .function import FunctionReward
 from .remote import RemoteReward
 from .rules import ExactReward, MathReward
+
+if TYPE_CHECKING:
+    from ..inputs import Problem
+    from ..schema import Sample
+    from ..stats import RunStats
 
 __all__ = [
     "NO_CONTENT",
@@ -100,6 +105,27 @@ class RewardSet:
         if spec not in self._made:
             self._made[spec] = make_reward(spec, self.settings, self.sandbox if spec == "code" else None)
         return self._made[spec]
+
+    async def score(self, samples: list[Sample], problem: Problem, stats: RunStats, spec: str | None = None) -> None:
+        """Set each sample's `raw_reward` (and `reward`, which shaping moves later) and `reward_info` from the reward
+        `spec` (the row's own, else the run's), and count the failed checks in `stats`. Generate and rescore both
+        come here, so a reward is given the same request either way: the answer, the row's label, statement,
+        metadata, prompt as given and id, the stage and the whole response."""
+        p = problem
+        requests = [
+            RewardRequest(s.content, p.label, p.statement, s.stage, p.metadata, s.response, p.prompt, p.id)
+            for s in samples
+        ]
+        results = await self.get(spec).score(requests)
+        for sample, result in zip(samples, results, strict=True):
+            sample.raw_reward = sample.reward = float(result.value)
+            sample.reward_info = result.info
+            if result.failed == "timeout":
+                stats.reward_timeouts += 1
+            elif result.failed == "error":
+                stats.reward_errors += 1
+            elif result.failed == "invalid":
+                stats.reward_invalid += 1
 
     async def ready(self) -> None:
         """Every reward made so far able to score (a math worker started): `RewardError` otherwise."""
