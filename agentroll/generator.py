@@ -355,8 +355,7 @@ class Generator:
             "logprobs": o.logprobs,
             "return_routed_experts": o.return_routed_experts,
             "think": not o.no_think,
-            "reward": o.reward,
-            "reward_url": o.reward_url,
+            **o.reward_settings().recorded(),  # the reward, its URL, the code reward's settings that differ
             "correct_reward_weight": o.correct_reward_weight,
             "incorrect_reward_weight": o.incorrect_reward_weight,
             "filter_uniform_groups": o.filter_uniform_groups,
@@ -366,7 +365,6 @@ class Generator:
             "chat_render": o.chat_render,
             "prompt_rendering": rendering,  # where prompts actually became ids: --chat-render auto may switch
             **({"length_shaping": self._length.settings()} if self._length.active else {}),
-            **code_settings(o),
         }
 
 
@@ -380,11 +378,3 @@ def journal_fingerprint(model: str, server: dict[str, Any], routes: bool) -> dic
     the request priority, the model's root path or the vLLM version: a journal made with or without them is
     replayed (a changed one discards the journal whole)."""
     return {"model": model, **{k: server.get(k) for k in JOURNALED_FACTS}, "routes": routes}
-
-
-def code_settings(o: GenerateOptions) -> dict[str, Any]:
-    """What of the code reward's settings changes rewards, for the settings guard: only values other than the
-    defaults, so a folder made before these options existed still resumes."""
-    names = ("code_test_timeout", "code_partial_credit", "sandbox_memory_mb")
-    changed = {n: getattr(o, n) for n in names if getattr(o, n) != GenerateOptions.__dataclass_fields__[n].default}
-    return {"code_reward": changed} if changed else {}
