@@ -28,8 +28,7 @@ from .inputs import InputKeys, Problem, problem_from_row
 from .options import GenerateOptions
 from .parity import server_renderer
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
-from .rewards import RewardSet
-from .rewards.code import parse_tests
+from .rewards import RewardSet, label_fault
 from .stats import RunStats
 from .systems import System, from_object, identity, load_system, spec_of, vocabulary_of
 from .templates import Templates
@@ -216,21 +215,9 @@ class Generator:
                 self.keys.reward,
                 f"reward {spec!r} is not allowed for rows: pass --allow-reward {spec} to allow it",
             )
-        kind = spec or self.options.reward
-        if kind == "code":  # its tests are checked before anything runs
-            try:
-                parse_tests(problem.label)
-            except ValueError as exc:
-                raise InputError(
-                    problem.source, problem.line, self.keys.label, f"for the code reward it {exc}"
-                ) from None
-        elif isinstance(problem.label, dict) and kind in ("math", "exact"):
-            raise InputError(
-                problem.source,
-                problem.line,
-                self.keys.label,
-                f"an object is a label for the code reward or a reward function, not for {kind}",
-            )
+        fault = label_fault(spec or self.options.reward, problem.label)
+        if fault is not None:  # checked before anything runs
+            raise InputError(problem.source, problem.line, self.keys.label, fault)
         return problem
 
     async def run_group(self, row: dict[str, Any] | Problem) -> Group:

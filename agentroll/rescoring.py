@@ -12,6 +12,7 @@ running the same command again.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -19,11 +20,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
+from .errors import InputError, UsageError
 from .folder import Manifest, read_groups
 from .group import Group, annotate
 from .inputs import Problem
-from .rewards import RewardSet, RewardSettings
+from .rewards import RewardSet, RewardSettings, label_fault
 from .rewards.options import RewardOptions
 from .schema import Sample
 from .shaping import LengthShaping
@@ -136,6 +137,11 @@ async def rescore(
     }
     length = LengthShaping(**settings["length_shaping"]) if settings.get("length_shaping") else LengthShaping()
     weights = (float(settings.get("correct_reward_weight", 1.0)), float(settings.get("incorrect_reward_weight", 1.0)))
+    routes = bool(settings.get("return_routed_experts"))
+    groups = read_groups(src, routes=routes)
+    first = next(groups, None)  # checked before the output folder is touched, as generate's first row is
+    if first is not None:
+        _check_label(src, first, settings_of_rewards.default)
     rewards = RewardSet(settings_of_rewards)
     compression = str(settings.get("compression") or "none")
     from .folder import ShardWriter  # the writer only for a rescore: `import agentroll` reads, never writes
@@ -152,12 +158,12 @@ async def rescore(
         raise
     warned = False
     try:
-        routes = bool(settings.get("return_routed_experts"))
-        for group in read_groups(src, routes=routes):
+        for group in itertools.chain([first] if first is not None else [], groups):
             stats.problems += 1
             if done.get(group.problem.id) == group.problem.content_hash:
                 stats.problems_skipped_done += 1
                 continue
+            _check_label(src, group, settings_of_rewards.default)
             problem = asked(group)
             if problem is None:
                 problem = group.problem  # its prompt is the rendered solver prompt: said once
@@ -189,6 +195,14 @@ async def rescore(
         }
         writer.close(complete=result.complete)
     return result
+
+
+def _check_label(src: Path, group: Group, reward: str) -> None:
+    """A group whose label the new reward cannot score is a bad row (exit 3), as generate would call it: not a
+    folder of zero rewards."""
+    fault = label_fault(reward, group.problem.label)
+    if fault is not None:
+        raise InputError(str(src), 0, "label", f"problem {group.problem.id!r}: {fault} (--reward {reward})")
 
 
 async def _group(

@@ -354,3 +354,14 @@ def test_rescore_killed_mid_run_resumes_to_the_records_of_a_clean_run(sim, probl
     assert run_cli("rescore", str(src), "-o", str(clean), "--reward", f"{scorer}:score").returncode == 0
     assert list(read_records(out)) == list(read_records(clean))
     assert Manifest.load(out).complete and validate(out).ok
+
+
+def test_rescore_refuses_a_reward_that_cannot_score_the_folders_labels_before_writing(sim, problems, tmp_path):
+    src = made(sim, problems, tmp_path)  # plain answers as labels: a math folder
+    out = tmp_path / "new"
+    proc = run_cli("rescore", str(src), "-o", str(out), "--reward", "code")
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 3, stderr  # a bad row, as generate calls it: never a folder of zero rewards
+    (line,) = stderr.strip().splitlines()
+    assert str(src) in line and "field 'label'" in line and "for the code reward" in line and "--reward code" in line
+    assert not out.exists()  # checked before the new folder is touched

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RewardError
 from ..sandbox import Sandbox, SandboxSettings, make_sandbox
 from .base import NO_CONTENT, Reward, RewardRequest, RewardResult
-from .code import CodeReward
+from .code import CodeReward, parse_tests
 from .function import FunctionReward
 from .remote import RemoteReward
 from .rules import ExactReward, MathReward
@@ -35,6 +35,7 @@ __all__ = [
     "RewardResult",
     "RewardSet",
     "RewardSettings",
+    "label_fault",
     "make_reward",
 ]
 
@@ -62,6 +63,20 @@ class RewardSettings:
         }
         changed = {name: value for name, (value, default) in code.items() if value != default}
         return {"reward": self.default, "reward_url": self.url, **({"code_reward": changed} if changed else {})}
+
+
+def label_fault(kind: str, label: Any) -> str | None:
+    """Why the reward `kind` cannot score a row of this `label` (None when it can): the code reward needs its
+    tests, math and exact a plain answer. Generate and rescore ask before anything runs, so a mismatch is a bad
+    row, not a run of zero rewards."""
+    if kind == "code":
+        try:
+            parse_tests(label)
+        except ValueError as exc:
+            return f"for the code reward it {exc}"
+    elif isinstance(label, dict) and kind in ("math", "exact"):
+        return f"an object is a label for the code reward or a reward function, not for {kind}"
+    return None
 
 
 def make_reward(spec: str, settings: RewardSettings | None = None, sandbox: Sandbox | None = None) -> Reward:
