@@ -147,6 +147,14 @@ def test_a_tool_use_run_is_token_exact_over_its_turns_and_the_model_reads_the_re
     assert stats["tool_calls"] == sum(len(r["tool_calls"] or []) for r in records) > 0
     assert manifest(out)["settings"]["system"]["name"] == "tool-use"
     assert validate_folder(out).ok
+    # a conversation is one answer however many turns it took: pass@k up to the 4 conversations per problem,
+    # the solver's accuracy the share of conversations answered right (each turn carries the final reward)
+    shown = CliRunner().invoke(app, ["stats", str(out), "--json"])
+    assert shown.exit_code == 0, shown.output
+    figures = json.loads(shown.stdout)["all"]
+    assert len(records) > 16 and [p["k"] for p in figures["pass_at_k"]] == [1, 2, 3, 4]
+    finals = [turns[-1]["raw_reward"] == 1.0 for turns in executions(records)]
+    assert figures["report"]["solver_accuracy"] == sum(finals) / len(finals) == figures["report"]["system_accuracy"]
 
 
 def test_the_generator_runs_tool_use_as_a_library(serve, tmp_path):

@@ -144,6 +144,7 @@ def execution(*samples: tuple[str, float, str | None], final: float = 0.0) -> li
             response_token_ids=[2],
             listed_as=None,
             judgment=None,
+            continues=None,
         )
         for stage, raw, content in samples
     ]

@@ -2,9 +2,10 @@
 
 `ToolUse` (systems/tool_use.py) declares `vocabulary = ToolUseWords()`; its words live here, apart from how it runs.
 
-- figures: majority vote and best of N over the turns (stage `solver`), and the share of the calls written that
-  ran fine (`tool_calls_ok`). The run's own call counters (`tool_calls`, `tool_calls_failed`, ...: every call
-  made, in written groups or not) are counted by the system as it runs, not from the records;
+- figures: the solver's accuracy, majority vote and best of N over the conversations (each its last turn: a
+  conversation of many turns counts once), and the share of the calls written that ran fine (`tool_calls_ok`).
+  The run's own call counters (`tool_calls`, `tool_calls_failed`, ...: every call made, in written groups or
+  not) are counted by the system as it runs, not from the records;
 - checks: each `tool_calls` entry has exactly its six fields and a known status; every turn carries the final
   answer's raw reward, and the execution's outcome is it;
 - inspect: each turn with its calls and how they went.
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from ..schema import Sample
 from .vocabulary import Figure, Finding, Label, outcome_is
-from .votes import SOLVER_FIGURES, Votes
+from .votes import SOLVER_FIGURES, Votes, answers
 
 TOOL_CALL_KEYS = frozenset({"name", "arguments", "result", "duration_s", "error", "status"})
 TOOL_STATUSES = ("ok", "malformed", "unknown", "failed", "timeout", "not_run")
@@ -30,16 +31,26 @@ COUNTERS = {
     "not_run": "tool_calls_not_run",
 }
 CALLS_OK = Figure("tool_calls_ok", "tool calls ok", "written_tool_calls_ok", "written_tool_calls")
+# the solver's accuracy over conversations (every turn carries the final answer's reward: per turn, long
+# conversations would weigh more)
+CONVERSATIONS = Figure("solver_accuracy", "solver", "solver_answers_correct", "solver_answers", stage="solver")
 
 
 class ToolUseWords(Votes):
-    figures = (*SOLVER_FIGURES, CALLS_OK)
+    figures = (CONVERSATIONS, *SOLVER_FIGURES[1:], CALLS_OK)
     counters = ("tool_calls", *COUNTERS.values())
 
     def tally(self, samples: list[Sample]) -> Mapping[str, float]:
         calls = [c for s in samples for c in s.tool_calls or []]
         ok = sum(isinstance(c, dict) and c.get("status") == "ok" for c in calls)
-        return {**super().tally(samples), "written_tool_calls": len(calls), "written_tool_calls_ok": ok}
+        final = answers(samples)
+        return {
+            **super().tally(samples),
+            "solver_answers": len(final),
+            "solver_answers_correct": sum(s.raw_reward == 1.0 for s in final),
+            "written_tool_calls": len(calls),
+            "written_tool_calls_ok": ok,
+        }
 
     def check(self, samples: list[Sample]) -> Iterable[Finding]:
         for at, sample in enumerate(samples):

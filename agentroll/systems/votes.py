@@ -1,5 +1,6 @@
 """Majority vote and best of N over an execution's `solver` samples: the figures of the built-in systems that
-sample solvers (a `Vocabulary` to extend), against which the rest of a system earns its cost."""
+sample solvers (a `Vocabulary` to extend), against which the rest of a system earns its cost. A solver that
+goes on over several turns (tool use) is one sample: its last turn (`answers`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ from .vocabulary import Figure, Vocabulary, accuracy
 MAJORITY_VOTE = Figure("majority_vote_accuracy", "majority vote", "majority_correct", needs="majority_votes")
 BEST_OF_N = Figure("best_of_n_accuracy", "best of N", "best_of_n_correct")
 SOLVER_FIGURES = (accuracy("solver"), MAJORITY_VOTE, BEST_OF_N)
+
+
+def answers(samples: list[Sample], stage: str = "solver") -> list[Sample]:
+    """The samples of `stage` that end their conversation within the stage: not continued by a later turn of
+    the same stage (a tool-use conversation's last turn; every sample of a one-call stage). One per answer, so a
+    conversation of many turns counts once."""
+    continued = {s.continues for s in samples if s.stage == stage and s.continues is not None}
+    return [s for at, s in enumerate(samples) if s.stage == stage and at not in continued]
 
 
 def majority(solvers: list[Sample]) -> bool | None:
@@ -37,7 +46,7 @@ class Votes(Vocabulary):
     figures: ClassVar[tuple[Figure, ...]] = SOLVER_FIGURES
 
     def tally(self, samples: list[Sample]) -> Mapping[str, float]:
-        solvers = [s for s in samples if s.stage == "solver"]
+        solvers = answers(samples)
         vote = majority(solvers)
         return {
             "majority_votes": vote is not None,

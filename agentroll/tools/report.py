@@ -32,6 +32,7 @@ from ..group import Group
 from ..schema import STAGES
 from ..stats import RunStats
 from ..systems.vocabulary import Vocabulary
+from ..systems.votes import answers
 from .system import LEGACY, SystemInfo, coerce, system_of, words
 
 NONE_KEY = "(none)"  # the --by value of a group whose metadata lacks the field (or holds null)
@@ -74,7 +75,7 @@ class Section:
                     self.frozen[s.stage] = self.frozen.get(s.stage, 0) + 1
             self.run.add_execution(samples)  # a stage the system does not declare (validate says so): after its own
             self.records += len(samples)
-        solvers = [s for samples in group.executions for s in samples if s.stage == "solver"]
+        solvers = [s for samples in group.executions for s in answers(samples)]  # a conversation counts once
         self.solver_counts.append((len(solvers), sum(s.raw_reward == 1.0 for s in solvers)))
 
     def to_dict(self) -> dict[str, Any]:
