@@ -85,7 +85,8 @@ class Runner:
             raise UsageError("--return-routed-experts needs an output folder (routes go to a sidecar), not -o -")
         self.progress = progress or Progress()
         self.result: RunResult | None = None  # set before `run` returns or raises: the CLI's summary reads it
-        self.valid_elsewhere = False  # under --partition: a row of another slice was valid
+        # a row was well formed though not run: of another slice (--partition), or refused only for its id
+        self.well_formed = False
         self.rows_seen = 0  # rows in the input, of any slice, valid or not
         self.target_reached = False
 
@@ -151,8 +152,8 @@ class Runner:
                     opts.skip_invalid
                     and self.stats.problems
                     and self.stats.invalid_rows == self.stats.problems
-                    and not self.valid_elsewhere
-                ):  # a slice's rows may all be bad; the input's may not
+                    and not self.well_formed
+                ):  # a slice's rows may all be bad, or all clash with done ids; the keys are then right
                     raise InputError(
                         self._named(),
                         0,
@@ -292,10 +293,10 @@ class Runner:
                 break  # --target-groups: no more prompts than it takes
             self.rows_seen += 1
             if opts.slice is not None and not in_partition(problem.id, *opts.slice):
-                if not self.valid_elsewhere:
+                if not self.well_formed:
                     with contextlib.suppress(InputError):
                         gen.problem(problem)
-                        self.valid_elsewhere = True
+                        self.well_formed = True
                 continue
             taken += 1
             stats.problems += 1
@@ -303,6 +304,7 @@ class Runner:
                 gen.problem(problem)  # a row's own reward must be allowed
                 written = done.get(problem.id)
                 if written is not None and written != problem.content_hash:
+                    self.well_formed = True
                     raise InputError(
                         problem.source,
                         problem.line,

@@ -92,3 +92,9 @@ def test_an_id_already_done_with_another_prompt_or_label_is_refused_with_file_an
     assert {r["prompt"].count("What is 0 plus 0?") for r in records} == {1}  # the first q7, untouched
     unchanged = generate(sim.url, write(tmp_path / "c.jsonl", rows(0, 2, id="q7")[:1]), out)
     assert unchanged.returncode == 0  # the same row again: already done, not refused
+    # an input of nothing but such a row is skipped as asked too: its keys were read right (the guard against
+    # wrong --prompt-key/--label-key is for rows that cannot be read)
+    clash = write(tmp_path / "d.jsonl", [{"id": "q7", "prompt": "What is 1 plus 1?", "label": "3"}])
+    alone = generate(sim.url, clash, out, "--skip-invalid")
+    assert alone.returncode == 0, alone.stderr.decode()
+    assert b"already in the output folder" in alone.stderr and b"--prompt-key" not in alone.stderr
