@@ -87,6 +87,7 @@ class Runner:
         self.result: RunResult | None = None  # set before `run` returns or raises: the CLI's summary reads it
         # a row was well formed though not run: of another slice (--partition), or refused only for its id
         self.well_formed = False
+        self.first: Problem | None = None  # the input's first row, when checked before the folder is taken
         self.rows_seen = 0  # rows in the input, of any slice, valid or not
         self.target_reached = False
 
@@ -121,7 +122,7 @@ class Runner:
                 )
             )
             writer.server = gen.server
-            done = writer.open()
+            done = writer.open(self._first_clash)
             replay = gen.open_journal(done)  # once the folder's lock is held: one process per journal
             if replay:
                 log.info(
@@ -148,19 +149,7 @@ class Runner:
                     self.stats.problems_beyond_target = max(0, self.stats.problems - self.stats.groups_settled)
                 if opts.target_groups is not None and not self.target_reached:
                     self._short_of_target(writer, result)
-                if (
-                    opts.skip_invalid
-                    and self.stats.problems
-                    and self.stats.invalid_rows == self.stats.problems
-                    and not self.well_formed
-                ):  # a slice's rows may all be bad, or all clash with done ids; the keys are then right
-                    raise InputError(
-                        self._named(),
-                        0,
-                        None,
-                        f"every row read ({self.stats.problems}) "
-                        "was invalid: check --prompt-key, --label-key and the warnings above",
-                    )
+                self._every_row_invalid()
                 result.complete = result.missing_groups == 0
             finally:
                 if ticker is not None:
@@ -254,6 +243,38 @@ class Runner:
         unread = self._skip_unread if opts.skip_invalid else None
         return amix(opts.sources(), gen.keys, unread) if opts.mix else aread_problems(opts.input, gen.keys, unread)
 
+    def _first_clash(self, done: dict[str, str]) -> None:
+        if self.first is not None:
+            self._clash(self.first, done)
+
+    def _every_row_invalid(self) -> None:
+        """Under --skip-invalid, an input none of whose rows could be read is a usage fault (wrong --prompt-key,
+        say), not a run of nothing. A slice's rows may all be bad, or all clash with done ids (`well_formed`: the
+        keys are then right)."""
+        stats = self.stats
+        every = self.run_options.skip_invalid and stats.problems and stats.invalid_rows == stats.problems
+        if every and not self.well_formed:
+            raise InputError(
+                self._named(),
+                0,
+                None,
+                f"every row read ({stats.problems}) was invalid: check --prompt-key, --label-key and the warnings "
+                "above",
+            )
+
+    def _clash(self, problem: Problem, done: dict[str, str]) -> None:
+        """A row whose id is done in the folder with another prompt or label is refused."""
+        written = done.get(problem.id)
+        if written is not None and written != problem.content_hash:
+            self.well_formed = True
+            raise InputError(
+                problem.source,
+                problem.line,
+                self.generator.keys.id,
+                f"id {problem.id!r} is already in the output folder with another prompt or label; give this row "
+                "another id",
+            )
+
     async def _checked(self, rows: AsyncIterator[Problem]) -> AsyncIterator[Problem]:
         """The rows, the first read and checked now, before the output folder is touched: an empty input (said
         in one line naming it) or a bad first row leaves the folder as it was. `--limit 0` reads no row."""
@@ -264,9 +285,12 @@ class Runner:
             raise InputError(
                 self._named(), 0, None, "no rows to generate from: the input is empty (or holds only blank lines)"
             )
+        if first is None:
+            self._every_row_invalid()  # no row could be read (a wrong key): before the folder is touched
         part = self.run_options.slice
         if first is not None and not self.run_options.skip_invalid and (not part or in_partition(first.id, *part)):
             self.generator.problem(first)  # checked again in its turn
+            self.first = first  # and against the folder's done ids before the run takes the folder (`writer.open`)
 
         async def chained() -> AsyncIterator[Problem]:
             if first is not None:
@@ -302,22 +326,13 @@ class Runner:
             stats.problems += 1
             try:
                 gen.problem(problem)  # a row's own reward must be allowed
-                written = done.get(problem.id)
-                if written is not None and written != problem.content_hash:
-                    self.well_formed = True
-                    raise InputError(
-                        problem.source,
-                        problem.line,
-                        gen.keys.id,
-                        f"id {problem.id!r} is already in the output folder with another prompt or "
-                        "label; give this row another id",
-                    )
+                self._clash(problem, done)
             except InputError as exc:
                 if on_invalid is None:
                     raise
                 on_invalid(exc)
                 continue
-            if written is not None:
+            if problem.id in done:
                 stats.problems_skipped_done += 1
                 continue
             if isinstance(writer, ShardWriter) and opts.consumer is not None:

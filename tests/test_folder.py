@@ -366,3 +366,30 @@ def test_an_input_that_cannot_be_read_leaves_the_output_folder_untouched(sim, tm
     )
     assert code == 3 and "does not start as a Parquet file" in output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_rows_none_of_which_can_be_read_under_skip_invalid_leave_an_existing_folder_as_it_was(
+    sim, problems, tmp_path, overwrite
+):
+    out = tmp_path / "out"
+    assert generated(sim, problems, out)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    wrong = tmp_path / "wrong-key.jsonl"  # a dataset whose prompt is under another key: every row refused
+    wrong.write_text('{"question": "What is 1+1?", "label": "2"}\n{"question": "2+2?", "label": "4"}\n')
+    code, output = generated(sim, wrong, out, "--skip-invalid", *overwrite)
+    assert code == 3 and "every row read (2) was invalid" in output, output
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert Manifest.load(out).complete and len(list(read_groups(out))) == 8
+
+
+def test_a_first_row_clashing_with_a_done_id_leaves_a_complete_folder_as_it_was(sim, problems, tmp_path):
+    out = tmp_path / "out"
+    assert generated(sim, problems, out)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    first = json.loads(problems.read_text().splitlines()[0])
+    clash = tmp_path / "clash.jsonl"
+    clash.write_text(json.dumps({**first, "label": str(first["label"]) + "0"}) + "\n")
+    code, output = generated(sim, clash, out)
+    assert code == 3 and "is already in the output folder" in output, output
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # still complete, untouched

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from typing import IO, Any
 
 from ..errors import OutputError, PipeClosed, UsageError
@@ -25,9 +26,9 @@ class StdoutWriter:
         self._saved: tuple[Any, int | None] | None = None  # sys.stdout and a copy of fd 1, put back at close
         self._broken = False
 
-    def open(self) -> dict[str, str]:
+    def open(self, check: Callable[[dict[str, str]], None] | None = None) -> dict[str, str]:
         """Take standard output for the records: fd 1 is copied for them, and both fd 1 and `sys.stdout` point at
-        stderr until `close`."""
+        stderr until `close`. Nothing is done already (`check`, for a folder's writer, has nothing to see)."""
         stdout = sys.stdout
         try:
             real = stdout.fileno() == 1

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +91,10 @@ class ShardWriter:
         return self.manifest.folder_id
 
     # -- opening ----------------------------------------------------------------------------------------------
-    def open(self) -> dict[str, str]:
-        """Prepare the folder (recovering a stopped run); return the problems already done: id -> content hash."""
+    def open(self, check: Callable[[dict[str, str]], None] | None = None) -> dict[str, str]:
+        """Prepare the folder (recovering a stopped run); return the problems already done: id -> content hash.
+        `check(done)` is the caller's last word before the manifest is rewritten as this run's: what it raises
+        leaves a complete folder complete (a first row that clashes with a done id, say)."""
         layout = prepare(self.directory)
         try:
             self._lock_fd = lock.take(layout.lock, f"{self.directory} is being written by another agentroll process")
@@ -102,6 +105,8 @@ class ShardWriter:
                 clear(layout)
             self._note_server(earlier)
             found = recover(layout, earlier)
+            if check is not None:
+                check(dict(found.done))
             self.done = found.done
             self.manifest = Manifest(
                 settings=self.settings,
