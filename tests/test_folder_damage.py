@@ -245,3 +245,20 @@ def test_validate_refuses_a_manifest_every_other_tool_refuses(tmp_path, damage):
     code, output = cli("validate", str(folder))
     assert code == 6, output
     assert "manifest" in output and "Traceback" not in output
+
+
+# -- shards without a manifest ---------------------------------------------------------------------------------------
+
+
+def test_shards_without_a_manifest_are_never_taken_as_this_runs(tmp_path):
+    """Their settings are unknown (K, the model, the sampling): adopting them mixed another run's groups into
+    this one's, marked complete. Refused, nothing removed; --overwrite starts over."""
+    finished(tmp_path, ["a", "b"])
+    Layout(tmp_path).manifest.unlink()
+    shard = (tmp_path / "rollouts-00000.jsonl").read_bytes()
+    with pytest.raises(OutputError, match=r"holds rollout shards but no manifest\.json.*--overwrite"):
+        ShardWriter(tmp_path, SETTINGS).open()
+    assert (tmp_path / "rollouts-00000.jsonl").read_bytes() == shard and not Layout(tmp_path).manifest.exists()
+    writer = ShardWriter(tmp_path, SETTINGS, overwrite=True)
+    assert writer.open() == {}
+    writer.close(complete=True)

@@ -101,6 +101,12 @@ class ShardWriter:
             if layout.manifest.is_dir():
                 raise in_the_way(layout.manifest)
             earlier = None if self.overwrite else self._earlier()
+            if earlier is None and not self.overwrite and (layout.finished() or layout.partials()):
+                raise OutputError(
+                    f"{self.directory} holds rollout shards but no {layout.manifest.name}: the settings they were "
+                    "made with are unknown, so this run cannot take them as its own; restore the manifest, move "
+                    "the shards away, or pass --overwrite to start over"
+                )
             if self.overwrite:
                 clear(layout)
             self._note_server(earlier)
@@ -136,7 +142,7 @@ class ShardWriter:
         try:
             manifest = Manifest.load(self.directory)
         except OutputError as exc:
-            raise OutputError(f"{exc}; fix or remove it, or pass --overwrite") from None
+            raise OutputError(f"{exc}; fix it, or pass --overwrite to start over") from None
         if manifest.merged_from is not None:
             raise OutputError(f"{self.directory} is a merged view (agentroll merge); generate into another folder")
         if manifest.schema_version != SCHEMA_VERSION:
