@@ -150,6 +150,8 @@ def test_a_damaged_finished_shard_is_refused_by_name_and_redone_once_moved_away(
 
 
 def test_an_unknown_shard_that_is_not_whole_groups_is_refused(tmp_path):
+    writer, _ = open_writer(tmp_path)
+    writer.close(complete=False)  # a folder of this run's, with its manifest, and then a shard it does not know
     (tmp_path / "rollouts-00000.jsonl").write_bytes(group("a").encode()[:-30])
     with pytest.raises(OutputError, match=r"rollouts-00000\.jsonl is damaged after byte 0"):
         open_writer(tmp_path)
@@ -191,3 +193,31 @@ def test_stage_groups_are_per_stage_not_per_problem():
     annotate(g.executions, [1.0, 0.0])
     by_stage = {(r["stage"], r["stage_group_size"], r["stage_group_reward_mean"]) for r in g.records()}
     assert by_stage == {("solver", 3, 1.0), ("rewriter", 2, 5.5)}
+
+
+def test_damage_inside_a_partial_shard_is_said_with_the_lines_dropped(tmp_path, caplog):
+    writer, _ = open_writer(tmp_path)
+    for pid in "abc":
+        writer.commit(group(pid))
+    crash(writer)
+    partial = next(tmp_path.glob("*.partial"))
+    lines = partial.read_bytes().splitlines(True)
+    lines[6] = b"not json\n"  # inside b (a is lines 0-4): b and c, whole on disk, go with it
+    partial.write_bytes(b"".join(lines))
+    with caplog.at_level("WARNING", logger="agentroll"):
+        _, done = open_writer(tmp_path)
+    assert set(done) == {"a"}
+    (said,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert "10 whole line(s)" in said and "line 6 on" in said and partial.name in said
+
+
+def test_the_line_a_stop_tore_is_dropped_without_a_warning(tmp_path, caplog):
+    writer, _ = open_writer(tmp_path)
+    writer.commit(group("a"))
+    crash(writer)
+    partial = next(tmp_path.glob("*.partial"))
+    with open(partial, "ab") as f:
+        f.write(group("b").encode()[:40])
+    with caplog.at_level("WARNING", logger="agentroll"):
+        _, done = open_writer(tmp_path)
+    assert set(done) == {"a"} and not [r for r in caplog.records if "dropped" in r.getMessage()]

@@ -154,6 +154,15 @@ def recover_partial(layout: Layout, partial: Path, out: Recovered) -> None:
         side = routes_path(final)  # renamed before its shard when the run died (finish_file)
     side_size = side.stat().st_size if side.exists() else 0
     kept, records, executions, keys, needed = scan_routed(data, is_zstd(partial), side_size)
+    lines = 0 if is_zstd(partial) else data[kept:].count(b"\n")
+    if lines:  # whole lines past the last whole group: damage, not only the line a stop tore
+        log.warning(
+            "%s: %d whole line(s) after its last whole group (line %d on) are dropped and their groups generated "
+            "again (damage there, or a group cut while it was written)",
+            partial,
+            lines,
+            data[:kept].count(b"\n") + 1,
+        )
     if needed == 0 and side.exists():
         side.unlink()
     if records == 0:
