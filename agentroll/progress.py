@@ -28,11 +28,17 @@ class Progress:
     def advance(self, stats: RunStats, requests: ClientCounters) -> None: ...
     def stop(self) -> None: ...
 
+    def finish(self, stats: RunStats, requests: ClientCounters) -> None:
+        """The run's last figures, then `stop`: what is shown last is the end, also of a run that ended before
+        its first tick (a resume with everything done)."""
+        self.advance(stats, requests)
+        self.stop()
+
 
 def worked(stats: RunStats) -> int:
-    """Groups settled by this run's own work: the rates leave out those a resume found on disk already (read
-    and skipped at once), which the ETA still counts as done."""
-    return stats.groups_settled - stats.problems_skipped_done
+    """Groups settled by this run's own work: the rates leave out those a resume found on disk already and the
+    rows refused (read and passed over at once), which the ETA still counts as done."""
+    return stats.groups_settled - stats.problems_skipped_done - stats.rows_refused
 
 
 @dataclass

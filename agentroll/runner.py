@@ -156,7 +156,7 @@ class Runner:
                     ticker.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await ticker
-                self.progress.stop()
+                self.progress.finish(self.stats, self.generator.counters)
                 result.wall_s = time.monotonic() - started
                 writer.run_info = {
                     "stats": self.stats.to_dict(),

@@ -166,13 +166,22 @@ class RunStats:
         return self.final_reward_sum / self.executions if self.executions else None
 
     @property
+    def rows_refused(self) -> int:
+        """Rows skipped under --skip-invalid before they became groups (unreadable, or refused as read):
+        `invalid_rows` also counts the groups that turned invalid as they ran, which `groups_invalid` holds."""
+        return max(0, self.invalid_rows - self.groups_invalid)
+
+    @property
     def groups_settled(self) -> int:
+        """Rows of the input done with: a group written, filtered, failed or invalid, a row skipped as done or
+        refused."""
         return (
             self.groups_written
             + self.groups_filtered
             + self.groups_failed
             + self.groups_invalid
             + self.problems_skipped_done
+            + self.rows_refused
         )
 
     def add_execution(self, samples: list[Sample]) -> None:

@@ -572,3 +572,24 @@ def test_the_priority_is_sent_only_when_every_endpoint_takes_it(problems, tmp_pa
     assert code == 0, output
     assert Manifest.load(tmp_path / "out").servers[-1]["priority"] is False
     assert f"{refuses.url} does not take a request priority" in output
+
+
+def test_the_last_log_line_has_the_ends_figures_once(caplog, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    lines = LogLines(every_s=10.0)
+    with caplog.at_level(logging.INFO, logger="agentroll"):
+        lines.start(40)
+        clock[0] += 0.5  # a resume that found every group done ended before its first tick
+        lines.finish(RunStats(problems_skipped_done=40), ClientCounters())
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and said[-1].startswith("progress: groups 40/40 (100%)"), said
+
+
+def test_rows_refused_under_skip_invalid_are_settled_and_no_group_counted_twice():
+    refused = RunStats(groups_written=4, invalid_rows=2)  # two rows refused as read
+    assert refused.groups_settled == 6 and refused.rows_refused == 2
+    ran = RunStats(groups_written=4, invalid_rows=3, groups_invalid=1)  # one of them turned invalid as it ran
+    assert ran.groups_settled == 7 and ran.rows_refused == 2
+    raised = RunStats(groups_written=4, groups_invalid=1)  # no --skip-invalid: the invalid group ended the run
+    assert raised.groups_settled == 5 and raised.rows_refused == 0

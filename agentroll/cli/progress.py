@@ -95,3 +95,9 @@ class LogLines(ProgressHook):
     def stop(self) -> None:
         if self.seen is not None:
             self._say()
+
+    def finish(self, stats: RunStats, requests: ClientCounters) -> None:
+        """The last line, with the end's figures (one line: `advance` could say one just before)."""
+        self.seen = (stats, requests)
+        self.rates.add(worked(stats), requests.requests, self.clock())
+        self._say()
