@@ -212,6 +212,7 @@ def test_stdin_rows_are_run_as_they_arrive_and_sigterm_does_not_wait_for_stdin(t
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)  # returns although stdin was never closed
         assert proc.returncode == 143, stderr.decode()
+        assert b"SIGTERM: finishing up; the output folder stays resumable" in stderr
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["records"] == len(read_records(out)) and not manifest["complete"]
     finally:
@@ -225,6 +226,32 @@ def test_stdin_rows_are_run_as_they_arrive_and_sigterm_does_not_wait_for_stdin(t
         server.stop()
     assert rerun.returncode == 0, rerun.stderr.decode()
     assert set(whole_groups(out)) == {"p000", "p001", "p002"}
+
+
+def test_a_stop_with_the_records_on_stdout_does_not_promise_a_folder(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 3)
+    server = start(problems)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentroll", *args("-", "-", server.url)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(problems.read_bytes().splitlines(True)[0])
+        proc.stdin.flush()
+        assert server.wait_for_completions(4, timeout=60), "the first row was not sent"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+    assert proc.returncode == 143, stderr.decode()
+    assert b"those in flight are lost (-o -: no folder to resume)" in stderr and b"stays resumable" not in stderr
 
 
 @pytest.mark.parametrize(

@@ -203,10 +203,15 @@ async def _supervised(runner: Runner, interrupts: Interrupts, folds: Folds) -> N
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(runner.run())
 
+    to_stdout = runner.run_options.output == "-"  # no folder: the groups still in flight are lost
+
     def first(signum: int) -> None:
         log.warning(
-            "%s: finishing up; the output folder stays resumable (interrupt again to stop at once)",
+            "%s: finishing up; %s (interrupt again to stop at once)",
             signal.Signals(signum).name,
+            "the groups written are whole, those in flight are lost (-o -: no folder to resume)"
+            if to_stdout
+            else "the output folder stays resumable",
         )
         task.cancel()
 
