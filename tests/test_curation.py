@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from agentroll.folder import Manifest, read_groups, read_records
+from agentroll.shaping import LengthShaping
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
@@ -363,3 +364,10 @@ def test_a_filtered_turn_is_not_trained_through_the_history_of_the_turns_that_co
                     checked += 1
     assert checked, "no continued turn after a truncated one: the test saw nothing"
     assert run_cli("validate", str(out)).returncode == 0
+
+
+def test_a_buffer_longer_than_the_budget_is_the_whole_budget_as_the_docs_say():
+    dapo = LengthShaping(buffer=40, penalty=1.0)
+    assert dapo.punishment(60, 100) == 0.0 and dapo.punishment(80, 100) == -0.5 and dapo.punishment(100, 100) == -1.0
+    past = LengthShaping(buffer=200, penalty=1.0)  # B > L: -P * l / L
+    assert past.punishment(0, 100) == 0.0 and past.punishment(56, 100) == -0.56 and past.punishment(100, 100) == -1.0
