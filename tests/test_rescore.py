@@ -122,8 +122,10 @@ def test_rescore_filters_uniform_groups_and_resumes(sim, problems, tmp_path):
     assert proc.returncode == 0, proc.stderr.decode()
     manifest = Manifest.load(out)
     assert manifest.groups == 0 and manifest.filtered_groups == Manifest.load(src).groups  # every group uniform
+    assert b"system accuracy 0.000" in proc.stderr
     again = run_cli("rescore", str(src), "-o", str(out), "--reward", f"{zero}:score", "--filter-uniform-groups")
     assert again.returncode == 0 and b"8 done before" in again.stderr
+    assert b"system accuracy -" in again.stderr  # nothing rescored by this run: no figure, not "None"
     assert json.loads((out / "manifest.json").read_text())["complete"] is True
 
 

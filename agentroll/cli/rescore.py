@@ -63,11 +63,12 @@ def build() -> Any:
             restore()
         s = result.stats
         if not quiet:
+            accuracy = s.report().get("system_accuracy")  # None when this run rescored no group (all done before)
             err.print(
                 Text(
                     f"rescored {s.groups_written + s.groups_filtered} groups ({s.groups_filtered} filtered, "
                     f"{s.problems_skipped_done} done before) -> {output}; system accuracy "
-                    f"{s.report().get('system_accuracy')}"
+                    f"{'-' if accuracy is None else f'{accuracy:.3f}'}"
                 )
             )
 
