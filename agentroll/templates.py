@@ -44,6 +44,13 @@ class Templates:
         path = self.directory / name
         try:
             source = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            held = sorted(f.name for f in self.directory.glob("*.jinja")) if self.directory.is_dir() else []
+            raise UsageError(
+                f"prompt template {path}: not there: this system needs "
+                f"{', '.join(stage + '.jinja' for stage in self.names)}"
+                + (f"; {self.directory} has {', '.join(held)}" if held else "")
+            ) from None
         except OSError as exc:
             raise UsageError(f"prompt template {path}: {exc.strerror or exc}") from None
         digest.update(name.encode() + b"\0" + source.encode() + b"\0")

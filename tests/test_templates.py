@@ -31,3 +31,11 @@ def test_missing_or_misspelt_templates_are_usage_errors(tmp_path):
         (tmp_path / f"{stage}.jinja").write_text("{{ problme }}")
     with pytest.raises(UsageError, match=r"problme"):
         Templates(tmp_path).messages("solver", "P")
+
+
+def test_a_template_set_made_for_another_system_says_what_is_needed_and_what_is_there():
+    with pytest.raises(UsageError) as caught:
+        Templates("code", ("solver", "critic", "reviser"))  # the bundled code set is three-stage's
+    said = str(caught.value)
+    assert "critic.jinja: not there: this system needs solver.jinja, critic.jinja, reviser.jinja" in said
+    assert "has rewriter.jinja, selector.jinja, solver.jinja" in said
