@@ -242,9 +242,15 @@ def figures(settled: int) -> tuple[RunStats, ClientCounters]:
     return stats, ClientCounters(requests=10 * settled, in_flight=7, queued=3, failures=2, retries=5)
 
 
-def test_log_lines_say_done_total_rates_and_eta_from_start_to_end(caplog, monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+@pytest.fixture
+def clock(monkeypatch) -> list[float]:
+    """time.monotonic as the test moves it: clock[0] seconds."""
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_log_lines_say_done_total_rates_and_eta_from_start_to_end(caplog, clock):
     lines = LogLines(every_s=10.0)
     with caplog.at_level(logging.INFO, logger="agentroll"):
         lines.start(40)
@@ -574,9 +580,7 @@ def test_the_priority_is_sent_only_when_every_endpoint_takes_it(problems, tmp_pa
     assert f"{refuses.url} does not take a request priority" in output
 
 
-def test_the_last_log_line_has_the_ends_figures_once(caplog, monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+def test_the_last_log_line_has_the_ends_figures_once(caplog, clock):
     lines = LogLines(every_s=10.0)
     with caplog.at_level(logging.INFO, logger="agentroll"):
         lines.start(40)

@@ -193,32 +193,40 @@ def test_a_chat_row_that_the_template_rejects_is_a_bad_row(sim, tmp_path):
     assert json.loads((tmp_path / "b" / "manifest.json").read_text())["last_run"]["stats"]["invalid_rows"] == 1
 
 
-def test_stdin_rows_are_run_as_they_arrive_and_sigterm_does_not_wait_for_stdin(tmp_path):
-    problems = write_problems(tmp_path / "p.jsonl", 3)
+def stopped_after_one_row(problems, out) -> tuple[int | None, bytes]:
+    """`generate -` fed one row with stdin left open (a slow producer), sent SIGTERM once the server has that
+    row's calls: (exit code, stderr). `out` "-" puts the records on stdout."""
     server = start(problems)
-    out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentroll", *args("-", out, server.url)],
         stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE if out == "-" else None,
         stderr=subprocess.PIPE,
         env=env,
     )
     try:
         assert proc.stdin is not None
         proc.stdin.write(problems.read_bytes().splitlines(True)[0])
-        proc.stdin.flush()  # one row, and stdin stays open: a slow producer
+        proc.stdin.flush()
         assert server.wait_for_completions(4, timeout=60), "the first row was not sent before stdin closed"
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)  # returns although stdin was never closed
-        assert proc.returncode == 143, stderr.decode()
-        assert b"SIGTERM: finishing up; the output folder stays resumable" in stderr
-        manifest = json.loads((out / "manifest.json").read_text())
-        assert manifest["records"] == len(read_records(out)) and not manifest["complete"]
     finally:
         if proc.poll() is None:
             proc.kill()
         server.stop()
+    return proc.returncode, stderr
+
+
+def test_stdin_rows_are_run_as_they_arrive_and_sigterm_does_not_wait_for_stdin(tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 3)
+    out = tmp_path / "out"
+    code, stderr = stopped_after_one_row(problems, out)
+    assert code == 143, stderr.decode()
+    assert b"SIGTERM: finishing up; the output folder stays resumable" in stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["records"] == len(read_records(out)) and not manifest["complete"]
     server = start(problems)
     try:
         rerun = run_cli(*args("-", out, server.url), stdin=b"\xef\xbb\xbf" + problems.read_bytes())  # BOM too
@@ -229,28 +237,8 @@ def test_stdin_rows_are_run_as_they_arrive_and_sigterm_does_not_wait_for_stdin(t
 
 
 def test_a_stop_with_the_records_on_stdout_does_not_promise_a_folder(tmp_path):
-    problems = write_problems(tmp_path / "p.jsonl", 3)
-    server = start(problems)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentroll", *args("-", "-", server.url)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write(problems.read_bytes().splitlines(True)[0])
-        proc.stdin.flush()
-        assert server.wait_for_completions(4, timeout=60), "the first row was not sent"
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        server.stop()
-    assert proc.returncode == 143, stderr.decode()
+    code, stderr = stopped_after_one_row(write_problems(tmp_path / "p.jsonl", 3), "-")
+    assert code == 143, stderr.decode()
     assert b"those in flight are lost (-o -: no folder to resume)" in stderr and b"stays resumable" not in stderr
 
 
