@@ -240,16 +240,19 @@ def tool_model(tiny_model: Path, tmp_path_factory) -> tuple[Path, str]:
     return folder, "Qwen3's published chat template (from trl/chat_templates/qwen3.jinja)"
 
 
-# The servers of the tier, by fixture name: what each serves and with which flags.
-MAIN = ("--enable-scale-out",)
-SECOND = ("--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--scheduling-policy", "priority")
+# The servers of the tier, by fixture name: what each serves and with which flags. --enforce-eager: no
+# torch.compile of the model at start-up (C++ kernels built by the compiler, 10-30 s of CPU per server here: 30-31 s
+# to /health eager against 41-64 s compiled); the tiny model's answers do not need the compiled graphs' speed.
+EAGER = ("--enforce-eager",)
+MAIN = (*EAGER, "--enable-scale-out")
+SECOND = (*EAGER, "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--scheduling-policy", "priority")
 
 
 @pytest.fixture(scope="session")
 def launched(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> Iterator[dict[str, Launched]]:
     """Every server the collected tests ask for, launched at once at the first test that needs one, stopped after
-    the tier's last test. A vLLM start-up is ~40-60 s on these machines, little of it using both cores: started
-    together, the three took under 3 minutes here, where one after the other (as each module asked) they took ~4."""
+    the tier's last test. A vLLM start-up is ~30-60 s on these machines, little of it using both cores: started
+    together (and eager), the three took ~2 minutes here, where one after the other (as each module asked) ~4."""
     wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
     logs = tmp_path_factory.mktemp("logs")
     servers: dict[str, Launched] = {}
@@ -260,7 +263,7 @@ def launched(vllm_python: Path, tiny_model: Path, tmp_path_factory, request) -> 
             servers["second_vllm"] = launch(vllm_python, tiny_model, logs / "vllm-second.log", *SECOND)
         if "tools_vllm" in wanted:
             folder = request.getfixturevalue("tool_model")[0]
-            servers["tools_vllm"] = launch(vllm_python, folder, logs / "vllm-tools.log")
+            servers["tools_vllm"] = launch(vllm_python, folder, logs / "vllm-tools.log", *EAGER)
         yield servers
     finally:
         for server in servers.values():
