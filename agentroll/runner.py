@@ -290,7 +290,8 @@ class Runner:
         part = self.run_options.slice
         if first is not None and not self.run_options.skip_invalid and (not part or in_partition(first.id, *part)):
             self.generator.problem(first)  # checked again in its turn
-            self.first = first  # and against the folder's done ids before the run takes the folder (`writer.open`)
+            if self.run_options.target_groups is None:  # (a target already on disk reads no row: none to refuse)
+                self.first = first  # and against the folder's done ids before the run takes it (`writer.open`)
 
         async def chained() -> AsyncIterator[Problem]:
             if first is not None:

@@ -61,8 +61,10 @@ def test_target_groups_stops_at_n_informative_groups_and_a_rerun_goes_on(tmp_pat
         assert second.returncode == 0, second.stderr.decode()
         assert Manifest.load(out).groups == 5
         calls = len(generations(server))
-        third = run(5)
-        assert third.returncode == 0 and b"nothing to do" in third.stderr
+        rows = problems.read_text().splitlines(True)  # a first row that now clashes with its done id: with the
+        problems.write_text(rows[0].replace('"label": "3"', '"label": "4"') + "".join(rows[1:]))  # target met,
+        third = run(5)  # no row is read, so none is refused
+        assert third.returncode == 0 and b"nothing to do" in third.stderr, third.stderr.decode()
         assert len(generations(server)) == calls  # not one call more
     finally:
         server.stop()
