@@ -142,19 +142,10 @@ class Conversations:
             and len(loss_mask) == len(logprobs) == len(response)
         ):
             return None
-        if mask is None and history is None:
-            return _Turn(
-                line,
-                r["turn"],
-                r.get("trainable") is not False,
-                prompt,
-                response,
-                loss_mask,
-                [float(x) for x in logprobs],
-                None,
-                None,
-            )
-        if not (_list(mask, int) and _list(history, float) and len(mask) == len(history) == len(prompt)):
+        first_turn = mask is None and history is None
+        if not first_turn and not (
+            _list(mask, int) and _list(history, float) and len(mask) == len(history) == len(prompt)
+        ):
             return None
         return _Turn(
             line,
@@ -165,5 +156,5 @@ class Conversations:
             loss_mask,
             [float(x) for x in logprobs],
             mask,
-            [float(x) for x in history],
+            None if history is None else [float(x) for x in history],
         )
