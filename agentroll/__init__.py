@@ -4,25 +4,73 @@
 `Context` are how a user writes an agent system of their own (docs/systems.md).
 """
 
-from .concurrency import gather_or_cancel
-from .context import Context
-from .errors import (
-    AgentrollError,
-    IncompleteRun,
-    InputError,
-    OutputError,
-    RewardError,
-    ServerError,
-    TooManyFailures,
-    UsageError,
-)
-from .folder import read_groups, read_records
-from .generator import Generator
-from .group import Group
-from .options import GenerateOptions
-from .rescoring import rescore
-from .schema import Sample
-from .systems import System
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .concurrency import gather_or_cancel
+    from .context import Context
+    from .errors import (
+        AgentrollError,
+        IncompleteRun,
+        InputError,
+        OutputError,
+        RewardError,
+        ServerError,
+        TooManyFailures,
+        UsageError,
+    )
+    from .folder import read_groups, read_records
+    from .generator import Generator
+    from .group import Group
+    from .options import GenerateOptions
+    from .rescoring import rescore
+    from .schema import Sample
+    from .systems import System
+
+# Each name is imported from its module when first asked for: `agentroll convert` need not load the HTTP client,
+# and the command line starts its run without loading what the run does not use (docs/performance.md).
+_HOMES = {
+    "gather_or_cancel": "concurrency",
+    "Context": "context",
+    **dict.fromkeys(
+        (
+            "AgentrollError",
+            "IncompleteRun",
+            "InputError",
+            "OutputError",
+            "RewardError",
+            "ServerError",
+            "TooManyFailures",
+            "UsageError",
+        ),
+        "errors",
+    ),
+    "read_groups": "folder",
+    "read_records": "folder",
+    "Generator": "generator",
+    "Group": "group",
+    "GenerateOptions": "options",
+    "rescore": "rescoring",
+    "Sample": "schema",
+    "System": "systems",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value  # once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+
 
 __version__ = "0.1.0"
 

@@ -4,10 +4,13 @@ Once a run has started, what is loaded lives until the process ends: transformer
 model files at import), the tokenizer, the templates, the client. CPython's full collections walk every object
 the collector tracks, and the run's churn of small containers (parsed answers, token id lists) sets one off about
 every second: ~70 ms each on these machines, during which the event loop answers nothing, so completion slots sit
-idle and throughput drops (docs/performance.md, "Garbage collection"). `settle` collects once, then moves what
-is there out of the collector's sight (`gc.freeze`), and lets more young objects pile up before a collection runs.
-It acts only in a process the command line owns (`agentroll ...`, whose `main` calls `own`): a library caller's
-process, or a test runner's, is its own business.
+idle and throughput drops (docs/performance.md, "Garbage collection"). `settle` moves what is there out of the
+collector's sight (`gc.freeze`). Young objects pile up in larger batches before a collection runs from the
+moment the command starts (`own`): start-up is imports (transformers' alone tracks some 60,000 objects), and
+CPython's default of a collection per 700 allocations spent a tenth of start-up walking them. `settle` does not
+collect first: a full collection there took 50-58 ms and found a few dozen objects to free (docs/performance.md,
+"Start-up, fourth pass"). It acts only in a process the command line owns (`agentroll ...`,
+whose `main` calls `own`): a library caller's process, or a test runner's, is its own business.
 """
 
 from __future__ import annotations
@@ -19,16 +22,17 @@ _owned = False
 
 
 def own() -> None:
-    """The process is agentroll's command line (`agentroll.cli.main`): `settle` may set its collector."""
+    """The process is agentroll's command line (`agentroll.cli.main`): its collector is off until `settle`."""
     global _owned
     _owned = True
+    gc.disable()
 
 
 def settle() -> None:
-    """Freeze what is loaded now, and collect young objects in larger batches (call once the run has started)."""
+    """Freeze what is loaded now and collect again, in larger batches (call once the run has started)."""
     if not _owned:
         return
-    gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG, middle, old)
+    gc.enable()

@@ -29,7 +29,7 @@ from .rewards.options import RewardOptions
 from .schema import Sample
 from .shaping import LengthShaping
 from .stats import RunStats
-from .systems import System, builtins, load_system, vocabulary_of
+from .systems import System, builtin, load_system, vocabulary_of
 
 log = logging.getLogger("agentroll")
 
@@ -90,8 +90,9 @@ def system_of_folder(manifest: Manifest) -> System:
     the base `System` (each sample scored, the last one's the outcome), with a warning."""
     spec = manifest.settings.get("system") or {"name": "three-stage", "options": {}}
     name, options = str(spec.get("name", "three-stage")), dict(spec.get("options") or {})
-    if name in builtins():
-        return builtins()[name](**options)
+    native = builtin(name)
+    if native is not None:
+        return native(**options)
     try:
         return load_system(name, options)
     except Exception as exc:  # a file moved, a module gone: the default rescoring still holds for most systems

@@ -326,8 +326,10 @@ def _outcome(runner: Runner, interrupts: Interrupts, quiet: bool, debug: bool, f
 def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool) -> int:
     """`generate --ray`: the job on a Ray cluster (docs/ray.md). A first SIGINT/SIGTERM stops every partition
     cleanly (each folder stays resumable); a second one kills the tasks and exits at once."""
+    from .. import heap
     from ..cluster import RayJob
 
+    heap.settle()  # the driver's start-up is over: its partitions run elsewhere (agentroll.heap)
     job: RayJob | None = None
     interrupts = Interrupts()
 

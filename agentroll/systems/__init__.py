@@ -11,6 +11,7 @@ What its records mean (report figures, folder checks, inspect labels) the system
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -76,13 +77,24 @@ class FunctionSystem(System):
         return await self.function(ctx)
 
 
-def builtins() -> dict[str, type[System]]:
-    from .critique_revise import CritiqueRevise
-    from .single import Single
-    from .three_stage import ThreeStage
-    from .tool_use import ToolUse
+# The built-in systems by name, each imported when first named: a run loads its own system only (a three-stage run
+# does not load the tool parsers). tests/test_systems.py checks each entry's class carries its name.
+BUILTINS = {
+    "three-stage": "three_stage:ThreeStage",
+    "single": "single:Single",
+    "critique-revise": "critique_revise:CritiqueRevise",
+    "tool-use": "tool_use:ToolUse",
+}
 
-    return {s.name: s for s in (ThreeStage, Single, CritiqueRevise, ToolUse)}
+
+def builtin(name: str) -> type[System] | None:
+    """The built-in system called `name`, or None."""
+    where = BUILTINS.get(name)
+    if where is None:
+        return None
+    module, _, attribute = where.partition(":")
+    found: type[System] = getattr(importlib.import_module(f".{module}", __name__), attribute)
+    return found
 
 
 def vocabulary_of(target: System | str) -> Vocabulary:
@@ -91,11 +103,11 @@ def vocabulary_of(target: System | str) -> Vocabulary:
     built: its vocabulary is read from its class (or function)."""
     if isinstance(target, System):
         return target.vocabulary
-    known = builtins()
-    if target in known:
-        return known[target].vocabulary
+    known = builtin(target)
+    if known is not None:
+        return known.vocabulary
     if ":" not in target:
-        raise UsageError(f"system {target!r}: not a built-in ({', '.join(known)}) nor FILE.py:CLASS or MODULE:CLASS")
+        raise UsageError(f"system {target!r}: not a built-in ({', '.join(BUILTINS)}) nor FILE.py:CLASS or MODULE:CLASS")
     found = load_object(target, "system", UsageError, "class or function")
     if isinstance(found, System) or (inspect.isclass(found) and issubclass(found, System)):
         return found.vocabulary
@@ -114,11 +126,11 @@ def _vocabulary(function: Any, spec: str) -> Vocabulary:
 def load_system(spec: str, options: dict[str, Any] | None = None) -> System:
     """A built-in by name, or a user's class or async function by FILE.py:NAME or MODULE:NAME."""
     options = options or {}
-    known = builtins()
-    if spec in known:
-        return known[spec](**options)
+    known = builtin(spec)
+    if known is not None:
+        return known(**options)
     if ":" not in spec:
-        raise UsageError(f"--system {spec!r}: not a built-in ({', '.join(known)}) nor FILE.py:CLASS or MODULE:CLASS")
+        raise UsageError(f"--system {spec!r}: not a built-in ({', '.join(BUILTINS)}) nor FILE.py:CLASS or MODULE:CLASS")
     return from_object(load_object(spec, "system", UsageError, "class or function"), spec, options)
 
 
@@ -150,9 +162,9 @@ def from_object(target: Any, spec: str, options: dict[str, Any]) -> System:
 
 def identity(system: System, spec: str) -> dict[str, Any]:
     """What the settings guard compares: a folder made by one system (or with other options) refuses another."""
-    builtin = type(system) in builtins().values()
+    native = type(system) is builtin(system.name)
     return {
-        "name": system.name if builtin else spec,
+        "name": system.name if native else spec,
         "stages": list(system.stages),
         "options": dict(system.settings),
         **({"version": system.version} if system.version is not None else {}),
