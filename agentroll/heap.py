@@ -4,13 +4,18 @@ Once a run has started, what is loaded lives until the process ends: transformer
 model files at import), the tokenizer, the templates, the client. CPython's full collections walk every object
 the collector tracks, and the run's churn of small containers (parsed answers, token id lists) sets one off about
 every second: ~70 ms each on these machines, during which the event loop answers nothing, so completion slots sit
-idle and throughput drops (docs/performance.md, "Garbage collection"). `settle` moves what is there out of the
-collector's sight (`gc.freeze`). Young objects pile up in larger batches before a collection runs from the
-moment the command starts (`own`): start-up is imports (transformers' alone tracks some 60,000 objects), and
-CPython's default of a collection per 700 allocations spent a tenth of start-up walking them. `settle` does not
-collect first: a full collection there took 50-58 ms and found a few dozen objects to free (docs/performance.md,
-"Start-up, fourth pass"). It acts only in a process the command line owns (`agentroll ...`,
-whose `main` calls `own`): a library caller's process, or a test runner's, is its own business.
+idle and throughput drops (docs/performance.md, "Garbage collection").
+
+So the collector is off from the moment the command starts (`own`) until its run has started (`settle`):
+start-up is imports, whose objects all live on, and CPython's default of a collection per 700 allocations walked
+them ~200 times for 60-70 ms. `settle` then collects once, moves what is loaded out of the collector's sight
+(`gc.freeze`), turns it back on and lets young objects pile up in larger batches. That one collection frees next
+to nothing, but it sets CPython's count of long-lived objects, which holds later full collections back until a
+quarter as many new ones have piled up (docs/performance.md, "Start-up, fourth pass"). A command with no run to
+start settles as soon as it is chosen (`agentroll.cli.root`).
+
+It acts only in a process the command line owns (`agentroll ...`, whose `main` calls `own`): a library caller's
+process, or a test runner's, is its own business.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ def settle() -> None:
     """Freeze what is loaded now and collect again, in larger batches (call once the run has started)."""
     if not _owned:
         return
+    gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG, middle, old)
