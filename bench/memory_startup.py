@@ -2,6 +2,7 @@
 
     python bench/memory_startup.py
     python bench/memory_startup.py --startup-only --source /path/to/another/checkout   # its agentroll instead
+    python bench/memory_startup.py --against /path/to/another/checkout --pairs 20 --limit 20  # side by side
 
 Peak RSS of `agentroll generate --limit 3000` on a 10,000-line and on a 1,000,000-line input (the server answers
 at once): memory must not grow with the input. Start-up: from launching the command to the first completion
@@ -11,7 +12,9 @@ clock measures their load as much as ours). The last row loads the tokenizer wit
 `AutoTokenizer` (`--chat-render local`): with torch installed, that imports torch. `--startup-only` skips the
 1,000,000-line row (the start-up rows alone, for trees compared side by side); `--source` runs the generate of
 another checkout (its own package, imported from its folder), against the simulator of this one; `--limit N`
-runs N problems instead of 3000 (start-up rows in seconds rather than minutes on a busy machine).
+runs N problems instead of 3000 (start-up rows in seconds rather than minutes on a busy machine). `--against`
+runs the start-up row only, alternating this checkout and another `--pairs` times (one fresh simulator per run),
+and prints each pair and the medians: on a shared machine only runs side by side compare.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -94,7 +98,11 @@ def main() -> None:
         default=3000,
         help="problems per run (fewer: quicker start-up rows; RSS is then not the row's)",
     )
+    parser.add_argument("--against", type=Path, help="another checkout, run alternately with this one")
+    parser.add_argument("--pairs", type=int, default=10, help="with --against: runs of each checkout")
     args = parser.parse_args()
+    if args.against:
+        return side_by_side(args.against.resolve(), args.pairs, args.limit)
     source = args.source.resolve() if args.source else None
     tmp = Path(tempfile.mkdtemp())
     results: dict[str, object] = {"source": str(source or ROOT)}
@@ -113,6 +121,33 @@ def main() -> None:
             "startup_cpu_s": None if cpu is None else round(cpu, 2),
         }
     print(json.dumps(results))
+
+
+def side_by_side(other: Path, pairs: int, limit: int) -> None:
+    """Start-up of this checkout and `other`, alternating; one JSON line per pair, then the medians."""
+    tmp = Path(tempfile.mkdtemp())
+    problems = write_problems(tmp / "p.jsonl", 10_000)
+    trees = {"this": ROOT, "other": other}
+    seen: dict[str, list[tuple[float, float | None]]] = {name: [] for name in trees}
+    for pair in range(pairs):
+        for name, tree in trees.items():
+            sim, url = start_sim(0.0, 150)
+            try:
+                _, startup, cpu = run(problems, url, tmp / f"out-{name}", limit, (), tree)
+            finally:
+                stop(sim)
+            seen[name].append((startup, cpu))
+        print(json.dumps({"pair": pair, **{n: [round(v, 2) if v else v for v in seen[n][-1]] for n in trees}}))
+    summary = {
+        name: {
+            "source": str(tree),
+            "startup_s_median": round(statistics.median(s for s, _ in seen[name]), 3),
+            "startup_s_range": [round(min(s for s, _ in seen[name]), 2), round(max(s for s, _ in seen[name]), 2)],
+            "startup_cpu_s_median": round(statistics.median(c for _, c in seen[name] if c is not None), 3),
+        }
+        for name, tree in trees.items()
+    }
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

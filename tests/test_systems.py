@@ -8,6 +8,8 @@ import itertools
 import json
 import re
 import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import ClassVar
@@ -755,3 +757,21 @@ def test_system_options_are_kept_as_the_manifest_keeps_them(served, problems):
             return gen.settings
 
     assert asyncio.run(go())["system"]["options"] == {"sizes": [1, 2]}  # a tuple would refuse every resume
+
+
+def test_each_built_in_is_imported_by_its_name_only():
+    """`systems.BUILTINS` names each built-in without importing it: the table must say what the classes say, and a
+    run of one system must not load the others (a three-stage run has no use for the tool parsers)."""
+    from agentroll.systems import BUILTINS, System, builtin
+
+    for name in BUILTINS:
+        found = builtin(name)
+        assert found is not None and issubclass(found, System) and found.name == name
+    assert builtin("no-such-system") is None
+    probe = (
+        "import sys; from agentroll.systems import load_system; load_system('three-stage'); "
+        "print(sorted(m for m in sys.modules if m.startswith(('agentroll.systems.', 'agentroll.toolcalls'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert "agentroll.systems.three_stage" in loaded.stdout
+    assert "tool_use" not in loaded.stdout and "toolcalls" not in loaded.stdout and "single" not in loaded.stdout
