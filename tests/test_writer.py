@@ -221,3 +221,31 @@ def test_the_line_a_stop_tore_is_dropped_without_a_warning(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="agentroll"):
         _, done = open_writer(tmp_path)
     assert set(done) == {"a"} and not [r for r in caplog.records if "dropped" in r.getMessage()]
+
+
+def test_damage_inside_a_zstd_partial_shard_is_said_and_a_torn_last_frame_is_not(tmp_path, caplog):
+    folders = {}
+    for name in ("damaged", "torn"):
+        folder = tmp_path / name
+        writer = ShardWriter(folder, SETTINGS, compression="zstd")
+        writer.open()
+        sizes = []
+        for pid in "abc":
+            writer.commit(group(pid))
+            sizes.append(next(folder.glob("*.partial")).stat().st_size)
+        crash(writer)
+        folders[name] = (folder, next(folder.glob("*.partial")), sizes)
+    folder, partial, sizes = folders["damaged"]
+    data = bytearray(partial.read_bytes())
+    data[(sizes[0] + sizes[1]) // 2] ^= 0xFF  # inside b's frame: b and c, whole on disk, go with it
+    partial.write_bytes(bytes(data))
+    folder, partial, sizes = folders["torn"]
+    partial.write_bytes(partial.read_bytes()[: sizes[2] - 5])  # c's frame cut short, as a kill leaves it
+    with caplog.at_level("WARNING", logger="agentroll"):
+        damaged = ShardWriter(folders["damaged"][0], SETTINGS, compression="zstd").open()
+        torn = ShardWriter(folders["torn"][0], SETTINGS, compression="zstd").open()
+    assert set(damaged) == {"a"} and set(torn) == {"a", "b"}
+    (said,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    damaged_name = folders["damaged"][1].name
+    assert damaged_name in said and f"{folders['damaged'][2][2] - folders['damaged'][2][0]} bytes" in said
+    assert f"byte {folders['damaged'][2][0]} on" in said

@@ -27,7 +27,7 @@ from .files import atomic_write, file_sha256, fsync_dir, truncate
 from .keys import read_keys, write_keys
 from .layout import TMP, Layout, is_zstd, parse_shard, routes_path
 from .manifest import Manifest, RoutesEntry, ShardEntry
-from .shards import GroupKey, join_frames, scan_groups, scan_routed
+from .shards import GroupKey, join_frames, scan_groups, scan_routed, torn_frame
 
 log = logging.getLogger("agentroll")
 
@@ -154,8 +154,16 @@ def recover_partial(layout: Layout, partial: Path, out: Recovered) -> None:
         side = routes_path(final)  # renamed before its shard when the run died (finish_file)
     side_size = side.stat().st_size if side.exists() else 0
     kept, records, executions, keys, needed = scan_routed(data, is_zstd(partial), side_size)
-    lines = 0 if is_zstd(partial) else data[kept:].count(b"\n")
-    if lines:  # whole lines past the last whole group: damage, not only the line a stop tore
+    if is_zstd(partial):
+        if not torn_frame(data[kept:]):  # more than the one frame a stop tears: damage
+            log.warning(
+                "%s: %d bytes after its last whole group (byte %d on) are dropped and their groups generated again "
+                "(damage there, or a group cut while it was written)",
+                partial,
+                len(data) - kept,
+                kept,
+            )
+    elif lines := data[kept:].count(b"\n"):  # whole lines past the last whole group: not only the line a stop tore
         log.warning(
             "%s: %d whole line(s) after its last whole group (line %d on) are dropped and their groups generated "
             "again (damage there, or a group cut while it was written)",

@@ -61,6 +61,21 @@ def shard_groups(data: bytes, compressed: bool) -> Iterator[tuple[int, list[dict
             yield pos, records
 
 
+def torn_frame(tail: bytes) -> bool:
+    """Is what follows a zstd shard's last whole group nothing, or the start of one frame a stop cut short (as
+    opposed to a damaged frame, or whole frames past it)?"""
+    if not tail:
+        return True
+    import zstandard
+
+    frame = zstandard.ZstdDecompressor().decompressobj()
+    try:
+        frame.decompress(tail)
+    except zstandard.ZstdError:
+        return False
+    return not frame.eof
+
+
 def join_frames(data: bytes) -> bytes:
     """A finished shard's group frames as one frame (see the module's docstring)."""
     import zstandard
