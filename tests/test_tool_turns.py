@@ -179,6 +179,7 @@ def test_the_mistral_parsers_results_carry_the_call_id_its_template_requires(ser
         )
         assert injected == f'[TOOL_RESULTS]{{"call_id": "{given}", "name": "python", "content": "17"}}[/TOOL_RESULTS]'
         assert re.fullmatch(r"[A-Za-z0-9]{9}", given)
+        assert first["tool_calls"][0]["id"] == given  # the record keeps the id the result went back with
 
     def ids(records: list[dict]) -> list[list[int]]:
         return [

@@ -441,6 +441,27 @@ def test_validate_checks_tool_calls_and_the_outcome_of_tool_use(serve, tmp_path)
     assert any("from the final turn's" in f or "is not the raw_reward of the final turn" in f for f in faults)
 
 
+def test_validate_takes_tool_calls_without_an_id_as_written_before_ids_were_kept(serve, tmp_path):
+    problems = write_problems(tmp_path / "p.jsonl", 1)
+    server = serve(problems, behavior(tool_call=1.0))
+    out = tmp_path / "out"
+    assert tool_use(problems, out, server.url)[0] == 0
+    shard = next(out.glob("rollouts-*.jsonl"))
+    records = [json.loads(line) for line in shard.read_text().splitlines()]
+    assert all(isinstance(c["id"], str) for r in records for c in r["tool_calls"] or [])
+
+    def call_faults(edit) -> list[str]:
+        edited = json.loads(json.dumps(records))
+        for record in edited:
+            for call in record["tool_calls"] or []:
+                edit(call)
+        shard.write_text("".join(json.dumps(r) + "\n" for r in edited))
+        return [str(f) for f in validate_folder(out).faults if "tool_calls item" in str(f)]
+
+    assert call_faults(lambda call: call.pop("id")) == []  # an older record: no id
+    assert call_faults(lambda call: call.update(id=7))  # an id that is not a string is a fault
+
+
 def test_a_folder_of_the_previous_schema_is_refused_on_resume(serve, tmp_path):
     problems = write_problems(tmp_path / "p.jsonl", 1)
     server = serve(problems, behavior(tool_call=1.0))

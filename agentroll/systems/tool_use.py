@@ -103,15 +103,13 @@ class ToolUse(System):
                 results = [self.toolbox.not_run(c, "max_turns reached") for c in calls]
             else:
                 results = await gather_or_cancel(*(self._call(c, ctx) for c in calls))
-            sample.tool_calls = [r.record for r in results]
+            where = (config.seed, ctx.problem.id, ctx.sample_index, ctx.attempt, sample.turn)
+            ids = [c.id or call_id(*where, j) for j, c in enumerate(calls)]
+            sample.tool_calls = [{"id": i, **r.record} for i, r in zip(ids, results, strict=True)]
             self._count(ctx, results)
             if last:
                 break
-            where = (config.seed, ctx.problem.id, ctx.sample_index, ctx.attempt, sample.turn)
-            messages = [
-                tool_message(c, r, c.id or call_id(*where, j))
-                for j, (c, r) in enumerate(zip(calls, results, strict=True))
-            ]
+            messages = [tool_message(c, r, i) for c, r, i in zip(calls, results, ids, strict=True)]
             turn = await ctx.complete("solver", messages, worker=len(samples), after=sample, tools=tools)
             if turn is None:
                 break

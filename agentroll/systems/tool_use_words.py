@@ -21,6 +21,7 @@ from .vocabulary import Figure, Finding, Label, outcome_is
 from .votes import SOLVER_FIGURES, Votes, answers
 
 TOOL_CALL_KEYS = frozenset({"name", "arguments", "result", "duration_s", "error", "status"})
+# and the call's "id" (the next turn's tool_call_id), a string: absent in records written before it was kept
 TOOL_STATUSES = ("ok", "malformed", "unknown", "failed", "timeout", "not_run")
 # a call's status -> the run counter it adds to (every call adds to `tool_calls`; `ok` has no counter of its own)
 COUNTERS = {
@@ -58,7 +59,7 @@ class ToolUseWords(Votes):
             if bad is not None:
                 yield Finding(
                     at,
-                    f"tool_calls item {bad} is not {{{', '.join(sorted(TOOL_CALL_KEYS))}}} "
+                    f"tool_calls item {bad} is not {{id, {', '.join(sorted(TOOL_CALL_KEYS))}}} "
                     f"with a status of {', '.join(TOOL_STATUSES)}",
                     "value",
                 )
@@ -83,7 +84,8 @@ class ToolUseWords(Votes):
 def _well_formed(call: object) -> bool:
     return (
         isinstance(call, dict)
-        and set(call) == TOOL_CALL_KEYS
+        and set(call) - {"id"} == TOOL_CALL_KEYS
+        and isinstance(call.get("id", ""), str)
         and call.get("status") in TOOL_STATUSES
         and isinstance(call.get("duration_s"), int | float)
     )
