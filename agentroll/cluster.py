@@ -331,6 +331,14 @@ class RayJob:
             result.message = result.message or f"merge: {exc}"
             return
         result.run.model = _model(self.out, partitions)
+        target = self.options.target_groups
+        if result.code == 0 and target is not None and result.merged.groups < target:
+            note = (  # each partition said so in its own log; the job says it once, for all
+                f"--target-groups {target}: the input ran out at {result.merged.groups} of {target} groups "
+                f"({result.run.stats.problems} prompts read over {partitions} partitions)"
+            )
+            log.warning(note)
+            result.run.notes.append(note)
 
 
 def _reachable(address: str) -> None:

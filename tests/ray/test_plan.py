@@ -42,9 +42,10 @@ from agentroll.partitions import (
     unseen_parts,
 )
 from agentroll.run_options import RunOptions
+from agentroll.runner import RunResult
 from agentroll.stats import RunStats, StageStats
 
-from ..conftest import run_cli
+from ..conftest import TOKENIZER, run_cli
 
 URLS = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
 
@@ -577,3 +578,26 @@ def test_a_retry_does_not_wait_on_storage_without_locks(tmp_path, monkeypatch):
     monkeypatch.setattr(folder_lock.fcntl, "flock", no_locks)
     cluster_task._wait_for_writer(part, tmp_path / "part-0.log", "part-0, attempt 2")
     assert not (tmp_path / "part-0.log").exists()  # it said nothing of waiting: it did not wait
+
+
+def test_a_job_whose_input_runs_out_before_its_target_says_so_once(sim, problems, tmp_path, caplog):
+    """Each partition warns in its own log, which the driver does not show: the job says it, for all of them."""
+    out = tmp_path / "out"
+    prepare_output(out, 2, 2, False)
+    for index in range(2):
+        done = run_cli("generate", str(problems), "-o", str(out / f"part-{index}"), "--base-url", sim.url,
+                       "--tokenizer", TOKENIZER, "--system", "single", "--reward", "exact", "--partition",
+                       f"{index}/2", "--target-groups", "20", "-q")  # fmt: skip
+        assert done.returncode == 0, done.stderr.decode()
+    run = {"input": str(problems), "output": str(out), "ray": "local", "target_groups": 20}
+    job = RayJob(run, {"base_url": [sim.url]})
+    stats = RunStats()
+    stats.problems = 8
+    result = cluster.JobResult(
+        RunResult(stats, ClientCounters(), 1.0, "", str(out)), [Outcome(0, code=0), Outcome(1, code=0)], 1, 2
+    )
+    with caplog.at_level("WARNING", logger="agentroll"):
+        job._merge(result, 2)
+    assert result.merged is not None and result.merged.groups == 8
+    said = "--target-groups 20: the input ran out at 8 of 20 groups (8 prompts read over 2 partitions)"
+    assert result.run.notes == [said] and [r.getMessage() for r in caplog.records] == [said]
