@@ -93,9 +93,9 @@ class Sample:
     history_mask: list[int] | None = None
     history_logprobs: list[float] | None = None
     # tool use: the calls this turn's response made, in order, each {"id" (the tool_call_id its result went back
-    # with), "name", "arguments", "result" (what the model was shown, cut to max_tool_output; null when not run),
-    # "duration_s", "error" (null when it went well), "status" (ok, malformed, unknown, failed, timeout,
-    # not_run)}; null when the response made none
+    # with, or would have: a call not run), "name", "arguments", "result" (what the model was shown, cut to
+    # max_tool_output; null when not run), "duration_s", "error" (null when it went well), "status" (ok,
+    # malformed, unknown, failed, timeout, not_run)}; null when the response made none
     tool_calls: list[dict[str, Any]] | None = None
     # the input row's prompt exactly as given (a string, or the list of chat messages): what the rewards were
     # given as `prompt` (and the statement derived from it), so that `rescore` gives them the same ("" before 6)

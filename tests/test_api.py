@@ -6,6 +6,8 @@ import asyncio
 import dataclasses
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -53,6 +55,18 @@ def test_all_is_exactly_the_public_surface():
         assert name == "__version__" or value.__module__.startswith("agentroll.")  # no re-export of a dependency
     public_classes = {n for n, v in vars(agentroll).items() if isinstance(v, type) and not n.startswith("_")}
     assert public_classes <= set(agentroll.__all__)
+
+
+def test_importing_the_package_loads_its_names_on_first_use_and_its_submodules_stay_reachable():
+    probe = (
+        "import sys, agentroll; print('aiohttp' in sys.modules, 'agentroll.generator' in sys.modules); "
+        "print(agentroll.errors.InputError is agentroll.InputError, "
+        "agentroll.folder.read_groups is agentroll.read_groups)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split("\n")[:2] == ["False False", "True True"]  # nothing heavy at import; reachable after
+    with pytest.raises(AttributeError):
+        agentroll.no_such_name  # noqa: B018
 
 
 def test_the_generator_takes_the_cli_options_with_the_same_defaults():

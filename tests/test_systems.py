@@ -762,12 +762,20 @@ def test_system_options_are_kept_as_the_manifest_keeps_them(served, problems):
 def test_each_built_in_is_imported_by_its_name_only():
     """`systems.BUILTINS` names each built-in without importing it: the table must say what the classes say, and a
     run of one system must not load the others (a three-stage run has no use for the tool parsers)."""
-    from agentroll.systems import BUILTINS, System, builtin
+    from agentroll.systems import BUILTINS, System, builtin, identity
 
     for name in BUILTINS:
         found = builtin(name)
         assert found is not None and issubclass(found, System) and found.name == name
     assert builtin("no-such-system") is None
+    renamed = builtin("single")()
+    renamed.name = "my-single"  # type: ignore[misc]
+    assert identity(renamed, "x")["name"] == "my-single"  # a built-in keeps the name it carries
+
+    class Mine(builtin("single")):  # type: ignore[misc]
+        pass
+
+    assert identity(Mine(), "mine.py:Mine")["name"] == "mine.py:Mine"  # a user's subclass is its spec
     probe = (
         "import sys; from agentroll.systems import load_system; load_system('three-stage'); "
         "print(sorted(m for m in sys.modules if m.startswith(('agentroll.systems.', 'agentroll.toolcalls'))))"

@@ -14,7 +14,6 @@ from rich.text import Text
 from ..errors import OutputError
 from .console import err, folder_tool, log, out
 from .help import Command, help_text
-from .rescore import rescore
 
 FOLDER = typer.Argument(help="An output folder, or a merged one.", metavar="DIR", show_default=False)
 
@@ -25,7 +24,7 @@ def opt(*decls: str, help: str, metavar: str = "", **kwargs: object) -> typer.mo
 
 
 def register(app: typer.Typer) -> None:
-    for command in (merge, validate, stats, convert, report, rescore):
+    for command in (merge, validate, stats, convert, report):
         app.command(cls=Command)(command)
     app.command("inspect", cls=Command)(inspect_command)
 

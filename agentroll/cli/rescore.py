@@ -15,7 +15,7 @@ from ..declare import default_of
 from ..rewards.options import RewardOptions
 from .console import err, folder_tool, run_async, setup_logging
 from .generate import _parameter
-from .help import help_text
+from .help import Command, help_text
 
 FOLDER = typer.Argument(help="An output folder, or a merged one.", metavar="DIR", show_default=False)
 
@@ -78,3 +78,7 @@ def build() -> Any:
 
 
 rescore = build()
+
+
+def register(app: typer.Typer) -> None:
+    app.command(cls=Command)(rescore)

@@ -162,7 +162,8 @@ def from_object(target: Any, spec: str, options: dict[str, Any]) -> System:
 
 def identity(system: System, spec: str) -> dict[str, Any]:
     """What the settings guard compares: a folder made by one system (or with other options) refuses another."""
-    native = type(system) is builtin(system.name)
+    module, _, short = type(system).__module__.rpartition(".")
+    native = module == __name__ and f"{short}:{type(system).__qualname__}" in BUILTINS.values()
     return {
         "name": system.name if native else spec,
         "stages": list(system.stages),

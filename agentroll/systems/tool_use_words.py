@@ -6,7 +6,8 @@
   conversation of many turns counts once), and the share of the calls written that ran fine (`tool_calls_ok`).
   The run's own call counters (`tool_calls`, `tool_calls_failed`, ...: every call made, in written groups or
   not) are counted by the system as it runs, not from the records;
-- checks: each `tool_calls` entry has exactly its six fields and a known status; every turn carries the final
+- checks: each `tool_calls` entry has exactly its fields (`id`, a string, absent in older records) and a known
+  status; every turn carries the final
   answer's raw reward, and the execution's outcome is it;
 - inspect: each turn with its calls and how they went.
 """
@@ -59,7 +60,7 @@ class ToolUseWords(Votes):
             if bad is not None:
                 yield Finding(
                     at,
-                    f"tool_calls item {bad} is not {{id, {', '.join(sorted(TOOL_CALL_KEYS))}}} "
+                    f"tool_calls item {bad} is not {{{', '.join(sorted(TOOL_CALL_KEYS))}}} (and a string id) "
                     f"with a status of {', '.join(TOOL_STATUSES)}",
                     "value",
                 )
