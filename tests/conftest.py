@@ -45,13 +45,31 @@ def sim(problems: Path) -> Iterator[SimServer]:
     server.stop()
 
 
-def run_process(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
-    """`agentroll ...` in a real subprocess, as a user runs it: where the process is the point (fds, signals)."""
+def user_env() -> dict[str, str]:
+    """The environment a user's shell gives a command: no AGENTROLL_/OPENAI_ variables, the hub offline."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
     env["HF_HUB_OFFLINE"] = "1"  # a test never reaches for the hub
+    return env
+
+
+def run_process(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    """`agentroll ...` in a real subprocess, as a user runs it: where the process is the point (fds, signals)."""
     return subprocess.run(
-        [sys.executable, "-m", "agentroll", *args], input=stdin, capture_output=True, timeout=timeout, env=env
+        [sys.executable, "-m", "agentroll", *args], input=stdin, capture_output=True, timeout=timeout, env=user_env()
     )
+
+
+def cli_at_exit(report: str, *args: str) -> tuple[int, str]:
+    """`agentroll ...` as its own process (`agentroll.cli.main`, as the installed command starts), and the exit
+    code with what `report` (a Python expression giving a tuple, evaluated as the process ends) printed."""
+    probe = (
+        f"import atexit, gc, sys\natexit.register(lambda: print(*({report}), file=sys.stderr))\n"
+        "sys.argv = ['agentroll', *sys.argv[1:]]\nfrom agentroll.cli import main\nmain()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=120, env=user_env()
+    )
+    return done.returncode, done.stderr.strip().splitlines()[-1]
 
 
 def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:

@@ -3,38 +3,22 @@ loading the HTTP client or the generate stack (they import `cli.folders` alone, 
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from .conftest import TOKENIZER, cli_at_exit, run_cli
 
-from agentroll.sim.script import Script
-from agentroll.sim.server import SimServer
-
-from .conftest import TOKENIZER, run_cli
-
-# the real command line, saying as the process ends which of the heavy modules it had imported
-COMMAND = """
-import atexit, sys
-heavy = ("aiohttp", "agentroll.client", "agentroll.runner", "agentroll.generator", "transformers")
-atexit.register(lambda: print("loaded", *[m for m in heavy if m in sys.modules], file=sys.stderr))
-sys.argv = ["agentroll", *sys.argv[1:]]
-from agentroll.cli import main
-main()
-"""
+# which of the heavy modules the command had imported as it ended
+LOADED = (
+    '"loaded", *[m for m in ("aiohttp", "agentroll.client", "agentroll.runner", "agentroll.generator", '
+    '"transformers") if m in sys.modules]'
+)
 
 
 def loaded(*args: str) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, "-c", COMMAND, *args], capture_output=True, text=True, timeout=120)
-    return done.returncode, done.stderr.strip().splitlines()[-1]
+    return cli_at_exit(LOADED, *args)
 
 
-def test_folder_commands_do_not_load_the_http_client(problems, tmp_path):
-    server = SimServer(script=Script.from_jsonl(problems))
-    server.start()
-    try:
-        done = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url,
-                       "--tokenizer", TOKENIZER, "--limit", "2", "-q")  # fmt: skip
-    finally:
-        server.stop()
+def test_folder_commands_do_not_load_the_http_client(sim, problems, tmp_path):
+    done = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url,
+                   "--tokenizer", TOKENIZER, "--limit", "2", "-q")  # fmt: skip
     assert done.returncode == 0, done.stderr.decode()
     out = str(tmp_path / "out")
     for command in (
