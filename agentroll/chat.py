@@ -185,6 +185,29 @@ def load_first(candidates: list[str], by_class: bool = False, hint: bool = True)
     raise error
 
 
+def vllm_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """Tools as vLLM 0.32 passes them to a chat template: `ChatCompletionToolsParam.model_dump()`, so `type` then
+    `function` {`name`, `description`, `parameters`}, the two last null when not given, `strict` only when set."""
+    out = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or tool.get("type", "function") != "function"
+        ):
+            raise ValueError(f"tools.{i}: expected {{'type': 'function', 'function': {{'name': ...}}}}")
+        dumped = {
+            "name": function["name"],
+            "description": function.get("description"),
+            "parameters": function.get("parameters"),
+        }
+        if function.get("strict") is not None:
+            dumped["strict"] = function["strict"]
+        out.append({"type": "function", "function": dumped})
+    return out
+
+
 class ChatEncoder:
     """Messages -> (rendered text, token ids), exactly as vLLM renders a chat request: the template with
     `add_generation_prompt=True`, then tokenized without adding special tokens a second time."""

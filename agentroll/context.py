@@ -158,6 +158,47 @@ class Context:
         derives the call's seed: two calls with one (stage, worker) are refused). `tools`: the chat template's
         `tools` argument, for messages rendered here (a conversation keeps the tools it started with).
         `overrides`: max_tokens, temperature, top_p, top_k, min_p for this call."""
+        runtime = self._claim(stage, worker, overrides)
+        history: tuple[list[int], list[float]] | None = None
+        if after is not None:
+            if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
+                raise UsageError("ctx.complete(after=...) takes the new chat messages to append")
+            self._check_after(after, runtime)
+            text, ids, history = await self._continue(after, prompt, runtime, tools)  # type: ignore[arg-type]
+        elif isinstance(prompt, tuple):
+            text, ids = prompt
+        elif prompt and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)  # type: ignore[arg-type]
+            text = runtime.encoder.tokenizer.decode(ids, skip_special_tokens=False)
+        elif prompt and all(isinstance(m, dict) for m in prompt):
+            text, ids = await self.render(prompt, stage, tools)  # type: ignore[arg-type]
+        else:
+            raise UsageError("ctx.complete() takes chat messages, token ids or a (text, ids) pair")
+        return self._made_by(await self._call(runtime, worker, text, ids, overrides), after, history)
+
+    async def extend(
+        self, stage: str, after: Sample, ids: list[int], *, worker: int = 0, **overrides: Any
+    ) -> Sample | None:
+        """Like `complete(after=...)`, but the turn goes on with `ids` appended as they are (no template between):
+        a raw completion prompt that extends an earlier call's prompt and response. The history mask is 1 on the
+        earlier response's tokens, 0 on `ids`."""
+        runtime = self._claim(stage, worker, overrides)
+        self._check_after(after, runtime)
+        turn = continue_turn(
+            after.prompt_token_ids,
+            after.history_mask,
+            after.history_logprobs,
+            after.response_token_ids,
+            after.response_logprobs,
+            after.loss_mask,
+            list(ids),
+        )
+        text = runtime.encoder.tokenizer.decode(turn.ids, skip_special_tokens=False)
+        sample = await self._call(runtime, worker, text, turn.ids, overrides)
+        return self._made_by(sample, after, (turn.mask, turn.logprobs))
+
+    def _claim(self, stage: str, worker: int, overrides: dict[str, Any]) -> Stage:
+        """A call's (stage, worker) taken, its overrides and stage checked: the stage's runtime."""
         if (stage, worker) in self._seeds:
             raise UsageError(
                 f"the system made two {stage} calls with worker {worker} in one execution: give each "
@@ -172,28 +213,17 @@ class Context:
                 f"the system calls stage {stage!r}, which it does not declare (its stages: "
                 f"{', '.join(self.engine.declared)})"
             )
-        runtime = self.engine.stage(stage)
-        history: tuple[list[int], list[float]] | None = None
-        if after is not None:
-            if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
-                raise UsageError("ctx.complete(after=...) takes the new chat messages to append")
-            if self._made.get(id(after)) is not after:
-                raise UsageError("ctx.complete(after=...) continues a sample of this execution only")
-            if not same_tokens(self.engine.stage(after.stage).encoder, runtime.encoder):
-                raise UsageError(
-                    f"a {after.stage} conversation cannot go on as {stage}: their stages use other tokenizers"
-                )
-            text, ids, history = await self._continue(after, prompt, runtime, tools)  # type: ignore[arg-type]
-        elif isinstance(prompt, tuple):
-            text, ids = prompt
-        elif prompt and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)  # type: ignore[arg-type]
-            text = runtime.encoder.tokenizer.decode(ids, skip_special_tokens=False)
-        elif prompt and all(isinstance(m, dict) for m in prompt):
-            text, ids = await self.render(prompt, stage, tools)  # type: ignore[arg-type]
-        else:
-            raise UsageError("ctx.complete() takes chat messages, token ids or a (text, ids) pair")
-        sample = await self._call(runtime, worker, text, ids, overrides)
+        return self.engine.stage(stage)
+
+    def _check_after(self, after: Sample, runtime: Stage) -> None:
+        if self._made.get(id(after)) is not after:
+            raise UsageError("ctx.complete(after=...) continues a sample of this execution only")
+        if not same_tokens(self.engine.stage(after.stage).encoder, runtime.encoder):
+            raise UsageError(
+                f"a {after.stage} conversation cannot go on as {runtime.name}: their stages use other tokenizers"
+            )
+
+    def _made_by(self, sample: Sample | None, after: Sample | None, history: History | None) -> Sample | None:
         if sample is not None:
             self._made[id(sample)] = sample
             if after is not None and history is not None:

@@ -173,8 +173,10 @@ class Generator:
         journal, self.journal = self.journal, None
         if journal is not None:
             journal.close()
-        rewards, client = self._rewards, self._client
+        rewards, client, system = self._rewards, self._client, self._system
         self._rewards = self._client = self._system = None
+        if system is not None:
+            await system.system.aclose()
         clients, self._stage_clients = self._stage_clients, []
         try:
             if rewards is not None:
@@ -306,6 +308,8 @@ class Generator:
             raise UsageError(
                 f"--stage names {', '.join(unknown)}: system {system.name} has the stages {', '.join(system.stages)}"
             )
+        if o.reward == "agent" and not getattr(system, "reports_reward", False):
+            raise UsageError("--reward agent is the reward an agent reports: it takes --system agent")
         self.stats.use_stages(system.stages, vocabulary_of(system))  # none declared: added as they run
         return system
 

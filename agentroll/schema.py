@@ -97,6 +97,16 @@ class Sample:
     # max_tool_output; null when not run), "duration_s", "error" (null when it went well), "status" (ok,
     # malformed, unknown, failed, timeout, not_run)}; null when the response made none
     tool_calls: list[dict[str, Any]] | None = None
+    # the agent system (`--system agent`): a call whose messages hold earlier assistant turns that it does not
+    # continue by ids had that history rendered from text (`rerendered`: true; false when its history is the
+    # model's own ids or it has none): a new branch (the agent edited or dropped a message, stripped the
+    # thinking), and `branched_from` is the position of the call it shares the most leading messages with.
+    # `agent_answer` is the agent's final answer and `agent_reward` the reward it reported (null: none), on every
+    # call of its execution. All null for other systems.
+    branched_from: int | None = None
+    rerendered: bool | None = None
+    agent_answer: str | None = None
+    agent_reward: float | None = None
     # the input row's prompt exactly as given (a string, or the list of chat messages): what the rewards were
     # given as `prompt` (and the statement derived from it), so that `rescore` gives them the same ("" before 6)
     problem: str | list[dict[str, Any]] = ""

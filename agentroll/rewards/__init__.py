@@ -16,7 +16,7 @@ from .base import NO_CONTENT, Reward, RewardRequest, RewardResult
 from .code import CodeReward, parse_tests
 from .function import FunctionReward
 from .remote import RemoteReward
-from .rules import ExactReward, MathReward
+from .rules import AgentReported, ExactReward, MathReward
 
 if TYPE_CHECKING:
     from ..inputs import Problem
@@ -90,13 +90,17 @@ def make_reward(spec: str, settings: RewardSettings | None = None, sandbox: Sand
         return MathReward(timeout_s=settings.timeout_s, workers=settings.workers)
     if spec == "exact":
         return ExactReward()
+    if spec == "agent":
+        return AgentReported()
     if spec == "remote":
         if not settings.url:
             raise RewardError("--reward remote needs --reward-url")
         return RemoteReward(settings.url, settings.concurrency, settings.timeout_s, max_retries=settings.max_retries)
     if ":" in spec:
         return FunctionReward(spec, settings.timeout_s, settings.concurrency)
-    raise RewardError(f"unknown reward {spec!r}: use math, exact, code, remote, FILE.py:FUNCTION or MODULE:FUNCTION")
+    raise RewardError(
+        f"unknown reward {spec!r}: use math, exact, code, remote, agent, FILE.py:FUNCTION or MODULE:FUNCTION"
+    )
 
 
 class RewardSet:

@@ -136,3 +136,16 @@ class MathReward:
 
     async def aclose(self) -> None:
         self._pool.close()
+
+
+class AgentReported:
+    """`--reward agent`: the reward the agent reports (`--system agent` sets it on its records itself); asked to
+    score anything, it refuses: no other system has an agent's own reward."""
+
+    name = "agent"
+
+    async def score(self, requests: list[RewardRequest]) -> list[RewardResult]:
+        raise RewardError("--reward agent is the reward an agent reports: only --system agent has one")
+
+    async def aclose(self) -> None:
+        pass

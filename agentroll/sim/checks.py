@@ -1,5 +1,6 @@
 """What vLLM checks before it schedules a request, with its own messages: the model's name, a completion's
-`stop`, each prompt's ids, logprobs, max_tokens and the context; and `tools` as it hands them to a chat template.
+`stop`, each prompt's ids, logprobs, max_tokens and the context; and `tools` as it hands them to a chat template
+(`agentroll.chat.vllm_tools`, which the recording proxy of `--system agent` shares).
 
 Apart from the engine because these are vLLM's refusals (a client is tested against each, message for message),
 while the engine is what an accepted request makes.
@@ -9,32 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..chat import vllm_tools
 from .wire import HTTPFailure, bad_request, error_body, sanitize, validation_failure
 
+__all__ = ["check_model", "check_prompt", "check_stop", "vllm_tools"]
+
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-
-
-def vllm_tools(tools: list[Any]) -> list[dict[str, Any]]:
-    """Tools as vLLM 0.32 passes them to a chat template: `ChatCompletionToolsParam.model_dump()`, so `type` then
-    `function` {`name`, `description`, `parameters`}, the two last null when not given, `strict` only when set."""
-    out = []
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if (
-            not isinstance(function, dict)
-            or not isinstance(function.get("name"), str)
-            or tool.get("type", "function") != "function"
-        ):
-            raise ValueError(f"tools.{i}: expected {{'type': 'function', 'function': {{'name': ...}}}}")
-        dumped = {
-            "name": function["name"],
-            "description": function.get("description"),
-            "parameters": function.get("parameters"),
-        }
-        if function.get("strict") is not None:
-            dumped["strict"] = function["strict"]
-        out.append({"type": "function", "function": dumped})
-    return out
 
 
 def check_model(served: str, model: Any) -> None:

@@ -52,6 +52,9 @@ class System:
     async def run(self, ctx: Context) -> list[Sample]:
         raise NotImplementedError
 
+    async def aclose(self) -> None:
+        """Let go of what the system holds for the run (the agent system's proxy): the run calls it at its end."""
+
     async def rescore(self, execution: Rescoring) -> None:
         """Score a recorded execution again with another reward (`agentroll rescore`): what `run` did with the
         rewards, without calling a model. The default scores every sample, takes the last one's raw reward as
@@ -84,6 +87,7 @@ BUILTINS = {
     "single": "single:Single",
     "critique-revise": "critique_revise:CritiqueRevise",
     "tool-use": "tool_use:ToolUse",
+    "agent": "agent:Agent",
 }
 
 

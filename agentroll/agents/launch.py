@@ -1,0 +1,196 @@
+"""An agent, run once per execution: a program (any command) or an async Python function.
+
+A program is started through `/bin/sh -c COMMAND` in a session (process group) of its own, with
+`OPENAI_BASE_URL` (and `OPENAI_API_BASE`, which older clients read) pointing at the proxy, `OPENAI_API_KEY` the
+execution's credential, `AGENTROLL_MODEL` the served model, `AGENTROLL_SAMPLE_INDEX` which of the K executions it
+is, the row as JSON on its standard input and in `AGENTROLL_PROBLEM` (when under 64 KiB: an environment variable
+is limited), and `OPENAI_AGENTS_DISABLE_TRACING=1` unless set (the OpenAI Agents SDK would send traces to OpenAI).
+Its whole process group is killed when it ends, when its wall-clock `timeout` passes, or when the execution ends
+otherwise (a failed call, a stop). A function gets an `openai.AsyncOpenAI` bound to the proxy and the row.
+
+Its final answer is what it returns (a function) or the last line it prints (a program), or a JSON object
+`{"answer": ..., "reward": ...}` (the whole output or its last line); `reward` is the agent's own score, used
+with `--reward agent`. An agent that crashes, exits non-zero or runs out of time raises `AgentFailed` with the
+tail of its standard error on one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import math
+import os
+import signal
+import traceback
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import orjson
+
+from ..children import die_with
+from ..errors import UsageError
+from ..loading import load_object
+
+__all__ = ["AgentFailed", "Outcome", "outcome_of", "run_function", "run_program"]
+
+TAIL = 64 << 10  # bytes of each output kept
+PROBLEM_ENV = 64 << 10  # largest row passed in AGENTROLL_PROBLEM
+
+
+class AgentFailed(Exception):
+    """The agent crashed, exited non-zero or ran out of time: an infrastructure failure of its execution."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    answer: str | None
+    reward: float | None = None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _reported(data: dict[str, Any]) -> Outcome:
+    reward = data.get("reward")
+    if reward is not None and (
+        isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
+    ):
+        raise AgentFailed(f"its reward must be a finite number, got {reward!r}")
+    return Outcome(_text(data.get("answer")), None if reward is None else float(reward))
+
+
+def _object(text: str) -> dict[str, Any] | None:
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) and "answer" in data else None
+
+
+def outcome_of(value: Any) -> Outcome:
+    """A function's return value, or a program's standard output (bytes), as its answer and reward."""
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", "replace").strip()
+        if not text:
+            return Outcome(None)
+        found = _object(text)
+        last = text.splitlines()[-1].strip()
+        found = found if found is not None else _object(last)
+        return _reported(found) if found is not None else Outcome(last)
+    if isinstance(value, dict):
+        if "answer" not in value:
+            raise AgentFailed('it returned an object without "answer"')
+        return _reported(value)
+    return Outcome(_text(value))
+
+
+def tail_line(data: bytes, limit: int = 400) -> str:
+    """The end of an output as one line: its last non-empty lines joined by " | ", at most `limit` characters."""
+    lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    joined = " | ".join(lines[-4:])
+    return joined if len(joined) <= limit else "..." + joined[-limit:]
+
+
+async def _drain(stream: asyncio.StreamReader, keep: bytearray) -> None:
+    while chunk := await stream.read(1 << 16):
+        keep += chunk
+        if len(keep) > TAIL:
+            del keep[: len(keep) - TAIL]
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+async def run_program(command: str, env: dict[str, str], row: bytes, timeout_s: float) -> Outcome:
+    """Run `command` for one execution (see the module's docstring)."""
+    process = await asyncio.create_subprocess_exec(
+        "/bin/sh",
+        "-c",
+        command,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        preexec_fn=partial(die_with, os.getpid()),
+    )
+    out, err = bytearray(), bytearray()
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    readers = [asyncio.ensure_future(_drain(process.stdout, out)), asyncio.ensure_future(_drain(process.stderr, err))]
+    try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            process.stdin.write(row + b"\n")
+            await process.stdin.drain()
+            process.stdin.close()
+        try:
+            code = await asyncio.wait_for(process.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            raise AgentFailed(f"ran past its timeout of {timeout_s:g}s{_said(err)}") from None
+    finally:
+        _kill(process.pid)  # the group: whatever it started, still running or not
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        await asyncio.shield(_reap(process, readers))
+    if code < 0:
+        raise AgentFailed(f"was killed by signal {-code}{_said(err)}")
+    if code != 0:
+        raise AgentFailed(f"exited with code {code}{_said(err)}")
+    return outcome_of(bytes(out))
+
+
+async def _reap(process: asyncio.subprocess.Process, readers: list[asyncio.Task[None]]) -> None:
+    """Wait for the killed program, and for its outputs to close (a few seconds at most: a process that left
+    the group may hold them open)."""
+    await process.wait()
+    _, pending = await asyncio.wait(readers, timeout=5.0)
+    for reader in pending:
+        reader.cancel()
+
+
+def _said(err: bytearray) -> str:
+    line = tail_line(bytes(err))
+    return f"; its stderr ends: {line}" if line else " (nothing on its stderr)"
+
+
+def load_function(spec: str) -> Any:
+    """`FILE.py:NAME` or `MODULE:NAME`, an `async def run(client, problem)`."""
+    found = load_object(spec, "agent", UsageError, "function")
+    if not inspect.iscoroutinefunction(found):
+        raise UsageError(f"--system-option agent={spec}: expected an async function run(client, problem)")
+    return found
+
+
+def openai_client(url: str, key: str, timeout_s: float) -> Any:
+    try:
+        import openai
+    except ImportError:
+        raise UsageError(
+            "--system-option agent=...: the openai package is missing: pip install 'agentroll[agent]'"
+        ) from None
+    return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=timeout_s)
+
+
+async def run_function(function: Any, client: Any, row: dict[str, Any], timeout_s: float) -> Outcome:
+    """Await `function(client, row)` for one execution, within `timeout_s`."""
+    try:
+        value = await asyncio.wait_for(function(client, row), timeout_s)
+    except asyncio.TimeoutError:
+        raise AgentFailed(f"ran past its timeout of {timeout_s:g}s") from None
+    except (asyncio.CancelledError, UsageError):
+        raise
+    except Exception as exc:
+        where = traceback.extract_tb(exc.__traceback__)
+        at = f" (at {os.path.basename(where[-1].filename)}:{where[-1].lineno})" if where else ""
+        raise AgentFailed(f"raised {type(exc).__name__}: {' '.join(str(exc).split())[:400]}{at}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+    return outcome_of(value)

@@ -1,0 +1,162 @@
+"""The recording proxy: an OpenAI-compatible endpoint on loopback, served by agentroll while a run lasts.
+
+`POST /v1/chat/completions` (whole or streamed), `POST /v1/completions`, `GET /v1/models`. Each execution gets a
+credential of its own (the API key its agent is given): a request is tied to its execution by the credential it
+carries, never by guessing, and a credential is refused once its execution has ended. A request is checked
+(`requests`), made as token-exact calls of its execution (`session`), and answered in OpenAI's format
+(`replies`). What cannot be served exactly is a 400 saying why; a call that failed for good a 500 (its execution
+is not written). Bodies and errors are OpenAI's (`{"error": {"message", "type", "param", "code"}}`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ..context import ExecutionFailed
+from ..errors import UsageError, first_line
+from .messages import BadRequest
+from .replies import chat_body, chat_chunks, text_body, text_chunks
+from .requests import chat_request, text_request
+from .session import Session
+
+__all__ = ["Proxy"]
+
+log = logging.getLogger("agentroll")
+PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+MAX_BODY = 256 << 20  # a long agent conversation is many megabytes of JSON
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+class Proxy:
+    """One per run, started on first use in the run's event loop. `open(session)` gives a credential."""
+
+    def __init__(self, model: str, max_model_len: int | None, alternatives: int) -> None:
+        self.model, self.max_model_len, self.alternatives = model, max_model_len, alternatives
+        self.sessions: dict[str, Session] = {}
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self.created = int(time.time())
+
+    @property
+    def url(self) -> str:
+        """The base URL an OpenAI client takes (`OPENAI_BASE_URL`)."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=MAX_BODY, handler_args={"handler_cancellation": True})
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self._runner, self.port = runner, runner.addresses[0][1]
+
+    async def aclose(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    def open(self, session: Session) -> str:
+        credential = f"agentroll-{secrets.token_urlsafe(24)}"
+        self.sessions[credential] = session
+        return credential
+
+    def close(self, credential: str) -> None:
+        self.sessions.pop(credential, None)
+
+    # -- requests -----------------------------------------------------------------------------------------------
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path.rstrip("/")
+        if path not in PATHS:
+            return _error(
+                404,
+                f"{request.path} is not served: agentroll's proxy serves {', '.join(PATHS)} (no Responses API: "
+                "point the agent at chat completions)",
+                "NotFoundError",
+            )
+        scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+        session = self.sessions.get(credential) if scheme.lower() == "bearer" else None
+        if session is None:
+            return _error(
+                401,
+                "unknown or expired API key: each execution's agent gets its own (OPENAI_API_KEY), valid while "
+                "the execution runs",
+                "AuthenticationError",
+            )
+        if path == "/v1/models":
+            return self._models()
+        if request.method != "POST":
+            return _error(405, f"{path} takes POST", "MethodNotAllowed")
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"the body is not JSON: {exc}", "BadRequestError")
+        try:
+            if path == "/v1/chat/completions":
+                return await self._chat(request, session, body)
+            return await self._text(request, session, body)
+        except BadRequest as exc:
+            log.warning("the agent's request was refused (400): %s", exc)
+            return _error(400, str(exc), "BadRequestError", exc.param)
+        except UsageError as exc:  # the chat template rejects the messages: the agent's request, not the run
+            return _error(400, str(exc), "BadRequestError", "messages")
+        except ExecutionFailed as exc:
+            return _error(500, f"the call failed for good, and with it this execution: {exc}", "InternalServerError")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an error that ends the run (server gone, bad key) or a bug: the system raises it
+            session.fail(exc)
+            return _error(500, f"agentroll stops: {first_line(exc)}", "InternalServerError")
+
+    def _models(self) -> web.Response:
+        card = {"id": self.model, "object": "model", "created": self.created, "owned_by": "agentroll"}
+        if self.max_model_len is not None:
+            card["max_model_len"] = self.max_model_len
+        return web.Response(body=orjson.dumps({"object": "list", "data": [card]}), content_type="application/json")
+
+    async def _chat(self, request: web.Request, session: Session, body: Any) -> web.StreamResponse:
+        asked = chat_request(body, self.alternatives, session.encoder.kwargs)
+        pairs = await session.chat(asked)
+        tokenizer = session.encoder.tokenizer
+        if asked.stream:
+            chunks = chat_chunks(
+                pairs, self.model, tokenizer, asked.logprobs, asked.return_token_ids, asked.include_usage
+            )
+            return await _stream(request, chunks)
+        answer = chat_body(pairs, self.model, tokenizer, asked.logprobs, asked.return_token_ids)
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
+    async def _text(self, request: web.Request, session: Session, body: Any) -> web.StreamResponse:
+        asked = text_request(body, self.alternatives)
+        samples = await session.text(asked)
+        tokenizer = session.encoder.tokenizer
+        if asked.stream:
+            chunks = text_chunks(
+                samples, self.model, tokenizer, asked.logprobs, asked.return_token_ids, asked.include_usage
+            )
+            return await _stream(request, chunks)
+        answer = text_body(samples, self.model, tokenizer, asked.logprobs, asked.return_token_ids)
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
+
+async def _stream(request: web.Request, chunks: Iterator[dict[str, Any]]) -> web.StreamResponse:
+    """Server-sent events, as OpenAI streams them: `data: {chunk}` lines, then `data: [DONE]`."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for chunk in chunks:
+        await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response

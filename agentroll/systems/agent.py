@@ -1,0 +1,195 @@
+"""`agent`: bring your own agent. Any program or async function that talks to an OpenAI-compatible endpoint runs
+unchanged, once per execution, against agentroll's recording proxy (`agentroll.agents`), and every model call it
+makes is recorded token-exact: an execution is all of its agent's calls, in the order they finished.
+
+    --system agent --system-option command="python my_agent.py"      # any program: OPENAI_BASE_URL, OPENAI_API_KEY
+    --system agent --system-option agent=my_agent.py:run             # async def run(client, problem)
+
+The agent's final answer (its last stdout line, its return value, or `{"answer": ..., "reward": ...}`) is scored
+with the run's reward, or, with `--reward agent`, is worth the reward the agent reported; every call of the
+execution carries that raw reward, and the execution's outcome is it. An agent that crashes, exits non-zero,
+runs out of time or makes no call fails its execution as an infrastructure failure: its group is not written and
+a rerun redoes it. Options: `command` or `agent` (one of them), `timeout` (seconds of wall clock per execution),
+`parser` (the tool-call parser: hermes, llama3_json, mistral, FILE.py:NAME), `thinking` (`branch`: an answer the
+agent echoes back without its reasoning starts a new branch; `continue`: it continues the conversation by the
+model's own tokens, thinking included). docs/agents.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import orjson
+
+from ..context import ExecutionFailed
+from ..errors import UsageError
+from ..toolcalls import parser_for
+from . import System
+from .agent_words import AgentWords
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ..agents.launch import Outcome
+    from ..agents.proxy import Proxy
+    from ..context import Context
+    from ..inputs import Problem
+    from ..rescoring import Rescoring
+    from ..schema import Sample
+
+OWN = "agent"  # --reward agent: the reward the agent reports
+
+
+class Agent(System):
+    name = "agent"
+    stages = ("agent",)
+    options: ClassVar[dict[str, Any]] = {
+        "command": None,
+        "agent": None,
+        "timeout": 600.0,
+        "parser": "hermes",
+        "thinking": "branch",
+    }
+    version = 1
+    vocabulary = AgentWords()
+    reports_reward = True  # --reward agent is this system's
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        s = self.settings
+        if (s["command"] is None) == (s["agent"] is None):
+            raise UsageError(
+                '--system agent runs your agent: give --system-option command="python my_agent.py" (a program) '
+                "or --system-option agent=my_agent.py:run (an async function), one of the two"
+            )
+        for key in ("command", "agent", "parser"):
+            if s[key] is not None and (not isinstance(s[key], str) or not s[key].strip()):
+                raise UsageError(f"--system-option {key}={s[key]!r}: must be a non-empty text")
+        timeout = s["timeout"]
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise UsageError(f"--system-option timeout={timeout!r}: must be a number of seconds above 0")
+        if s["thinking"] not in ("branch", "continue"):
+            raise UsageError(f"--system-option thinking={s['thinking']!r}: must be branch or continue")
+        self.parse = parser_for(s["parser"])
+        self._proxy: asyncio.Future[Proxy] | None = None
+        self._function: Any = None
+
+    async def _ready(self, ctx: Context) -> Proxy:
+        """The run's proxy, started by the first execution (the others wait for it), and the agent function."""
+        if self._proxy is None:
+            self._proxy = asyncio.ensure_future(self._start(ctx))
+        return await asyncio.shield(self._proxy)
+
+    async def _start(self, ctx: Context) -> Proxy:
+        from ..agents.launch import load_function
+        from ..agents.proxy import Proxy
+
+        if self.settings["agent"] is not None:
+            self._function = load_function(self.settings["agent"])
+        config = ctx.engine.stage("agent").config
+        proxy = Proxy(config.model, config.max_context_len, config.alternatives)
+        await proxy.start()
+        return proxy
+
+    async def aclose(self) -> None:
+        started, self._proxy = self._proxy, None
+        if started is not None and started.done() and not started.cancelled() and started.exception() is None:
+            await started.result().aclose()
+
+    async def run(self, ctx: Context) -> list[Sample]:
+        from ..agents.launch import AgentFailed
+        from ..agents.session import Session
+
+        proxy = await self._ready(ctx)
+        session = Session(ctx, self.parse, self.settings["thinking"])
+        credential = proxy.open(session)
+        work = asyncio.ensure_future(self._agent(ctx, proxy.url, credential))
+        try:
+            either: list[asyncio.Future[Any]] = [work, session.failed]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if session.failed.done():  # a call failed for good (or the run must stop): the agent is stopped
+                raise session.failed.result()
+            outcome = work.result()
+        except AgentFailed as exc:
+            ctx.engine.stats.count("agents_timed_out" if "timeout" in str(exc) else "agents_failed")
+            raise ExecutionFailed(f"the agent {exc}") from exc
+        finally:
+            if not work.done():
+                work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            proxy.close(credential)
+            await session.close()
+        samples = session.samples
+        if not samples:
+            ctx.engine.stats.count("agents_failed")
+            raise ExecutionFailed("the agent made no model call")
+        for sample in samples:
+            sample.agent_answer, sample.agent_reward = outcome.answer, outcome.reward
+        ctx.final_reward = await self._settle(samples, ctx.reward, ctx.problem, ctx.engine.rewards.settings.default)
+        ctx.shape(samples, won=ctx.final_reward == 1)
+        return samples
+
+    async def _agent(self, ctx: Context, url: str, credential: str) -> Outcome:
+        from ..agents.launch import PROBLEM_ENV, openai_client, run_function, run_program
+
+        row = {**ctx.problem.metadata, "id": ctx.problem.id, "prompt": ctx.problem.prompt, "label": ctx.problem.label}
+        timeout = float(self.settings["timeout"])
+        if self._function is not None:
+            return await run_function(self._function, openai_client(url, credential, timeout), row, timeout)
+        data = orjson.dumps(row)
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": url,
+            "OPENAI_API_BASE": url,
+            "OPENAI_API_KEY": credential,
+            "AGENTROLL_MODEL": ctx.engine.stage("agent").config.model,
+            "AGENTROLL_SAMPLE_INDEX": str(ctx.sample_index),
+        }
+        env.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+        env.pop("AGENTROLL_PROBLEM", None)
+        if len(data) <= PROBLEM_ENV:
+            env["AGENTROLL_PROBLEM"] = data.decode()
+        return await run_program(self.settings["command"], env, data, timeout)
+
+    async def rescore(self, execution: Rescoring) -> None:
+        """As `run` settles an execution, from the answer (and the agent's own reward) its records keep."""
+        samples = execution.samples
+        execution.final_reward = await self._settle(
+            samples, execution.reward, execution.problem, execution.rewards.settings.default
+        )
+        execution.shape(samples, won=execution.final_reward == 1)
+
+    async def _settle(
+        self,
+        samples: list[Sample],
+        reward: Callable[[list[Sample]], Awaitable[None]],
+        problem: Problem,
+        default: str,
+    ) -> float:
+        """Score the agent's answer (or take its own reward) and give every call of the execution that raw
+        reward. Returns the execution's outcome."""
+        last = samples[-1]
+        if (problem.reward or default) == OWN:
+            if last.agent_reward is None:
+                raise ExecutionFailed(
+                    '--reward agent: the agent reported no reward (print {"answer": ..., "reward": ...})'
+                )
+            value, info = last.agent_reward, "the agent's own reward"
+        else:
+            answer = replace(last, content=last.agent_answer, response=last.agent_answer or "")
+            await reward([answer])
+            value = answer.raw_reward
+            info = f"the agent's answer scored {value:g}" + (f": {answer.reward_info}" if answer.reward_info else "")
+        for sample in samples:
+            sample.raw_reward = sample.reward = value
+            sample.reward_info = info
+        return value

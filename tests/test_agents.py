@@ -1,0 +1,294 @@
+"""`--system agent` end to end: real agent programs and functions (the `openai` SDK sync, async and streamed, the
+OpenAI Agents SDK, plain urllib) run against the simulator through agentroll's recording proxy, by the real CLI
+(in-process) as a user runs it. Every record is checked against what the simulated server sampled, token for
+token, and every turn that continues another against the turn before it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from agentroll.chat import ChatEncoder, load_tokenizer
+from agentroll.cli import app
+from agentroll.sim.script import Behavior, Script
+from agentroll.sim.server import SimServer
+from agentroll.tools.validate import validate as validate_folder
+
+from . import agents_support as support
+from .conftest import TOKENIZER, generations, read_records, run_cli, write_problems
+
+TOOL_CALLING = Behavior(
+    truncate=0,
+    no_think_close=0,
+    empty_after_think=0,
+    tool_malformed=0,
+    tool_unknown=0,
+    tool_code_crash=0,
+    tool_code_loop=0,
+    tool_parallel=0,
+    tool_again=0,
+    tool_call=1.0,
+    correct=1.0,
+)
+
+
+@pytest.fixture
+def problems(tmp_path: Path) -> Path:
+    return write_problems(tmp_path / "problems.jsonl", 2)
+
+
+@pytest.fixture
+def server(problems: Path):
+    sim = SimServer(script=Script.from_jsonl(problems, TOOL_CALLING))
+    sim.start()
+    yield sim
+    sim.stop()
+
+
+def program(tmp_path: Path, source: str, name: str = "agent.py") -> str:
+    path = tmp_path / name
+    path.write_text(source)
+    return f"command={os.sys.executable} {path}"
+
+
+def generate(problems: Path, out: Path, url: str, *options: str) -> tuple[int, str]:
+    args = ["generate", str(problems), "-o", str(out), "--base-url", url, "--tokenizer", TOKENIZER]
+    args += ["--system", "agent", "--seed", "5", "--max-tokens", "256", *options]
+    done = run_cli(*args)
+    return done.returncode, (done.stderr + done.stdout).decode()
+
+
+def executions(records: list[dict]) -> list[list[dict]]:
+    out: list[list[dict]] = []
+    for r in records:
+        if not out or out[-1][0]["rollout_id"] != r["rollout_id"]:
+            out.append([])
+        out[-1].append(r)
+    return out
+
+
+def check_exact(records: list[dict], server: SimServer, bare: frozenset[int] = frozenset()) -> int:
+    """Each record is a call the server answered (its prompt ids, seed, response ids and logprobs), and each
+    record that continues another starts with that one's prompt and response ids, then exactly the template's
+    rendering of the new messages, the tool results (mask 0 there); at the positions `bare` no new message.
+    Returns how many continuations were checked."""
+    answered = {
+        (tuple(e["request"]["prompt"]), e["request"]["seed"]): e["response"]["choices"][0] for e in generations(server)
+    }
+    tokenizer = load_tokenizer(TOKENIZER)
+    continued = 0
+    for calls in executions(records):
+        for at, r in enumerate(calls):
+            choice = answered[tuple(r["prompt_token_ids"]), r["sampling"]["seed"]]
+            assert r["response_token_ids"] == choice["token_ids"]
+            assert r["response_logprobs"] == choice["logprobs"]["token_logprobs"]
+            if r["continues"] is None:
+                assert r["history_mask"] is None and r["turn"] == 0
+                continue
+            before = calls[r["continues"]]
+            head = before["prompt_token_ids"] + before["response_token_ids"]
+            assert r["prompt_token_ids"][: len(head)] == head and r["turn"] == before["turn"] + 1
+            injected = tokenizer.decode(r["prompt_token_ids"][len(head) :])
+            closed = before["finish_reason"] == "stop"  # the model's own <|im_end|> stays in its response
+            results = "".join(f"<|im_start|>tool\n{c['result']}<|im_end|>\n" for c in before["tool_calls"] or [])
+            results = "" if at in bare else results
+            assert injected == ("" if closed else "<|im_end|>") + "\n" + results + "<|im_start|>assistant\n"
+            history = (before["history_mask"] or [0] * len(before["prompt_token_ids"])) + before["loss_mask"]
+            assert r["history_mask"] == history + [0] * (len(r["prompt_token_ids"]) - len(head))
+            assert r["rerendered"] is False and r["branched_from"] is None
+            continued += 1
+    return continued
+
+
+def report(out: Path) -> dict:
+    shown = CliRunner().invoke(app, ["stats", str(out), "--json"])
+    assert shown.exit_code == 0, shown.output
+    return json.loads(shown.stdout)["all"]["report"]
+
+
+# -- real clients ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "agent",
+    [
+        pytest.param(lambda tmp: program(tmp, support.SDK_PROGRAM), id="openai-sdk-program"),
+        pytest.param(lambda tmp: program(tmp, support.STREAM_PROGRAM), id="openai-sdk-streamed"),
+        pytest.param(lambda tmp: program(tmp, support.CURL_PROGRAM), id="urllib-program"),
+        pytest.param(lambda tmp: "agent=tests.agents_support:sdk_run", id="openai-sdk-async-function"),
+    ],
+)
+def test_an_agent_is_recorded_token_exact_through_its_tool_turns(agent, problems, server, tmp_path):
+    out = tmp_path / "out"
+    code, output = generate(problems, out, server.url, "--system-option", agent(tmp_path), "--samples-per-prompt", "2")
+    assert code == 0, output
+    records = read_records(out)
+    assert check_exact(records, server) == 4  # each execution: a tool call, then an answer continuing it
+    for calls in executions(records):
+        first, answer = calls
+        assert first["tool_calls"][0]["status"] == "ok" and first["tool_calls"][0]["name"] == "python"
+        said = first["tool_calls"][0]["result"]  # what the agent ran and sent back, read by the model
+        assert answer["continues"] == 0 and f"\\boxed{{{said}}}" in answer["response"]
+        assert f"\\boxed{{{said}}}" in answer["agent_answer"] and said == first["label"]
+        assert {r["raw_reward"] for r in calls} == {1.0} == {r["final_reward"] for r in calls}
+    assert validate_folder(out).ok
+    figures = report(out)
+    assert figures["calls_per_execution"] == 2.0 and figures["tool_calls_per_execution"] == 1.0
+    assert figures["continued_calls"] == 0.5 and figures["branches_per_execution"] == 0.0
+    assert figures["agent_accuracy"] == 1.0 == figures["system_accuracy"]
+
+
+def test_the_reward_an_agent_reports_is_used_with_reward_agent(problems, server, tmp_path):
+    out = tmp_path / "out"
+    code, output = generate(
+        problems, out, server.url, "--system-option", program(tmp_path, support.CURL_PROGRAM), "--reward", "agent"
+    )
+    assert code == 0, output
+    records = read_records(out)
+    assert {(r["agent_reward"], r["raw_reward"], r["final_reward"]) for r in records} == {(0.25, 0.25, 0.25)}
+    assert {r["reward_info"] for r in records} == {"the agent's own reward"}
+
+
+def test_reward_agent_takes_the_agent_system(problems, server, tmp_path):
+    code, output = generate(problems, tmp_path / "out", server.url, "--system", "single", "--reward", "agent")
+    assert code == 2 and "--reward agent is the reward an agent reports: it takes --system agent" in output
+
+
+@pytest.mark.parametrize("thinking", ["branch", "continue"])
+def test_the_openai_agents_sdk_runs_unchanged(thinking, problems, server, tmp_path):
+    """The Agents SDK sends its history back without the model's reasoning: by default each such turn is a new
+    branch rendered from the messages; with thinking=continue it goes on by the model's own ids."""
+    out = tmp_path / "out"
+    options = ["--system-option", "agent=tests.agents_support:agents_run", "--system-option", f"thinking={thinking}"]
+    code, output = generate(problems, out, server.url, *options)
+    assert code == 0, output
+    records = read_records(out)
+    check_exact(records, server)
+    for first, answer in executions(records):
+        assert first["tool_calls"][0]["result"] == first["label"]  # the SDK ran the tool and sent its output back
+        assert answer["raw_reward"] == 1.0
+        if thinking == "continue":
+            assert answer["continues"] == 0 and not answer["rerendered"]
+            assert first["response"] in answer["prompt"]  # the model's thinking and call, as it wrote them
+        else:
+            assert answer["continues"] is None and answer["rerendered"] and answer["branched_from"] == 0
+            assert answer["history_mask"] is None and "<think>" not in answer["prompt"]
+    figures = report(out)
+    assert figures["branches_per_execution"] == (1.0 if thinking == "branch" else 0.0)
+
+
+def test_a_harness_that_rewrites_history_makes_counted_branches_never_a_wrong_continuation(problems, server, tmp_path):
+    out, log = tmp_path / "out", tmp_path / "requests.jsonl"
+    os.environ["REQUESTS"] = str(log)
+    try:
+        code, output = generate(
+            problems, out, server.url, "--system-option", program(tmp_path, support.REWRITER_PROGRAM)
+        )
+    finally:
+        del os.environ["REQUESTS"]
+    assert code == 0, output
+    records = read_records(out)
+    assert check_exact(records, server, bare=frozenset({4})) == 4
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    encoder = ChatEncoder(load_tokenizer(TOKENIZER))
+    for calls in executions(records):
+        assert len(calls) == 5
+        first, going_on, stripped, edited, again = calls
+        assert going_on["continues"] == 0 and again["continues"] == 0  # a continuation with no new message too
+        for branch in (stripped, edited):
+            assert branch["continues"] is None and branch["rerendered"] is True and branch["history_mask"] is None
+            assert branch["branched_from"] is not None and branch["branched_from"] < calls.index(branch)
+            head = first["prompt_token_ids"] + first["response_token_ids"]
+            assert branch["prompt_token_ids"][: len(head)] != head  # never stitched onto the model's ids
+            # rendered whole from exactly what the harness sent (the simulator's template shows no tool calls)
+            messages = next(m for m in sent if encoded(encoder, m) == branch["prompt_token_ids"])
+            assert messages[-1]["role"] == "tool"
+        assert "</think>" not in stripped["prompt"] and "Be brief." in edited["prompt"]
+    assert validate_folder(out).ok
+    figures = report(out)
+    assert figures["branches_per_execution"] == 2.0 and figures["continued_calls"] == 0.4
+    assert figures["rerendered_calls"] == 0.4
+
+
+def encoded(encoder: ChatEncoder, messages: list[dict]) -> list[int]:
+    from agentroll.agents.messages import for_template
+
+    return encoder.encode([for_template(m) for m in messages], [support.PYTHON])[1]
+
+
+# -- failures -------------------------------------------------------------------------------------------------------
+CRASH_ONCE = support.SDK_PROGRAM.replace(
+    "    messages.append(message)\n",
+    "    messages.append(message)\n"
+    "    if os.path.exists(os.environ['CRASH_FLAG']) and os.environ['AGENTROLL_SAMPLE_INDEX'] == '1':\n"
+    "        print('RuntimeError: the harness fell over', file=sys.stderr)\n"
+    "        sys.exit(3)\n",
+    1,
+)
+
+
+def test_a_crashed_agent_fails_its_group_and_a_rerun_redoes_it_replaying_the_finished_calls(problems, server, tmp_path):
+    out, flag = tmp_path / "out", tmp_path / "crash"
+    flag.touch()
+    agent = program(tmp_path, CRASH_ONCE)
+    os.environ["CRASH_FLAG"] = str(flag)
+    try:
+        code, output = generate(problems, out, server.url, "--system-option", agent, "--samples-per-prompt", "2")
+        assert code == 8, output
+        assert "group not written, a rerun redoes it: the agent exited with code 3" in output
+        assert "its stderr ends: RuntimeError: the harness fell over" in output
+        assert read_records(out) == []
+        asked = len(generations(server))
+        flag.unlink()
+        code, output = generate(problems, out, server.url, "--system-option", agent, "--samples-per-prompt", "2")
+    finally:
+        del os.environ["CRASH_FLAG"]
+    assert code == 0, output
+    records = read_records(out)
+    check_exact(records, server)
+    stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
+    # the calls made before the crash (each execution's first, the second of execution 0) are not asked again
+    assert stats["calls_replayed"] >= 4 and len(generations(server)) - asked == len(records) - stats["calls_replayed"]
+    assert stats["agents_failed"] == 0
+
+
+def test_an_agent_past_its_timeout_is_killed_with_everything_it_started(problems, server, tmp_path):
+    pid_file = tmp_path / "child.pid"
+    os.environ["CHILD_PID"] = str(pid_file)
+    try:
+        options = ["--system-option", program(tmp_path, support.HANG_PROGRAM), "--system-option", "timeout=3"]
+        code, output = generate(problems, tmp_path / "out", server.url, "--limit", "1", *options)
+    finally:
+        del os.environ["CHILD_PID"]
+    assert code == 8, output
+    assert "the agent ran past its timeout of 3s (nothing on its stderr)" in output
+    child = int(pid_file.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_agent_that_makes_no_call_fails_its_execution(problems, server, tmp_path):
+    code, output = generate(
+        problems, tmp_path / "out", server.url, "--system-option", program(tmp_path, "print(42)"), "--limit", "1"
+    )
+    assert code == 8 and "the agent made no model call" in output
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ([], "give --system-option command="),
+        (["command=echo", "agent=x.py:run"], "one of the two"),
+        (["command=echo", "thinking=maybe"], "thinking='maybe': must be branch or continue"),
+        (["command=echo", "timeout=0"], "timeout=0: must be a number of seconds above 0"),
+        (["agent=tests.agents_support:PYTHON"], "expected an async function run(client, problem)"),
+        (["agent=nowhere.py:run"], "no file nowhere.py"),
+    ],
+)
+def test_bad_agent_options_are_one_usage_line(options, said, problems, server, tmp_path):
+    given = [x for o in options for x in ("--system-option", o)]
+    code, output = generate(problems, tmp_path / "out", server.url, *given)
+    assert code == 2, output
+    assert said in output
