@@ -16,7 +16,8 @@ call is never stitched onto an earlier one's ids.
 A completion request (`/v1/completions`) continues an earlier one when its token ids start with that call's
 prompt and response ids, or its text with that call's prompt text and response text where the text holds every
 response token (a response cut at max_tokens; one that ended on a stop token has that token in its ids but not
-in its text). Otherwise it is rendered whole, and branches off the call whose prompt it extends.
+in its text). The longest such call is continued; failing that, the request is encoded whole, and branches off
+the call whose prompt it extends.
 """
 
 from __future__ import annotations
@@ -121,14 +122,12 @@ class History:
         """The longest continuation, else the longest branch, else a new conversation."""
         best: tuple[bool, int, Found] | None = None
         for call in self._texts:
-            if isinstance(prompt, list):
-                if not isinstance(call.prompt, list):
-                    continue
+            if isinstance(prompt, list):  # ids against ids, whatever the earlier call was sent as
                 done = call.prompt_ids + call.response_ids
                 if prompt[: len(done)] == done:
                     found, size = Found(call.position, prompt[len(done) :]), len(done)
-                elif len(prompt) > len(call.prompt) and prompt[: len(call.prompt)] == call.prompt:
-                    found, size = Found(branched_from=call.position, rerendered=True), len(call.prompt)
+                elif len(prompt) > len(call.prompt_ids) and prompt[: len(call.prompt_ids)] == call.prompt_ids:
+                    found, size = Found(branched_from=call.position, rerendered=True), len(call.prompt_ids)
                 else:
                     continue
             else:
