@@ -69,6 +69,14 @@ ABOVE = {
         "agentroll.pipeline",
         "agentroll.folder",
     ),
+    "agentroll.agents": (
+        "agentroll.cli",
+        "agentroll.runner",
+        "agentroll.generator",
+        "agentroll.systems",
+        "agentroll.pipeline",
+        "agentroll.folder",
+    ),
     "agentroll.rewards": (
         "agentroll.cli",
         "agentroll.runner",

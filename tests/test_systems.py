@@ -41,6 +41,10 @@ NEW_FIELDS = {
     "endpoint",
     "tool_calls",
     "problem",  # schema 6: the row's prompt as given
+    "branched_from",  # the agent system's (null for the others)
+    "rerendered",
+    "agent_answer",
+    "agent_reward",
 }
 
 
