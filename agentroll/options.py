@@ -56,8 +56,8 @@ class GenerateOptions(RewardOptions):
     reward_key: str = option("reward", "Input field in which a row names its own reward.")
     system: str = option(
         "three-stage",
-        "Agent system: three-stage | single | critique-revise | tool-use | "
-        "FILE.py:CLASS | MODULE:CLASS (docs/systems.md).",
+        "Agent system: three-stage | single | critique-revise | tool-use | agent (your agent program: "
+        "docs/agents.md) | FILE.py:CLASS | MODULE:CLASS (docs/systems.md).",
     )
     system_option: list[str] = option([], "KEY=VALUE for the system (repeatable; the value is JSON or a string).")
     stage: list[str] = option(

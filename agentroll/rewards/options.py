@@ -20,7 +20,9 @@ REWARDS, RETRIES, TIMEOUTS = RewardSettings(), Retries(), Timeouts()
 class RewardOptions:
     """How answers are scored: the reward, its limits, the sandbox that runs model code, the code reward."""
 
-    reward: str = option(REWARDS.default, "math | exact | code | remote | FILE.py:FUNCTION | MODULE:FUNCTION")
+    reward: str = option(
+        REWARDS.default, "math | exact | code | remote | agent (--system agent) | FILE.py:FUNCTION | MODULE:FUNCTION"
+    )
     reward_timeout: float = option(REWARDS.timeout_s, "Seconds per reward check (or reward-model request).")
     reward_url: str | None = option(None, "Reward model URL, for --reward remote.")
     reward_workers: int = option(0, "Math-check worker processes (0: a quarter of the cores, at least 1).")
