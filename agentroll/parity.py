@@ -28,8 +28,10 @@ class Parity:
 
 
 def probe_messages(templates: Templates, problem: str = PROBE_PROBLEM) -> list[list[dict[str, Any]]]:
-    """Each of the system's templates, rendered once (the first with no solutions, as a solver sees it)."""
-    return [templates.messages(name, problem, PROBE_ANSWERS if i else None) for i, name in enumerate(templates.names)]
+    """Each of the system's templates, rendered once (the first with no solutions, as a solver sees it); for a
+    system that renders none (`--system agent`: its agent writes its own prompts), one user message."""
+    found = [templates.messages(name, problem, PROBE_ANSWERS if i else None) for i, name in enumerate(templates.names)]
+    return found or [[{"role": "user", "content": problem}]]
 
 
 # A server that answers these to a chat /tokenize has none (or predates `messages` there): nothing to compare.

@@ -292,3 +292,22 @@ def test_bad_agent_options_are_one_usage_line(options, said, problems, server, t
     code, output = generate(problems, tmp_path / "out", server.url, *given)
     assert code == 2, output
     assert said in output
+
+
+def test_a_template_that_differs_from_the_servers_is_caught_and_the_server_renders_the_agents_prompts(
+    problems, server, tmp_path
+):
+    from .test_doctor import other_template
+
+    out = tmp_path / "out"
+    code, output = generate(
+        problems, out, server.url, "--system-option", "agent=tests.agents_support:sdk_run",
+        "--tokenizer", str(other_template(tmp_path)),
+    )  # fmt: skip
+    assert code == 0, output
+    assert "does not render prompts as the server does" in output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["settings"]["prompt_rendering"] == "server"
+    records = read_records(out)
+    assert check_exact(records, server) == 2  # the tool turns rendered by the server's /tokenize, and continued
+    assert all(r["prompt"].endswith("<|im_start|>assistant\n") for r in records)  # the server's template
