@@ -48,6 +48,22 @@ def _key(tools: list[dict[str, Any]] | None) -> str:
     return "" if not tools else hashlib.blake2b(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+def _appended(after: Sample, injected: list[int], runtime: Stage) -> tuple[str, list[int], History]:
+    """`after`'s prompt and response ids, then `injected`: the next prompt, its text, and its history. A frozen
+    stage's tokens (another model's: loss mask 0) count as injected in the trajectory."""
+    turn = continue_turn(
+        after.prompt_token_ids,
+        after.history_mask,
+        after.history_logprobs,
+        after.response_token_ids,
+        after.response_logprobs,
+        after.loss_mask,
+        injected,
+    )
+    text = runtime.encoder.tokenizer.decode(turn.ids, skip_special_tokens=False)
+    return text, turn.ids, (turn.mask, turn.logprobs)
+
+
 class Context:
     """One execution of a system. `problem`, `sample_index` (0..K-1 in the group), `attempt` (>0: a re-run of
     a uniform group), `rollout_id`, `config` (the run's sampling and shaping), `options` (the system's)."""
@@ -184,18 +200,8 @@ class Context:
         earlier response's tokens, 0 on `ids`."""
         runtime = self._claim(stage, worker, overrides)
         self._check_after(after, runtime)
-        turn = continue_turn(
-            after.prompt_token_ids,
-            after.history_mask,
-            after.history_logprobs,
-            after.response_token_ids,
-            after.response_logprobs,
-            after.loss_mask,
-            list(ids),
-        )
-        text = runtime.encoder.tokenizer.decode(turn.ids, skip_special_tokens=False)
-        sample = await self._call(runtime, worker, text, turn.ids, overrides)
-        return self._made_by(sample, after, (turn.mask, turn.logprobs))
+        text, prompt, history = _appended(after, list(ids), runtime)
+        return self._made_by(await self._call(runtime, worker, text, prompt, overrides), after, history)
 
     def _claim(self, stage: str, worker: int, overrides: dict[str, Any]) -> Stage:
         """A call's (stage, worker) taken, its overrides and stage checked: the stage's runtime."""
@@ -259,18 +265,7 @@ class Context:
             cache[slot] = injected
             if len(cache) > 1024:
                 cache.popitem(last=False)
-        # a frozen stage's tokens (another model's: loss mask 0) count as injected in the trajectory
-        turn = continue_turn(
-            after.prompt_token_ids,
-            after.history_mask,
-            after.history_logprobs,
-            after.response_token_ids,
-            after.response_logprobs,
-            after.loss_mask,
-            injected,
-        )
-        text = encoder.tokenizer.decode(turn.ids, skip_special_tokens=False)
-        return text, turn.ids, (turn.mask, turn.logprobs)
+        return _appended(after, injected, runtime)
 
     async def _call(
         self, runtime: Stage, worker: int, text: str, ids: list[int], overrides: dict[str, Any]

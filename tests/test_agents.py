@@ -15,26 +15,15 @@ from typer.testing import CliRunner
 
 from agentroll.chat import ChatEncoder, load_tokenizer
 from agentroll.cli import app
-from agentroll.sim.script import Behavior, Script
+from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 from agentroll.tools.validate import validate as validate_folder
 
 from . import agents_support as support
 from .conftest import TOKENIZER, generations, read_records, run_cli, write_problems
+from .test_tool_use import behavior
 
-TOOL_CALLING = Behavior(
-    truncate=0,
-    no_think_close=0,
-    empty_after_think=0,
-    tool_malformed=0,
-    tool_unknown=0,
-    tool_code_crash=0,
-    tool_code_loop=0,
-    tool_parallel=0,
-    tool_again=0,
-    tool_call=1.0,
-    correct=1.0,
-)
+TOOL_CALLING = behavior(tool_call=1.0, correct=1.0)  # a tool call, then the answer the tool printed
 
 
 @pytest.fixture

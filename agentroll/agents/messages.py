@@ -110,42 +110,30 @@ def canonical(message: Any, i: int = 0) -> dict[str, Any]:
     return out
 
 
-def for_template(message: Any, i: int = 0) -> dict[str, Any]:
-    """The message as vLLM gives it to the chat template (see the module's docstring)."""
+def _form(message: Any, i: int, arguments: Any) -> dict[str, Any]:
+    """The canonical message with its tool calls in OpenAI's shape, their arguments as `arguments` makes them."""
     out = canonical(message, i)
     if "tool_calls" in out:
         out["tool_calls"] = [
-            {
-                "id": c["id"],
-                "type": "function",
-                "function": {
-                    "name": c["name"],
-                    "arguments": c["arguments"] if isinstance(c["arguments"], dict) else {},
-                },
-            }
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": arguments(c["arguments"])}}
             for c in out["tool_calls"]
         ]
+    return out
+
+
+def for_template(message: Any, i: int = 0) -> dict[str, Any]:
+    """The message as vLLM gives it to the chat template (see the module's docstring): arguments as an object
+    (unreadable ones as {}, as vLLM coerces them), the reasoning under both names."""
+    out = _form(message, i, lambda value: value if isinstance(value, dict) else {})
     if "reasoning" in out:
         out["reasoning_content"] = out["reasoning"]
     return out
 
 
 def for_server(message: Any, i: int = 0) -> dict[str, Any]:
-    """The message in the OpenAI form vLLM's `/tokenize` takes (see the module's docstring)."""
-    out = canonical(message, i)
-    if "tool_calls" in out:
-        out["tool_calls"] = [
-            {
-                "id": c["id"],
-                "type": "function",
-                "function": {
-                    "name": c["name"],
-                    "arguments": c["arguments"] if isinstance(c["arguments"], str) else json.dumps(c["arguments"]),
-                },
-            }
-            for c in out["tool_calls"]
-        ]
-    return out
+    """The message in the OpenAI form vLLM's `/tokenize` takes (see the module's docstring): arguments as JSON
+    text, the reasoning as `reasoning` (the name its chat endpoint renames `reasoning_content` to)."""
+    return _form(message, i, lambda value: value if isinstance(value, str) else json.dumps(value))
 
 
 def tools_of(tools: Any) -> list[dict[str, Any]] | None:

@@ -128,26 +128,22 @@ class Proxy:
 
     async def _chat(self, request: web.Request, session: Session, body: Any) -> web.StreamResponse:
         asked = chat_request(body, self.alternatives, session.encoder.kwargs)
-        pairs = await session.chat(asked)
-        tokenizer = session.encoder.tokenizer
-        if asked.stream:
-            chunks = chat_chunks(
-                pairs, self.model, tokenizer, asked.logprobs, asked.return_token_ids, asked.include_usage
-            )
-            return await _stream(request, chunks)
-        answer = chat_body(pairs, self.model, tokenizer, asked.logprobs, asked.return_token_ids)
-        return web.Response(body=orjson.dumps(answer), content_type="application/json")
+        made = await session.chat(asked)
+        return await self._answer(request, session, asked, made, chat_chunks, chat_body)
 
     async def _text(self, request: web.Request, session: Session, body: Any) -> web.StreamResponse:
         asked = text_request(body, self.alternatives)
-        samples = await session.text(asked)
-        tokenizer = session.encoder.tokenizer
+        made = await session.text(asked)
+        return await self._answer(request, session, asked, made, text_chunks, text_body)
+
+    async def _answer(
+        self, request: web.Request, session: Session, asked: Any, made: Any, chunks: Any, whole: Any
+    ) -> web.StreamResponse:
+        """The calls made for a request, as a stream of chunks or one body."""
+        tokenizer, ids = session.encoder.tokenizer, asked.return_token_ids
         if asked.stream:
-            chunks = text_chunks(
-                samples, self.model, tokenizer, asked.logprobs, asked.return_token_ids, asked.include_usage
-            )
-            return await _stream(request, chunks)
-        answer = text_body(samples, self.model, tokenizer, asked.logprobs, asked.return_token_ids)
+            return await _stream(request, chunks(made, self.model, tokenizer, asked.logprobs, ids, asked.include_usage))
+        answer = whole(made, self.model, tokenizer, asked.logprobs, ids)
         return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
 

@@ -26,37 +26,12 @@ def test_an_agent_job_on_ray_writes_every_group_token_exact(ray_cluster: Cluster
     server.start()
     out = tmp_path / "out"
     try:
+        command = ["generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER]
+        command += ["--system", "agent", "--system-option", f"command={sys.executable} {agent}"]
+        command += ["--samples-per-prompt", "2", "--seed", "2", "--max-tokens", "256"]
+        command += ["--ray", ray_cluster.address, "--partitions", "2"]
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "agentroll",
-                "generate",
-                str(problems),
-                "-o",
-                str(out),
-                "--base-url",
-                server.url,
-                "--tokenizer",
-                TOKENIZER,
-                "--system",
-                "agent",
-                "--system-option",
-                f"command={sys.executable} {agent}",
-                "--samples-per-prompt",
-                "2",
-                "--seed",
-                "2",
-                "--max-tokens",
-                "256",
-                "--ray",
-                ray_cluster.address,
-                "--partitions",
-                "2",
-            ],  # fmt: skip
-            env=ray_cluster.env,
-            capture_output=True,
-            timeout=300,
+            [sys.executable, "-m", "agentroll", *command], env=ray_cluster.env, capture_output=True, timeout=300
         )
         assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
         records = [r for k in range(2) for r in read_records(out / f"part-{k}")]  # the merged folder's shards
