@@ -55,13 +55,9 @@ def run(server: SimServer, plan: Any, journal: Path | None = None, **options: An
     async def go() -> Any:
         support.PLAN = body
         settings = {"seed": 3, "max_tokens": 256, "reward": "exact", **options}
+        settings["system_option"] = ["agent=tests.agents_support:probe", *settings.get("system_option", [])]
         async with Generator(
-            base_url=server.url,
-            tokenizer=TOKENIZER,
-            system="agent",
-            system_option=["agent=tests.agents_support:probe"],
-            journal=journal,
-            **settings,
+            base_url=server.url, tokenizer=TOKENIZER, system="agent", journal=journal, **settings
         ) as gen:
             return await gen.run_group(ROW)
 
@@ -322,3 +318,19 @@ def test_the_journal_replays_by_what_is_asked_whatever_the_order(serve, tmp_path
     # the group was not settled (nothing stored it): its calls stay in the journal
     again, group = run(server, asking([2, 0, 1]), journal=journal)
     assert again == first and len(generations(server)) == asked and group.status == "complete"
+
+
+def test_max_agents_bounds_the_agents_running_at_once(serve):
+    server = serve()
+    running, peak = [0], [0]
+
+    async def plan(client: Any, problem: dict) -> None:
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        try:
+            await client.chat.completions.create(model="m", messages=USER)
+        finally:
+            running[0] -= 1
+
+    _, group = run(server, plan, samples_per_prompt=5, system_option=["max_agents=2"])
+    assert group.status == "complete" and len(group.executions) == 5 and peak[0] == 2

@@ -10,6 +10,7 @@ with the run's reward, or, with `--reward agent`, is worth the reward the agent 
 execution carries that raw reward, and the execution's outcome is it. An agent that crashes, exits non-zero,
 runs out of time or makes no call fails its execution as an infrastructure failure: its group is not written and
 a rerun redoes it. Options: `command` or `agent` (one of them), `timeout` (seconds of wall clock per execution),
+`max_agents` (agents running at once over the run: an execution waits its turn),
 `parser` (the tool-call parser: hermes, llama3_json, mistral, FILE.py:NAME), `thinking` (`branch`: an answer the
 agent echoes back without its reasoning starts a new branch; `continue`: it continues the conversation by the
 model's own tokens, thinking included). docs/agents.md.
@@ -51,6 +52,7 @@ class Agent(System):
         "command": None,
         "agent": None,
         "timeout": 600.0,
+        "max_agents": 64,
         "parser": "hermes",
         "thinking": "branch",
     }
@@ -77,16 +79,21 @@ class Agent(System):
             or timeout <= 0
         ):
             raise UsageError(f"--system-option timeout={timeout!r}: must be a number of seconds above 0")
+        most = s["max_agents"]
+        if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+            raise UsageError(f"--system-option max_agents={most!r}: must be a whole number of at least 1")
         if s["thinking"] not in ("branch", "continue"):
             raise UsageError(f"--system-option thinking={s['thinking']!r}: must be branch or continue")
         self.parse = parser_for(s["parser"])
         self._proxy: asyncio.Future[Proxy] | None = None
         self._function: Any = None
+        self._turns: asyncio.Semaphore | None = None  # agents running at once: at most max_agents
 
     async def _ready(self, ctx: Context) -> Proxy:
         """The run's proxy, started by the first execution (the others wait for it), and the agent function."""
         if self._proxy is None:
             self._proxy = asyncio.ensure_future(self._start(ctx))
+            self._turns = asyncio.Semaphore(self.settings["max_agents"])
         return await asyncio.shield(self._proxy)
 
     async def _start(self, ctx: Context) -> Proxy:
@@ -106,10 +113,15 @@ class Agent(System):
             await started.result().aclose()
 
     async def run(self, ctx: Context) -> list[Sample]:
+        proxy = await self._ready(ctx)
+        assert self._turns is not None
+        async with self._turns:  # an execution waits for its turn: the agents running at once are bounded
+            return await self._execution(ctx, proxy)
+
+    async def _execution(self, ctx: Context, proxy: Proxy) -> list[Sample]:
         from ..agents.launch import AgentFailed
         from ..agents.session import Session
 
-        proxy = await self._ready(ctx)
         session = Session(ctx, self.parse, self.settings["thinking"])
         credential = proxy.open(session)
         work = asyncio.ensure_future(self._agent(ctx, proxy.url, credential))
