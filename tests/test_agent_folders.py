@@ -101,7 +101,7 @@ def test_stats_report_inspect_and_validate_speak_of_calls_and_branches(branchy, 
     assert shown.returncode == 0, shown.stderr.decode()
     figures = json.loads(shown.stdout)["all"]
     assert figures["report"]["calls_per_execution"] == 5.0 and figures["report"]["branches_per_execution"] == 2.0
-    assert figures["counters"]["agent_branches"] == 8 and figures["counters"]["agent_continued"] == 8
+    assert figures["counters"]["branches"] == 8 and figures["counters"]["continued"] == 8
     page = run_cli("report", str(branchy), "-o", str(tmp_path / "report.html"))
     assert page.returncode == 0, page.stderr.decode()
     assert "branches per execution" in (tmp_path / "report.html").read_text()

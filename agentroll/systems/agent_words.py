@@ -24,12 +24,12 @@ from .vocabulary import Figure, Finding, Label, Vocabulary, outcome_is
 STATUSES = ("ok", "malformed", "unknown")
 KEYS = frozenset({"id", "name", "arguments", "result", "duration_s", "error", "status"})
 FIGURES = (
-    Figure("agent_accuracy", "agent", "agent_answers_correct", stage="agent"),
-    Figure("calls_per_execution", "calls per execution", "agent_calls"),
-    Figure("tool_calls_per_execution", "tool calls per execution", "agent_tool_calls"),
-    Figure("branches_per_execution", "branches per execution", "agent_branches"),
-    Figure("continued_calls", "calls continued by ids", "agent_continued", "agent_calls"),
-    Figure("rerendered_calls", "calls with history re-rendered", "agent_rerendered", "agent_calls"),
+    Figure("agent_accuracy", "agent", "answers_correct", stage="agent"),
+    Figure("calls_per_execution", "calls per execution", "calls"),
+    Figure("tool_calls_per_execution", "tool calls per execution", "tool_calls"),
+    Figure("branches_per_execution", "branches per execution", "branches"),
+    Figure("continued_calls", "calls continued by ids", "continued", "calls"),
+    Figure("rerendered_calls", "calls with history re-rendered", "rerendered", "calls"),
 )
 
 
@@ -39,12 +39,12 @@ class AgentWords(Vocabulary):
 
     def tally(self, samples: list[Sample]) -> Mapping[str, float]:
         return {
-            "agent_answers_correct": bool(samples) and samples[-1].raw_reward == 1.0,
-            "agent_calls": len(samples),
-            "agent_tool_calls": sum(len(s.tool_calls or []) for s in samples),
-            "agent_branches": sum(s.continues is None and bool(s.rerendered) for s in samples),
-            "agent_continued": sum(s.continues is not None for s in samples),
-            "agent_rerendered": sum(bool(s.rerendered) for s in samples),
+            "answers_correct": bool(samples) and samples[-1].raw_reward == 1.0,
+            "calls": len(samples),
+            "tool_calls": sum(len(s.tool_calls or []) for s in samples),
+            "branches": sum(s.continues is None and bool(s.rerendered) for s in samples),
+            "continued": sum(s.continues is not None for s in samples),
+            "rerendered": sum(bool(s.rerendered) for s in samples),
         }
 
     def check(self, samples: list[Sample]) -> Iterable[Finding]:

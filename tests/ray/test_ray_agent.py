@@ -42,4 +42,4 @@ def test_an_agent_job_on_ray_writes_every_group_token_exact(ray_cluster: Cluster
     assert sorted({r["problem_id"] for r in records}) == [f"p{i:03d}" for i in range(4)]
     assert all(len(calls) == 2 for calls in executions(records))
     stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
-    assert stats["report"]["calls_per_execution"] == 2.0 and stats["agent_continued"] == 8
+    assert stats["report"]["calls_per_execution"] == 2.0 and stats["continued"] == 8
