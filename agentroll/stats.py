@@ -63,7 +63,9 @@ class Figure:
     A counter is a `RunStats` field (`executions`, `system_correct`), one the system tallies
     (`majority_correct`), or a stage's (`solver.raw_reward_sum`, `solver.samples`). `label` is how the
     summary, `stats` and the page name it. `stage`: the stage whose accuracy the figure stands for (that stage's
-    default `STAGE_accuracy` is then not reported: three-stage's selector is judged by its picks)."""
+    default `STAGE_accuracy` is then not reported: three-stage's selector is judged by its picks). `unit`: none
+    for a share (from 0 to 1, drawn with the accuracies), else what the figure counts (`per execution`: model
+    calls per execution), drawn on a scale of its own."""
 
     key: str
     label: str
@@ -71,6 +73,7 @@ class Figure:
     over: str = "executions"
     needs: str | None = None
     stage: str | None = None
+    unit: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -99,12 +99,20 @@ def test_rescore_scores_the_agents_recorded_answer_again(branchy, tmp_path):
 def test_stats_report_inspect_and_validate_speak_of_calls_and_branches(branchy, tmp_path):
     shown = run_cli("stats", str(branchy), "--json")
     assert shown.returncode == 0, shown.stderr.decode()
-    figures = json.loads(shown.stdout)["all"]
+    whole = json.loads(shown.stdout)
+    figures = whole["all"]
+    assert set(whole["system"]["units"]) == {
+        "calls_per_execution",
+        "tool_calls_per_execution",
+        "branches_per_execution",
+    }
     assert figures["report"]["calls_per_execution"] == 5.0 and figures["report"]["branches_per_execution"] == 2.0
     assert figures["counters"]["branches"] == 8 and figures["counters"]["continued"] == 8
     page = run_cli("report", str(branchy), "-o", str(tmp_path / "report.html"))
     assert page.returncode == 0, page.stderr.decode()
-    assert "branches per execution" in (tmp_path / "report.html").read_text()
+    html = (tmp_path / "report.html").read_text()
+    # counts per execution on a scale of their own, the shares with the accuracies (never past the top of 1)
+    assert "The system's figures that count something (per execution)" in html and "branches per execution" in html
     tree = run_cli("inspect", str(branchy))
     text = tree.stdout.decode()
     assert tree.returncode == 0 and "call 2 of 5 · continues call 1" in text and "a branch off call" in text

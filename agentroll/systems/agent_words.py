@@ -25,9 +25,9 @@ STATUSES = ("ok", "malformed", "unknown")
 KEYS = frozenset({"id", "name", "arguments", "result", "duration_s", "error", "status"})
 FIGURES = (
     Figure("agent_accuracy", "agent", "answers_correct", stage="agent"),
-    Figure("calls_per_execution", "calls per execution", "calls"),
-    Figure("tool_calls_per_execution", "tool calls per execution", "tool_calls"),
-    Figure("branches_per_execution", "branches per execution", "branches"),
+    Figure("calls_per_execution", "calls per execution", "calls", unit="per execution"),
+    Figure("tool_calls_per_execution", "tool calls per execution", "tool_calls", unit="per execution"),
+    Figure("branches_per_execution", "branches per execution", "branches", unit="per execution"),
     Figure("continued_calls", "calls continued by ids", "continued", "calls"),
     Figure("rerendered_calls", "calls with history re-rendered", "rerendered", "calls"),
 )

@@ -36,9 +36,12 @@ svg text { font-family: system-ui, sans-serif; fill: #222; }
 """
 
 
-def figure_keys(data: dict[str, Any]) -> list[str]:
-    """The system's report figures, in its order (the rest of `report` is tokens)."""
-    return list(data["stats"]["system"].get("labels") or {})
+def figure_keys(data: dict[str, Any], shares: bool | None = None) -> list[str]:
+    """The system's report figures, in its order (the rest of `report` is tokens); with `shares`, only those that
+    are shares (True) or only those that count something per execution (False: `Figure.unit`)."""
+    keys = list(data["stats"]["system"].get("labels") or {})
+    units = data["stats"]["system"].get("units") or {}
+    return keys if shares is None else [k for k in keys if (k not in units) == shares]
 
 
 def figure_name(data: dict[str, Any], key: str) -> str:
@@ -62,7 +65,7 @@ def pct(part: float, whole: float) -> str:
 def _stages(data: dict[str, Any]) -> str:
     whole = data["stats"]["all"]
     report = whole["report"]
-    keys = figure_keys(data)
+    keys = figure_keys(data, shares=True)
     out = ["<h2>Reward and accuracy per stage</h2><div class='row'>"]
     out.append(
         figure(
@@ -79,6 +82,22 @@ def _stages(data: dict[str, Any]) -> str:
             "<code>agentroll stats</code> reports them.",
         )
     )
+    counted = figure_keys(data, shares=False)
+    if counted:
+        units = data["stats"]["system"]["units"]
+        out.append(
+            figure(
+                bar_chart(
+                    "counts",
+                    "counts",
+                    [figure_name(data, k) for k in counted],
+                    [Series("all", [report.get(k) for k in counted])],
+                    y_label=units[counted[0]] if len({units[k] for k in counted}) == 1 else "count",
+                ),
+                "The system's figures that count something (" + ", ".join(sorted(set(units.values()))) + "), as "
+                "<code>agentroll stats</code> reports them.",
+            )
+        )
     stages = list(whole["stages"])
     raw = [whole["stages"][s]["mean_raw_reward"] for s in stages]
     shaped = [data["shaped_reward"].get(s) for s in stages]
@@ -188,7 +207,8 @@ def _by(data: dict[str, Any]) -> str:
     shown = _splits(data)
     out = [f"<h2>By {escape(by)}</h2>"]
     if shown:
-        series = [Series(figure_name(data, k), [split[v]["report"].get(k) for v in shown]) for k in keys]
+        drawn = figure_keys(data, shares=True)  # the counts per execution are in the table below
+        series = [Series(figure_name(data, k), [split[v]["report"].get(k) for v in shown]) for k in drawn]
         note = "" if len(shown) == len(split) else f" The {MOST_SPLITS} values with the most problems are drawn."
         out.append(
             figure(

@@ -125,10 +125,13 @@ class Sections:
 
     def to_dict(self) -> dict[str, Any]:
         order = sorted(self.parts, key=lambda key: (key == NONE_KEY, key))
-        labels = {f.key: f.label for f in self.whole.run.report_figures()}
+        figures = self.whole.run.report_figures()
+        labels = {f.key: f.label for f in figures}
+        units = {f.key: f.unit for f in figures if f.unit}
+        system = {"name": self.system.name, "stages": list(self.whole.run.stages), "labels": labels, "units": units}
         return {
             "by": self.by,
-            "system": {"name": self.system.name, "stages": list(self.whole.run.stages), "labels": labels},
+            "system": system,
             "all": self.whole.to_dict(),
             "split": {key: self.parts[key].to_dict() for key in order},
             **({"warning": self.warning} if self.warning else {}),
@@ -177,7 +180,8 @@ def stats_of_groups(
 def stats(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
     """The system's report for a folder (or a merged one), from its records; split by `metadata[by]` if given.
 
-    Returns {"folder", "by", "system": {"name", "stages", "labels"}, "all": figures, "split": {value: figures}}
+    Returns {"folder", "by", "system": {"name", "stages", "labels", "units"}, "all": figures, "split": {value:
+    figures}}
     (split is empty without `by`; `labels` names each report figure); figures are problems, executions,
     records, stages, report (the system's figures: `RunStats.report`), counters (what its vocabulary
     tallied), pass_at_k, truncation_rate, tokens. A damaged folder raises `OutputError` (run `agentroll
