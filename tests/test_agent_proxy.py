@@ -298,17 +298,23 @@ def test_a_call_that_fails_for_good_fails_the_execution_even_if_the_agent_goes_o
 
 
 def test_the_journal_replays_by_what_is_asked_whatever_the_order(serve, tmp_path):
-    """Three requests at once; after a stop the agent asks them again in another order, and each is answered
-    from the journal with what the server said the first time."""
-    server = serve()
+    """Three conversations at once, each a tool call and its result; after a stop the agent asks them again in
+    another order, and each call is answered from the journal with what the server said the first time (the tool
+    calls' ids with it, so the requests that send the results back are the same again)."""
+    server = serve(tool_call=1.0)
     questions = [[{"role": "user", "content": f"What is 10 plus {n}?"}] for n in (7, 8, 9)]
+
+    async def conversation(client: Any, asked: list[dict]) -> str:
+        first = (await client.chat.completions.create(model="m", messages=asked, tools=[support.PYTHON])).choices[0]
+        results = [{"role": "tool", "tool_call_id": c.id, "content": "17"} for c in first.message.tool_calls]
+        more = [*asked, first.message, *results]
+        second = await client.chat.completions.create(model="m", messages=more, tools=[support.PYTHON])
+        return str(second.choices[0].message.content)
 
     def asking(order: list[int]) -> Any:
         async def plan(client: Any, problem: dict) -> dict[int, str]:
-            replies = await asyncio.gather(
-                *(client.chat.completions.create(model="m", messages=questions[i]) for i in order)
-            )
-            return {i: r.choices[0].message.content for i, r in zip(order, replies, strict=True)}
+            replies = await asyncio.gather(*(conversation(client, questions[i]) for i in order))
+            return dict(zip(order, replies, strict=True))
 
         return plan
 
@@ -318,6 +324,7 @@ def test_the_journal_replays_by_what_is_asked_whatever_the_order(serve, tmp_path
     # the group was not settled (nothing stored it): its calls stay in the journal
     again, group = run(server, asking([2, 0, 1]), journal=journal)
     assert again == first and len(generations(server)) == asked and group.status == "complete"
+    assert [r.continues is not None for r in group.executions[0]].count(True) == 3
 
 
 def test_max_agents_bounds_the_agents_running_at_once(serve):

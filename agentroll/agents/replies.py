@@ -7,7 +7,7 @@ block is all content. When the request offered tools (and `tool_choice` is not `
 parser finds in the content become `tool_calls` (`finish_reason: tool_calls`), the text before them the content;
 a call that cannot be read leaves the whole content as text, as vLLM's parsers do, and a response cut at
 `max_tokens` is never read for calls. A call's id is the one the model wrote, else one derived from the call's
-place (the same on a replay), so the agent's next request names it the same way.
+request (the same on a replay), so the agent's next request names it the same way.
 """
 
 from __future__ import annotations

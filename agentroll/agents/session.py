@@ -87,7 +87,14 @@ class Session:
                 parse=self.parse,
                 tools=request.tools,
                 tool_choice=request.tool_choice,
-                where=(self.ctx.config.seed, self.ctx.problem.id, self.ctx.sample_index, self.ctx.attempt, position),
+                # the call's own identity (what was asked, not when it finished): the same ids on a replay
+                where=(
+                    self.ctx.config.seed,
+                    self.ctx.problem.id,
+                    self.ctx.sample_index,
+                    self.ctx.attempt,
+                    sample.worker,
+                ),
             )
             sample.tool_calls = answer.recorded
             self._calls.update((c["id"], c) for c in answer.recorded or [])
