@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -20,7 +24,7 @@ from agentroll.sim.server import SimServer
 from agentroll.tools.validate import validate as validate_folder
 
 from . import agents_support as support
-from .conftest import TOKENIZER, generations, read_records, run_cli, write_problems
+from .conftest import TOKENIZER, generations, read_records, run_cli, user_env, write_problems
 from .test_tool_use import behavior
 
 TOOL_CALLING = behavior(tool_call=1.0, correct=1.0)  # a tool call, then the answer the tool printed
@@ -42,7 +46,7 @@ def server(problems: Path):
 def program(tmp_path: Path, source: str, name: str = "agent.py") -> str:
     path = tmp_path / name
     path.write_text(source)
-    return f"command={os.sys.executable} {path}"
+    return f"command={sys.executable} {path}"
 
 
 def generate(problems: Path, out: Path, url: str, *options: str) -> tuple[int, str]:
@@ -300,3 +304,24 @@ def test_a_template_that_differs_from_the_servers_is_caught_and_the_server_rende
     records = read_records(out)
     assert check_exact(records, server) == 2  # the tool turns rendered by the server's /tokenize, and continued
     assert all(r["prompt"].endswith("<|im_start|>assistant\n") for r in records)  # the server's template
+
+
+def test_sigterm_stops_the_run_and_every_agent_with_all_it_started(problems, server, tmp_path):
+    """A stop while agents run: agentroll exits 143, each agent's process group is killed, nothing is left."""
+    pid_file = tmp_path / "child.pid"
+    agent = tmp_path / "agent.py"
+    agent.write_text(support.HANG_PROGRAM)
+    env = {**user_env(), "CHILD_PID": str(pid_file)}
+    args = ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url, "--tokenizer"]
+    args += [TOKENIZER, "--system", "agent", "--system-option", f"command={sys.executable} {agent}", "--limit", "1"]
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as err:
+        run = subprocess.Popen([sys.executable, "-m", "agentroll", *args], env=env, stderr=err)
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the agent's own progress: its child's pid written
+        assert run.poll() is None, log.read_text()
+        child = int(pid_file.read_text())
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=60) == 143, log.read_text()
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
