@@ -234,6 +234,8 @@ def test_a_crashed_agent_fails_its_group_and_a_rerun_redoes_it_replaying_the_fin
         assert "group not written, a rerun redoes it: the agent exited with code 3" in output
         assert "its stderr ends: RuntimeError: the harness fell over" in output
         assert read_records(out) == []
+        failed = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
+        assert failed["agents_failed"] == 2 and failed["groups_failed"] == 2  # one crashed agent in each group
         asked = len(generations(server))
         flag.unlink()
         code, output = generate(problems, out, server.url, "--system-option", agent, "--samples-per-prompt", "2")
