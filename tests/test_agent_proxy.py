@@ -341,3 +341,17 @@ def test_max_agents_bounds_the_agents_running_at_once(serve):
 
     _, group = run(server, plan, samples_per_prompt=5, system_option=["max_agents=2"])
     assert group.status == "complete" and len(group.executions) == 5 and peak[0] == 2
+
+
+def test_a_prompt_that_leaves_no_room_is_a_400_as_vllms_context_length_error(serve):
+    server = serve()
+
+    async def plan(client: Any, problem: dict) -> str:
+        long = [{"role": "user", "content": "seven " * 5000}]
+        with pytest.raises(openai.BadRequestError, match=f"maximum context length is {server.max_model_len} tokens"):
+            await client.chat.completions.create(model="m", messages=long)
+        await client.chat.completions.create(model="m", messages=USER)
+        return "went on"
+
+    said, group = run(server, plan)
+    assert said == "went on" and group.status == "complete" and len(group.executions[0]) == 1
