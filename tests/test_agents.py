@@ -254,12 +254,12 @@ def test_an_agent_past_its_timeout_is_killed_with_everything_it_started(problems
     pid_file = tmp_path / "child.pid"
     os.environ["CHILD_PID"] = str(pid_file)
     try:
-        options = ["--system-option", program(tmp_path, support.HANG_PROGRAM), "--system-option", "timeout=3"]
+        options = ["--system-option", program(tmp_path, support.HANG_PROGRAM), "--system-option", "timeout=10"]
         code, output = generate(problems, tmp_path / "out", server.url, "--limit", "1", *options)
     finally:
         del os.environ["CHILD_PID"]
     assert code == 8, output
-    assert "the agent ran past its timeout of 3s (nothing on its stderr)" in output
+    assert "the agent ran past its timeout of 10s (nothing on its stderr)" in output
     child = int(pid_file.read_text())
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
