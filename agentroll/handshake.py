@@ -135,6 +135,18 @@ async def server_facts(
         version = (await client.get_json("/version")).get("version")
     except (ServerError, AttributeError):
         version = None
+    log.debug(
+        "%s serves %s (root %s, vLLM %s): %s API, request priority %s, %s; prompts rendered %s by %s",
+        ", ".join(e.url for e in client.endpoints),
+        model,
+        root,
+        version,
+        client.api,
+        "sent" if client.send_priority else "not sent",
+        mode,
+        "by the server's /tokenize" if encoder.server_render else "locally",
+        type(encoder.tokenizer).__name__,
+    )
     return {
         "api": client.api,
         "priority": client.send_priority,

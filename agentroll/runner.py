@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ class RunResult:
     complete: bool = False
     committed: bool = False  # the folder's manifest says complete: true (closed so)
     notes: list[str] = field(default_factory=list)  # lines the summary ends with (said as warnings too)
+    failures: Counter[str] = field(default_factory=Counter)  # why groups were not written: reason -> groups
 
     @property
     def missing_groups(self) -> int:
@@ -124,6 +126,9 @@ class Runner:
             writer.server = gen.server
             done = writer.open(self._first_clash)
             replay = gen.open_journal(done)  # once the folder's lock is held: one process per journal
+            log.debug(
+                "%s: %d groups on disk or filtered already; the journal holds %d calls", opts.output, len(done), replay
+            )
             if replay:
                 log.info(
                     "the call journal holds %d finished calls of unfinished groups: they are replayed, not asked again",
@@ -215,6 +220,7 @@ class Runner:
         stats = self.stats
         if group.status in ("complete", "filtered"):
             writer.commit(group)
+            log.debug("problem %s: group %s (%d records)", group.problem_id, group.status, group.num_records)
             if group.status == "complete":
                 stats.groups_written += 1
                 stats.records_written += group.num_records
@@ -224,6 +230,8 @@ class Runner:
             stats.invalid_rows += 1
             log.warning("skipping invalid row: %s", group.error)
         else:
+            if self.result is not None:
+                self.result.failures[str(group.error)] += 1
             log.warning(
                 "problem %s (%s line %d): group not written, a rerun redoes it: %s",
                 group.problem_id,

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -112,6 +113,15 @@ def error(message: str) -> None:
     line = Text("error: ", style="red")
     line.append(message)
     err.print(line, soft_wrap=True)
+
+
+def failed(exc: AgentrollError, debug: bool = False) -> int:
+    """An error said as one line, its traceback above it under `--debug`; its exit code, debug or not (scripts
+    and cron jobs branch on it)."""
+    if debug:
+        err.print(Text("".join(traceback.format_exception(exc)).rstrip()), soft_wrap=True)
+    error(str(exc))
+    return exc.exit_code
 
 
 def folder_tool(run: Callable[[], T]) -> T:

@@ -15,8 +15,8 @@ from ..errors import AgentrollError, IncompleteRun, PipeClosed
 from ..options import GenerateOptions, default_of
 from ..progress import Progress as ProgressHook
 from ..run_options import RUN_OPTION_NAMES, RunOptions
-from ..runner import Runner
-from .console import REPEATS, err, error, log, run_async, setup_logging
+from ..runner import Runner, RunResult
+from .console import REPEATS, err, error, failed, log, run_async, setup_logging
 from .folds import Folds
 from .help import Command, help_text, metavar
 from .interrupts import Interrupts
@@ -269,8 +269,7 @@ def _generate(
     try:
         runner = Runner(RunOptions(**run), generate, demo=demo)
     except AgentrollError as exc:
-        error(str(exc))
-        return exc.exit_code
+        return failed(exc, debug)
     if progress is not None:
         runner.progress = progress
     elif not quiet:
@@ -285,18 +284,17 @@ def _generate(
 
 def _outcome(runner: Runner, interrupts: Interrupts, quiet: bool, debug: bool, folds: Folds) -> int:
     """Run, say what happened, and give the exit code; a signal that comes once the folder is complete leaves it
-    0, one that comes while the summary is said after an unfinished run gives its own code."""
+    0, one that comes while the summary is said after an unfinished run gives its own code. The error that ended
+    the run is said last, below the summary, where it does not scroll away."""
     code: int
+    failure: AgentrollError | None = None
     try:
         run_async(_supervised(runner, interrupts, folds))
         code = interrupts.code or 0
     except PipeClosed:
         return PipeClosed.exit_code
     except AgentrollError as exc:
-        if debug:
-            raise
-        error(str(exc))
-        code = exc.exit_code
+        failure, code = exc, exc.exit_code
     except KeyboardInterrupt:
         code = interrupts.code or 130
     result = runner.result
@@ -307,20 +305,33 @@ def _outcome(runner: Runner, interrupts: Interrupts, quiet: bool, debug: bool, f
             print_summary(result)
     except KeyboardInterrupt:
         code = interrupts.code or 130
+    if failure is not None:
+        failed(failure, debug)
     if result is not None and result.committed:
         came = interrupts.first or interrupts.late
         if came is not None:
             log.info("%s came after the run had written everything (complete: true): exit 0", signal.Signals(came).name)
         code = 0 if code == interrupts.code else code
     if code == 0 and result is not None and not result.complete:
-        missing = IncompleteRun(
-            f"{result.missing_groups} of {result.stats.problems} groups could not be produced "
-            "(calls failed for good; see the warnings above): run the same command again to "
-            "redo them"
-        )
-        error(str(missing))
-        code = missing.exit_code
+        code = failed(incomplete(result, said=not quiet), debug=False)
     return code
+
+
+def incomplete(result: RunResult, said: bool) -> IncompleteRun:
+    """Exit 8's line: how many groups are missing and why (the commonest reasons, when the warnings that named
+    them were not shown: `-q`)."""
+    why = "see the warnings above"
+    if not said and result.failures:
+        named = result.failures.most_common(2)
+        why = "; ".join(f"{n}x {reason}" for reason, n in named)
+        rest = sum(result.failures.values()) - sum(n for _, n in named)
+        why += f"; {rest} more for other reasons" if rest else ""
+    elif not said:
+        why = "the run stopped before they were produced"
+    return IncompleteRun(
+        f"{result.missing_groups} of {result.stats.problems} groups could not be produced (calls failed for good: "
+        f"{why}): run the same command again to redo them"
+    )
 
 
 def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool) -> int:
@@ -352,10 +363,7 @@ def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: 
         interrupts.install()
         result = job.run()
     except AgentrollError as exc:
-        if debug:
-            raise
-        error(str(exc))
-        return exc.exit_code
+        return failed(exc, debug)
     except KeyboardInterrupt:
         return 130
     finally:

@@ -299,6 +299,7 @@ class CompletionClient:
                     self.counters.failures += 1
                     raise
                 self.counters.retries += 1
+                log.debug("attempt %d failed (%s): retried", attempt, exc)
                 avoid = exc.endpoint
                 self.budget.rest(priority[0], True)  # its group wants no room meanwhile: another may start
                 try:

@@ -1,0 +1,103 @@
+"""What a new user meets first, from a shell or a cron job (issue 32): the documented exit code whatever the
+flags, one line per fault in the user's words, the error said last, and no line that points at what was not
+shown."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from agentroll.sim.script import Script
+from agentroll.sim.server import Faults, SimServer
+
+from .conftest import TOKENIZER, run_cli
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def last_line(stderr: bytes) -> str:
+    return stderr.decode().strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_debug_keeps_every_documented_exit_code_and_adds_the_traceback_above_the_error(sim, problems, tmp_path, debug):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(problems.read_text().splitlines()[0] + '\n{"prompt": 3, "label": "1"}\n')
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    url = sim.url
+    cases = {
+        "bad row": (3, [str(bad), "-o", str(tmp_path / "o1"), "--base-url", url]),
+        "server down": (
+            4,
+            [str(problems), "-o", str(tmp_path / "o2"), "--base-url", f"http://127.0.0.1:{closed_port()}"],
+        ),
+        "a file as -o": (6, [str(problems), "-o", str(afile), "--base-url", url]),
+        "no scheme": (2, [str(problems), "-o", str(tmp_path / "o3"), "--base-url", url.removeprefix("http://")]),
+        "unknown model": (4, [str(problems), "-o", str(tmp_path / "o4"), "--base-url", url, "--model", "nope"]),
+    }
+    for name, (code, args) in cases.items():
+        proc = run_cli("generate", *args, "--tokenizer", TOKENIZER, *(["--debug"] if debug else []))
+        assert proc.returncode == code, (name, proc.stderr.decode()[-2000:])
+        assert last_line(proc.stderr).startswith("error: "), name  # the one line a script greps, last
+        assert (b"Traceback (most recent call last)" in proc.stderr) is debug, name
+
+
+def test_a_debug_run_says_debug_lines_and_a_plain_one_none(sim, problems, tmp_path):
+    args = ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER]
+    debug = run_cli(*args, "--debug", "--limit", "2")
+    assert debug.returncode == 0, debug.stderr.decode()
+    lines = [line for line in debug.stderr.decode().splitlines() if " DEBUG " in line]
+    assert any("serves agentroll-sim" in line for line in lines)  # what the run learnt of its server
+    assert sum("group complete" in line for line in lines) == 2  # each group as it is committed
+    plain = run_cli(*args)
+    assert plain.returncode == 0 and b" DEBUG " not in plain.stderr
+
+
+def test_exit_4_after_the_down_timeout_is_said_below_the_summary(tmp_path, problems):
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=1.0), record=False)
+    server.start()
+    try:
+        proc = run_cli(
+            "generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url, "--tokenizer", TOKENIZER,
+            "--down-timeout", "1", "--probe-interval", "0.2",
+        )  # fmt: skip
+    finally:
+        server.stop()
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 4, stderr
+    assert stderr.index("agentroll generate:") < stderr.index("error: every endpoint has been down for 1s")
+    assert last_line(proc.stderr).startswith("error: every endpoint has been down")
+
+
+def test_quiet_exit_8_names_why_groups_failed_rather_than_warnings_it_did_not_print(tmp_path, problems):
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.4), seed=3, record=False)
+    server.start()
+    args = ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url, "--tokenizer", TOKENIZER]
+    try:
+        quiet = run_cli(*args, "--max-retries", "0", "--num-parallel", "2", "-q")
+    finally:
+        server.stop()
+    assert quiet.returncode == 8, quiet.stderr.decode()
+    lines = quiet.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "see the warnings above" not in lines[0], lines
+    assert "call failed: HTTP 50" in lines[0] and "run the same command again" in lines[0]
+
+
+def test_loud_exit_8_points_at_the_warnings_it_printed(tmp_path, problems):
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.4), seed=3, record=False)
+    server.start()
+    try:
+        loud = run_cli(
+            "generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url, "--tokenizer", TOKENIZER,
+            "--max-retries", "0", "--num-parallel", "2",
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert loud.returncode == 8
+    assert "see the warnings above" in last_line(loud.stderr) and "group not written" in loud.stderr.decode()
