@@ -101,3 +101,31 @@ def test_loud_exit_8_points_at_the_warnings_it_printed(tmp_path, problems):
         server.stop()
     assert loud.returncode == 8
     assert "see the warnings above" in last_line(loud.stderr) and "group not written" in loud.stderr.decode()
+
+
+@pytest.fixture
+def web_server(tmp_path):
+    """`python -m http.server`: a server that is not vLLM, answering 404 with an HTML page."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_server_that_is_not_vllm_is_said_in_one_line_with_its_status_and_a_hint(web_server, problems, tmp_path):
+    made = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", web_server)
+    checked = run_cli("doctor", "--base-url", web_server)
+    for proc, code in ((made, 4), (checked, 1)):
+        lines = proc.stderr.decode().strip().splitlines()
+        assert proc.returncode == code and len(lines) == 1, lines
+        assert "/v1/models answered 404" in lines[0] and "File not found" in lines[0]
+        assert "is it a vLLM server? --base-url" in lines[0] and "<" not in lines[0]

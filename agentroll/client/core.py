@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import logging
 import random
+import re
 import time
 from typing import Any
 
@@ -31,12 +32,12 @@ log = logging.getLogger("agentroll")
 
 
 def error_message(body: bytes, status: int) -> str:
-    """The server's own message, from either vLLM error shape (`{"error": {...}}` or `{"object": "error", ...}`)."""
+    """The server's own message, from either vLLM error shape (`{"error": {...}}` or `{"object": "error", ...}`);
+    anything else (a web server's HTML page, a proxy's text) as one short line."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        text = body.decode("utf-8", "replace").strip()
-        return text[:500] or f"HTTP {status}"
+        return one_line(body) or f"HTTP {status}"
     if isinstance(data, dict):
         inner = data.get("error")
         if isinstance(inner, dict) and inner.get("message"):
@@ -47,7 +48,24 @@ def error_message(body: bytes, status: int) -> str:
             return str(data["message"])
         if data.get("detail"):
             return str(data["detail"])
-    return f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}"
+    return f"HTTP {status}: {one_line(body)}"
+
+
+NOT_VLLM = "is it a vLLM server? --base-url takes the address `vllm serve` listens on (http://HOST:PORT)"
+_TAG = re.compile(r"<(script|style)\b.*?</\1\s*>|<[^>]*>", re.S | re.I)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title\s*>", re.S | re.I)
+
+
+def one_line(body: bytes, most: int = 120) -> str:
+    """A body that is no vLLM answer as one line of at most `most` characters: an HTML page by its title and
+    text, any other text with its whitespace folded."""
+    text = body.decode("utf-8", "replace")
+    if text.lstrip()[:1] == "<":
+        title = " ".join((m.group(1) if (m := _TITLE.search(text)) else "").split())
+        words = " ".join(_TAG.sub(" ", _TITLE.sub(" ", text)).split()).removeprefix(title).strip()
+        text = f"an HTML page: {title}{': ' if title and words else ''}{words}"
+    text = " ".join(text.split())
+    return text if len(text) <= most else text[: most - 1].rstrip() + "…"
 
 
 class CallFailed(Exception):
@@ -194,11 +212,15 @@ class CompletionClient:
         except TransportFailure as exc:
             raise ServerError(f"cannot reach {url}: {exc}") from None
         if status != 200:
-            raise ServerError(f"{url} answered {status}: {error_message(body, status)}", status)
+            vllm = body.lstrip()[:1] == b"{"  # vLLM answers every error in JSON
+            said = f": {error_message(body, status)}" if vllm else f" ({error_message(body, status)}); {NOT_VLLM}"
+            raise ServerError(f"{url} answered {status}{said}", status)
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
-            raise ServerError(f"{url} answered 200 with a body that is not JSON: {body[:120]!r}") from None
+            raise ServerError(
+                f"{url} answered 200 with a body that is not JSON: {one_line(body)} ({NOT_VLLM})"
+            ) from None
 
     def first_up(self) -> Endpoint:
         return next((e for e in self.endpoints if not e.down), self.endpoints[0])
