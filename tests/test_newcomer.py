@@ -129,3 +129,22 @@ def test_a_server_that_is_not_vllm_is_said_in_one_line_with_its_status_and_a_hin
         assert proc.returncode == code and len(lines) == 1, lines
         assert "/v1/models answered 404" in lines[0] and "File not found" in lines[0]
         assert "is it a vLLM server? --base-url" in lines[0] and "<" not in lines[0]
+
+
+@pytest.mark.parametrize("system", ["critique-revise", "tool-use"])
+def test_convert_names_the_turn_a_conversational_layout_cannot_write_and_the_way_out(sim, problems, tmp_path, system):
+    out = tmp_path / "out"
+    made = run_cli(
+        "generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--system", system,
+        "--samples-per-prompt", "4", "--reward", "exact", "--seed", "1",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr.decode()
+    refused = run_cli("convert", str(out), "--to", "sft", "-o", str(tmp_path / "sft"))
+    line = last_line(refused.stderr)
+    assert refused.returncode == 2 and ", turn 1: its prompt holds the conversation so far" in line, line
+    assert "--tokenizer" not in line and "use --layout standard" in line  # the run's tokenizer is the one used
+    standard = run_cli("convert", str(out), "--to", "sft", "-o", str(tmp_path / "sft"), "--layout", "standard")
+    assert standard.returncode == 0, standard.stderr.decode()
+    dpo = run_cli("convert", str(out), "--to", "nemo-rl-dpo", "-o", str(tmp_path / "nemo"))
+    if dpo.returncode:  # a format without --layout standard says its own way out
+        assert "use --to dpo --layout standard" in last_line(dpo.stderr)

@@ -96,7 +96,11 @@ def convert(
     spec.require()
     chat = None
     if spec.chat and (layout or "conversational") == "conversational":
-        chat = load_messages(manifest, tokenizer)
+        chat = load_messages(
+            manifest,
+            tokenizer,
+            None if spec.layout else f"use --to dpo --layout standard ({to} takes chat messages only)",
+        )
     created = prepare_out(out_path, spec.names, spec.stale, overwrite)
 
     counts: dict[str, int] = {}

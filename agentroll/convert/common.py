@@ -287,8 +287,17 @@ class ChatMessages:
     `prompt`, whose token ids are `prompt_token_ids`; no ids are ever derived from the messages.
     """
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any], name: str = "the tokenizer") -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template_kwargs: dict[str, Any],
+        name: str = "the tokenizer",
+        run: str | None = None,
+        way_out: str = "use --layout standard (the prompt as rendered text)",
+    ) -> None:
         self.name = name
+        self.run = run  # the tokenizer the run used (the manifest's), when `name` is another
+        self.way_out = way_out  # what to do about a prompt that is not one message (the format's own way)
         self._tokenizer = tokenizer
         self._kwargs = chat_template_kwargs
         self._patterns: list[tuple[tuple[str, ...], re.Pattern[str]]] = []
@@ -365,28 +374,44 @@ def _split(text: str, sentinels: tuple[str, ...]) -> list[str] | None:
     return [*pieces, rest]
 
 
-def load_messages(manifest: Manifest, tokenizer: str | None) -> ChatMessages:
-    """`ChatMessages` with --tokenizer, else the tokenizer and chat-template arguments the run used."""
+def load_messages(manifest: Manifest, tokenizer: str | None, way_out: str | None = None) -> ChatMessages:
+    """`ChatMessages` with --tokenizer, else the tokenizer and chat-template arguments the run used. `way_out`:
+    what a refusal suggests, for a format without `--layout standard`."""
     from ..chat import load_tokenizer
 
     settings = manifest.settings
-    name = tokenizer or settings.get("tokenizer")
+    run = settings.get("tokenizer")
+    name = tokenizer or run
     if not name:
         raise UsageError("the folder's manifest names no tokenizer: pass --tokenizer, or --layout standard")
-    return ChatMessages(load_tokenizer(str(name)), dict(settings.get("chat_template_kwargs") or {}), str(name))
+    other = str(run) if run and str(run) != str(name) else None
+    kwargs = dict(settings.get("chat_template_kwargs") or {})
+    return ChatMessages(load_tokenizer(str(name)), kwargs, str(name), other, *([way_out] if way_out else []))
 
 
 def prompt_messages(chat: ChatMessages, record: Record) -> list[dict[str, str]]:
-    """The record's prompt as messages; a one-line `UsageError` when they cannot be recovered exactly."""
+    """The record's prompt as messages; a one-line `UsageError` naming the record (problem, stage, turn) and the
+    way out when they cannot be recovered exactly."""
     messages = chat(record["prompt"])
-    if messages is None:
+    if messages is not None:
+        return messages
+    turn = record.get("turn") or 0
+    where = f"problem {record['problem_id']}, {record['stage']}, turn {turn}"
+    standard = chat.way_out
+    if turn:
         raise UsageError(
-            f"problem {record['problem_id']}, {record['stage']}: its prompt is not {chat.name}'s chat "
-            f"template of one user message (and an optional system message), such as a multi-turn "
-            f"prompt; pass the run's tokenizer with --tokenizer, or use --layout standard (the prompt "
-            f"as text)"
+            f"{where}: its prompt holds the conversation so far (it continues turn {turn - 1}), which the "
+            f"conversational layout cannot write as one user message; {standard}"
         )
-    return messages
+    if chat.run is not None:
+        raise UsageError(
+            f"{where}: its prompt is not {chat.name}'s chat template of one user message (and an optional system "
+            f"message); the run used {chat.run}: pass that with --tokenizer, or {standard}"
+        )
+    raise UsageError(
+        f"{where}: its prompt is not the run's chat template ({chat.name}) of one user message (and an optional "
+        f"system message): a row's own conversation, or a prompt the system built otherwise; {standard}"
+    )
 
 
 def response_messages(record: Record) -> list[dict[str, str]]:
