@@ -24,7 +24,10 @@ class Progress:
         """How long the runner's ticker waits before it next calls `advance` between groups."""
         return 1.0
 
-    def start(self, total: int | None) -> None: ...
+    def start(self, total: int | None, requests: int = 0) -> None:
+        """The run starts its work on `total` rows (None: unknown), `requests` made already (the start-up's
+        probes, which no rate counts)."""
+
     def advance(self, stats: RunStats, requests: ClientCounters) -> None: ...
     def stop(self) -> None: ...
 
@@ -48,13 +51,14 @@ class Rates:
 
     window_s: float = 60.0
     started: float = field(default_factory=lambda: time.monotonic())
+    requests: int = 0  # made before the start (the start-up's probes): no rate counts them
     _samples: deque[tuple[float, int, int]] = field(default_factory=deque)
 
     def add(self, groups: int, requests: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         samples = self._samples
         if not samples:
-            samples.append((self.started, 0, 0))
+            samples.append((self.started, 0, self.requests))
         samples.append((now, groups, requests))
         while len(samples) > 2 and samples[1][0] < now - self.window_s:
             samples.popleft()
@@ -74,6 +78,9 @@ class Rates:
     def requests_per_s(self) -> float:
         span, _, requests = self._span()
         return requests / span if span > 0 else 0.0
+
+    def elapsed_s(self, now: float | None = None) -> float:
+        return (time.monotonic() if now is None else now) - self.started
 
     def eta_s(self, total: int | None, done: int) -> float | None:
         rate = self.groups_per_s
@@ -100,6 +107,11 @@ def _ratio(value: float | None) -> str:
 
 def counts(stats: RunStats, requests: ClientCounters) -> str:
     """Calls in flight and waiting, the running reward and accuracy, and each kind of failure by its name."""
+    return "; ".join(count_parts(stats, requests))
+
+
+def count_parts(stats: RunStats, requests: ClientCounters) -> list[str]:
+    """`counts` as its phrases, for a renderer that breaks lines between them."""
     report = stats.report()
     parts = [
         f"in flight {requests.in_flight}, queued {requests.queued}",
@@ -112,14 +124,21 @@ def counts(stats: RunStats, requests: ClientCounters) -> str:
         parts.append(f"calls replayed {stats.calls_replayed}")
     if stats.reward_timeouts or stats.reward_errors:
         parts.append(f"reward timeouts {stats.reward_timeouts}, errors {stats.reward_errors}")
-    return "; ".join(parts)
+    return parts
 
 
-def done_line(stats: RunStats, requests: ClientCounters, total: int | None, rates: Rates) -> str:
-    """`groups 120/315 (38%), 1.9 groups/s, 52.1 requests/s, ETA 1m43s`."""
+def rates_line(rates: Rates) -> str:
+    """`1.90 groups/s, 52.1 requests/s`."""
+    return f"{rates.groups_per_s:.2f} groups/s, {rates.requests_per_s:.1f} requests/s"
+
+
+def done_line(
+    stats: RunStats, requests: ClientCounters, total: int | None, rates: Rates, now: float | None = None
+) -> str:
+    """`groups 120/315 (38%), 1.90 groups/s, 52.1 requests/s, ETA 1m43s, elapsed 1m03s`."""
     done = stats.groups_settled
     share = f" ({100 * done / total:.0f}%)" if total else ""
     return (
-        f"groups {done}/{total if total is not None else '?'}{share}, {rates.groups_per_s:.2f} groups/s, "
-        f"{rates.requests_per_s:.1f} requests/s, ETA {duration(rates.eta_s(total, done))}"
+        f"groups {done}/{total if total is not None else '?'}{share}, {rates_line(rates)}, "
+        f"ETA {duration(rates.eta_s(total, done))}, elapsed {duration(rates.elapsed_s(now))}"
     )

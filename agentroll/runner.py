@@ -46,6 +46,8 @@ class RunResult:
     committed: bool = False  # the folder's manifest says complete: true (closed so)
     notes: list[str] = field(default_factory=list)  # lines the summary ends with (said as warnings too)
     failures: Counter[str] = field(default_factory=Counter)  # why groups were not written: reason -> groups
+    startup_s: float = 0.0  # until the first row to run was in hand (servers, tokenizer, folder, done rows)
+    startup_requests: int = 0  # made by then (the servers' probes)
 
     @property
     def missing_groups(self) -> int:
@@ -92,6 +94,9 @@ class Runner:
         self.first: Problem | None = None  # the input's first row, when checked before the folder is taken
         self.rows_seen = 0  # rows in the input, of any slice, valid or not
         self.target_reached = False
+        self._started = time.monotonic()
+        self._begun = False  # progress has started: the first row to run is in hand, or the input is done
+        self._ticker: asyncio.Task[None] | None = None
 
     @property
     def stats(self) -> RunStats:
@@ -135,10 +140,8 @@ class Runner:
                     replay,
                 )
             self.result = result = RunResult(self.stats, gen.counters, 0.0, gen.model, opts.output)
-            ticker: asyncio.Task[None] | None = None
+            self._started = started
             try:
-                self.progress.start(None if opts.partition else self._total())
-                ticker = asyncio.create_task(self._tick())
                 rows = self._todo(done, writer, checked)
                 if self._reached(writer):
                     log.info(
@@ -157,10 +160,11 @@ class Runner:
                 self._every_row_invalid()
                 result.complete = result.missing_groups == 0
             finally:
-                if ticker is not None:
-                    ticker.cancel()
+                self._begin(tick=False)
+                if self._ticker is not None:
+                    self._ticker.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
-                        await ticker
+                        await self._ticker
                 self.progress.finish(self.stats, self.generator.counters)
                 result.wall_s = time.monotonic() - started
                 writer.run_info = {
@@ -188,6 +192,22 @@ class Runner:
             return None
         total = sum(c for c in counts if c is not None)
         return min(total, opts.limit) if opts.limit is not None else total
+
+    def _begin(self, tick: bool = True) -> None:
+        """Progress starts once the rows already on disk at the input's head are skipped (a resume's first line
+        says `groups 10/120`, not 0) and the first row to run is in hand, or the input is done; its rates leave
+        out the start-up's requests, and so does the summary's (`RunResult.startup_s`)."""
+        result = self.result
+        if self._begun or result is None:
+            return
+        self._begun = True
+        opts = self.run_options
+        result.startup_s = time.monotonic() - self._started
+        result.startup_requests = self.generator.counters.requests
+        self.progress.start(None if opts.partition else self._total(), result.startup_requests)
+        self.progress.advance(self.stats, self.generator.counters)
+        if tick:
+            self._ticker = asyncio.create_task(self._tick())
 
     async def _tick(self) -> None:
         """Progress from the start, and between groups: a bar that moves, a log line that comes."""
@@ -346,6 +366,7 @@ class Runner:
                 continue
             if isinstance(writer, ShardWriter) and opts.consumer is not None:
                 await self._wait_for_consumer(writer, opts.consumer, opts.max_ahead or 0)
+            self._begin()
             yield problem
 
     async def _wait_for_consumer(self, writer: ShardWriter, name: str, most: int) -> None:

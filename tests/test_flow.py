@@ -254,6 +254,7 @@ def test_log_lines_say_done_total_rates_and_eta_from_start_to_end(caplog, clock)
     lines = LogLines(every_s=10.0)
     with caplog.at_level(logging.INFO, logger="agentroll"):
         lines.start(40)
+        lines.advance(RunStats(), ClientCounters())  # the runner's, at once
         for step in range(1, 5):
             clock[0] += 5.0
             lines.advance(*figures(2 * step))
@@ -279,8 +280,9 @@ def test_the_terminal_bar_shows_rates_eta_calls_and_named_failures(monkeypatch):
         "groups",
         "9/40",
         "groups/s",
-        "req/s",
+        "requests/s",
         "ETA",
+        "elapsed",
         "in flight 7, queued 3",
         "groups failed 1",
         "calls failed 2",
@@ -584,8 +586,10 @@ def test_the_last_log_line_has_the_ends_figures_once(caplog, clock):
     lines = LogLines(every_s=10.0)
     with caplog.at_level(logging.INFO, logger="agentroll"):
         lines.start(40)
+        lines.advance(RunStats(problems_skipped_done=30), ClientCounters())  # the runner's: the first line
         clock[0] += 0.5  # a resume that found every group done ended before its first tick
         lines.finish(RunStats(problems_skipped_done=40), ClientCounters())
+        lines.finish(RunStats(problems_skipped_done=40), ClientCounters())  # said once
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2 and said[-1].startswith("progress: groups 40/40 (100%)"), said
 

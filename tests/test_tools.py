@@ -916,7 +916,7 @@ def test_stats_of_another_system_follow_its_stages(tmp_path):
     folder = synthetic.critique_revise(tmp_path / "cr", frozen_critic=True)
     data = stats(folder)
     assert data["system"]["name"] == "critique-revise" and data["system"]["stages"] == ["solver", "critic", "reviser"]
-    labels = ["solver", "majority vote", "best of N", "critic", "reviser", "system"]
+    labels = ["solver", "critic", "reviser", "system"]  # one solver per execution: no vote, no best of N
     assert list(data["system"]["labels"].values()) == labels
     section = data["all"]
     assert list(section["stages"]) == ["solver", "critic", "reviser"]

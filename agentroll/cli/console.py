@@ -109,6 +109,28 @@ def out() -> Terminal:
     return Terminal(width=columns(sys.stdout.isatty(), 200), markup=False, emoji=False, highlight=False)
 
 
+def packed(phrases: list[str], width: int, indent: str = "  ") -> str:
+    """Phrases joined by "; " on lines of at most `width` columns, broken only between two phrases or after a
+    ", " inside one (a figure never parts from its name), each line after the first indented. A phrase wider
+    than a line stays whole: the console folds it at a space."""
+    pieces = [piece for phrase in phrases for piece in _pieces(phrase)]
+    lines: list[str] = []
+    line = ""
+    for at, piece in enumerate(pieces):
+        text = piece + ("" if at == len(pieces) - 1 or piece.endswith(",") else ";")
+        if line and len(line) + 1 + len(text) > width:
+            lines.append(line)
+            line = indent + text
+        else:
+            line = f"{line} {text}" if line else text
+    return "\n".join([*lines, line])
+
+
+def _pieces(phrase: str) -> list[str]:
+    parts = phrase.split(", ")
+    return [part + ("," if i < len(parts) - 1 else "") for i, part in enumerate(parts)]
+
+
 def error(message: str) -> None:
     line = Text("error: ", style="red")
     line.append(message)

@@ -8,48 +8,51 @@ from collections.abc import Callable
 
 from rich.console import Group as RenderGroup
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
 
 from ..client import ClientCounters
 from ..progress import Progress as ProgressHook
-from ..progress import Rates, counts, done_line, duration, worked
+from ..progress import Rates, count_parts, counts, done_line, duration, rates_line, worked
 from ..stats import RunStats
-from .console import err, log
+from .console import err, log, packed
 
 
 class RichBar(ProgressHook):
     """On a terminal: a bar of groups settled (written, filtered, failed, invalid or already done) out of the rows
-    to read, with rates and ETA, and under it the calls in flight, the running reward and the failures."""
+    to read, with the ETA and the time elapsed, and under it the rates, the calls in flight, the running reward
+    and the failures, broken between phrases to the terminal's width (never inside one)."""
 
     interval_s = 0.5
 
     def __init__(self) -> None:
         self.bar = Progress(
             TextColumn("groups"),
-            BarColumn(),
+            BarColumn(bar_width=None),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[rates]}", markup=False),
-            TimeElapsedColumn(),
+            TextColumn("{task.fields[times]}", markup=False),
             console=err,
+            expand=True,
         )
-        self.task = self.bar.add_task("gen", total=None, rates="")
+        self.task = self.bar.add_task("gen", total=None, times="")
         self.status = Text("")
         self.live = Live(RenderGroup(self.bar, self.status), console=err, transient=True, refresh_per_second=2)
         self.rates = Rates()
         self.total: int | None = None
 
-    def start(self, total: int | None) -> None:
+    def start(self, total: int | None, requests: int = 0) -> None:
         self.total = total
+        self.rates = Rates(requests=requests)
         self.bar.update(self.task, total=total)
         self.live.start()
 
     def advance(self, stats: RunStats, requests: ClientCounters) -> None:
         self.rates.add(worked(stats), requests.requests)
         eta = duration(self.rates.eta_s(self.total, stats.groups_settled))
-        rates = f"{self.rates.groups_per_s:.2f} groups/s  {self.rates.requests_per_s:.1f} req/s  ETA {eta}"
-        self.bar.update(self.task, completed=stats.groups_settled, rates=rates)
-        self.status.plain = counts(stats, requests)
+        self.bar.update(
+            self.task, completed=stats.groups_settled, times=f"ETA {eta}, elapsed {duration(self.rates.elapsed_s())}"
+        )
+        self.status.plain = packed([rates_line(self.rates), *count_parts(stats, requests)], err.width)
 
     def stop(self) -> None:
         self.live.stop()
@@ -69,15 +72,17 @@ class LogLines(ProgressHook):
         self.rates = Rates(started=self.clock())
         self.total: int | None = None
         self.seen: tuple[RunStats, ClientCounters] | None = None
+        self.said: str | None = None  # the last line said
 
     @property
     def interval_s(self) -> float:
         return max(0.01, min(1.0, self.due - self.EARLY_S - self.clock()))
 
-    def start(self, total: int | None) -> None:
+    def start(self, total: int | None, requests: int = 0) -> None:
+        """The first line comes with the first `advance` (the runner's, at once: with the groups a resume
+        found on disk already)."""
         self.total = total
-        self.rates = Rates(started=self.clock())
-        self.advance(RunStats(), ClientCounters())
+        self.rates = Rates(started=self.clock(), requests=requests)
 
     def advance(self, stats: RunStats, requests: ClientCounters) -> None:
         self.seen = (stats, requests)
@@ -86,18 +91,25 @@ class LogLines(ProgressHook):
         if now >= self.due - self.EARLY_S:
             self._say()
 
-    def _say(self) -> None:
+    def _line(self) -> str:
         assert self.seen is not None
-        self.due = self.clock() + self.every_s
         stats, requests = self.seen
-        log.info("progress: %s; %s", done_line(stats, requests, self.total, self.rates), counts(stats, requests))
+        return f"{done_line(stats, requests, self.total, self.rates, self.clock())}; {counts(stats, requests)}"
+
+    def _say(self, line: str | None = None) -> None:
+        self.due = self.clock() + self.every_s
+        self.said = line or self._line()
+        log.info("progress: %s", self.said)
 
     def stop(self) -> None:
         if self.seen is not None:
             self._say()
 
     def finish(self, stats: RunStats, requests: ClientCounters) -> None:
-        """The last line, with the end's figures (one line: `advance` could say one just before)."""
+        """The last line, with the end's figures; not twice when the line just said has them (a resume with
+        every group done says its first line and ends)."""
         self.seen = (stats, requests)
         self.rates.add(worked(stats), requests.requests, self.clock())
-        self._say()
+        line = self._line()
+        if line != self.said:
+            self._say(line)

@@ -1,13 +1,17 @@
-"""The summary a run ends with, on stderr: per stage, then the run's figures. Figures are folded, never cut."""
+"""The summary a run ends with, on stderr: a table of the stages (a row per figure, a column per stage, as `stats`
+draws it, so that it fits 80 columns), then the run's figures in lines broken between phrases, never inside one.
+What the figures count is said where it is not what `stats` counts (groups left out by the uniform filter)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from rich.table import Table
 from rich.text import Text
 
 from ..runner import RunResult
-from ..stats import RunStats
-from .console import err
+from ..stats import RunStats, StageStats
+from .console import err, packed
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -20,45 +24,76 @@ def figures(stats: RunStats) -> str:
     return ", ".join(f"{f.label} {fmt(stats.figure(f))}" for f in stats.report_figures())
 
 
-def table(title: str, columns: list[str]) -> Table:
-    """A table whose cells fold onto more lines when the terminal is narrow: a figure is never cut short."""
-    out = Table(title=Text(title), show_header=True)
-    for i, column in enumerate(columns):
-        out.add_column(Text(column), justify="left" if i == 0 else "right", overflow="fold")
-    return out
+ROWS: tuple[tuple[str, Callable[[StageStats], str]], ...] = (
+    ("samples", lambda st: str(st.samples)),
+    ("mean raw reward", lambda st: fmt(st.mean_raw_reward)),
+    ("truncated", lambda st: str(st.truncated)),
+    ("tokens (prompt/response)", lambda st: f"{st.prompt_tokens}/{st.response_tokens}"),
+    ("calls failed", lambda st: str(st.failed_calls)),
+    ("calls skipped (no room)", lambda st: str(st.skipped_calls)),
+)
+
+
+def stage_table(result: RunResult) -> Table:
+    """A row per figure, a column per stage; a caption when the figures count groups that were not written."""
+    s = result.stats
+    table = Table(
+        title=Text(f"agentroll generate: {result.model} -> {result.output}"),
+        caption=_counted(s),
+        caption_justify="left",
+    )
+    table.add_column(Text("stage"), overflow="fold")
+    for name in s.stages:
+        table.add_column(Text(name), justify="right", overflow="fold")
+    for label, cell in ROWS:
+        table.add_row(Text(label), *(Text(cell(st)) for st in s.stages.values()))
+    return table
+
+
+def _counted(s: RunStats) -> Text | None:
+    """Under --filter-uniform-groups the run's figures count every group it generated; `stats` and the folder
+    hold only those written: said, with both numbers."""
+    if not s.groups_filtered:
+        return None
+    made = s.groups_written + s.groups_filtered
+    return Text(
+        f"The table and the accuracies count all {made} groups generated: {s.groups_written} written, "
+        f"{s.groups_filtered} left out as uniform (--filter-uniform-groups); agentroll stats counts the "
+        f"{s.groups_written} written."
+    )
+
+
+def lines(result: RunResult) -> list[list[str]]:
+    """The summary's lines below the table, each as its phrases."""
+    s, r = result.stats, result.requests
+    d = s.to_dict()
+    working = result.wall_s - result.startup_s
+    rate = (r.requests - result.startup_requests) / working if working > 0 else 0.0
+    generated = " generated" if s.groups_filtered else ""
+    out = [
+        [
+            f"problems {s.problems} (already done {s.problems_skipped_done})",
+            f"executions{generated} {s.executions}, records written {s.records_written}, invalid rows {s.invalid_rows}",
+        ],
+        [f"accuracy{' over the groups generated' if generated else ''}: {figures(s)}"],
+        [
+            f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}, "
+            f"missing {result.missing_groups}",
+            f"reward timeouts {s.reward_timeouts}, errors {s.reward_errors}, refused values {s.reward_invalid}",
+        ],
+        [
+            f"truncation rate {fmt(d['truncation_rate'])}",
+            f"requests {r.requests}, retries {r.retries}, failures {r.failures}",
+            f"calls replayed from the journal {s.calls_replayed}, peak in flight {r.peak_in_flight}",
+            f"wall {result.wall_s:.1f}s (start-up {result.startup_s:.1f}s), {rate:.1f} requests/s after it",
+        ],
+    ]
+    if r.concurrency:
+        out.append(["concurrency (auto, settled): " + ", ".join(f"{u} {n}" for u, n in r.concurrency.items())])
+    return out + [[note] for note in result.notes]
 
 
 def print_summary(result: RunResult) -> None:
-    s, r = result.stats, result.requests
-    stages = table(
-        f"agentroll generate: {result.model} -> {result.output}",
-        ["stage", "samples", "mean raw reward", "truncated", "tokens (prompt/response)", "failed", "skipped"],
-    )
-    for name, st in s.stages.items():
-        stages.add_row(
-            Text(name),
-            str(st.samples),
-            fmt(st.mean_raw_reward),
-            str(st.truncated),
-            f"{st.prompt_tokens}/{st.response_tokens}",
-            str(st.failed_calls),
-            str(st.skipped_calls),
-        )
-    err.print(stages)
-    d = s.to_dict()
-    rate = r.requests / result.wall_s if result.wall_s else 0.0
-    lines = [
-        f"problems {s.problems} (already done {s.problems_skipped_done}), executions {s.executions}, "
-        f"records {s.records_written}, invalid rows {s.invalid_rows}",
-        f"accuracy: {figures(s)}",
-        f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}, "
-        f"missing {result.missing_groups}; reward timeouts {s.reward_timeouts}, errors {s.reward_errors}, "
-        f"refused values {s.reward_invalid}",
-        f"truncation rate {fmt(d['truncation_rate'])}, requests {r.requests}, retries {r.retries}, failures "
-        f"{r.failures}, calls replayed from the journal {s.calls_replayed}, peak in flight {r.peak_in_flight}, "
-        f"wall {result.wall_s:.1f}s, {rate:.1f} requests/s",
-    ]
-    if r.concurrency:
-        lines.append("concurrency (auto, settled): " + ", ".join(f"{u} {n}" for u, n in r.concurrency.items()))
-    lines += result.notes
-    err.print(Text("\n".join(lines)), soft_wrap=True)
+    err.print(stage_table(result))
+    text = "\n".join(packed(phrases, err.width) for phrases in lines(result))
+    err.print(Text(text))

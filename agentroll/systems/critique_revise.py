@@ -13,17 +13,16 @@ from typing import TYPE_CHECKING
 
 from ..schema import Sample
 from . import System
-from .vocabulary import Finding, outcome_is
-from .votes import Votes
+from .vocabulary import Finding, Vocabulary, outcome_is
 
 if TYPE_CHECKING:
     from ..context import Context
     from ..rescoring import Rescoring
 
 
-class CritiqueReviseWords(Votes):
-    """Majority vote and best of N over the solver; the outcome is the reviser's raw reward (the solver's when
-    no room was left to revise)."""
+class CritiqueReviseWords(Vocabulary):
+    """Each stage's accuracy and the system's (one solver per execution: no majority vote nor best of N); the
+    outcome is the reviser's raw reward (the solver's when no room was left to revise)."""
 
     def check(self, samples: list[Sample]) -> Iterable[Finding]:
         last = next((s for s in samples if s.stage == "reviser"), samples[0])

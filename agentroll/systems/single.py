@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING
 
 from ..schema import Sample
 from . import System
-from .vocabulary import Finding, outcome_is
-from .votes import Votes
+from .vocabulary import Finding, Vocabulary, outcome_is
 
 if TYPE_CHECKING:
     from ..context import Context
 
 
-class SingleWords(Votes):
-    """Majority vote and best of N (over one solver: the solver's own accuracy, for comparison across systems);
-    an execution is one record, its outcome that record's raw reward."""
+class SingleWords(Vocabulary):
+    """The solver's accuracy and the system's (no majority vote nor best of N: with one solver per execution they
+    would only repeat the solver's accuracy, and read as best of the K samples, which `stats`' pass@k is); an
+    execution is one record, its outcome that record's raw reward."""
 
     def check(self, samples: list[Sample]) -> Iterable[Finding]:
         if len(samples) != 1:

@@ -2,8 +2,9 @@
 
 `ToolUse` (systems/tool_use.py) declares `vocabulary = ToolUseWords()`; its words live here, apart from how it runs.
 
-- figures: the solver's accuracy, majority vote and best of N over the conversations (each its last turn: a
-  conversation of many turns counts once), and the share of the calls written that ran fine (`tool_calls_ok`).
+- figures: the solver's accuracy over the conversations (each its last turn: a conversation of many turns
+  counts once; one conversation per execution, so no majority vote nor best of N), and the share of the calls
+  written that ran fine (`tool_calls_ok`).
   The run's own call counters (`tool_calls`, `tool_calls_failed`, ...: every call made, in written groups or
   not) are counted by the system as it runs, not from the records;
 - checks: each `tool_calls` entry has exactly its fields (`id`, a string, absent in older records) and a known
@@ -18,8 +19,8 @@ import math
 from collections.abc import Iterable, Mapping
 
 from ..schema import Sample
-from .vocabulary import Figure, Finding, Label, outcome_is
-from .votes import SOLVER_FIGURES, Votes, answers
+from .vocabulary import Figure, Finding, Label, Vocabulary, outcome_is
+from .votes import answers
 
 TOOL_CALL_KEYS = frozenset({"name", "arguments", "result", "duration_s", "error", "status"})
 # and the call's "id" (the next turn's tool_call_id), a string: absent in records written before it was kept
@@ -38,8 +39,8 @@ CALLS_OK = Figure("tool_calls_ok", "tool calls ok", "written_tool_calls_ok", "wr
 CONVERSATIONS = Figure("solver_accuracy", "solver", "solver_answers_correct", "solver_answers", stage="solver")
 
 
-class ToolUseWords(Votes):
-    figures = (CONVERSATIONS, *SOLVER_FIGURES[1:], CALLS_OK)
+class ToolUseWords(Vocabulary):
+    figures = (CONVERSATIONS, CALLS_OK)
     counters = ("tool_calls", *COUNTERS.values())
 
     def tally(self, samples: list[Sample]) -> Mapping[str, float]:
@@ -47,7 +48,6 @@ class ToolUseWords(Votes):
         ok = sum(isinstance(c, dict) and c.get("status") == "ok" for c in calls)
         final = answers(samples)
         return {
-            **super().tally(samples),
             "solver_answers": len(final),
             "solver_answers_correct": sum(s.raw_reward == 1.0 for s in final),
             "written_tool_calls": len(calls),

@@ -1,6 +1,7 @@
-"""Majority vote and best of N over an execution's `solver` samples: the figures of the built-in systems that
-sample solvers (a `Vocabulary` to extend), against which the rest of a system earns its cost. A solver that
-goes on over several turns (tool use) is one sample: its last turn (`answers`)."""
+"""Majority vote and best of N over an execution's `solver` samples: the figures of a system that samples several
+solvers per execution (three-stage; a `Vocabulary` to extend), against which the rest of the system earns its
+cost. A system with one solver per execution does not report them: they would repeat the solver's accuracy. A
+solver that goes on over several turns (tool use) is one sample: its last turn (`answers`)."""
 
 from __future__ import annotations
 
