@@ -572,7 +572,7 @@ def test_the_priority_is_sent_only_when_every_endpoint_takes_it(problems, tmp_pa
     try:
         code, output = generate(
             str(problems), "-o", str(tmp_path / "out"), "--base-url", f"{takes.url},{refuses.url}", "--tokenizer",
-            TOKENIZER, "--reward", "exact", "--num-parallel", "2",
+            TOKENIZER, "--reward", "exact", "--num-parallel", "2", "--verbose",
         )  # fmt: skip
     finally:
         takes.stop()

@@ -5,13 +5,15 @@ shown."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
 
-from .conftest import TOKENIZER, run_cli
+from .conftest import TOKENIZER, run_cli, user_env
 
 
 def closed_port() -> int:
@@ -148,3 +150,47 @@ def test_convert_names_the_turn_a_conversational_layout_cannot_write_and_the_way
     dpo = run_cli("convert", str(out), "--to", "nemo-rl-dpo", "-o", str(tmp_path / "nemo"))
     if dpo.returncode:  # a format without --layout standard says its own way out
         assert "use --to dpo --layout standard" in last_line(dpo.stderr)
+
+
+HIDE_TORCH = "import sys\nsys.modules['torch'] = None  # a machine without PyTorch, as `pip install agentroll` makes\n"
+BANNER = "PyTorch was not found"
+
+
+def as_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`agentroll ...` as the installed command starts (`agentroll.cli.main`), on a machine without PyTorch."""
+    probe = f"{HIDE_TORCH}sys.argv = ['agentroll', *sys.argv[1:]]\nfrom agentroll.cli import main\nmain()\n"
+    return subprocess.run(
+        [sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=timeout, env=user_env()
+    )
+
+
+def test_serve_sim_says_no_transformers_banner_on_a_machine_without_torch():
+    probe = (
+        f"{HIDE_TORCH}sys.argv = ['agentroll', 'serve-sim', '--port', '0']\nfrom agentroll.cli import main\nmain()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env()
+    ) as proc:
+        try:
+            assert proc.stdout is not None and "listening on http://127.0.0.1:" in proc.stdout.readline()
+        finally:
+            proc.terminate()
+        _, stderr = proc.communicate(timeout=60)
+    assert BANNER not in stderr, stderr
+
+
+def test_a_run_is_quiet_about_what_needs_no_action_and_verbose_says_it(sim, problems, tmp_path):
+    tools = tmp_path / "my_tools.py"
+    doc = '    """Look it up.\n\n    Args:\n        query: what\n    """\n'
+    tools.write_text(f"def search(query: str) -> str:\n{doc}    return query\n")
+    args = [
+        "generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER,
+        "--system", "tool-use", "--system-option", f"tools={tools}:search", "--limit", "2", "--reward", "exact",
+    ]  # fmt: skip
+    plain = as_command(*args)
+    assert plain.returncode == 0, plain.stderr
+    assert BANNER not in plain.stderr and "does not take a request priority" not in plain.stderr
+    assert [line for line in plain.stderr.splitlines() if " INFO " in line and "progress:" not in line] == []
+    verbose = as_command(*args, "--verbose", "--overwrite")
+    assert verbose.returncode == 0, verbose.stderr
+    assert BANNER in verbose.stderr and "does not take a request priority" in verbose.stderr

@@ -36,7 +36,10 @@ def main() -> Any:
     from ..heap import own
 
     own()  # this process is the command's: its collector is set before the imports (agentroll.heap)
+    from .console import hush_transformers
     from .root import MODULES, build
+
+    hush_transformers()
 
     module = COMMANDS.get(sys.argv[1] if len(sys.argv) > 1 else "")
     return build((module,) if module else MODULES)()

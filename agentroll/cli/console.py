@@ -189,9 +189,40 @@ class Repeats(logging.Filter):
 
 
 REPEATS = Repeats()
+DETAIL = {"detail": True}  # `log.info(..., extra=DETAIL)`: a line that needs no action, said with --verbose
 
 
-def setup_logging(quiet: bool, debug: bool) -> Callable[[], None]:
+class Details(logging.Filter):
+    """Lines marked `DETAIL` are said only with --verbose (or --debug): a run's log keeps to what asks for a
+    look."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "detail", False)
+
+
+TRANSFORMERS = "TRANSFORMERS_VERBOSITY"
+_hushed: list[bool] = []  # set when the command, not the user, silenced transformers' notices
+
+
+def hush_transformers() -> None:
+    """transformers' notices (its "PyTorch was not found" banner at import, from the simulator, a tokenizer or a
+    user's tool file) are not ours to say: off for the command, unless the user set `TRANSFORMERS_VERBOSITY`."""
+    if TRANSFORMERS not in os.environ:
+        os.environ[TRANSFORMERS] = "error"
+        _hushed.append(True)
+
+
+def unhush_transformers() -> None:
+    """--verbose: transformers says what it would say by itself (warnings)."""
+    if _hushed:
+        os.environ[TRANSFORMERS] = "warning"
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_warning()
+
+
+def setup_logging(quiet: bool, debug: bool, verbose: bool = False) -> Callable[[], None]:
     """Our handler on the `agentroll` logger; returns what puts the caller's logging back (in-process runs)."""
     before = log.handlers[:], log.level, log.propagate
     level = logging.DEBUG if debug else logging.ERROR if quiet else logging.INFO
@@ -204,6 +235,10 @@ def setup_logging(quiet: bool, debug: bool) -> Callable[[], None]:
         handler.setFormatter(logging.Formatter("%(asctime)s agentroll %(levelname)s %(message)s"))
     REPEATS.counts.clear()
     handler.addFilter(REPEATS)
+    if verbose or debug:
+        unhush_transformers()
+    else:
+        handler.addFilter(Details())
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False

@@ -38,6 +38,7 @@ PANELS = {
         "consumer",
         "max_ahead",
         "quiet",
+        "verbose",
         "debug",
     ),
     "Servers": (
@@ -159,13 +160,17 @@ def build() -> Any:
         for spec in dataclass_fields(cls):
             if spec.name != "input":
                 params.append(_parameter(spec.name, spec, hints[spec.name], default_of(spec)))
-    params += [flag("quiet", "-q", "No progress, no summary."), flag("debug", None, "Tracebacks and debug logs.")]
+    params += [
+        flag("quiet", "-q", "No progress, no summary."),
+        flag("verbose", "-v", "Also the details that need no action (and transformers' own notices)."),
+        flag("debug", None, "Tracebacks and debug logs."),
+    ]
     order = [*PANELS, OTHER]  # the panels in their order; within one, the options as declared
     params[1:] = sorted(params[1:], key=lambda p: order.index(PANEL_OF.get(p.name, OTHER)))
 
     def generate(**kwargs: Any) -> None:
         """Run the agent system (three-stage by default) on every prompt; write rewarded, token-exact rollouts."""
-        quiet, debug = kwargs.pop("quiet"), kwargs.pop("debug")
+        quiet, debug, verbose = kwargs.pop("quiet"), kwargs.pop("debug"), kwargs.pop("verbose")
         run = {k: kwargs.pop(k) for k in RUN_OPTION_NAMES}
         if run["input"] is None:
             if not run["mix"]:
@@ -175,7 +180,7 @@ def build() -> Any:
         if run["mix"] is None:
             run["mix"] = []
         options = {k: v for k, v in kwargs.items() if v is not None}
-        raise typer.Exit(run_generate(run, options, quiet, debug))
+        raise typer.Exit(run_generate(run, options, quiet, debug, verbose=verbose))
 
     generate.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     generate.__annotations__ = {p.name: p.annotation for p in params}
@@ -243,9 +248,10 @@ def run_generate(
     debug: bool,
     progress: ProgressHook | None = None,
     demo: bool = False,
+    verbose: bool = False,
 ) -> int:
     """The exit code of a whole run (README: exit codes)."""
-    restore = setup_logging(quiet, debug)
+    restore = setup_logging(quiet, debug, verbose)
     folds = Folds()
     for handler in log.handlers:
         handler.addFilter(folds)

@@ -63,6 +63,7 @@ async def detect_priority(client: CompletionClient, model: str, token_ids: list[
                 "%s does not take a request priority (vllm serve --scheduling-policy priority): groups are "
                 "ordered by agentroll's own slots only",
                 endpoint.url,
+                extra={"detail": True},  # needs no action: said with --verbose (agentroll.cli.console.DETAIL)
             )
         return status == 200
 
