@@ -156,11 +156,16 @@ HIDE_TORCH = "import sys\nsys.modules['torch'] = None  # a machine without PyTor
 BANNER = "PyTorch was not found"
 
 
+def shell_env() -> dict[str, str]:
+    """A user's shell: no TRANSFORMERS_VERBOSITY (this test process may have set one by loading a tokenizer)."""
+    return {k: v for k, v in user_env().items() if k != "TRANSFORMERS_VERBOSITY"}
+
+
 def as_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`agentroll ...` as the installed command starts (`agentroll.cli.main`), on a machine without PyTorch."""
     probe = f"{HIDE_TORCH}sys.argv = ['agentroll', *sys.argv[1:]]\nfrom agentroll.cli import main\nmain()\n"
     return subprocess.run(
-        [sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=timeout, env=user_env()
+        [sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=timeout, env=shell_env()
     )
 
 
@@ -169,7 +174,7 @@ def test_serve_sim_says_no_transformers_banner_on_a_machine_without_torch():
         f"{HIDE_TORCH}sys.argv = ['agentroll', 'serve-sim', '--port', '0']\nfrom agentroll.cli import main\nmain()\n"
     )
     with subprocess.Popen(
-        [sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env()
+        [sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=shell_env()
     ) as proc:
         try:
             assert proc.stdout is not None and "listening on http://127.0.0.1:" in proc.stdout.readline()
