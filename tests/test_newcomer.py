@@ -199,3 +199,19 @@ def test_a_run_is_quiet_about_what_needs_no_action_and_verbose_says_it(sim, prob
     verbose = as_command(*args, "--verbose", "--overwrite")
     assert verbose.returncode == 0, verbose.stderr
     assert BANNER in verbose.stderr and "does not take a request priority" in verbose.stderr
+
+
+@pytest.mark.parametrize("answers", [False, True], ids=["no answers", "answers"])
+def test_serve_sim_says_at_start_that_without_answers_every_answer_is_graded_wrong(problems, answers):
+    args = ["serve-sim", "--port", "0", *(["--answers", str(problems)] if answers else [])]
+    probe = f"import sys\nsys.argv = ['agentroll', *{args!r}]\nfrom agentroll.cli import main\nmain()\n"
+    with subprocess.Popen(
+        [sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=shell_env()
+    ) as proc:
+        try:
+            assert proc.stdout is not None and "listening on" in proc.stdout.readline()
+        finally:
+            proc.terminate()
+        _, stderr = proc.communicate(timeout=60)
+    said = "no --answers: the simulated model knows no label, so every answer it writes is graded wrong"
+    assert (said in stderr) is not answers, stderr

@@ -163,7 +163,12 @@ def serve_sim(
     port: Annotated[int, opt("--port", help="Port to listen on (0: any free one).", metavar="PORT")] = 8000,
     host: Annotated[str, opt("--host", help="Address to listen on.", metavar="HOST")] = "127.0.0.1",
     answers: Annotated[
-        Path | None, opt("--answers", help="JSONL with prompt and label: the answer key.", metavar="FILE")
+        Path | None,
+        opt(
+            "--answers",
+            help="JSONL with prompt and label: the answer key (without it every answer is graded wrong).",
+            metavar="FILE",
+        ),
     ] = None,
     model: Annotated[str, opt("--model", help="The served model name.", metavar="NAME")] = "agentroll-sim",
     max_model_len: Annotated[int, opt("--max-model-len", help="Context length, as vLLM's flag.", metavar="N")] = 4096,
@@ -264,6 +269,16 @@ def serve_sim(
                 f"{host}:{port} is {'in use by another program' if taken else 'not available'} "
                 f"({exc.strerror or exc}): pass another --port, or 0 for any free one"
             ) from None
+        if answers is None:
+            err.print(
+                Text(
+                    "warning: no --answers: the simulated model knows no label, so every answer it writes is graded "
+                    "wrong (accuracy 0.000); pass --answers with the prompts' JSONL (prompt and label) to have it "
+                    f"answer right {Behavior().correct:.0%} of the time",
+                    style="yellow",
+                ),
+                soft_wrap=True,
+            )
         print(f"simulated vLLM server ({model}) listening on {url}", flush=True)
         await asyncio.Event().wait()
 
