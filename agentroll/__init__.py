@@ -19,11 +19,12 @@ if TYPE_CHECKING:
         InputError,
         OutputError,
         RewardError,
+        RunEnded,
         ServerError,
         TooManyFailures,
         UsageError,
     )
-    from .folder import read_groups, read_records
+    from .folder import read_groups, read_records, shard_paths
     from .generator import Generator
     from .group import Group
     from .options import GenerateOptions
@@ -43,6 +44,7 @@ _HOMES = {
             "InputError",
             "OutputError",
             "RewardError",
+            "RunEnded",
             "ServerError",
             "TooManyFailures",
             "UsageError",
@@ -51,6 +53,7 @@ _HOMES = {
     ),
     "read_groups": "folder",
     "read_records": "folder",
+    "shard_paths": "folder",
     "Generator": "generator",
     "Group": "group",
     "GenerateOptions": "options",
@@ -89,6 +92,7 @@ __all__ = [
     "InputError",
     "OutputError",
     "RewardError",
+    "RunEnded",
     "Sample",
     "ServerError",
     "System",
@@ -99,4 +103,5 @@ __all__ = [
     "read_groups",
     "read_records",
     "rescore",
+    "shard_paths",
 ]

@@ -37,6 +37,7 @@ from .folder import job as folder_job
 from .folder.layout import Layout
 from .folder.manifest import Manifest
 from .folder.merge import merge
+from .inputs import rows_to_read
 from .options import GenerateOptions
 from .partitions import (
     RAY_RETRIES,
@@ -53,7 +54,7 @@ from .partitions import (
 )
 from .progress import Progress
 from .run_options import RunOptions
-from .runner import RunResult, _count_rows
+from .runner import RunResult
 from .stats import RunStats
 
 log = logging.getLogger("agentroll")
@@ -209,7 +210,7 @@ class RayJob:
             remote.remote({**spec, "index": t.index, "run": t.run, "generate": t.generate}, board): t.index
             for t in tasks
         }
-        self.progress.start(_count_rows(opts.input, None))
+        self.progress.start(rows_to_read([opts.input]))
         try:
             live = self._wait(board, outcomes, None if nodes else time.monotonic())
         finally:

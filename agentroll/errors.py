@@ -10,7 +10,9 @@
     ├── IncompleteRun         exit 8  the input was read to its end, but some groups could not be produced
     ├── ClusterError          exit 9  --ray: the cluster is out of reach, or a partition's task was lost for good
     ├── AuditFailed           exit 10 `agentroll audit`: records out of tolerance, or with a fault (docs/audit.md)
-    └── PipeClosed            exit 141  `-o -` and the reader closed the pipe (as SIGPIPE would)
+    ├── PipeClosed            exit 141  `-o -` and the reader closed the pipe (as SIGPIPE would)
+    └── RunEnded              a follower's (`read_groups(follow=True)`): the run it follows ended for good
+                              without completing; `exit_code` is that run's
 
 Signals: 130 (SIGINT), 143 (SIGTERM). Exit 0 means every problem read has its whole group on disk, or was
 filtered or skipped as asked.
@@ -79,3 +81,13 @@ class AuditFailed(AgentrollError):
 
 class PipeClosed(AgentrollError):
     exit_code = 141
+
+
+class RunEnded(AgentrollError):
+    """`read_groups(follow=True)`: the run that writes the folder ended without completing (exit 8, 4, 7...), and
+    no process is writing it now; `exit_code` is that run's exit code. A run stopped by a signal (130, 143) or
+    killed is waited for: it is resumed, as a supervisor or a requeued job does."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -21,11 +22,11 @@ from typing import Any
 
 from . import heap
 from .client import ClientCounters
-from .errors import InputError, TooManyFailures, UsageError
+from .errors import AgentrollError, IncompleteRun, InputError, TooManyFailures, UsageError, first_line
 from .folder import Layout, ShardWriter, StdoutWriter, consumed
 from .generator import Generator
 from .group import Group
-from .inputs import Problem, aread_problems, count_rows, in_partition, source_name
+from .inputs import Problem, aread_problems, in_partition, rows_to_read, source_name
 from .inputs import check as check_input
 from .inputs.mix import amix, check_mix
 from .progress import Progress
@@ -65,18 +66,6 @@ class RunResult:
         )
 
 
-def _count_rows(path: str, limit: int | None) -> int | None:
-    """Rows in a regular file where counting is cheap (Parquet's footer, a JSONL of reasonable size), for the
-    progress bar; else the limit, or None (unknown)."""
-    try:
-        rows = count_rows(path)
-    except OSError as exc:
-        raise InputError(path, 0, None, f"cannot read: {exc.strerror or exc}") from exc
-    if rows is None:
-        return limit
-    return min(rows, limit) if limit is not None else rows
-
-
 class Runner:
     def __init__(
         self, run: RunOptions, generate: dict[str, Any], progress: Progress | None = None, demo: bool = False
@@ -96,6 +85,8 @@ class Runner:
         self.target_reached = False
         self._started = time.monotonic()
         self._begun = False  # progress has started: the first row to run is in hand, or the input is done
+        self._ended: BaseException | None = None  # what ended the run, if not its input's end
+        self.stopped_by: int | None = None  # the signal the command stops the run for (its exit: 128 + it)
         self._ticker: asyncio.Task[None] | None = None
 
     @property
@@ -159,6 +150,9 @@ class Runner:
                     self._short_of_target(writer, result)
                 self._every_row_invalid()
                 result.complete = result.missing_groups == 0
+            except BaseException as exc:
+                self._ended = exc
+                raise
             finally:
                 self._begin(tick=False)
                 if self._ticker is not None:
@@ -173,10 +167,30 @@ class Runner:
                     "wall_s": round(result.wall_s, 3),
                     "started_at": round(begun, 3),
                     "finished_at": round(time.time(), 3),
+                    "exit": self._exit(result),
                 }
                 writer.close(complete=result.complete)
                 result.committed = result.complete  # on disk: a signal from now on changes nothing
         return result
+
+    def _exit(self, result: RunResult) -> dict[str, Any]:
+        """How this run ended, for the manifest (`last_run.exit`): the exit code the command gives (None when a
+        caller cancelled it without a signal) and why. A follower ends on it (`read_groups(follow=True)`)."""
+        ended = self._ended
+        if ended is None:
+            if result.complete:
+                return {"code": 0, "reason": "complete"}
+            missing = f"{result.missing_groups} of {self.stats.problems} groups could not be produced"
+            return {"code": IncompleteRun.exit_code, "reason": missing}
+        if isinstance(ended, AgentrollError):
+            return {"code": ended.exit_code, "reason": first_line(ended)}
+        if self.stopped_by is not None:
+            return {"code": 128 + self.stopped_by, "reason": f"stopped by {signal.Signals(self.stopped_by).name}"}
+        if isinstance(ended, KeyboardInterrupt):
+            return {"code": 130, "reason": "stopped by SIGINT"}
+        if isinstance(ended, asyncio.CancelledError):
+            return {"code": None, "reason": "cancelled"}
+        return {"code": 1, "reason": f"{type(ended).__name__}: {first_line(ended)}"}
 
     def _named(self) -> str:
         opts = self.run_options
@@ -185,13 +199,7 @@ class Runner:
     def _total(self) -> int | None:
         """Rows to read, for the progress bar (None: not known cheaply)."""
         opts = self.run_options
-        if not opts.mix:
-            return _count_rows(opts.input, opts.limit)
-        counts = [_count_rows(s.path, None) for s in opts.sources()]
-        if any(c is None for c in counts):
-            return None
-        total = sum(c for c in counts if c is not None)
-        return min(total, opts.limit) if opts.limit is not None else total
+        return rows_to_read([s.path for s in opts.sources()] if opts.mix else [opts.input], opts.limit)
 
     def _begin(self, tick: bool = True) -> None:
         """Progress starts once the rows already on disk at the input's head are skipped (a resume's first line

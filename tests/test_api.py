@@ -35,6 +35,7 @@ PUBLIC = [
     "InputError",
     "OutputError",
     "RewardError",
+    "RunEnded",
     "Sample",
     "ServerError",
     "System",
@@ -45,6 +46,7 @@ PUBLIC = [
     "read_groups",
     "read_records",
     "rescore",
+    "shard_paths",
 ]
 
 

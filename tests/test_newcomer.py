@@ -4,6 +4,7 @@ shown."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -215,3 +216,60 @@ def test_serve_sim_says_at_start_that_without_answers_every_answer_is_graded_wro
         _, stderr = proc.communicate(timeout=60)
     said = "no --answers: the simulated model knows no label, so every answer it writes is graded wrong"
     assert (said in stderr) is not answers, stderr
+
+
+def test_a_follower_ends_naming_the_runs_exit_when_it_ended_for_good_and_waits_while_a_writer_holds_it(
+    tmp_path, problems
+):
+    from agentroll import RunEnded, read_groups
+    from agentroll.folder import Layout, Manifest
+    from agentroll.folder.lock import release, take
+
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.4), seed=3, record=False)
+    server.start()
+    out = tmp_path / "out"
+    try:
+        made = run_cli(
+            "generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
+            "--max-retries", "0", "--system", "single", "-q",
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert made.returncode == 8
+    read: list[str] = []
+    with pytest.raises(RunEnded) as ended:
+        for group in read_groups(out, follow=True, poll_s=0.05, timeout_s=60):
+            read.append(group.problem_id)
+    assert ended.value.exit_code == 8 and "ended with exit 8 (" in str(ended.value)
+    assert "groups could not be produced" in str(ended.value) and "run the same generate command again" in str(
+        ended.value
+    )
+    assert len(read) == Manifest.load(out).groups > 0  # every group on disk first
+    held = take(Layout(out).lock, "busy")  # a rerun has begun: its groups are to come
+    try:
+        with pytest.raises(TimeoutError):
+            list(read_groups(out, follow=True, poll_s=0.05, timeout_s=0.3))
+    finally:
+        release(held)
+
+
+def test_stats_says_a_folder_is_not_complete_and_how_its_run_ended(tmp_path, problems):
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.4), seed=3, record=False)
+    server.start()
+    out = tmp_path / "out"
+    try:
+        run_cli(
+            "generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
+            "--max-retries", "0", "--system", "single", "-q",
+        )  # fmt: skip
+    finally:
+        server.stop()
+    for args in ([], ["--json"]):
+        shown = run_cli("stats", str(out), *args)
+        assert shown.returncode == 0
+        said = shown.stderr.decode()
+        assert "warning: " in said and "the run is not complete: its last run ended with exit 8" in said, said
+    data = json.loads(run_cli("stats", str(out), "--json").stdout)
+    assert data["complete"] is False and "exit 8" in data["unfinished"]
+    checked = run_cli("validate", str(out))
+    assert b"its last run ended with exit 8" in checked.stdout

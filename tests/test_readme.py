@@ -1,6 +1,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -21,7 +23,10 @@ def test_the_readme_documents_every_generate_flag():
     assert missing == []
 
 
-def test_the_training_example_runs_on_a_real_folder(sim, problems, tmp_path):
+@pytest.mark.parametrize("made", ["run", "merged"])
+def test_the_training_example_runs_on_a_real_folder(sim, problems, tmp_path, made):
+    """As written, on a run's own folder and on a merged one made as the Slurm recipe makes it (no --copy: its
+    shards lie in the parts' folders)."""
     import os
     import re
     import subprocess
@@ -29,23 +34,20 @@ def test_the_training_example_runs_on_a_real_folder(sim, problems, tmp_path):
 
     from .conftest import TOKENIZER, run_cli
 
-    made = run_cli(
-        "generate",
-        str(problems),
-        "-o",
-        str(tmp_path / "out"),
-        "--base-url",
-        sim.url,
-        "--tokenizer",
-        TOKENIZER,
-        "--num-parallel",
-        "2",
-        "--reward",
-        "exact",
-        "--compression",
-        "zstd",
-    )
-    assert made.returncode == 0, made.stderr.decode()
+    args = ["--base-url", sim.url, "--tokenizer", TOKENIZER, "--num-parallel", "2", "--reward", "exact"]
+    args += ["--compression", "zstd"]
+    if made == "run":
+        done = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), *args)
+        assert done.returncode == 0, done.stderr.decode()
+    else:
+        for i in range(2):
+            part = run_cli(
+                "generate", str(problems), "-o", str(tmp_path / f"parts/part-{i}"), "--partition", f"{i}/2", *args
+            )
+            assert part.returncode == 0, part.stderr.decode()
+        merged = run_cli("merge", *(str(tmp_path / f"parts/part-{i}") for i in range(2)), "-o", str(tmp_path / "out"))
+        assert merged.returncode == 0, merged.stderr.decode()
+        assert not list((tmp_path / "out").glob("rollouts-*"))  # nothing to glob: the shards are the parts'
     section = ROOT.joinpath("README.md").read_text().split("## Training on the output", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
     check = "\nprint(len(rows))\n"
@@ -53,7 +55,7 @@ def test_the_training_example_runs_on_a_real_folder(sim, problems, tmp_path):
     ran = subprocess.run([sys.executable, "-c", code + check], cwd=tmp_path, env=env, capture_output=True, timeout=300)
     assert ran.returncode == 0, ran.stderr.decode()[-2000:]
     records = json.loads((tmp_path / "out" / "manifest.json").read_text())["records"]
-    assert ran.stdout.decode().split()[-1] == str(records)  # datasets read every record of the zstd shards
+    assert ran.stdout.decode().split()[-1] == str(records) != "0"  # datasets read every record of the zstd shards
     consumed = json.loads((tmp_path / "out" / ".agentroll" / "consumers" / "trainer").read_text())
     assert consumed["groups"] == 8  # the follower read all 8 groups and recorded it
 

@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 
+from agentroll.folder import read_groups
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
 
@@ -125,8 +126,12 @@ def test_stopped_mid_run_then_rerun_gives_every_execution_exactly_once(tmp_path,
             manifest = json.loads((out / "manifest.json").read_text())
             assert manifest["complete"] is False and manifest["records"] == len(read_records(out)) > 0
             assert not list(out.glob("*.partial"))
+            assert manifest["last_run"]["exit"] == {"code": 143, "reason": "stopped by SIGTERM"}
         else:
             assert proc.returncode == -signal.SIGKILL
+            assert "exit" not in json.loads((out / "manifest.json").read_text())["last_run"]  # killed: no word
+        with pytest.raises(TimeoutError):  # a follower waits for the resume (it would end on a run's own end)
+            list(read_groups(out, follow=True, poll_s=0.05, timeout_s=0.3))
         rerun = run_cli(*args)
         assert rerun.returncode == 0, rerun.stderr.decode()
         records = assert_exactly_once(out, 120, 1)
@@ -135,6 +140,7 @@ def test_stopped_mid_run_then_rerun_gives_every_execution_exactly_once(tmp_path,
         if after >= 60:  # by then executions were complete: the rerun does not redo them
             assert rerun_calls < len(records)
         assert json.loads((out / "manifest.json").read_text())["complete"] is True
+        assert json.loads((out / "manifest.json").read_text())["last_run"]["exit"] == {"code": 0, "reason": "complete"}
     finally:
         server.stop()
 

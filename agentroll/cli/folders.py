@@ -89,6 +89,10 @@ def stats(
     from ..tools.report import stats_table
 
     data = folder_tool(lambda: folder_stats(folder, by))
+    if data.get("unfinished"):  # on stderr, as validate and report say it: --json's stdout stays the data
+        err.print(
+            Text(f"warning: {folder}: {data['unfinished']}; the figures are of the groups on disk"), soft_wrap=True
+        )
     if json_:
         sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
     else:

@@ -211,6 +211,7 @@ async def _supervised(runner: Runner, interrupts: Interrupts, folds: Folds) -> N
     to_stdout = runner.run_options.output == "-"  # no folder: the groups still in flight are lost
 
     def first(signum: int) -> None:
+        runner.stopped_by = signum  # the manifest says how the run ended (a follower waits for a resume)
         log.warning(
             "%s: finishing up; %s (interrupt again to stop at once)",
             signal.Signals(signum).name,

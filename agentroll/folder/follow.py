@@ -6,7 +6,9 @@ its last whole group. It yields each group once as soon as it is committed, surv
 and restarted (a recovered shard is read again and its groups already yielded are skipped), starts over when
 the folder is overwritten (a new `folder_id`), and ends by itself once the manifest is final: the run is
 complete, or the folder is a merged view (`agentroll merge`; nothing ever completes one that was merged with
-`--allow-incomplete`: the follower reads the groups it lists and ends, and a new merge makes a new view). A
+`--allow-incomplete`: the follower reads the groups it lists and ends, and a new merge makes a new view). It
+ends with `RunEnded` (naming the run's exit) once the run ended without completing by itself (exit 8, 4, 7...:
+`last_run.exit`) and no process is writing the folder; a run stopped by a signal or killed is waited for. A
 final folder is what its manifest lists (nothing else beside it is read). A listed shard is checked as the plain
 reader checks it, as soon as it is read: its size, its routes sidecar, whole groups to its end, its group count;
 damage raises one `OutputError` line.
@@ -26,11 +28,12 @@ from typing import Any
 
 import orjson
 
-from ..errors import OutputError, UsageError
+from ..errors import OutputError, RunEnded, UsageError
 from ..group import Group
+from . import lock
 from .files import atomic_write
 from .layout import PARTIAL, Layout, is_zstd, routes_name, routes_path
-from .manifest import Manifest, ShardEntry
+from .manifest import RESUMED, Manifest, ShardEntry, run_exit
 from .reader import ShardFile, as_group, check_counts, check_size, damaged, finished_groups, missing
 from .routes import RoutesUnavailable, Sidecar
 from .shards import shard_groups
@@ -46,7 +49,8 @@ def read_groups(
 ) -> Iterator[Group]:
     """Whole groups of a folder in manifest order; with `follow`, of a live run as it commits them (see the
     module's docstring). `timeout_s` bounds how long a follower waits without the run completing
-    (`TimeoutError`); None waits as long as the run takes. `routes`: samples' `routed_experts` as arrays.
+    (`TimeoutError`); None waits as long as the run takes, and a run that ended for good without completing
+    raises `RunEnded` (its `exit_code` is the run's). `routes`: samples' `routed_experts` as arrays.
 
     `consumer` names a durable position: `generate --consumer NAME --max-ahead G` stops taking prompts while more
     than G groups are unconsumed. A consumer that dies is given its last group again: at least once, never lost."""
@@ -229,9 +233,33 @@ def _follow(folder: Path, poll_s: float, timeout_s: float | None, routes: bool) 
             assert manifest is not None
             _check_whole(folder, manifest, offsets, counts)
             return
+        if manifest is not None:
+            _ended_for_good(folder, manifest)
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"{folder}: the run did not complete within {timeout_s:g}s")
         time.sleep(poll_s)
+
+
+def _ended_for_good(folder: Path, manifest: Manifest) -> None:
+    """`RunEnded` when the run that wrote the folder ended by itself without completing (it recorded its exit:
+    8, 4, 7...) and no process holds the folder now; everything its manifest lists has been read by then (the
+    manifest was read before the pass). A run stopped by a signal, or killed (it recorded nothing), is waited
+    for: it is resumed. A manifest replaced since (a rerun that began, and maybe ended) is looked at again."""
+    ended = run_exit(manifest.last_run)
+    if ended is None or ended[0] == 0 or ended[0] in RESUMED or lock.held(Layout(folder).lock):
+        return
+    try:
+        now = Manifest.load(folder)
+    except OutputError:
+        return
+    if now.folder_id != manifest.folder_id or now.last_run.get("finished_at") != manifest.last_run.get("finished_at"):
+        return
+    code, reason = ended
+    raise RunEnded(
+        f"{folder}: the run writing it ended with exit {code}{f' ({reason})' if reason else ''} before completing, "
+        "and no process is writing it now: run the same generate command again to finish it, then follow again",
+        code,
+    )
 
 
 def _check_whole(folder: Path, manifest: Manifest, offsets: dict[str, int], counts: dict[str, int]) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from ..errors import OutputError
 
+TRIES = 10  # a lock held for an instant (a follower asking whether a writer is there) is waited for
+
 
 def take(path: Path, busy: str, create: bool = True) -> int | None:
     """Hold the lock at `path` and return its descriptor (closing it lets go). `busy`: the one line said when
@@ -22,7 +24,14 @@ def take(path: Path, busy: str, create: bool = True) -> int | None:
     except OSError as exc:
         raise OutputError(f"cannot open {path}: {exc.strerror or exc}") from exc
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for attempt in range(TRIES):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == TRIES - 1:
+                    raise
+                time.sleep(0.02)  # a reader's instant (`held`) passes; a writer's lock does not
     except BlockingIOError:
         os.close(fd)
         raise OutputError(busy) from None
@@ -32,6 +41,24 @@ def take(path: Path, busy: str, create: bool = True) -> int | None:
             f"cannot lock {path} ({exc.strerror or exc}): agentroll needs storage whose locks hold (docs/ray.md)"
         ) from None
     return fd
+
+
+def held(path: Path) -> bool:
+    """Does a process hold the lock at `path` now? Asked by taking it shared for an instant (a writer that asks
+    in that instant waits for it: `take` tries again before it says busy)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # storage without locks: nothing holds it that we could see
+    finally:
+        os.close(fd)  # closing lets go
+    return False
 
 
 def release(fd: int | None) -> None:

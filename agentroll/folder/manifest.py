@@ -224,6 +224,32 @@ def in_the_way(path: Path) -> OutputError:
     )
 
 
+RESUMED = (130, 143)  # a run stopped by a signal is resumed (a supervisor, a requeued job): not an end
+
+
+def run_exit(last_run: Any) -> tuple[int, str] | None:
+    """How the folder's last run ended, as it recorded (`last_run.exit`: code and reason); None while it runs,
+    after a kill (it recorded nothing) or in a folder written before runs recorded it."""
+    found = last_run.get("exit") if isinstance(last_run, dict) else None
+    if not isinstance(found, dict) or type(found.get("code")) is not int:
+        return None
+    return found["code"], str(found.get("reason") or "")
+
+
+def unfinished(complete: Any, last_run: Any) -> str | None:
+    """What a reader of a folder whose run did not complete should know about it, in one phrase (None: it did)."""
+    if complete is True:
+        return None
+    ended = run_exit(last_run)
+    if ended is None:
+        return "the manifest says the run is not complete (still running, or stopped or killed before its end)"
+    code, reason = ended
+    return (
+        f"the manifest says the run is not complete: its last run ended with exit {code}"
+        f"{f' ({reason})' if reason else ''}; run generate again to finish it"
+    )
+
+
 def load_manifest(folder: str | Path) -> Manifest:
     return Manifest.load(folder)
 

@@ -55,8 +55,11 @@ def shard_files(folder: str | os.PathLike[str], manifest: Manifest | None = None
     return found
 
 
-def shard_paths(folder: str | os.PathLike[str]) -> list[Path]:
-    return [shard.path for shard in shard_files(folder)]
+def shard_paths(folder: str | os.PathLike[str]) -> list[str]:
+    """The finished shards of any folder, a merged one too (its shards may lie in other folders), in manifest
+    order, each checked to be there and of its size: what `datasets.load_dataset("json", data_files=...)` takes.
+    A shard being written is not among them: a finished folder (`complete`) is all of them."""
+    return [str(shard.path) for shard in shard_files(folder)]
 
 
 def missing(path: Path, exc: OSError) -> OutputError:

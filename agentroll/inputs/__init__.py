@@ -10,7 +10,7 @@ content (`content_hash` of prompt and label), the same in every format.
     read     `read_problems`, `aread_problems` (a reader thread, so the event loop never blocks)
 """
 
-from .formats import count_rows
+from .formats import count_rows, rows_to_read
 from .read import aread_problems, check, read_problems
 from .rows import (
     InputKeys,
@@ -35,5 +35,6 @@ __all__ = [
     "parse_row",
     "problem_from_row",
     "read_problems",
+    "rows_to_read",
     "source_name",
 ]

@@ -209,3 +209,18 @@ def count_rows(path: str, most_bytes: int = 256 * 2**20, most_compressed: int = 
     except InputError:
         return None  # damaged: the reader says so, after the rows before the damage
     return rows + sum(1 for line in lines.end() if line.strip())
+
+
+def rows_to_read(paths: list[str], limit: int | None = None) -> int | None:
+    """Rows the inputs hold, at most `limit`, for a progress bar: None when a count would cost much (one input's
+    `limit` then, all there is to go on). A file that cannot be read is a bad input (exit 3)."""
+    counts = []
+    for path in paths:
+        try:
+            counts.append(count_rows(path))
+        except OSError as exc:
+            raise InputError(path, 0, None, f"cannot read: {exc.strerror or exc}") from exc
+    known = [c for c in counts if c is not None]
+    if len(known) < len(counts):
+        return limit if len(paths) == 1 else None
+    return min(sum(known), limit) if limit is not None else sum(known)

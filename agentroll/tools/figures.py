@@ -28,7 +28,7 @@ from typing import Any
 from ..group import Group
 from ..stats import RunStats
 from ..systems.vocabulary import Chart
-from .report import sections
+from .report import folder_state, sections
 from .system import SystemInfo, system_of
 
 MOST_POINTS = 100  # points of the over-the-run lines: groups are pooled into this many windows at most
@@ -192,7 +192,7 @@ def figures(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, 
     manifest = loaded.to_dict()
     collector = Collector()
     found = sections(collector.watch(read_groups(path)), by, system)
-    data = {"folder": str(folder), **found.to_dict()}
+    data = {"folder": str(folder), **folder_state(loaded), **found.to_dict()}
     stages = data["system"]["stages"]
     lengths = {
         name: collector.stages[name].histogram(max_tokens(manifest, name))

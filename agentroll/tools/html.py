@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OutputError
+from ..folder.manifest import unfinished
 from . import charts
 from .charts import TRUNCATED, Series, bar_chart, fmt, histogram, line_chart
 from .figures import figures
@@ -334,13 +335,14 @@ def _chart(data: dict[str, Any], chart: dict[str, Any]) -> str:
 def render(data: dict[str, Any]) -> str:
     """The page for `figures.figures`' result."""
     stats, manifest = data["stats"], data["manifest"]
+    note = unfinished(manifest.get("complete"), manifest.get("last_run"))
     whole = stats["all"]
     system = stats["system"]
     title = f"agentroll report: {data['stats']['folder']}"
     head = (
         f"<p class='sub'>{escape(system['name'])} system: {escape(' → '.join(system['stages']))}. "
         f"{fmt(whole['problems'])} problems, {fmt(whole['executions'])} executions, {fmt(whole['records'])} records"
-        f"{'' if manifest.get('complete') else ' (the last run did not complete)'}; truncation rate "
+        f"{f' ({escape(note)})' if note else ''}; truncation rate "
         f"{fmt(whole['truncation_rate'])}.</p>"
     )
     if stats.get("warning"):  # the system could not be loaded here: its own figures are left out

@@ -180,8 +180,8 @@ def stats_of_groups(
 def stats(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
     """The system's report for a folder (or a merged one), from its records; split by `metadata[by]` if given.
 
-    Returns {"folder", "by", "system": {"name", "stages", "labels", "units"}, "all": figures, "split": {value:
-    figures}}
+    Returns {"folder", "complete", "by", "system": {"name", "stages", "labels", "units"}, "all": figures,
+    "split": {value: figures}} (and "unfinished", what to know of a folder whose run did not complete)
     (split is empty without `by`; `labels` names each report figure); figures are problems, executions,
     records, stages, report (the system's figures: `RunStats.report`), counters (what its vocabulary
     tallied), pass_at_k, truncation_rate, tokens. A damaged folder raises `OutputError` (run `agentroll
@@ -189,8 +189,17 @@ def stats(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, An
     """
     from ..folder import load_manifest, read_groups
 
-    system = system_of(load_manifest(Path(folder)))
-    return {"folder": str(folder), **stats_of_groups(read_groups(folder), by, system)}
+    manifest = load_manifest(Path(folder))
+    system = system_of(manifest)
+    return {"folder": str(folder), **folder_state(manifest), **stats_of_groups(read_groups(folder), by, system)}
+
+
+def folder_state(manifest: Any) -> dict[str, Any]:
+    """`complete`, and for a folder whose run did not complete what to know of it (`unfinished`)."""
+    from ..folder.manifest import unfinished
+
+    note = unfinished(manifest.complete, manifest.last_run)
+    return {"complete": manifest.complete, **({"unfinished": note} if note else {})}
 
 
 # -- the table the CLI prints -------------------------------------------------------------------------------------

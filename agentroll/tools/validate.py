@@ -39,6 +39,7 @@ import orjson
 
 from ..folder import raw as folder_files
 from ..folder.layout import MANIFEST, Layout
+from ..folder.manifest import unfinished
 from ..schema import SCHEMA_VERSION
 from .faults import MAX_FAULTS, Fault, ValidationReport
 from .records import FIELDS, record_faults
@@ -134,8 +135,9 @@ def validate(folder: str | Path) -> ValidationReport:
         total = sum(e[what] for e in entries)
         if manifest.get(what) != total:
             report.add(Fault("count", f"the manifest says {manifest.get(what)!r} {what}, its shards add up to {total}"))
-    if manifest.get("complete") is not True:
-        report.warnings.append("the manifest says the run is not complete (running, stopped, or some groups failed)")
+    note = unfinished(manifest.get("complete"), manifest.get("last_run"))
+    if note:
+        report.warnings.append(note)
     layout = Layout(folder)
     on_disk = {p.name for p in layout.finished()}
     for stray in sorted(on_disk - {Path(e["file"]).name for e in entries if Path(e["file"]).parent == Path(".")}):
