@@ -128,7 +128,7 @@ def test_serve_sim_says_a_port_in_use_and_a_missing_answers_file_in_one_line(tmp
 def test_doctor_names_a_model_that_is_not_served(sim):
     proc = run_cli("doctor", "--base-url", sim.url, "--model", "nope", "--tokenizer", TOKENIZER)
     assert proc.returncode == 1
-    assert b"model 'nope' is not served (available: agentroll-sim)" in proc.stderr
+    assert b"model 'nope' is not served (available: agentroll-sim)" in proc.stdout
     assert b"pass --model" not in proc.stderr
 
 

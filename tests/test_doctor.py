@@ -14,7 +14,7 @@ from .conftest import TOKENIZER, read_records, run_cli
 
 def test_doctor_passes_every_check_against_a_matching_server(sim):
     proc = run_cli("doctor", "--base-url", sim.url + "/v1", "--tokenizer", TOKENIZER)
-    out = proc.stderr.decode()
+    out = proc.stdout.decode()  # the verdicts are the command's data
     assert proc.returncode == 0, out
     for name in ("server", "max_model_len", "return_token_ids", "chat template"):
         assert f"ok   {name}:" in out
@@ -43,7 +43,7 @@ def server_ids(sim, messages) -> list[int]:
 def test_a_different_chat_template_fails_the_doctor_and_generate_renders_on_the_server(sim, problems, tmp_path):
     folder = other_template(tmp_path)
     doctor = run_cli("doctor", "--base-url", sim.url, "--tokenizer", str(folder))
-    assert doctor.returncode == 1 and "fail chat template: prompt 1" in doctor.stderr.decode()
+    assert doctor.returncode == 1 and "fail chat template: prompt 1" in doctor.stdout.decode()
     args = [
         "generate",
         str(problems),
@@ -76,12 +76,12 @@ def test_a_different_chat_template_fails_the_doctor_and_generate_renders_on_the_
 
 def test_doctor_on_a_dead_server_fails(tmp_path):
     proc = run_cli("doctor", "--base-url", "http://127.0.0.1:9", "--tokenizer", TOKENIZER)
-    assert proc.returncode == 1 and "fail server: cannot reach" in proc.stderr.decode()
+    assert proc.returncode == 1 and "fail server: cannot reach" in proc.stdout.decode()
 
 
 def test_the_doctor_finds_the_tokenizer_where_generate_does_in_the_servers_model_root(sim):
     proc = run_cli("doctor", "--base-url", sim.url)
-    out = proc.stderr.decode()
+    out = proc.stdout.decode()
     assert proc.returncode == 0, out
     assert "ok   chat template: 3 stage prompts render to the same ids" in out
 

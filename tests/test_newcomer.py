@@ -127,8 +127,8 @@ def web_server(tmp_path):
 def test_a_server_that_is_not_vllm_is_said_in_one_line_with_its_status_and_a_hint(web_server, problems, tmp_path):
     made = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", web_server)
     checked = run_cli("doctor", "--base-url", web_server)
-    for proc, code in ((made, 4), (checked, 1)):
-        lines = proc.stderr.decode().strip().splitlines()
+    for proc, code, said in ((made, 4, made.stderr), (checked, 1, checked.stdout)):  # doctor's verdicts: stdout
+        lines = said.decode().strip().splitlines()
         assert proc.returncode == code and len(lines) == 1, lines
         assert "/v1/models answered 404" in lines[0] and "File not found" in lines[0]
         assert "is it a vLLM server? --base-url" in lines[0] and "<" not in lines[0]
@@ -273,3 +273,20 @@ def test_stats_says_a_folder_is_not_complete_and_how_its_run_ended(tmp_path, pro
     assert data["complete"] is False and "exit 8" in data["unfinished"]
     checked = run_cli("validate", str(out))
     assert b"its last run ended with exit 8" in checked.stdout
+
+
+def test_doctor_says_its_verdicts_on_stdout_and_as_json(sim, tmp_path):
+    plain = run_cli("doctor", "--base-url", sim.url, "--tokenizer", TOKENIZER)
+    assert plain.returncode == 0 and plain.stderr == b""
+    assert [line.split(":")[0] for line in plain.stdout.decode().splitlines()][:2] == [
+        "ok   server",
+        "ok   max_model_len",
+    ]
+    shown = run_cli("doctor", "--base-url", sim.url, "--tokenizer", TOKENIZER, "--json")
+    report = json.loads(shown.stdout)
+    assert shown.returncode == 0 and report["ok"] is True and report["base_url"] == sim.url
+    assert {c["verdict"] for c in report["checks"]} <= {"ok", "warn"} and len(report["checks"]) >= 6
+    assert [c["name"] for c in report["checks"]][:2] == ["server", "max_model_len"]
+    dead = run_cli("doctor", "--base-url", f"http://127.0.0.1:{closed_port()}", "--json")
+    report = json.loads(dead.stdout)
+    assert dead.returncode == 1 and report["ok"] is False and report["checks"][0]["verdict"] == "fail"

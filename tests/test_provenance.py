@@ -164,10 +164,10 @@ def test_the_logprobs_mode_is_found_by_experiment_and_warned_about(problems, tmp
             warned = b"not those of the distribution the tokens were sampled from" in proc.stderr
             assert warned == (mode == "raw_logprobs")
             doctor = run_cli("doctor", "--base-url", server.url, "--tokenizer", TOKENIZER, "--top-k", "5")
-            line = next(x for x in doctor.stderr.decode().splitlines() if "logprobs mode" in x)
+            line = next(x for x in doctor.stdout.decode().splitlines() if "logprobs mode" in x)
             assert mode in line and line.startswith("warn" if mode == "raw_logprobs" else "ok")
             plain = run_cli("doctor", "--base-url", server.url, "--tokenizer", TOKENIZER)
-            assert plain.returncode == 0 and f"ok   logprobs mode: {mode}" in plain.stderr.decode()
+            assert plain.returncode == 0 and f"ok   logprobs mode: {mode}" in plain.stdout.decode()
     finally:
         raw.stop()
         processed.stop()

@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import orjson
 import typer
 from rich.text import Text
 
 from ..errors import OutputError
 from ..resources import samples_dir, sim_tokenizer_dir
 from ..sampling import DEFAULT as SAMPLING
-from .console import err, error, run_async
+from .console import err, error, out, run_async
 from .folders import opt
 from .generate import run_generate
 from .help import Command
@@ -65,8 +66,11 @@ def doctor(
     top_p: Annotated[float, opt("--top-p", help="Top-p you will generate with.", metavar="NUMBER")] = SAMPLING.top_p,
     top_k: Annotated[int, opt("--top-k", help="Top-k you will generate with.", metavar="N")] = SAMPLING.top_k,
     min_p: Annotated[float, opt("--min-p", help="Min-p you will generate with.", metavar="NUMBER")] = SAMPLING.min_p,
+    json_: Annotated[bool, opt("--json", help="The verdicts as JSON.")] = False,
 ) -> None:
-    """Check a server before a long job: token ids, APIs, logprobs mode, chat-template parity, context length."""
+    """Check a server before a long job: token ids, APIs, logprobs mode, chat-template parity, context length.
+
+    The verdicts go to stdout (`doctor > file` keeps them); exit 1 when any check fails."""
     from ..doctor import diagnose, doctor_options
     from ..errors import UsageError
 
@@ -86,11 +90,18 @@ def doctor(
     except UsageError as exc:
         error(str(exc))
         raise typer.Exit(exc.exit_code) from None
-    for check in checks:
-        line = Text(f"{check.verdict:4}", style=VERDICT_STYLES[check.verdict])
-        line.append(f" {check.name}: {check.detail}")
-        err.print(line, soft_wrap=True)
-    raise typer.Exit(1 if any(c.verdict == "fail" for c in checks) else 0)
+    failed = any(c.verdict == "fail" for c in checks)
+    if json_:
+        verdicts = [{"name": c.name, "verdict": c.verdict, "detail": c.detail} for c in checks]
+        report = {"base_url": options.base_url[0], "ok": not failed, "checks": verdicts}
+        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        console = out()
+        for check in checks:
+            line = Text(f"{check.verdict:4}", style=VERDICT_STYLES[check.verdict])
+            line.append(f" {check.name}: {check.detail}")
+            console.print(line, soft_wrap=True)
+    raise typer.Exit(1 if failed else 0)
 
 
 def ray_partition() -> None:
