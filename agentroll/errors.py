@@ -29,6 +29,23 @@ def first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+def json_kind(value: object) -> str:
+    """What a JSON value is, in JSON's words (a user wrote JSON, not Python): "an array", not "list"."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
 class AgentrollError(Exception):
     exit_code = 1
 

@@ -159,7 +159,9 @@ def test_a_sandbox_that_cannot_run_code_stops_the_run():
         ({"inputs": ["1"]}, 'needs "inputs" and "outputs" lists'),
         ({"inputs": ["1"], "outputs": []}, "has 1 inputs and 0 outputs"),
         ("not json", "is a string that is not JSON"),
-        (7, "got int"),
+        (7, "got an integer"),
+        ("7", re.escape("got the string '7' (JSON for an integer)")),  # the label as the user wrote it
+        ("[1, 2]", re.escape("got the string '[1, 2]' (JSON for an array)")),
         ({"inputs": [[1]], "outputs": [1], "fn_name": "no good"}, "is not a function name"),
     ],
 )

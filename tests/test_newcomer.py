@@ -290,3 +290,20 @@ def test_doctor_says_its_verdicts_on_stdout_and_as_json(sim, tmp_path):
     dead = run_cli("doctor", "--base-url", f"http://127.0.0.1:{closed_port()}", "--json")
     report = json.loads(dead.stdout)
     assert dead.returncode == 1 and report["ok"] is False and report["checks"][0]["verdict"] == "fail"
+
+
+def test_a_refused_value_is_named_in_jsons_words_as_the_user_wrote_it(sim, tmp_path):
+    from agentroll.errors import InputError
+    from agentroll.inputs import problem_from_row
+
+    with pytest.raises(InputError, match="expected a JSON object, got an array"):
+        problem_from_row([1], 2, "in.jsonl")
+    with pytest.raises(InputError, match=r"field 'label': must be a string or a number .*, got null"):
+        problem_from_row({"prompt": "p", "label": None}, 3, "in.jsonl")
+    rows = tmp_path / "code.jsonl"
+    rows.write_text('{"prompt": "Write f.", "label": "5"}\n')
+    proc = run_cli(
+        "generate", str(rows), "-o", str(tmp_path / "out"), "--base-url", "http://127.0.0.1:9", "--reward", "code"
+    )
+    assert proc.returncode == 3
+    assert "got the string '5' (JSON for an integer)" in last_line(proc.stderr)  # not "got int"

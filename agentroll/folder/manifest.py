@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import OutputError
+from ..errors import OutputError, json_kind
 from ..schema import SCHEMA_VERSION
 from .files import atomic_write
 from .layout import MANIFEST, Layout
@@ -186,7 +186,7 @@ class Manifest:
     @classmethod
     def from_dict(cls, raw: Any, path: Path | None = None) -> Manifest:
         if not isinstance(raw, dict):
-            raise ValueError(f"a JSON {type(raw).__name__}, not an object")
+            raise ValueError(f"{json_kind(raw)}, not an object")
         if raw.get("format") != FORMAT:
             raise ValueError(f"format is {raw.get('format')!r}, not {FORMAT!r}")
         if not _int(raw.get("schema_version")):

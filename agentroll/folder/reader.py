@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import OutputError
+from ..errors import OutputError, json_kind
 from ..group import Group
 from ..inputs import Problem
 from ..schema import Sample
@@ -104,7 +104,7 @@ def shard_records(shard: ShardFile) -> Iterator[tuple[int, dict[str, Any]]]:
                 except orjson.JSONDecodeError as exc:
                     raise OutputError(f"{shard.path}:{number}: not a JSON record ({exc})") from None
                 if not isinstance(record, dict):
-                    raise OutputError(f"{shard.path}:{number}: a JSON {type(record).__name__}, not a record")
+                    raise OutputError(f"{shard.path}:{number}: {json_kind(record)}, not a record (a JSON object)")
                 count += 1
                 yield number, record
     except OSError as exc:

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import InputError
+from ..errors import InputError, json_kind
 
 BOM = b"\xef\xbb\xbf"
 
@@ -74,7 +74,7 @@ def _check_messages(value: list[Any]) -> str | None:
 def problem_from_row(row: Any, line: int = 0, source: str = "<row>", keys: InputKeys = InputKeys()) -> Problem:
     """Validate one row (a dict); raise `InputError` naming the source, line and field."""
     if not isinstance(row, dict):
-        raise InputError(source, line, None, f"expected a JSON object, got {type(row).__name__}")
+        raise InputError(source, line, None, f"expected a JSON object, got {json_kind(row)}")
     row = dict(row)
     if keys.prompt not in row:
         raise InputError(source, line, keys.prompt, "missing")
@@ -93,7 +93,7 @@ def problem_from_row(row: Any, line: int = 0, source: str = "<row>", keys: Input
             source,
             line,
             keys.label,
-            f"must be a string or a number (or an object of code tests), got {type(label).__name__}",
+            f"must be a string or a number (or an object of code tests), got {json_kind(label)}",
         )
     digest = content_hash(prompt, label)
     pid = row.pop(keys.id, None)

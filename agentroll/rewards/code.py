@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..concurrency import gather_or_cancel
-from ..errors import RewardError
+from ..errors import RewardError, json_kind
 from ..sandbox import RunResult, Sandbox, SandboxUnavailable
 from .base import NO_CONTENT, RewardRequest, RewardResult
 
@@ -62,15 +62,15 @@ class CodeTests:
 
 def parse_tests(label: Any) -> CodeTests:
     """A row's tests, or ValueError saying what is wrong with the label."""
+    given = label
     if isinstance(label, str):
         try:
             label = json.loads(label)
         except ValueError:
             raise ValueError('is a string that is not JSON: expected {"inputs": [...], "outputs": [...]}') from None
     if not isinstance(label, dict):
-        raise ValueError(
-            f'must be {{"inputs": [...], "outputs": [...]}} (as an object or a JSON string), got {type(label).__name__}'
-        )
+        got = f"the string {_short(given)!r} (JSON for {json_kind(label)})" if given is not label else json_kind(label)
+        raise ValueError(f'must be {{"inputs": [...], "outputs": [...]}} (as an object or a JSON string), got {got}')
     inputs, outputs, name = label.get("inputs"), label.get("outputs"), label.get("fn_name")
     if not isinstance(inputs, list) or not isinstance(outputs, list):
         raise ValueError('needs "inputs" and "outputs" lists')

@@ -12,28 +12,13 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
+from ..errors import json_kind as json_type
 from ..schema import SCHEMA_VERSION, Sample
 
 WRITTEN_STATUSES = ("completed", "truncated")  # "aborted" is retried, never written (docs/schema.md)
 
 
 Check = Callable[[Any], str | None]  # None: fine; else what the value is instead
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object" if isinstance(value, dict) else type(value).__name__
 
 
 def _describe(hint: Any) -> str:
