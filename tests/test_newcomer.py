@@ -302,8 +302,7 @@ def test_a_refused_value_is_named_in_jsons_words_as_the_user_wrote_it(sim, tmp_p
         problem_from_row({"prompt": "p", "label": None}, 3, "in.jsonl")
     rows = tmp_path / "code.jsonl"
     rows.write_text('{"prompt": "Write f.", "label": "5"}\n')
-    proc = run_cli(
-        "generate", str(rows), "-o", str(tmp_path / "out"), "--base-url", "http://127.0.0.1:9", "--reward", "code"
-    )
+    args = ["-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--reward", "code"]
+    proc = run_cli("generate", str(rows), *args)
     assert proc.returncode == 3
     assert "got the string '5' (JSON for an integer)" in last_line(proc.stderr)  # not "got int"
