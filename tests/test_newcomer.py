@@ -306,3 +306,17 @@ def test_a_refused_value_is_named_in_jsons_words_as_the_user_wrote_it(sim, tmp_p
     proc = run_cli("generate", str(rows), *args)
     assert proc.returncode == 3
     assert "got the string '5' (JSON for an integer)" in last_line(proc.stderr)  # not "got int"
+
+
+def test_a_file_given_for_a_folder_is_said_to_be_a_file_by_every_folder_tool(problems, tmp_path):
+    from agentroll import OutputError, read_groups
+
+    said = f"{problems} is a file, not a folder"
+    for args in (["stats"], ["validate"], ["inspect"], ["report", "-o", str(tmp_path / "r.html")]):
+        proc = run_cli(*args, str(problems))
+        assert proc.returncode == 6 and said in (proc.stdout + proc.stderr).decode(), args
+        assert "Not a directory" not in (proc.stdout + proc.stderr).decode()
+    proc = run_cli("convert", str(problems), "--to", "sft", "-o", str(tmp_path / "sft"))
+    assert proc.returncode == 6 and said in last_line(proc.stderr)
+    with pytest.raises(OutputError, match="is a file, not a folder"):
+        next(read_groups(problems, follow=True, timeout_s=60))  # at once: no run can ever write there

@@ -32,7 +32,7 @@ from ..errors import OutputError, RunEnded, UsageError
 from ..group import Group
 from . import lock
 from .files import atomic_write
-from .layout import PARTIAL, Layout, is_zstd, routes_name, routes_path
+from .layout import MANIFEST, PARTIAL, Layout, is_zstd, routes_name, routes_path
 from .manifest import RESUMED, Manifest, ShardEntry, run_exit
 from .reader import ShardFile, as_group, check_counts, check_size, damaged, finished_groups, missing
 from .routes import RoutesUnavailable, Sidecar
@@ -55,6 +55,8 @@ def read_groups(
     `consumer` names a durable position: `generate --consumer NAME --max-ahead G` stops taking prompts while more
     than G groups are unconsumed. A consumer that dies is given its last group again: at least once, never lost."""
     folder = Path(path)
+    if folder.is_file():  # a follower would wait for a run that can never write here
+        raise OutputError(f"{folder} is a file, not a folder: give the output folder that holds {MANIFEST}")
     if follow:
         groups = _follow(folder, poll_s, timeout_s, routes)
     else:

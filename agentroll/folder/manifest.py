@@ -159,6 +159,8 @@ class Manifest:
         path = Layout(Path(folder)).manifest
         if path.is_dir():
             raise in_the_way(path)
+        if path.parent.is_file():  # a shard or an input given for the folder: said as generate says it
+            raise OutputError(f"{path.parent} is a file, not a folder: give the output folder that holds {MANIFEST}")
         try:
             data = path.read_bytes()
         except FileNotFoundError:

@@ -67,6 +67,9 @@ def _load_manifest(folder: Path, report: ValidationReport) -> dict[str, Any] | N
     path = folder / MANIFEST
     try:
         data = folder_files.manifest_bytes(folder)
+    except NotADirectoryError:
+        report.add(Fault("manifest", f"{folder} is a file, not a folder: give the output folder that holds {MANIFEST}"))
+        return None
     except FileNotFoundError:
         report.add(Fault("manifest", f"no {MANIFEST} in {folder}: not an agentroll output folder"))
         return None
