@@ -66,12 +66,21 @@ def _svg(name: str, label: str, body: list[str], width: int = WIDTH, height: int
 
 
 class _Plot:
-    """The plotting area and its value axis (from 0, or from below it when values are negative)."""
+    """The plotting area and its value axis (from 0, or from below it when values are negative). `top` and
+    `bottom`: the margins, grown by a chart whose legend or labels need more room than the defaults."""
 
-    def __init__(self, y_top: float, width: int = WIDTH, height: int = HEIGHT, y_bottom: float = 0.0) -> None:
-        self.width, self.height = width, height
+    def __init__(
+        self,
+        y_top: float,
+        width: int = WIDTH,
+        height: int = HEIGHT,
+        y_bottom: float = 0.0,
+        top: float = TOP,
+        bottom: float = BOTTOM,
+    ) -> None:
+        self.width, self.height = width, round(height + max(0.0, top - TOP) + max(0.0, bottom - BOTTOM))
         self.x0, self.x1 = LEFT, width - RIGHT
-        self.y0, self.y1 = height - BOTTOM, TOP  # the bottom and the top of the area, in pixels
+        self.y0, self.y1 = self.height - bottom, top  # the bottom and the top of the area, in pixels
         self.ticks = nice_ticks(y_top, bottom=y_bottom)
         self.low, self.top = self.ticks[0], self.ticks[-1]
 
@@ -99,18 +108,52 @@ class _Plot:
         return out
 
 
-def legend(names: Sequence[tuple[str, str]], x: float, y: float = 14) -> list[str]:
-    """A row of coloured squares and names, left to right from (x, y)."""
-    out = []
+CHAR_PX = 6.5  # the width of a character at the labels' font size (11 px), generously
+
+
+def legend_rows(
+    names: Sequence[tuple[str, str]], x: float, right: float = WIDTH - RIGHT
+) -> list[list[tuple[float, str, str]]]:
+    """The legend's entries placed left to right from `x`, onto a new row where the next would pass `right`."""
+    rows: list[list[tuple[float, str, str]]] = [[]]
+    at = x
     for name, fill in names:
-        out.append(f'<rect x="{x:.1f}" y="{y - 9}" width="10" height="10" fill="{fill}"/>')
-        out.append(f'<text x="{x + 14:.1f}" y="{y}" font-size="11">{escape(name)}</text>')
-        x += 24 + 6.5 * len(name)
+        width = 24 + CHAR_PX * len(name)
+        if rows[-1] and at + width - 10 > right:
+            rows.append([])
+            at = x
+        rows[-1].append((at, name, fill))
+        at += width
+    return rows
+
+
+def legend(names: Sequence[tuple[str, str]], x: float, y: float = 14) -> list[str]:
+    """Coloured squares and names, left to right from (x, y), in as many rows as the width takes (16 px
+    apart: a chart with more than one row moves its plot down, `legend_top`)."""
+    out = []
+    for row, entries in enumerate(legend_rows(names, x)):
+        line = y + 16 * row
+        for at, name, fill in entries:
+            out.append(f'<rect x="{at:.1f}" y="{line - 9}" width="10" height="10" fill="{fill}"/>')
+            out.append(f'<text x="{at + 14:.1f}" y="{line}" font-size="11">{escape(name)}</text>')
     return out
 
 
-def _short(text: str, most: int) -> str:
-    return text if len(text) <= most else text[: most - 1] + "…"
+def legend_top(names: Sequence[tuple[str, str]]) -> float:
+    """The plot's top margin under a legend of `names`."""
+    return TOP + 16 * (len(legend_rows(names, LEFT)) - 1) if len(names) > 1 else TOP
+
+
+def _label_lines(text: str, most: int) -> list[str]:
+    """A category's name on lines of at most `most` characters, broken at spaces, never inside a word (a word
+    longer than a line is one line of its own: the chart turns its labels instead)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= most:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [text]
 
 
 def bar_chart(
@@ -125,13 +168,23 @@ def bar_chart(
 ) -> str:
     """Grouped bars: one group per category, one bar per series (a missing value leaves a gap marked '-')."""
     values = [v for s in series for v in s.values if v is not None]
-    plot = _Plot(y_top if y_top is not None else max(values, default=0.0) or 1.0, y_bottom=min(values, default=0.0))
+    slot = (WIDTH - RIGHT - LEFT) / max(1, len(categories))
+    most = max(1, int(slot / CHAR_PX))  # characters a line of a label holds under its bar group
+    wrapped = [_label_lines(c, most) for c in categories]
+    tilt = any(len(line) > most for lines in wrapped for line in lines) or max(map(len, wrapped), default=1) > 3
+    # labels are never cut: lines under the bars, or turned upright when a word is wider than its slot
+    needed = 12 + CHAR_PX * max(map(len, categories), default=0) if tilt else 8 + 13 * max(map(len, wrapped), default=1)
+    names = [(s.name, s.color or color(j)) for j, s in enumerate(series)]
+    plot = _Plot(
+        y_top if y_top is not None else max(values, default=0.0) or 1.0,
+        y_bottom=min(values, default=0.0),
+        top=legend_top(names),
+        bottom=max(BOTTOM, needed + 8),
+    )
     zero = plot.y(0.0)
     body = plot.axes(y_label)
-    slot = (plot.x1 - plot.x0) / max(1, len(categories))
     bar = slot * 0.8 / max(1, len(series))
     show_values = len(categories) * len(series) <= 24
-    tilt = slot < 70
     for i, category in enumerate(categories):
         left = plot.x0 + i * slot + slot * 0.1
         for j, s in enumerate(series):
@@ -150,26 +203,28 @@ def bar_chart(
                 f'height="{abs(zero - y):.1f}" fill="{fill}"><title>{escape(category)}, {escape(s.name)}: '
                 f"{fmt(value, digits)}</title></rect>"
             )
-            if show_values:
+            if show_values:  # every bar's value to the same places, so the chart reads as one
                 body.append(
                     f'<text x="{x + bar / 2:.1f}" y="{min(y, zero) - 3:.1f}" text-anchor="middle" font-size="10">'
-                    f"{fmt(value, 2)}</text>"
+                    f"{value:.{min(digits, 2)}f}</text>"
                 )
         cx = plot.x0 + (i + 0.5) * slot
-        text = escape(_short(category, 16 if tilt else max(8, int(slot / 6.4))))
         if tilt:
             body.append(
-                f'<text x="{cx:.1f}" y="{plot.y0 + 12}" transform="rotate(30 {cx:.1f} {plot.y0 + 12})" '
-                f'font-size="11">{text}<title>{escape(category)}</title></text>'
+                f'<text class="label" x="{cx + 4:.1f}" y="{plot.y0 + 8}" transform="rotate(-90 {cx + 4:.1f} '
+                f'{plot.y0 + 8})" text-anchor="end" font-size="11">{escape(category)}</text>'
             )
         else:
+            lines = "".join(
+                f'<tspan x="{cx:.1f}" dy="{16 if k == 0 else 13}">{escape(line)}</tspan>'
+                for k, line in enumerate(wrapped[i])
+            )
             body.append(
-                f'<text x="{cx:.1f}" y="{plot.y0 + 16}" text-anchor="middle" font-size="11">{text}'
-                f"<title>{escape(category)}</title></text>"
+                f'<text class="label" x="{cx:.1f}" y="{plot.y0}" text-anchor="middle" font-size="11">{lines}</text>'
             )
     if len(series) > 1:
-        body += legend([(s.name, s.color or color(j)) for j, s in enumerate(series)], plot.x0)
-    return _svg(name, label, body)
+        body += legend(names, plot.x0)
+    return _svg(name, label, body, plot.width, plot.height)
 
 
 def line_chart(
@@ -185,7 +240,8 @@ def line_chart(
     """Lines through (x, y) points, one per series, x from the smallest to the largest of any series."""
     xs = [x for _, points in series for x, _ in points]
     ys = [y for _, points in series for _, y in points]
-    plot = _Plot(y_top if y_top is not None else max(ys, default=0.0) or 1.0)
+    names = [(n, color(j)) for j, (n, _) in enumerate(series)]
+    plot = _Plot(y_top if y_top is not None else max(ys, default=0.0) or 1.0, top=legend_top(names))
     body = plot.axes(y_label, x_label)
     lo, hi = min(xs, default=0.0), max(xs, default=1.0)
     span = hi - lo or 1.0
@@ -211,8 +267,8 @@ def line_chart(
                     f"<title>{escape(series_name)}: {fmt(x)} → {fmt(y, digits)}</title></circle>"
                 )
     if len(series) > 1:
-        body += legend([(n, color(j)) for j, (n, _) in enumerate(series)], plot.x0)
-    return _svg(name, label, body)
+        body += legend(names, plot.x0)
+    return _svg(name, label, body, plot.width, plot.height)
 
 
 def _x_ticks(lo: float, hi: float) -> list[float]:
@@ -238,7 +294,8 @@ def histogram(
     """Stacked bars over bins [edges[i], edges[i+1]), stacks bottom to top; `marker` draws a dashed line at x."""
     bins = len(edges) - 1
     totals = [sum((s.values[i] or 0) for s in stacks) for i in range(bins)]
-    plot = _Plot(max(totals, default=0) or 1)
+    names = [(s.name, s.color or color(j)) for j, s in enumerate(stacks)]
+    plot = _Plot(max(totals, default=0) or 1, top=legend_top(names))
     body = plot.axes(y_label, x_label)
     lo, hi = edges[0], edges[-1]
     span = hi - lo or 1.0
@@ -274,5 +331,5 @@ def histogram(
             f'<text x="{mx - 4:.1f}" y="{plot.y1 + 10}" text-anchor="end" font-size="10" '
             f'fill="{TRUNCATED}">{escape(marker[1])}</text>'
         )
-    body += legend([(s.name, s.color or color(j)) for j, s in enumerate(stacks)], plot.x0)
-    return _svg(name, label, body)
+    body += legend(names, plot.x0)
+    return _svg(name, label, body, plot.width, plot.height)

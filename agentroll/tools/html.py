@@ -59,6 +59,11 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def ratio(value: float | None) -> str:
+    """A reward, an accuracy or a rate in a table: always to three places, so a column reads as one."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 def pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
@@ -122,8 +127,8 @@ def _stages(data: dict[str, Any]) -> str:
             [
                 s + ("" if st.get("trainable", True) else " (not trainable)"),
                 fmt(st["samples"]),
-                fmt(st["mean_raw_reward"]),
-                fmt(data["shaped_reward"].get(s)),
+                ratio(st["mean_raw_reward"]),
+                ratio(data["shaped_reward"].get(s)),
                 f"{fmt(st['truncated'])} ({pct(st['truncated'], st['samples'])})",
                 fmt(st["prompt_tokens"]),
                 fmt(st["response_tokens"]),
@@ -222,8 +227,8 @@ def _by(data: dict[str, Any]) -> str:
             value,
             fmt(f["problems"]),
             fmt(f["executions"]),
-            *(fmt(f["report"].get(k)) for k in keys),
-            fmt(f["truncation_rate"]),
+            *(ratio(f["report"].get(k)) for k in keys),
+            ratio(f["truncation_rate"]),
         ]
         for value, f in split.items()
     ]
@@ -251,8 +256,8 @@ def _throughput(data: dict[str, Any]) -> str:
         wall = float(last["wall_s"])
         out.append(
             f"<p>The last run (manifest <code>last_run</code>): {fmt(last.get('records'))} records and "
-            f"{fmt(last.get('requests'))} requests in {fmt(wall, 1)} s: {fmt((last.get('records') or 0) / wall, 1)} "
-            f"records/s, {fmt((last.get('requests') or 0) / wall, 1)} requests/s, {fmt(tokens / wall, 0)} "
+            f"{fmt(last.get('requests'))} requests in {wall:.1f} s: {(last.get('records') or 0) / wall:.1f} "
+            f"records/s, {(last.get('requests') or 0) / wall:.1f} requests/s, {fmt(tokens / wall, 0)} "
             "tokens/s (prompt and response).</p>"
         )
     out.append(
@@ -343,7 +348,7 @@ def render(data: dict[str, Any]) -> str:
         f"<p class='sub'>{escape(system['name'])} system: {escape(' → '.join(system['stages']))}. "
         f"{fmt(whole['problems'])} problems, {fmt(whole['executions'])} executions, {fmt(whole['records'])} records"
         f"{f' ({escape(note)})' if note else ''}; truncation rate "
-        f"{fmt(whole['truncation_rate'])}.</p>"
+        f"{ratio(whole['truncation_rate'])}.</p>"
     )
     if stats.get("warning"):  # the system could not be loaded here: its own figures are left out
         head += f"<p class='note'>{escape(stats['warning'])}</p>"
