@@ -86,6 +86,7 @@ class Runner:
         self._started = time.monotonic()
         self._begun = False  # progress has started: the first row to run is in hand, or the input is done
         self._ended: BaseException | None = None  # what ended the run, if not its input's end
+        self._first_invalid = ""  # the first row skipped under --skip-invalid, as it was said
         self.stopped_by: int | None = None  # the signal the command stops the run for (its exit: 128 + it)
         self._ticker: asyncio.Task[None] | None = None
 
@@ -256,6 +257,7 @@ class Runner:
             if not self.run_options.skip_invalid:
                 raise group.cause or InputError(group.problem.source, group.problem.line, None, str(group.error))
             stats.invalid_rows += 1
+            self._first_invalid = self._first_invalid or str(group.error)
             log.warning("skipping invalid row: %s", group.error)
         else:
             if self.result is not None:
@@ -294,8 +296,8 @@ class Runner:
                 self._named(),
                 0,
                 None,
-                f"every row read ({stats.problems}) was invalid: check --prompt-key, --label-key and the warnings "
-                "above",
+                f"every row read ({stats.problems}) was invalid (the first: {self._first_invalid}): check "
+                "--prompt-key and --label-key",
             )
 
     def _clash(self, problem: Problem, done: dict[str, str]) -> None:
@@ -394,6 +396,7 @@ class Runner:
 
     def _skip(self, exc: InputError) -> None:
         self.stats.invalid_rows += 1
+        self._first_invalid = self._first_invalid or str(exc)
         log.warning("skipping invalid row: %s", exc)
 
     def _skip_unread(self, exc: InputError) -> None:

@@ -320,3 +320,14 @@ def test_a_file_given_for_a_folder_is_said_to_be_a_file_by_every_folder_tool(pro
     assert proc.returncode == 6 and said in last_line(proc.stderr)
     with pytest.raises(OutputError, match="is a file, not a folder"):
         next(read_groups(problems, follow=True, timeout_s=60))  # at once: no run can ever write there
+
+
+def test_quiet_with_every_row_invalid_names_the_first_rows_fault(sim, tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n')
+    args = ["-o", str(tmp_path / "out"), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--skip-invalid", "-q"]
+    proc = run_cli("generate", str(rows), *args)
+    assert proc.returncode == 3
+    line = last_line(proc.stderr)
+    assert "every row read (2) was invalid (the first: " in line and "field 'prompt': missing" in line, line
+    assert "warnings above" not in line  # -q printed none
