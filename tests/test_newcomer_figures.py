@@ -115,6 +115,14 @@ def test_the_summary_says_its_figures_count_the_groups_generated_where_stats_cou
     assert f"agentroll stats counts the {written} written" in said and "accuracy over the groups generated:" in said
     stats = json.loads(run_cli("stats", str(out), "--json").stdout)
     assert stats["all"]["problems"] == written
+    (tmp_path / "zero.py").write_text("def score(request):\n    return 0.0\n")
+    for reward, dropped in ((f"{tmp_path / 'zero.py'}:score", written), ("math", 0)):
+        again = tmp_path / f"again-{dropped}"
+        done = run_cli("rescore", str(out), "-o", str(again), "--reward", reward, "--filter-uniform-groups")
+        rescored = json.loads((again / "manifest.json").read_text())
+        assert done.returncode == 0 and rescored["filtered_groups"] == dropped, done.stderr.decode()
+        said = f"over the {written} rescored (agentroll stats counts the {written - dropped} written)"
+        assert (said in flat(done.stderr.decode())) is (dropped > 0)
 
 
 @pytest.mark.parametrize(("system", "votes"), [("single", False), ("critique-revise", False), ("three-stage", True)])

@@ -64,12 +64,19 @@ def build() -> Any:
         s = result.stats
         if not quiet:
             accuracy = s.report().get("system_accuracy")  # None when this run rescored no group (all done before)
+            over = (
+                f" over the {s.groups_written + s.groups_filtered} rescored (agentroll stats counts the "
+                f"{s.groups_written} written)"
+                if s.groups_filtered
+                else ""
+            )
             err.print(
                 Text(
                     f"rescored {s.groups_written + s.groups_filtered} groups ({s.groups_filtered} filtered, "
                     f"{s.problems_skipped_done} done before) -> {output}; system accuracy "
-                    f"{'-' if accuracy is None else f'{accuracy:.3f}'}"
-                )
+                    f"{'-' if accuracy is None else f'{accuracy:.3f}'}{over}"
+                ),
+                soft_wrap=True,
             )
 
     rescore.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
