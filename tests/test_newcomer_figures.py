@@ -139,3 +139,17 @@ def test_majority_vote_and_best_of_n_are_shown_only_for_a_system_with_several_so
     for text in (flat(run.stderr.decode()), stats):
         assert ("majority vote" in text) is votes and ("best of N" in text) is votes
     assert "pass@2 (solvers)" in stats  # best of the K samples, under its own name
+
+
+def test_an_error_line_is_one_line_in_a_file_and_wrapped_between_words_on_a_terminal(monkeypatch):
+    from agentroll.cli import console
+    from agentroll.cli.console import Terminal
+
+    message = "every endpoint has been down for 300s (http://gpu-node-17.cluster.example:8000: connection refused)"
+    for terminal in (False, True):
+        shown = Terminal(file=io.StringIO(), width=60, force_terminal=terminal, color_system=None, markup=False)
+        monkeypatch.setattr(console, "err", shown)
+        console.error(message)
+        lines = shown.file.getvalue().splitlines()  # type: ignore[attr-defined]
+        assert flat("\n".join(lines)) == f"error: {message}"
+        assert len(lines) == (3 if terminal else 1) and all(len(line) <= 60 for line in lines) is terminal

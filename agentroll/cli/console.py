@@ -45,9 +45,13 @@ def columns(tty: bool, fallback: int) -> int | None:
 
 class Terminal(Console):
     """A console that prints a table of figures (boxed, with a header) fitted to its width (`fit`); rich's own
-    layout grids (a log line, a progress bar) are left as they are."""
+    layout grids (a log line, a progress bar) are left as they are. A line printed `soft_wrap=True` (an error,
+    a warning, a verdict) stays one line in a file or a pipe, for grep; on a terminal it is wrapped between words
+    (the terminal would break it inside one)."""
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
+        if kwargs.get("soft_wrap") and self.is_terminal:
+            kwargs["soft_wrap"] = False
         super().print(*(fit(o, self) if _figures(o) else o for o in objects), **kwargs)
 
 
