@@ -27,6 +27,17 @@ def last_line(stderr: bytes) -> str:
     return stderr.decode().strip().splitlines()[-1]
 
 
+def generate_against(problems, out, faults: Faults, *extra: str):
+    """`generate` against a simulator with `faults` (seeded: the same calls fail each time)."""
+    server = SimServer(script=Script.from_jsonl(problems), faults=faults, seed=3, record=False)
+    server.start()
+    try:
+        args = ["-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER, *extra]
+        return run_cli("generate", str(problems), *args)
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
 def test_debug_keeps_every_documented_exit_code_and_adds_the_traceback_above_the_error(sim, problems, tmp_path, debug):
     bad = tmp_path / "bad.jsonl"
@@ -63,15 +74,9 @@ def test_a_debug_run_says_debug_lines_and_a_plain_one_none(sim, problems, tmp_pa
 
 
 def test_exit_4_after_the_down_timeout_is_said_below_the_summary(tmp_path, problems):
-    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=1.0), record=False)
-    server.start()
-    try:
-        proc = run_cli(
-            "generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url, "--tokenizer", TOKENIZER,
-            "--down-timeout", "1", "--probe-interval", "0.2",
-        )  # fmt: skip
-    finally:
-        server.stop()
+    proc = generate_against(
+        problems, tmp_path / "out", Faults(error_rate=1.0), "--down-timeout", "1", "--probe-interval", "0.2"
+    )
     stderr = proc.stderr.decode()
     assert proc.returncode == 4, stderr
     assert stderr.index("agentroll generate:") < stderr.index("error: every endpoint has been down for 1s")
@@ -79,13 +84,9 @@ def test_exit_4_after_the_down_timeout_is_said_below_the_summary(tmp_path, probl
 
 
 def test_quiet_exit_8_names_why_groups_failed_rather_than_warnings_it_did_not_print(tmp_path, problems):
-    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.4), seed=3, record=False)
-    server.start()
-    args = ["generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url, "--tokenizer", TOKENIZER]
-    try:
-        quiet = run_cli(*args, "--max-retries", "0", "--num-parallel", "2", "-q")
-    finally:
-        server.stop()
+    quiet = generate_against(
+        problems, tmp_path / "out", Faults(error_rate=0.4), "--max-retries", "0", "--num-parallel", "2", "-q"
+    )
     assert quiet.returncode == 8, quiet.stderr.decode()
     lines = quiet.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "see the warnings above" not in lines[0], lines
@@ -93,15 +94,9 @@ def test_quiet_exit_8_names_why_groups_failed_rather_than_warnings_it_did_not_pr
 
 
 def test_loud_exit_8_points_at_the_warnings_it_printed(tmp_path, problems):
-    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.4), seed=3, record=False)
-    server.start()
-    try:
-        loud = run_cli(
-            "generate", str(problems), "-o", str(tmp_path / "out"), "--base-url", server.url, "--tokenizer", TOKENIZER,
-            "--max-retries", "0", "--num-parallel", "2",
-        )  # fmt: skip
-    finally:
-        server.stop()
+    loud = generate_against(
+        problems, tmp_path / "out", Faults(error_rate=0.4), "--max-retries", "0", "--num-parallel", "2"
+    )
     assert loud.returncode == 8
     assert "see the warnings above" in last_line(loud.stderr) and "group not written" in loud.stderr.decode()
 
@@ -170,18 +165,22 @@ def as_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
     )
 
 
-def test_serve_sim_says_no_transformers_banner_on_a_machine_without_torch():
-    probe = (
-        f"{HIDE_TORCH}sys.argv = ['agentroll', 'serve-sim', '--port', '0']\nfrom agentroll.cli import main\nmain()\n"
-    )
+def serve_sim_stderr(*args: str, preamble: str = "import sys\n") -> str:
+    """What `agentroll serve-sim --port 0 ARGS` says on stderr up to its listening line, as the command starts."""
+    probe = f"{preamble}sys.argv = ['agentroll', 'serve-sim', '--port', '0', *{list(args)!r}]\n"
     with subprocess.Popen(
-        [sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=shell_env()
-    ) as proc:
+        [sys.executable, "-c", probe + "from agentroll.cli import main\nmain()\n"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=shell_env(),
+    ) as proc:  # fmt: skip
         try:
             assert proc.stdout is not None and "listening on http://127.0.0.1:" in proc.stdout.readline()
         finally:
             proc.terminate()
-        _, stderr = proc.communicate(timeout=60)
+        return proc.communicate(timeout=60)[1]
+
+
+def test_serve_sim_says_no_transformers_banner_on_a_machine_without_torch():
+    stderr = serve_sim_stderr(preamble=HIDE_TORCH)
     assert BANNER not in stderr, stderr
 
 
@@ -204,16 +203,7 @@ def test_a_run_is_quiet_about_what_needs_no_action_and_verbose_says_it(sim, prob
 
 @pytest.mark.parametrize("answers", [False, True], ids=["no answers", "answers"])
 def test_serve_sim_says_at_start_that_without_answers_every_answer_is_graded_wrong(problems, answers):
-    args = ["serve-sim", "--port", "0", *(["--answers", str(problems)] if answers else [])]
-    probe = f"import sys\nsys.argv = ['agentroll', *{args!r}]\nfrom agentroll.cli import main\nmain()\n"
-    with subprocess.Popen(
-        [sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=shell_env()
-    ) as proc:
-        try:
-            assert proc.stdout is not None and "listening on" in proc.stdout.readline()
-        finally:
-            proc.terminate()
-        _, stderr = proc.communicate(timeout=60)
+    stderr = serve_sim_stderr(*(["--answers", str(problems)] if answers else []))
     said = "no --answers: the simulated model knows no label, so every answer it writes is graded wrong"
     assert (said in stderr) is not answers, stderr
 
@@ -225,16 +215,8 @@ def test_a_follower_ends_naming_the_runs_exit_when_it_ended_for_good_and_waits_w
     from agentroll.folder import Layout, Manifest
     from agentroll.folder.lock import release, take
 
-    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.4), seed=3, record=False)
-    server.start()
     out = tmp_path / "out"
-    try:
-        made = run_cli(
-            "generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
-            "--max-retries", "0", "--system", "single", "-q",
-        )  # fmt: skip
-    finally:
-        server.stop()
+    made = generate_against(problems, out, Faults(error_rate=0.4), "--max-retries", "0", "--system", "single", "-q")
     assert made.returncode == 8
     read: list[str] = []
     with pytest.raises(RunEnded) as ended:
@@ -254,16 +236,8 @@ def test_a_follower_ends_naming_the_runs_exit_when_it_ended_for_good_and_waits_w
 
 
 def test_stats_says_a_folder_is_not_complete_and_how_its_run_ended(tmp_path, problems):
-    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(error_rate=0.4), seed=3, record=False)
-    server.start()
     out = tmp_path / "out"
-    try:
-        run_cli(
-            "generate", str(problems), "-o", str(out), "--base-url", server.url, "--tokenizer", TOKENIZER,
-            "--max-retries", "0", "--system", "single", "-q",
-        )  # fmt: skip
-    finally:
-        server.stop()
+    generate_against(problems, out, Faults(error_rate=0.4), "--max-retries", "0", "--system", "single", "-q")
     for args in ([], ["--json"]):
         shown = run_cli("stats", str(out), *args)
         assert shown.returncode == 0
