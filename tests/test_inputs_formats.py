@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from agentroll.errors import InputError, UsageError
-from agentroll.inputs import aread_problems, count_rows, read_problems
+from agentroll.inputs import aread_problems, count_rows, read_problems, rows_to_read
 from agentroll.inputs.read import AHEAD
-from agentroll.runner import _count_rows
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -186,8 +185,8 @@ def test_a_large_parquet_file_is_read_a_row_group_at_a_time(tmp_path, monkeypatc
     assert asyncio.run(first_only()) <= AHEAD + 1  # the reader thread reads a bounded number of groups ahead
 
     read.clear()
-    assert _count_rows(str(path), None) == groups * per_group and read == []  # the count is the footer's
-    assert _count_rows(str(path), 10) == 10
+    assert rows_to_read([str(path)]) == groups * per_group and read == []  # the count is the footer's
+    assert rows_to_read([str(path)], 10) == 10
 
 
 def test_concatenated_gzip_members_and_zstd_frames_are_all_read(tmp_path):
@@ -248,7 +247,7 @@ def test_count_rows_for_the_progress_bar(tmp_path):
     gz.write_bytes(gzip.compress(plain.read_bytes()))
     assert (count_rows(str(plain)), count_rows(str(gz))) == (5, 5)
     assert count_rows(str(gz), most_compressed=10) is None  # past the cap: not worth decompressing twice
-    assert count_rows("-") is None and _count_rows("-", 3) == 3
+    assert count_rows("-") is None and rows_to_read(["-"], 3) == 3
 
 
 @pytest.mark.parametrize("compress", [gzip.compress, zstandard.ZstdCompressor().compress], ids=["gzip", "zstd"])
