@@ -235,7 +235,7 @@ def test_the_separator_and_the_prefix_check_on_a_template_that_drops_earlier_thi
 def test_doctor_reports_the_templates_prefix_property(served):
     proc = run_cli("doctor", "--base-url", served.url, "--tokenizer", TOKENIZER)
     assert proc.returncode == 0, proc.stderr.decode() + proc.stdout.decode()
-    assert re.search(r"ok +multi-turn: the template.s prefix property holds", proc.stderr.decode())
+    assert re.search(r"ok +multi-turn: the template.s prefix property holds", proc.stdout.decode())
 
 
 # -- a user's system: the docs' example, run as written ---------------------------------------------------------

@@ -47,9 +47,9 @@ def test_generate_finds_the_servers_logprobs_mode_and_warns_on_raw(shaped):
 
 def doctor_line(url: str, *flags: str) -> str:
     doctor = run_cli("doctor", "--base-url", url, "--tokenizer", TOKENIZER, *flags, timeout=300)
-    assert doctor.returncode == 0, doctor.stderr.decode()
-    lines = [line for line in doctor.stderr.decode().splitlines() if re.match(r"(ok|warn|fail) +logprobs mode:", line)]
-    assert len(lines) == 1, doctor.stderr.decode()
+    assert doctor.returncode == 0, doctor.stderr.decode() + doctor.stdout.decode()
+    lines = [line for line in doctor.stdout.decode().splitlines() if re.match(r"(ok|warn|fail) +logprobs mode:", line)]
+    assert len(lines) == 1, doctor.stdout.decode()
     return lines[0]
 
 

@@ -225,9 +225,9 @@ def test_local_chat_template_matches_vllms_tokenize_for_every_stage(real_vllm):
             theirs = json.loads(urllib.request.urlopen(request, timeout=30).read())["tokens"]
             assert encoder.encode(messages)[1] == theirs
     doctor = run_cli("doctor", "--base-url", real_vllm + "/v1", "--tokenizer", TOKENIZER, timeout=300)
-    assert doctor.returncode == 0, doctor.stderr.decode()
-    assert b"ok   chat template" in doctor.stderr and b"ok   return_token_ids" in doctor.stderr
-    assert b"ok   token API: /inference/v1/generate" in doctor.stderr  # served with --enable-scale-out
+    assert doctor.returncode == 0, doctor.stderr.decode() + doctor.stdout.decode()
+    assert b"ok   chat template" in doctor.stdout and b"ok   return_token_ids" in doctor.stdout  # the verdicts
+    assert b"ok   token API: /inference/v1/generate" in doctor.stdout  # served with --enable-scale-out
 
 
 def test_a_prompt_leaving_no_room_is_a_bad_row(real_vllm, tmp_path):
