@@ -153,3 +153,16 @@ def test_an_error_line_is_one_line_in_a_file_and_wrapped_between_words_on_a_term
         lines = shown.file.getvalue().splitlines()  # type: ignore[attr-defined]
         assert flat("\n".join(lines)) == f"error: {message}"
         assert len(lines) == (3 if terminal else 1) and all(len(line) <= 60 for line in lines) is terminal
+
+
+def test_figures_that_count_per_execution_are_not_said_as_accuracies():
+    from agentroll.cli.summary import lines
+    from agentroll.stats import Figure
+
+    stats = RunStats(problems=2, executions=4, system_correct=2, groups_written=2)
+    stats.figures = (Figure("calls_per_execution", "calls per execution", "calls", unit="per execution"),)
+    stats.counters = {"calls": 14}
+    said = [" ".join(phrases) for phrases in lines(RunResult(stats, ClientCounters(), 1.0, "m", "out"))]
+    accuracy = next(line for line in said if line.startswith("accuracy:"))
+    assert "calls per execution" not in accuracy and "system 0.500" in accuracy
+    assert "calls per execution 3.50" in said

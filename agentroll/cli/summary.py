@@ -18,10 +18,12 @@ def fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def figures(stats: RunStats) -> str:
+def figures(stats: RunStats, counts: bool = False) -> str:
     """The system's report figures under its names, "-" where one does not apply (a majority vote over
-    programs, which box no answer)."""
-    return ", ".join(f"{f.label} {fmt(stats.figure(f))}" for f in stats.report_figures())
+    programs, which box no answer): its shares, or (`counts`) those that count something per unit (the agent
+    system's calls per execution), to two places."""
+    shown = [f for f in stats.report_figures() if (f.unit is not None) is counts]
+    return ", ".join(f"{f.label} {fmt(stats.figure(f), 2 if counts else 3)}" for f in shown)
 
 
 ROWS: tuple[tuple[str, Callable[[StageStats], str]], ...] = (
@@ -76,6 +78,7 @@ def lines(result: RunResult) -> list[list[str]]:
             f"executions{generated} {s.executions}, records written {s.records_written}, invalid rows {s.invalid_rows}",
         ],
         [f"accuracy{' over the groups generated' if generated else ''}: {figures(s)}"],
+        *([[figures(s, counts=True)]] if figures(s, counts=True) else []),
         [
             f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}, "
             f"missing {result.missing_groups}",
