@@ -260,8 +260,21 @@ def test_an_agent_past_its_timeout_is_killed_with_everything_it_started(problems
         del os.environ["CHILD_PID"]
     assert code == 8, output
     assert "the agent ran past its timeout of 10s (nothing on its stderr)" in output
+    stats = json.loads((tmp_path / "out" / "manifest.json").read_text())["last_run"]["stats"]
+    assert (stats["agents_failed"], stats["agents_timed_out"]) == (0, 1)
     child = int(pid_file.read_text())
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_crash_is_counted_as_a_crash_whatever_its_stderr_says(problems, server, tmp_path):
+    """An agent that exits non-zero after a traceback naming a timeout of its own (a tool's, an HTTP read's) crashed:
+    only the execution's own timeout counts as `agents_timed_out`."""
+    crash = "import sys\nprint('requests.exceptions.ReadTimeout: read timeout=10', file=sys.stderr)\nsys.exit(1)\n"
+    out = tmp_path / "out"
+    code, output = generate(problems, out, server.url, "--system-option", program(tmp_path, crash), "--limit", "1")
+    assert code == 8 and "the agent exited with code 1; its stderr ends: requests.exceptions.ReadTimeout" in output
+    stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
+    assert (stats["agents_failed"], stats["agents_timed_out"]) == (1, 0)
 
 
 def test_an_agent_that_makes_no_call_fails_its_execution(problems, server, tmp_path):

@@ -40,7 +40,12 @@ PROBLEM_ENV = 64 << 10  # largest row passed in AGENTROLL_PROBLEM
 
 
 class AgentFailed(Exception):
-    """The agent crashed, exited non-zero or ran out of time: an infrastructure failure of its execution."""
+    """The agent crashed, exited non-zero or ran out of time (`timed_out`): an infrastructure failure of its
+    execution."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +137,7 @@ async def run_program(command: str, env: dict[str, str], row: bytes, timeout_s: 
         try:
             code = await asyncio.wait_for(process.wait(), timeout_s)
         except asyncio.TimeoutError:
-            raise AgentFailed(f"ran past its timeout of {timeout_s:g}s{_said(err)}") from None
+            raise AgentFailed(f"ran past its timeout of {timeout_s:g}s{_said(err)}", timed_out=True) from None
     finally:
         _kill(process.pid)  # the group: whatever it started, still running or not
         if process.returncode is None:
@@ -183,7 +188,7 @@ async def run_function(function: Any, client: Any, row: dict[str, Any], timeout_
     try:
         value = await asyncio.wait_for(function(client, row), timeout_s)
     except asyncio.TimeoutError:
-        raise AgentFailed(f"ran past its timeout of {timeout_s:g}s") from None
+        raise AgentFailed(f"ran past its timeout of {timeout_s:g}s", timed_out=True) from None
     except (asyncio.CancelledError, UsageError):
         raise
     except Exception as exc:

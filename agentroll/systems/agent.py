@@ -132,7 +132,7 @@ class Agent(System):
                 raise session.failed.result()
             outcome = work.result()
         except AgentFailed as exc:
-            ctx.engine.stats.count("agents_timed_out" if "timeout" in str(exc) else "agents_failed")
+            ctx.engine.stats.count("agents_timed_out" if exc.timed_out else "agents_failed")
             raise ExecutionFailed(f"the agent {exc}") from exc
         finally:
             if not work.done():
