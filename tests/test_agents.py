@@ -277,6 +277,17 @@ def test_a_crash_is_counted_as_a_crash_whatever_its_stderr_says(problems, server
     assert (stats["agents_failed"], stats["agents_timed_out"]) == (1, 0)
 
 
+def test_the_timeout_runs_while_the_row_is_handed_over(server, tmp_path):
+    """A row larger than a pipe holds, to an agent that never reads its standard input: the timeout still ends it
+    (the row is not written to the end first)."""
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps({"id": "p000", "prompt": "What is 10 plus 7?", "label": "17", "notes": "x" * 400_000}))
+    sleeper = "import time\ntime.sleep(30)\n"
+    options = ["--system-option", program(tmp_path, sleeper), "--system-option", "timeout=2"]
+    code, output = generate(big, tmp_path / "out", server.url, *options)
+    assert code == 8 and "the agent ran past its timeout of 2s" in output, output
+
+
 def test_an_agent_that_makes_no_call_fails_its_execution(problems, server, tmp_path):
     code, output = generate(
         problems, tmp_path / "out", server.url, "--system-option", program(tmp_path, "print(42)"), "--limit", "1"

@@ -108,6 +108,13 @@ async def _drain(stream: asyncio.StreamReader, keep: bytearray) -> None:
             del keep[: len(keep) - TAIL]
 
 
+async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stdin.write(data)
+        await stdin.drain()
+        stdin.close()
+
+
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -129,11 +136,9 @@ async def run_program(command: str, env: dict[str, str], row: bytes, timeout_s: 
     out, err = bytearray(), bytearray()
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     readers = [asyncio.ensure_future(_drain(process.stdout, out)), asyncio.ensure_future(_drain(process.stderr, err))]
+    # the row is handed over while the timeout runs: an agent that never reads a row larger than a pipe holds
+    readers.append(asyncio.ensure_future(_feed(process.stdin, row + b"\n")))
     try:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            process.stdin.write(row + b"\n")
-            await process.stdin.drain()
-            process.stdin.close()
         try:
             code = await asyncio.wait_for(process.wait(), timeout_s)
         except asyncio.TimeoutError:
@@ -152,8 +157,8 @@ async def run_program(command: str, env: dict[str, str], row: bytes, timeout_s: 
 
 
 async def _reap(process: asyncio.subprocess.Process, readers: list[asyncio.Task[None]]) -> None:
-    """Wait for the killed program, and for its outputs to close (a few seconds at most: a process that left
-    the group may hold them open)."""
+    """Wait for the killed program, for its outputs to close and its input to be let go (a few seconds at most: a
+    process that left the group may hold them open)."""
     await process.wait()
     _, pending = await asyncio.wait(readers, timeout=5.0)
     for reader in pending:
