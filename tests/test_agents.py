@@ -332,8 +332,9 @@ def test_a_template_that_differs_from_the_servers_is_caught_and_the_server_rende
     assert all(r["prompt"].endswith("<|im_start|>assistant\n") for r in records)  # the server's template
 
 
-def test_sigterm_stops_the_run_and_every_agent_with_all_it_started(problems, server, tmp_path):
-    """A stop while agents run: agentroll exits 143, each agent's process group is killed, nothing is left."""
+def running_agent(problems: Path, server: SimServer, tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
+    """`agentroll generate` in a process of its own, once its agent has started a child of its own: the run, that
+    child's pid, and where the run's stderr goes."""
     pid_file = tmp_path / "child.pid"
     agent = tmp_path / "agent.py"
     agent.write_text(support.HANG_PROGRAM)
@@ -343,11 +344,40 @@ def test_sigterm_stops_the_run_and_every_agent_with_all_it_started(problems, ser
     log = tmp_path / "stderr.log"
     with log.open("wb") as err:
         run = subprocess.Popen([sys.executable, "-m", "agentroll", *args], env=env, stderr=err)
-        deadline = time.monotonic() + 60
-        while not (pid_file.exists() and pid_file.read_text()) and run.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # the agent's own progress: its child's pid written
-        assert run.poll() is None, log.read_text()
-        child = int(pid_file.read_text())
-        run.send_signal(signal.SIGTERM)
-        assert run.wait(timeout=60) == 143, log.read_text()
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the agent's own progress: its child's pid written
+    assert run.poll() is None, log.read_text()
+    return run, int(pid_file.read_text()), log
+
+
+def gone(pid: int) -> bool:
+    """Whether the process has ended (or is a zombie), waiting for it up to a minute."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_sigterm_stops_the_run_and_every_agent_with_all_it_started(problems, server, tmp_path):
+    """A stop while agents run: agentroll exits 143, each agent's process group is killed, nothing is left."""
+    run, child, log = running_agent(problems, server, tmp_path)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=60) == 143, log.read_text()
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_kill_9_of_the_run_leaves_nothing_an_agent_started(problems, server, tmp_path):
+    """agentroll killed outright (no chance to clean up): the agent and all it started die with it."""
+    run, child, log = running_agent(problems, server, tmp_path)
+    run.kill()
+    assert run.wait(timeout=60) == -signal.SIGKILL
+    alive = not gone(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, log.read_text()

@@ -6,7 +6,8 @@ execution's credential, `AGENTROLL_MODEL` the served model, `AGENTROLL_SAMPLE_IN
 is, the row as JSON on its standard input and in `AGENTROLL_PROBLEM` (when under 64 KiB: an environment variable
 is limited), and `OPENAI_AGENTS_DISABLE_TRACING=1` unless set (the OpenAI Agents SDK would send traces to OpenAI).
 Its whole process group is killed when it ends, when its wall-clock `timeout` passes, or when the execution ends
-otherwise (a failed call, a stop). A function gets an `openai.AsyncOpenAI` bound to the proxy and the row.
+otherwise (a failed call, a stop); the run's `Watchdog` kills it when agentroll dies without cleaning up (kill -9).
+A function gets an `openai.AsyncOpenAI` bound to the proxy and the row.
 
 Its final answer is what it returns (a function) or the last line it prints (a program), or a JSON object
 `{"answer": ..., "reward": ...}` (the whole output or its last line); `reward` is the agent's own score, used
@@ -22,21 +23,25 @@ import inspect
 import math
 import os
 import signal
+import subprocess
+import sys
 import traceback
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import orjson
 
-from ..children import die_with
+from ..children import die_with, spawn, stop_group
 from ..errors import UsageError
 from ..loading import load_object
 
-__all__ = ["AgentFailed", "Outcome", "outcome_of", "run_function", "run_program"]
+__all__ = ["AgentFailed", "Outcome", "Watchdog", "outcome_of", "run_function", "run_program"]
 
 TAIL = 64 << 10  # bytes of each output kept
 PROBLEM_ENV = 64 << 10  # largest row passed in AGENTROLL_PROBLEM
+WATCH = str(Path(__file__).with_name("_watch.py"))
 
 
 class AgentFailed(Exception):
@@ -120,7 +125,43 @@ def _kill(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-async def run_program(command: str, env: dict[str, str], row: bytes, timeout_s: float) -> Outcome:
+class Watchdog:
+    """The run's `_watch.py`, told of each agent program's process group: it kills those still running when
+    agentroll ends, even killed outright. Telling it never blocks or fails the run (a watchdog gone is only a
+    protection lost)."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        watch = [sys.executable, "-I", "-S", "-B", WATCH]
+        self._process = spawn(watch, signal.SIGTERM, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None)
+        assert self._process.stdin is not None
+        os.set_blocking(self._process.stdin.fileno(), False)
+
+    def _tell(self, line: str) -> None:
+        if self._process is not None and self._process.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                os.write(self._process.stdin.fileno(), line.encode())
+
+    def started(self, group: int) -> None:
+        self._tell(f"+{group}\n")
+
+    def ended(self, group: int) -> None:
+        self._tell(f"-{group}\n")
+
+    async def aclose(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            assert process.stdin is not None
+            with contextlib.suppress(OSError):
+                process.stdin.close()  # its input ends: it kills what is listed (nothing, by now) and exits
+            await asyncio.to_thread(stop_group, process, 5.0)
+
+
+async def run_program(
+    command: str, env: dict[str, str], row: bytes, timeout_s: float, watchdog: Watchdog | None = None
+) -> Outcome:
     """Run `command` for one execution (see the module's docstring)."""
     process = await asyncio.create_subprocess_exec(
         "/bin/sh",
@@ -133,6 +174,8 @@ async def run_program(command: str, env: dict[str, str], row: bytes, timeout_s: 
         start_new_session=True,
         preexec_fn=partial(die_with, os.getpid()),
     )
+    if watchdog is not None:
+        watchdog.started(process.pid)  # its group's id: the session it leads
     out, err = bytearray(), bytearray()
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     readers = [asyncio.ensure_future(_drain(process.stdout, out)), asyncio.ensure_future(_drain(process.stderr, err))]
@@ -148,7 +191,11 @@ async def run_program(command: str, env: dict[str, str], row: bytes, timeout_s: 
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
-        await asyncio.shield(_reap(process, readers))
+        try:
+            await asyncio.shield(_reap(process, readers))
+        finally:
+            if watchdog is not None:  # killed already: its id is never left listed, to be reused by another group
+                watchdog.ended(process.pid)
     if code < 0:
         raise AgentFailed(f"was killed by signal {-code}{_said(err)}")
     if code != 0:

@@ -35,7 +35,7 @@ from .agent_words import AgentWords
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ..agents.launch import Outcome
+    from ..agents.launch import Outcome, Watchdog
     from ..agents.proxy import Proxy
     from ..context import Context
     from ..inputs import Problem
@@ -87,6 +87,7 @@ class Agent(System):
         self.parse = parser_for(s["parser"])
         self._proxy: asyncio.Future[Proxy] | None = None
         self._function: Any = None
+        self._watchdog: Watchdog | None = None  # a program's: kills what agents left when agentroll dies
         self._turns: asyncio.Semaphore | None = None  # agents running at once: at most max_agents
 
     async def _ready(self, ctx: Context) -> Proxy:
@@ -97,11 +98,14 @@ class Agent(System):
         return await asyncio.shield(self._proxy)
 
     async def _start(self, ctx: Context) -> Proxy:
-        from ..agents.launch import load_function
+        from ..agents.launch import Watchdog, load_function
         from ..agents.proxy import Proxy
 
         if self.settings["agent"] is not None:
             self._function = load_function(self.settings["agent"])
+        else:
+            self._watchdog = Watchdog()
+            self._watchdog.start()
         config = ctx.engine.stage("agent").config
         proxy = Proxy(config.model, config.max_context_len, config.alternatives)
         await proxy.start()
@@ -109,8 +113,13 @@ class Agent(System):
 
     async def aclose(self) -> None:
         started, self._proxy = self._proxy, None
-        if started is not None and started.done() and not started.cancelled() and started.exception() is None:
-            await started.result().aclose()
+        watchdog, self._watchdog = self._watchdog, None
+        try:
+            if started is not None and started.done() and not started.cancelled() and started.exception() is None:
+                await started.result().aclose()
+        finally:
+            if watchdog is not None:
+                await watchdog.aclose()
 
     async def run(self, ctx: Context) -> list[Sample]:
         proxy = await self._ready(ctx)
@@ -170,7 +179,7 @@ class Agent(System):
         env.pop("AGENTROLL_PROBLEM", None)
         if len(data) <= PROBLEM_ENV:
             env["AGENTROLL_PROBLEM"] = data.decode()
-        return await run_program(self.settings["command"], env, data, timeout)
+        return await run_program(self.settings["command"], env, data, timeout, self._watchdog)
 
     async def rescore(self, execution: Rescoring) -> None:
         """As `run` settles an execution, from the answer (and the agent's own reward) its records keep."""
