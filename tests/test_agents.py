@@ -134,6 +134,30 @@ def test_an_agent_is_recorded_token_exact_through_its_tool_turns(agent, problems
     assert figures["agent_accuracy"] == 1.0 == figures["system_accuracy"]
 
 
+@pytest.mark.parametrize(
+    "agent",
+    [
+        pytest.param(lambda tmp: program(tmp, support.SDK_PROGRAM), id="openai-sdk-program"),
+        pytest.param(lambda tmp: program(tmp, support.CURL_PROGRAM), id="urllib-program"),
+        pytest.param(lambda tmp: "agent=tests.agents_support:sdk_run", id="openai-sdk-async-function"),
+    ],
+)
+def test_an_http_proxy_in_the_environment_does_not_come_between_the_agent_and_agentroll(
+    agent, problems, server, tmp_path, monkeypatch
+):
+    """A cluster's HTTP_PROXY (here one that answers nothing) is for the outside world: the agent's client reaches
+    agentroll's proxy on loopback directly, whatever NO_PROXY already held."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "example.com")
+    monkeypatch.delenv("no_proxy", raising=False)
+    out = tmp_path / "out"
+    code, output = generate(problems, out, server.url, "--system-option", agent(tmp_path), "--limit", "1")
+    assert code == 0, output
+    assert check_exact(read_records(out), server) == 1
+    assert os.environ["NO_PROXY"] == "example.com"  # the run's own environment is left as it was
+
+
 def test_the_reward_an_agent_reports_is_used_with_reward_agent(problems, server, tmp_path):
     out = tmp_path / "out"
     code, output = generate(

@@ -1,7 +1,8 @@
 """An agent, run once per execution: a program (any command) or an async Python function.
 
 A program is started through `/bin/sh -c COMMAND` in a session (process group) of its own, with
-`OPENAI_BASE_URL` (and `OPENAI_API_BASE`, which older clients read) pointing at the proxy, `OPENAI_API_KEY` the
+`OPENAI_BASE_URL` (and `OPENAI_API_BASE`, which older clients read) pointing at the proxy (on loopback, which
+`NO_PROXY` is made to name: a cluster's `HTTP_PROXY` is not in the way), `OPENAI_API_KEY` the
 execution's credential, `AGENTROLL_MODEL` the served model, `AGENTROLL_SAMPLE_INDEX` which of the K executions it
 is, the row as JSON on its standard input and in `AGENTROLL_PROBLEM` (when under 64 KiB: an environment variable
 is limited), and `OPENAI_AGENTS_DISABLE_TRACING=1` unless set (the OpenAI Agents SDK would send traces to OpenAI).
@@ -37,7 +38,7 @@ from ..children import die_with, spawn, stop_group
 from ..errors import UsageError
 from ..loading import load_object
 
-__all__ = ["AgentFailed", "Outcome", "Watchdog", "outcome_of", "run_function", "run_program"]
+__all__ = ["AgentFailed", "Outcome", "Watchdog", "direct", "outcome_of", "run_function", "run_program"]
 
 TAIL = 64 << 10  # bytes of each output kept
 PROBLEM_ENV = 64 << 10  # largest row passed in AGENTROLL_PROBLEM
@@ -97,6 +98,14 @@ def outcome_of(value: Any) -> Outcome:
             raise AgentFailed('it returned an object without "answer"')
         return _reported(value)
     return Outcome(_text(value))
+
+
+def direct(env: dict[str, str], host: str = "127.0.0.1") -> dict[str, str]:
+    """`env` with `host` among the hosts reached without an HTTP proxy (`NO_PROXY` and `no_proxy`, both read by
+    httpx, requests, urllib and curl, made one list)."""
+    hosts = [h.strip() for name in ("NO_PROXY", "no_proxy") for h in env.get(name, "").split(",") if h.strip()]
+    listed = ",".join(dict.fromkeys([*hosts, host]))
+    return {**env, "NO_PROXY": listed, "no_proxy": listed}
 
 
 def tail_line(data: bytes, limit: int = 400) -> str:
@@ -232,7 +241,9 @@ def openai_client(url: str, key: str, timeout_s: float) -> Any:
         raise UsageError(
             "--system-option agent=...: the openai package is missing: pip install 'agentroll[agent]'"
         ) from None
-    return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=timeout_s)
+    # trust_env off: the proxy is on loopback, never behind the HTTP_PROXY the environment may name
+    http = openai.DefaultAsyncHttpxClient(trust_env=False)
+    return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=timeout_s, http_client=http)
 
 
 async def run_function(function: Any, client: Any, row: dict[str, Any], timeout_s: float) -> Outcome:

@@ -160,7 +160,7 @@ class Agent(System):
         return samples
 
     async def _agent(self, ctx: Context, url: str, credential: str) -> Outcome:
-        from ..agents.launch import PROBLEM_ENV, openai_client, run_function, run_program
+        from ..agents.launch import PROBLEM_ENV, direct, openai_client, run_function, run_program
 
         row = {**ctx.problem.metadata, "id": ctx.problem.id, "prompt": ctx.problem.prompt, "label": ctx.problem.label}
         timeout = float(self.settings["timeout"])
@@ -168,7 +168,7 @@ class Agent(System):
             return await run_function(self._function, openai_client(url, credential, timeout), row, timeout)
         data = orjson.dumps(row)
         env = {
-            **os.environ,
+            **direct(dict(os.environ)),
             "OPENAI_BASE_URL": url,
             "OPENAI_API_BASE": url,
             "OPENAI_API_KEY": credential,
