@@ -169,6 +169,31 @@ def test_the_reward_an_agent_reports_is_used_with_reward_agent(problems, server,
     assert {r["reward_info"] for r in records} == {"the agent's own reward"}
 
 
+def test_a_long_answer_is_read_whole_and_one_that_cannot_be_is_a_failure(problems, server, tmp_path):
+    """A coding agent's answer (a patch) runs to hundreds of KiB on one line, after pages of logs: it is read
+    whole. An answer line longer than what agentroll keeps of the output fails the execution, saying why; it is
+    never scored cut."""
+    talk = support.CURL_PROGRAM.split("for _ in range(6):")[0] + (
+        'post("/chat/completions", {"model": model, "messages": messages})\n'
+        'print("log line\\n" * 20000)\n'
+        'print(json.dumps({"answer": "x" * int(os.environ["ANSWER_BYTES"]), "reward": 1}))\n'
+    )
+    out = tmp_path / "out"
+    options = ["--system-option", program(tmp_path, talk), "--reward", "agent", "--limit", "1"]
+    os.environ["ANSWER_BYTES"] = str(300_000)
+    try:
+        code, output = generate(problems, out, server.url, *options)
+        assert code == 0, output
+        assert [(len(r["agent_answer"]), r["raw_reward"]) for r in read_records(out)] == [(300_000, 1.0)]
+        os.environ["ANSWER_BYTES"] = str(40 << 20)
+        code, output = generate(problems, tmp_path / "cut", server.url, *options)
+    finally:
+        del os.environ["ANSWER_BYTES"]
+    assert (
+        code == 8 and "the agent printed an answer line longer than the 16 MiB of its output agentroll keeps" in output
+    )
+
+
 def test_reward_agent_takes_the_agent_system(problems, server, tmp_path):
     code, output = generate(problems, tmp_path / "out", server.url, "--system", "single", "--reward", "agent")
     assert code == 2 and "--reward agent is the reward an agent reports: it takes --system agent" in output

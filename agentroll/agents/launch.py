@@ -40,7 +40,8 @@ from ..loading import load_object
 
 __all__ = ["AgentFailed", "Outcome", "Watchdog", "direct", "outcome_of", "run_function", "run_program"]
 
-TAIL = 64 << 10  # bytes of each output kept
+TAIL = 64 << 10  # bytes of its standard error kept (for the warning)
+ANSWER = 16 << 20  # bytes of its standard output kept: its answer is the end of it
 PROBLEM_ENV = 64 << 10  # largest row passed in AGENTROLL_PROBLEM
 WATCH = str(Path(__file__).with_name("_watch.py"))
 
@@ -83,14 +84,20 @@ def _object(text: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "answer" in data else None
 
 
-def outcome_of(value: Any) -> Outcome:
-    """A function's return value, or a program's standard output (bytes), as its answer and reward."""
+def outcome_of(value: Any, cut: bool = False) -> Outcome:
+    """A function's return value, or a program's standard output (bytes), as its answer and reward. `cut`: the
+    output's start was let go (only its last `ANSWER` bytes were kept), so only a last line kept whole is read."""
     if isinstance(value, bytes):
         text = value.decode("utf-8", "replace").strip()
         if not text:
             return Outcome(None)
-        found = _object(text)
-        last = text.splitlines()[-1].strip()
+        lines = text.splitlines()
+        if cut and len(lines) < 2:
+            raise AgentFailed(
+                f"printed an answer line longer than the {ANSWER >> 20} MiB of its output agentroll keeps"
+            )
+        found = None if cut else _object(text)
+        last = lines[-1].strip()
         found = found if found is not None else _object(last)
         return _reported(found) if found is not None else Outcome(last)
     if isinstance(value, dict):
@@ -115,11 +122,20 @@ def tail_line(data: bytes, limit: int = 400) -> str:
     return joined if len(joined) <= limit else "..." + joined[-limit:]
 
 
-async def _drain(stream: asyncio.StreamReader, keep: bytearray) -> None:
+class Kept(bytearray):
+    """The end of an output, at most `limit` bytes; `cut` once anything before it was let go."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.cut = limit, False
+
+
+async def _drain(stream: asyncio.StreamReader, keep: Kept) -> None:
     while chunk := await stream.read(1 << 16):
         keep += chunk
-        if len(keep) > TAIL:
-            del keep[: len(keep) - TAIL]
+        if len(keep) > keep.limit:
+            del keep[: len(keep) - keep.limit]
+            keep.cut = True
 
 
 async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
@@ -185,7 +201,7 @@ async def run_program(
     )
     if watchdog is not None:
         watchdog.started(process.pid)  # its group's id: the session it leads
-    out, err = bytearray(), bytearray()
+    out, err = Kept(ANSWER), Kept(TAIL)
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     readers = [asyncio.ensure_future(_drain(process.stdout, out)), asyncio.ensure_future(_drain(process.stderr, err))]
     # the row is handed over while the timeout runs: an agent that never reads a row larger than a pipe holds
@@ -209,7 +225,7 @@ async def run_program(
         raise AgentFailed(f"was killed by signal {-code}{_said(err)}")
     if code != 0:
         raise AgentFailed(f"exited with code {code}{_said(err)}")
-    return outcome_of(bytes(out))
+    return outcome_of(bytes(out), out.cut)
 
 
 async def _reap(process: asyncio.subprocess.Process, readers: list[asyncio.Task[None]]) -> None:
