@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,21 @@ def test_what_cannot_be_served_exactly_is_refused_with_a_400_naming_it(serve):
         assert expected in message
     (only,) = group.executions[0]
     assert group.status == "complete" and only.sampling["temperature"] == 0.5
+
+
+def test_a_function_agent_runs_with_the_agents_sdk_tracing_off_unless_set(serve, monkeypatch):
+    """As a program is started with OPENAI_AGENTS_DISABLE_TRACING=1, so a function runs with it (in agentroll's
+    own process, where OPENAI_API_KEY may be the user's real key): the Agents SDK sends no traces to OpenAI."""
+    server = serve()
+    monkeypatch.delenv("OPENAI_AGENTS_DISABLE_TRACING", raising=False)
+
+    async def plan(client: Any, problem: dict) -> str | None:
+        await client.chat.completions.create(model="m", messages=USER)
+        return os.environ.get("OPENAI_AGENTS_DISABLE_TRACING")
+
+    assert run(server, plan)[0] == "1"
+    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "0")  # the user's own choice stands
+    assert run(server, plan)[0] == "0"
 
 
 def test_credentials_paths_and_the_model_list(serve):

@@ -102,6 +102,9 @@ class Agent(System):
         from ..agents.proxy import Proxy
 
         if self.settings["agent"] is not None:
+            # as a program is started (launch.py): the Agents SDK would send traces to OpenAI, with the real
+            # OPENAI_API_KEY this process may have
+            os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
             self._function = load_function(self.settings["agent"])
         else:
             self._watchdog = Watchdog()
