@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -341,6 +342,19 @@ def test_the_journal_replays_by_what_is_asked_whatever_the_order(serve, tmp_path
     again, group = run(server, asking([2, 0, 1]), journal=journal)
     assert again == first and len(generations(server)) == asked and group.status == "complete"
     assert [r.continues is not None for r in group.executions[0]].count(True) == 3
+
+
+def test_a_function_that_calls_sys_exit_fails_its_execution_not_the_run(serve):
+    """A harness turned into a function may still end with sys.exit on an error: that fails its execution (an
+    agent that crashed), it does not end agentroll with the agent's exit code."""
+    server = serve()
+
+    async def plan(client: Any, problem: dict) -> None:
+        await client.chat.completions.create(model="m", messages=USER)
+        sys.exit(3)
+
+    _, group = run(server, plan)
+    assert group.status == "failed" and "the agent raised SystemExit(3)" in group.error
 
 
 def test_max_agents_bounds_the_agents_running_at_once(serve):

@@ -262,13 +262,22 @@ def openai_client(url: str, key: str, timeout_s: float) -> Any:
     return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=timeout_s, http_client=http)
 
 
+async def _returned(function: Any, client: Any, row: dict[str, Any]) -> Any:
+    """The function's value. A sys.exit in it (a harness that was a script) is its failure: caught here, in its
+    own task, since asyncio hands a SystemExit past every task to the loop, ending agentroll with its code."""
+    try:
+        return await function(client, row)
+    except SystemExit as exc:
+        raise AgentFailed(f"raised SystemExit({exc.code}): a function returns its answer") from None
+
+
 async def run_function(function: Any, client: Any, row: dict[str, Any], timeout_s: float) -> Outcome:
     """Await `function(client, row)` for one execution, within `timeout_s`."""
     try:
-        value = await asyncio.wait_for(function(client, row), timeout_s)
+        value = await asyncio.wait_for(_returned(function, client, row), timeout_s)
     except asyncio.TimeoutError:
         raise AgentFailed(f"ran past its timeout of {timeout_s:g}s", timed_out=True) from None
-    except (asyncio.CancelledError, UsageError):
+    except (asyncio.CancelledError, UsageError, AgentFailed):
         raise
     except Exception as exc:
         where = traceback.extract_tb(exc.__traceback__)
