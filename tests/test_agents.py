@@ -413,11 +413,12 @@ def gone(pid: int) -> bool:
     return False
 
 
-def test_sigterm_stops_the_run_and_every_agent_with_all_it_started(problems, server, tmp_path):
-    """A stop while agents run: agentroll exits 143, each agent's process group is killed, nothing is left."""
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "ctrl-c"])
+def test_a_stop_ends_the_run_and_every_agent_with_all_it_started(stop, code, problems, server, tmp_path):
+    """A stop while agents run: agentroll exits 143 (130), each agent's process group is killed, nothing is left."""
     run, child, log = running_agent(problems, server, tmp_path)
-    run.send_signal(signal.SIGTERM)
-    assert run.wait(timeout=60) == 143, log.read_text()
+    run.send_signal(stop)
+    assert run.wait(timeout=60) == code, log.read_text()
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
