@@ -39,6 +39,8 @@ def test_hermes_reads_every_call_in_order():
         ('<tool_call>{"name": "python", "arguments": [1]}</tool_call>', "must be a JSON object"),
         ('<tool_call>{"name": "python", "arguments": "{not json"}</tool_call>', "are not JSON"),
         ('<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}', "without its closing </tool_call>"),
+        ('<tool_call>{"name": "python", "arguments": {"n": 123456789012345678901234567890}}</tool_call>', "64-bit"),
+        ('<tool_call>{"name": "python", "arguments": "{\\"n\\": -99999999999999999999}"}</tool_call>', "64-bit"),
     ],
 )
 def test_a_malformed_hermes_call_is_a_call_with_its_error(text, why):
@@ -58,6 +60,16 @@ def test_a_call_inside_reasoning_that_never_closes_is_not_read():
     assert tool_text("<think>a</think>b</think>c") == ""  # closed twice: no answer, as answer_content reads it
     plain = '<tool_call>{"name": "a", "arguments": {}}</tool_call>'  # --no-think: the whole response
     assert tool_text(plain, think=False) == plain and hermes(tool_text(plain, think=False))[0].name == "a"
+
+
+def test_an_integer_past_64_bits_is_a_malformed_call_in_every_format_never_an_error_of_the_run():
+    big = "123456789012345678901234567890"
+    for calls in (
+        llama3_json(f'{{"name": "f", "parameters": {{"n": {big}}}}}'),
+        mistral(f'[TOOL_CALLS][{{"name": "f", "arguments": {{"n": [{big}]}}}}]'),
+    ):
+        (call,) = calls
+        assert call.name == "f" and call.error is not None and "64-bit" in call.error
 
 
 def test_llama3_and_mistral_formats():
@@ -85,10 +97,13 @@ def test_a_parser_of_ones_own_is_loaded_and_checked(tmp_path: Path):
     path.write_text(
         "from agentroll.toolcalls import ParsedCall\n\n"
         "def parse(text):\n    return [ParsedCall('echo', {'text': text}, text)] if text.startswith('!') else []\n\n"
+        "def big(text):\n    return [ParsedCall('echo', {'n': 2 ** 70}, text)]\n\n"
         "def broken(text):\n    return 'nope'\n"
     )
     parse = parser_for(f"{path}:parse")
     assert parse("!hi") == [ParsedCall("echo", {"text": "!hi"}, "!hi")] and parse("hi") == []
+    (kept,) = parser_for(f"{path}:big")("x")  # records could not hold it: the call is malformed, the run goes on
+    assert kept.error is not None and "64-bit" in kept.error
     with pytest.raises(UsageError, match=r"must return a list of agentroll\.toolcalls\.ParsedCall"):
         parser_for(f"{path}:broken")("x")
     with pytest.raises(UsageError, match="not one of hermes, llama3_json, mistral"):

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from ..errors import UsageError
 from ..loading import load_object
 
@@ -84,7 +86,21 @@ def _call(raw: str, data: Any, keys: tuple[str, ...] = ("arguments",)) -> Parsed
     if not isinstance(arguments, dict):
         return ParsedCall(name, arguments, raw, f'the "{keys[0]}" of {name!r} must be a JSON object')
     given = data.get("id")
-    return ParsedCall(name, arguments, raw, id=given if isinstance(given, str) and given else None)
+    return _keepable(ParsedCall(name, arguments, raw, id=given if isinstance(given, str) and given else None), keys[0])
+
+
+def _keepable(call: ParsedCall, key: str = "arguments") -> ParsedCall:
+    """The call, or the same call malformed when records cannot hold its arguments (they are written with orjson:
+    an integer past 64 bits the model wrote would end the run, not fail its call)."""
+    if call.error is not None:
+        return call
+    try:
+        orjson.dumps(call.arguments)
+    except TypeError as exc:
+        return ParsedCall(
+            call.name, call.raw, call.raw, f'the "{key}" of {call.name!r} cannot be kept ({exc})', call.id
+        )
+    return call
 
 
 def _json(raw: str, keys: tuple[str, ...] = ("arguments",)) -> ParsedCall:
@@ -160,6 +176,6 @@ def parser_for(spec: str) -> Parser:
         calls = found(text)
         if not isinstance(calls, list) or not all(isinstance(c, ParsedCall) for c in calls):
             raise UsageError(f"tool-call parser {spec!r} must return a list of agentroll.toolcalls.ParsedCall")
-        return calls
+        return [_keepable(call) for call in calls]
 
     return checked
