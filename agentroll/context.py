@@ -293,7 +293,7 @@ class Context:
         found = journal.get(*sent) if journal is not None else None
         if found is not None:  # answered in an earlier run, to exactly this request: replayed
             self.engine.stats.calls_replayed += 1
-            done = Completion.from_json(found)
+            done = Completion.from_json(found, ids)
         else:
             prefer = self._endpoints.get(id(client))
             try:

@@ -45,18 +45,22 @@ class Completion:
     routed_experts: bytes | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        """Every field, JSON-able (routes as base64): what the call journal keeps of an answer."""
-        out = {name: getattr(self, name) for name in self.__slots__}
+        """Every field but the prompt's ids, JSON-able (routes as base64): what the call journal keeps of an answer.
+        The prompt is the request's, which the journal's digest holds already: `from_json` is given it back."""
+        out = {name: getattr(self, name) for name in JOURNALED}
         if self.routed_experts is not None:
             out["routed_experts"] = base64.b64encode(self.routed_experts).decode()
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Completion:
-        values = {name: data[name] for name in cls.__slots__ if name in data}
+    def from_json(cls, data: dict[str, Any], prompt_token_ids: list[int]) -> Completion:
+        values = {name: data[name] for name in JOURNALED if name in data}
         if values.get("routed_experts") is not None:
             values["routed_experts"] = base64.b64decode(values["routed_experts"])
-        return cls(**values)
+        return cls(prompt_token_ids, **values)
+
+
+JOURNALED = tuple(name for name in Completion.__slots__ if name != "prompt_token_ids")
 
 
 def request_body(

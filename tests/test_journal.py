@@ -272,3 +272,46 @@ def test_a_generator_with_a_journal_replays_the_calls_an_earlier_one_left(tmp_pa
         server.stop()
     assert kept > 0 and replayed == kept
     assert asked_first + asked_second < 8 * 3 * 4 + 3  # the replayed calls were not asked again (one per record)
+
+
+def test_a_finished_call_costs_one_append_and_a_group_one_tombstone(tmp_path, monkeypatch):
+    """The journal's price on the hot path, counted: one line per finished call, holding its answer but not its
+    prompt (the request's, which the digest covers), and one tombstone per stored group; nothing else."""
+    import asyncio
+
+    import orjson
+
+    lines: list[bytes] = []
+    write = Journal._write
+
+    def counted(self: Journal, line: bytes) -> int:
+        lines.append(line)
+        return write(self, line)
+
+    monkeypatch.setattr(Journal, "_write", counted)
+    problems = write_problems(tmp_path / "p.jsonl", 5)
+    rows = [orjson.loads(line) for line in problems.read_bytes().splitlines()]
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.01), max_running=4)
+    server.start()
+    options = {"base_url": server.url, "tokenizer": TOKENIZER, "reward": "exact", "seed": 3, "concurrency": 4}
+
+    async def run() -> int:
+        async with agentroll.Generator(journal=tmp_path / "journal", **options) as gen:
+            groups = 0
+            async for group in gen.stream(rows):
+                gen.settle(group)
+                groups += 1
+            return groups
+
+    try:
+        groups = asyncio.run(run())
+        calls = generations(server)
+    finally:
+        server.stop()
+    entries = [orjson.loads(line) for line in lines]
+    answers = [e for e in entries if "c" in e]
+    assert len(answers) == len(calls) > 0 and len(entries) == len(calls) + groups
+    assert all("prompt_token_ids" not in e["c"] and e["c"]["token_ids"] for e in answers)
+    assert sorted(len(e["c"]["token_ids"]) for e in answers) == sorted(
+        len(c["response"]["choices"][0]["token_ids"]) for c in calls
+    )

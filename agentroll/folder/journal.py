@@ -4,7 +4,8 @@ A group is written whole or not at all, so without a journal every call of an un
 after a stop. Each finished call is appended here as one JSON line (`.agentroll/journal/calls-NNNNN.jsonl`),
 keyed by the call's identity (problem, content hash, execution, attempt, stage, worker) and a digest of what was
 sent (prompt ids, sampling, model). A rerun replays a call whose key and digest match instead of asking the
-server again. Readers of the folder never see it; no group is ever partly on disk because of it.
+server again. A line holds the answer as parsed, without the prompt's ids (the request's: the caller has them).
+Readers of the folder never see it; no group is ever partly on disk because of it.
 
 Crash safety: a line is one `write` of whole bytes, so a kill -9 or the OOM killer leaves at most a torn last
 line, which `open` cuts off. Appends are not fsynced: after a power cut the last moment of calls may be asked
@@ -70,6 +71,7 @@ class Journal:
         self._failed: OrderedDict[tuple[str, str], None] = OrderedDict()  # oldest first
         self._sizes: dict[int, int] = {}  # segment -> bytes on disk, oldest first
         self._live: dict[int, int] = {}  # segment -> bytes of live entries
+        self._live_bytes = 0  # their sum, kept as they change (not summed per call)
         self._current = 0
         self._file: Any = None
         self._readers: dict[int, int] = {}
@@ -128,16 +130,19 @@ class Journal:
         old = self._entries.get(key)
         if old is not None:
             self._live[old.segment] -= old.size
+            self._live_bytes -= old.size
         else:
             self._groups.setdefault(entry.group, []).append(key)
         self._entries[key] = entry
         self._live[entry.segment] = self._live.get(entry.segment, 0) + entry.size
+        self._live_bytes += entry.size
 
     def _forget(self, group: tuple[str, str]) -> None:
         for key in self._groups.pop(group, []):
             entry = self._entries.pop(key, None)
             if entry is not None:
                 self._live[entry.segment] -= entry.size
+                self._live_bytes -= entry.size
 
     # -- use --------------------------------------------------------------------------------------------------
     def get(self, key: str, digest: str) -> dict[str, Any] | None:
@@ -170,7 +175,7 @@ class Journal:
             return
         self._failed.pop(group, None)  # a failed group that runs again is in flight again
         self._add(key, _Entry(self._current, offset, len(line), digest, group))
-        if sum(self._live.values()) > self.max_bytes:
+        if self._live_bytes > self.max_bytes:
             self._shed()
 
     def settle(self, problem_id: str, content_hash: str, failed: bool = False) -> None:
@@ -229,7 +234,7 @@ class Journal:
         """When the segments on disk pass twice the live bytes (plus two segments' room), copy every live entry of
         the older segments into the current one: they all die, and `_sweep` deletes them. Each copy follows at
         least as many new bytes as it moves, so compaction costs O(1) per byte written."""
-        if sum(self._sizes.values()) <= 2 * sum(self._live.values()) + 2 * self.segment_bytes:
+        if sum(self._sizes.values()) <= 2 * self._live_bytes + 2 * self.segment_bytes:
             return
         for key, entry in [(k, e) for k, e in self._entries.items() if e.segment != self._current]:
             line = os.pread(self._reader(entry.segment), entry.size, entry.offset)
@@ -257,7 +262,7 @@ class Journal:
 
     def _shed(self) -> None:
         """Past `max_bytes`: forget failed groups' entries, oldest first (their reruns ask again)."""
-        while self._failed and sum(self._live.values()) > self.max_bytes:
+        while self._failed and self._live_bytes > self.max_bytes:
             group, _ = self._failed.popitem(last=False)
             self.settle(*group)
 
