@@ -14,12 +14,13 @@ import logging
 import random
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from ..errors import ServerError
-from ..wire import APIS, PATHS, Completion, WireError, parse, request_body
+from ..wire import APIS, PATHS, Completion, WireError, parse, reader, request_body
 from .endpoints import FATAL_STATUS, RETRYABLE_STATUS, Endpoint, normalize_base_url
 from .rotation import Rotation
 from .settings import ClientSettings
@@ -294,13 +295,14 @@ class CompletionClient:
         api = self.api
         sent = priority[0] if self.send_priority and priority[0] >= 0 else None
         payload = orjson.dumps(request_body(api, model, prompt_ids, params, alternatives, sent))
+        loads = reader(api, alternatives)
         started = time.monotonic()
         attempt = 0
         avoid: Endpoint | None = None
         while True:
             attempt += 1
             try:
-                endpoint, data = await self._post(PATHS[api], payload, priority, prefer, avoid, key)
+                endpoint, data = await self._post(PATHS[api], payload, priority, prefer, avoid, key, loads)
                 try:
                     done = parse(api, data, prompt_ids, alternatives)
                 except WireError as exc:  # a malformed answer (a proxy's error page?) may be passing: retried
@@ -350,6 +352,7 @@ class CompletionClient:
         prefer: Endpoint | None,
         avoid: Endpoint | None,
         key: str | None,
+        loads: Callable[[bytes], Any] = orjson.loads,
     ) -> tuple[Endpoint, dict[str, Any]]:
         """One attempt, in a slot: the endpoint is chosen when the slot is granted, so the in-flight counts it
         compares are current, not those of when the call started waiting."""
@@ -368,7 +371,7 @@ class CompletionClient:
         if status == 200:
             endpoint.record(ok=True)
             try:
-                return endpoint, orjson.loads(body)
+                return endpoint, loads(body)
             except orjson.JSONDecodeError:
                 raise CallFailed(f"{endpoint.url}: response is not JSON", status, True, endpoint) from None
         message = error_message(body, status)
