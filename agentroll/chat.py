@@ -4,7 +4,7 @@ Two ways to load it. `load_tokenizer` is `AutoTokenizer`, which reads the model'
 import torch (two seconds and 200 MB with torch installed). `load_by_class` loads the class that the
 tokenizer's `tokenizer_config.json` names, from transformers' top level, which does not import torch; it is the
 class `AutoTokenizer` picks except where transformers' model-type tables say otherwise (the parity check with the
-server catches that: docs/performance.md, "Issue 22").
+server catches that: docs/performance.md, "Tokenizers loaded by their class").
 """
 
 from __future__ import annotations

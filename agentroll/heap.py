@@ -11,7 +11,7 @@ start-up is imports, whose objects all live on, and CPython's default of a colle
 them ~200 times for 60-70 ms. `settle` then collects once, moves what is loaded out of the collector's sight
 (`gc.freeze`), turns it back on and lets young objects pile up in larger batches. That one collection frees next
 to nothing, but it sets CPython's count of long-lived objects, which holds later full collections back until a
-quarter as many new ones have piled up (docs/performance.md, "Start-up, fourth pass"). A command with no run to
+quarter as many new ones have piled up (docs/performance.md, "Garbage collection"). A command with no run to
 start settles as soon as it is chosen (`agentroll.cli.root`).
 
 It acts only in a process the command line owns (`agentroll ...`, whose `main` calls `own`): a library caller's

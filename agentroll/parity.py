@@ -51,8 +51,8 @@ async def check_parity(
 
     `fallback` (`AutoTokenizer` of the same name, for a tokenizer that may have been loaded by its config's class
     name) takes the encoder's place when the server renders differently or cannot be asked, and is compared in its
-    turn: vLLM loads with `AutoTokenizer`, whose model-type tables may pick another class (docs/performance.md).
-    If it cannot load, ours stands."""
+    turn: vLLM loads with `AutoTokenizer`, whose model-type tables may pick another class (docs/performance.md,
+    "Tokenizers loaded by their class"). If it cannot load, ours stands."""
     answers = await asyncio.gather(
         *(_server_ids(client, encoder, model, m) for m in conversations), return_exceptions=True
     )

@@ -1,5 +1,5 @@
 """Work that flows, with the default settings: the commit share over time, the cost of a stop, and the rate under
-transient faults (docs/performance.md, "Issue 20").
+transient faults (docs/performance.md, "At scale, in short" and "The call journal").
 
     python bench/flow.py commits --problems 315 --latency 0.5
     python bench/flow.py stop --problems 315 --latency 0.5

@@ -2,6 +2,9 @@
 # Every benchmark of docs/performance.md, one JSON line each. Run by hand: bash bench/run_all.sh
 set -euo pipefail
 cd "$(dirname "$0")"
+python cpu.py ..                      # CPU per request of this checkout (name others to compare side by side)
+python cpu.py .. --callgrind 600      # instructions per request, steady state
+python journal.py
 python saturation.py --concurrency 64 --latency 0.1 --window 20
 python saturation.py --concurrency 64 --latency 0.1 --window 20 --reward exact
 python saturation.py --concurrency 512 --latency 1 --window 30

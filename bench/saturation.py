@@ -22,6 +22,13 @@ from pathlib import Path
 from common import TOKENIZER, cpu_seconds, metrics, spawn, start_sim, stop, wait_for, write_problems
 
 
+def resident_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def measure(
     concurrency: int,
     latency: float,
@@ -88,12 +95,13 @@ def measure(
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-        running, waiting = [], []
-        while time.monotonic() - t0 < window:  # sample the server's in-flight and waiting gauges
+        running, waiting, rss = [], [], []
+        while time.monotonic() - t0 < window:  # sample the server's in-flight and waiting gauges, the client's RSS
             time.sleep(0.5)
             sample = metrics(url)
             running.append(sample["vllm:num_requests_running"])
             waiting.append(sample["vllm:num_requests_waiting"])
+            rss.append(resident_mb(gen.pid))
         m1, c1, s1, t1 = metrics(url), cpu_seconds(gen.pid), cpu_seconds(sim.pid), time.monotonic()
         if spy is not None:
             spy.wait(timeout=window + 60)
@@ -117,6 +125,8 @@ def measure(
         "server_cpu_share": round((s1 - s0) / (t1 - t0), 3),
         "server_in_flight_mean": round(sum(running) / len(running), 1),
         "server_waiting_mean": round(sum(waiting) / len(waiting), 1),
+        "client_rss_mb": round(sum(rss) / len(rss), 1),  # the generate process over the window (memory per call
+        # in flight: the difference between two concurrencies over the difference in calls in flight)
         "capacity": capacity,
         "auto": auto,
     }

@@ -2,7 +2,7 @@
 
 typer 0.29 converts every value it parses through a pydantic `TypeAdapter`, built per option on first use: for
 `agentroll generate` that is importing pydantic and building some 70 adapters, a tenth to a fifth of a second
-before the run starts (docs/performance.md, issue 22). Our options are only of the plain types above, so each
+before the run starts (docs/performance.md, "Start-up"). Our options are only of the plain types above, so each
 gets a converter of typer's own kind (`RuntimeParam`, which typer calls) that does what those adapters do for
 them: pydantic's lax rules (`"1.0"` is the whole number 1, `"1.5"` and `"1e3"` are none; `yes` and `off` are
 booleans), and a one-line error naming the value. Anything else (a choice, a range, a file, a typer without
