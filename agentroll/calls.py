@@ -34,10 +34,13 @@ def call_key(
     stage: str,
     worker: int,
     sent: tuple[list[int], dict[str, Any], str, int],
+    policy: str | None = None,
 ) -> tuple[str, str]:
-    """A call's identity (problem, execution, attempt, stage, worker: what makes its seed) and a digest of what it
-    sends (ids, params, model, alternatives): a journaled answer is replayed only for exactly this request."""
-    key = "\x1f".join(map(str, (problem.id, problem.content_hash, sample_index, attempt, stage, worker)))
+    """A call's identity (problem, execution, attempt, stage, worker: what makes its seed; and its policy in a
+    head-to-head run) and a digest of what it sends (ids, params, model, alternatives): a journaled answer is
+    replayed only for exactly this request, and only to the policy that was asked."""
+    parts: tuple[object, ...] = (problem.id, problem.content_hash, sample_index, attempt, stage, worker)
+    key = "\x1f".join(map(str, (*parts, *((policy,) if policy is not None else ()))))
     body = orjson.dumps(list(sent), option=orjson.OPT_SORT_KEYS)
     return key, hashlib.blake2b(body, digest_size=12).hexdigest()
 

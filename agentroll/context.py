@@ -75,6 +75,7 @@ class Context:
         self.group = group  # the group's admission number: its calls' priority (older first)
         self.attempt = attempt
         self.rollout_id = uuid.uuid4().hex
+        self.policy = engine.policy  # a head-to-head run's policy (`--policy`): every sample of it says so
         self.config = engine.default.config
         self.options = engine.options
         self.final_reward: float | None = None  # the execution's outcome; None: the last sample's raw_reward
@@ -289,7 +290,9 @@ class Context:
         client = runtime.client
         client.budget.started(self.group)  # its group has placed a call: the stream may admit the next
         journal = self.engine.journal
-        sent = call_key(p, self.sample_index, self.attempt, stage, worker, (ids, params, cfg.model, cfg.alternatives))
+        sent = call_key(
+            p, self.sample_index, self.attempt, stage, worker, (ids, params, cfg.model, cfg.alternatives), self.policy
+        )
         found = journal.get(*sent) if journal is not None else None
         if found is not None:  # answered in an earlier run, to exactly this request: replayed
             self.engine.stats.calls_replayed += 1
@@ -394,4 +397,5 @@ class Context:
         for sample in samples:
             sample.rollout_size = len(samples)
             sample.final_reward = outcome
+            sample.policy = self.policy
         return samples

@@ -8,26 +8,25 @@ vLLM aborts them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .admission import depth_first
-from .chat import ChatEncoder, load_first, tokenizer_candidates
 from .client import Budget, ClientCounters, CompletionClient, follow_metrics
 from .context import Stage
 from .errors import InputError, UsageError
 from .group import Group, annotate
-from .handshake import discover, renders_otherwise, server_facts, settle_stage_api, stage_setups
+from .handshake import Served, choose_rendering, policy_facts, reach, settle, settle_stage_api
 from .inputs import InputKeys, Problem, problem_from_row
 from .options import GenerateOptions
-from .parity import server_renderer
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
+from .policies import Policy
 from .rewards import RewardSet, label_fault
 from .stats import RunStats
 from .systems import System, from_object, identity, load_system, spec_of, vocabulary_of
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
     from .folder.journal import Journal
 
 BUILTIN_REWARDS = ("math", "exact", "remote", "code")
+log = logging.getLogger("agentroll")
 
 
 class Generator:
@@ -76,6 +76,8 @@ class Generator:
         self._system: AgentSystem | None = None
         self._settings: dict[str, Any] = {}
         self._stage_clients: list[CompletionClient] = []  # stages served elsewhere (--stage NAME.base_url=...)
+        self._by_url: dict[str, CompletionClient] = {}  # ... one client per such server, whichever policy asks
+        self._systems: list[AgentSystem] = []  # one per policy (`--policy`), in the order given; else one
         self.client_settings = self.options.client_settings()
         self._length = self.options.length_shaping()
         self._admitted = 0  # groups started: each one's number is its calls' priority (older first)
@@ -96,48 +98,58 @@ class Generator:
             raise
 
     async def start(self) -> None:
-        """Reach the servers, pick the model, load the tokenizer, check chat-template parity, set up rewards."""
+        """Reach the servers, pick the model, load the tokenizer, check chat-template parity, set up rewards; in a
+        head-to-head run (`--policy`), each policy's (`agentroll.policies`)."""
         o = self.options
         system = self._load_system()
-        self._client = client = self._new_client(o.base_url)
+        policies = o.policies() or (Policy("", tuple(o.base_url), o.model, o.tokenizer),)
+        runs = [Served(p, self._new_client(list(p.urls))) for p in policies]
+        self._client = runs[0].client
+        self._stage_clients.extend(r.client for r in runs[1:])
         try:
-            model, model_len, root = await discover(client, o.model)
-            self.model = model
-            self.max_context_len = o.max_context_len or model_len
-            tokenizer = await self._tokenizer(model, root)
+            for run in runs:
+                await reach(o, run)
+            first = runs[0]
+            self.model, self.max_context_len = first.model, first.max_context_len
+            self.tokenizer_name = first.tokenizer_name
             templates = Templates(Path(o.prompts) if o.prompts else None, system.templates)
-            encoder = ChatEncoder(tokenizer, o.chat_template_kwargs)
-            if o.chat_render == "server" or (
-                o.chat_render == "auto"
-                and await renders_otherwise(client, encoder, model, templates, self.tokenizer_name)
-            ):
-                encoder.server_render = server_renderer(client, model, o.chat_template_kwargs)
+            for run in runs:
+                await choose_rendering(o, run, templates)
             self._rewards = RewardSet(o.reward_settings())
             # a reward that cannot score (no math worker) ends the run before a group is handed out: checked
             # alongside the first calls, awaited by `run_group`
             self._rewards_ready = asyncio.ensure_future(self._rewards.ready())
-            config = o.system_config(model, self.max_context_len)
-            server = await server_facts(client, o, model, encoder, templates, config, root)
-            self.logprobs_mode = server["logprobs_mode"]
-            if client.adaptive:
-                await follow_metrics(client)
-            main = Stage("", client, encoder, config)
-            stages, stage_settings = await stage_setups(o, main, model, partial(self._stage_client, main=main))
-            self._system = AgentSystem(
-                client,
-                encoder,
-                templates,
-                self._rewards,
-                config,
-                self.stats,
-                prompt_key=self.keys.prompt,
-                system=system,
-                stages=stages,
-            )
-            self.server = server
-            self._settings = self._fingerprint(templates, "server" if encoder.server_render else "local", config)
+            for run in runs:
+                await settle(o, run, templates, self._stage_client, o.samples_per_prompt * len(runs))
+            self._systems = [
+                AgentSystem(
+                    run.client,
+                    run.encoder,  # type: ignore[arg-type]
+                    templates,
+                    self._rewards,
+                    run.main.config,  # type: ignore[union-attr]
+                    self.stats,
+                    prompt_key=self.keys.prompt,
+                    system=system,
+                    stages=run.stages,
+                    policy=run.name,
+                )
+                for run in runs
+            ]
+            self._system = self._systems[0]
+            self.server = first.server
+            self.logprobs_mode = first.server["logprobs_mode"]
+            assert first.encoder is not None and first.main is not None
+            config = o.system_config(self.model, self.max_context_len) if o.policy else first.main.config
+            self._settings = self._fingerprint(templates, rendering(first), config)
             self._settings["system"] = identity(system, o.system)
-            self._settings["stage_settings"] = stage_settings
+            self._settings["stage_settings"] = first.stage_settings
+            if o.policy:
+                self._settings["policies"] = [policy_settings(run) for run in runs]
+                facts, warning = policy_facts(runs)
+                self.server = {**self.server, **facts}
+                if warning:
+                    log.warning(warning)
             self._settings = orjson.loads(orjson.dumps(self._settings))  # as a folder's manifest will hold them
         except BaseException:
             await self.aclose()
@@ -154,8 +166,8 @@ class Generator:
             fingerprint = journal_fingerprint(self.model, self.server, self.options.return_routed_experts)
             self.journal = Journal(self._journal_path, fingerprint=fingerprint)
             self.journal.open(done)
-            assert self._system is not None
-            self._system.use_journal(self.journal)
+            for system in self._systems:
+                system.use_journal(self.journal)
         return self.journal.live if self.journal is not None else 0
 
     def settle(self, group: Group) -> None:
@@ -175,6 +187,7 @@ class Generator:
             journal.close()
         rewards, client, system = self._rewards, self._client, self._system
         self._rewards = self._client = self._system = None
+        self._systems = []
         if system is not None:
             await system.system.aclose()
         clients, self._stage_clients = self._stage_clients, []
@@ -227,29 +240,30 @@ class Generator:
 
         A failed call or render gives a `failed` group, never a smaller one; a row that cannot run gives an
         `invalid` one. Errors that end a run (server gone, bad key or model, reward set-up) raise."""
-        system = self._require()
+        self._require()
         if self.journal is None and self._journal_path is not None:
             self.open_journal()
         problem = self.problem(row)
         group = self._admitted
         self._admitted += 1
         try:
-            return await self._executions(system, problem, group)
+            return await self._executions(problem, group)
         finally:
             if self._budget is not None:
                 self._budget.finished(group)  # it wants no more room
 
-    async def _executions(self, system: AgentSystem, problem: Problem, group: int) -> Group:
+    async def _executions(self, problem: Problem, group: int) -> Group:
+        """The group's executions: K per policy, the i-th policy's numbered i*K..i*K+K-1 (one policy: 0..K-1)."""
         o = self.options
+        k = o.samples_per_prompt
+        runs = [(system, i * k + j) for i, system in enumerate(self._systems) for j in range(k)]
         attempts = 1 + (o.resample_uniform if o.filter_uniform_groups else 0)
         executions: list[list[Any]] = []
         for attempt in range(attempts):
             if attempt:
                 self.stats.groups_resampled += 1
             try:
-                executions = await gather_or_cancel(
-                    *(system.run(problem, k, attempt, group) for k in range(o.samples_per_prompt))
-                )
+                executions = await gather_or_cancel(*(s.run(problem, n, attempt, group) for s, n in runs))
             except ExecutionFailed as exc:
                 self.stats.groups_failed += 1
                 return Group(problem, [], "failed", str(exc), attempt + 1)
@@ -264,16 +278,18 @@ class Generator:
             finals = [final_reward(e) for e in executions]
             if not o.filter_uniform_groups or len(set(finals)) > 1:
                 annotate(executions, finals)
-                self._count(executions)
+                self._count(problem, executions)
                 return Group(problem, executions, "complete", None, attempt + 1)
-        self._count(executions)
+        self._count(problem, executions)
         self.stats.groups_filtered += 1
         return Group(problem, executions, "filtered", None, attempts)
 
-    def _count(self, executions: list[list[Any]]) -> None:
+    def _count(self, problem: Problem, executions: list[list[Any]]) -> None:
         """The report covers the executions of settled groups: a resampled group's earlier runs are left out."""
         for samples in executions:
             self.stats.add_execution(samples)
+        if len(self._systems) > 1:
+            self.stats.compare(problem.id, executions)
 
     @property
     def next_group(self) -> int:
@@ -316,20 +332,14 @@ class Generator:
     async def _stage_client(self, url: str, main: Stage) -> CompletionClient:
         """A client for a stage's own server, inside the run's request budget and counters (under auto, with a cap
         of its own that follows its /metrics), on the run's token API."""
-        client = self._new_client([url])
+        if url in self._by_url:  # another policy's stage on the same server (a judge they share)
+            return self._by_url[url]
+        client = self._by_url[url] = self._new_client([url])
         self._stage_clients.append(client)
         if client.adaptive:  # under auto its server gets a cap of its own, following its /metrics
             await follow_metrics(client)
         await settle_stage_api(client, self.options, main.encoder, main.config)
         return client
-
-    async def _tokenizer(self, model: str, root: str | None) -> Any:
-        candidates = tokenizer_candidates(self.options.tokenizer, model, root)
-        # --chat-render auto: by its config's class name (no torch import); the parity check compares it
-        self.tokenizer_name, tokenizer = await asyncio.to_thread(
-            load_first, candidates, self.options.chat_render == "auto", not self.options.tokenizer
-        )
-        return tokenizer
 
     def _fingerprint(self, templates: Templates, rendering: str, config: SystemConfig) -> dict[str, Any]:
         o = self.options
@@ -367,5 +377,33 @@ def journal_fingerprint(model: str, server: dict[str, Any], routes: bool) -> dic
     model and top-k): the token API (the response text is the server's, or decoded here), what the logprobs
     mean, the tokenizer and chat template that decode it, the weights' revision, and whether routes are kept. Not
     the request priority, the model's root path or the vLLM version: a journal made with or without them is
-    replayed (a changed one discards the journal whole)."""
-    return {"model": model, **{k: server.get(k) for k in JOURNALED_FACTS}, "routes": routes}
+    replayed (a changed one discards the journal whole). In a head-to-head run, each policy's too."""
+    policies = server.get("policies")
+    each = (
+        {"policies": {name: journal_fingerprint(str(f.get("model")), f, routes) for name, f in policies.items()}}
+        if isinstance(policies, dict)
+        else {}
+    )
+    return {"model": model, **{k: server.get(k) for k in JOURNALED_FACTS}, "routes": routes, **each}
+
+
+def rendering(run: Served) -> str:
+    """Where the run's prompts actually became ids: --chat-render auto may switch to the server's /tokenize."""
+    return "server" if run.encoder is not None and run.encoder.server_render else "local"
+
+
+def policy_settings(run: Served) -> dict[str, Any]:
+    """What a head-to-head run's settings keep of a policy: a rerun with other policies (another model, other
+    sampling) is refused like any other changed setting; where it is served is not kept (as --base-url)."""
+    assert run.main is not None
+    config = run.main.config
+    return {
+        "name": run.policy.name,
+        "model": run.model,
+        "tokenizer": run.tokenizer_name,
+        "max_context_len": run.max_context_len,
+        "max_tokens": config.sampling.max_tokens,
+        "sampling": config.sampling.params(),
+        "prompt_rendering": rendering(run),
+        "stage_settings": run.stage_settings,
+    }

@@ -52,8 +52,20 @@ class Group:
 
 
 def annotate(executions: list[list[Sample]], finals: list[float]) -> None:
-    """Per-group figures on every record: mean and std of the executions' final rewards, solver pass@k. They
-    describe exactly the executions written, since a group is only ever written whole."""
+    """Per-group figures on every record: mean and std of the executions' final rewards, solver pass@k, and the
+    (problem, stage) GRPO baselines. They describe exactly the executions written, since a group is only ever
+    written whole. In a head-to-head run (`policy` set) each policy's K executions are a group of their own here:
+    a baseline never mixes two models' samples."""
+    by_policy: dict[str | None, tuple[list[list[Sample]], list[float]]] = {}
+    for samples, final in zip(executions, finals, strict=True):
+        mine = by_policy.setdefault(samples[0].policy if samples else None, ([], []))
+        mine[0].append(samples)
+        mine[1].append(final)
+    for members, outcomes in by_policy.values():
+        _annotate(members, outcomes)
+
+
+def _annotate(executions: list[list[Sample]], finals: list[float]) -> None:
     mean = sum(finals) / len(finals)
     std = (sum((f - mean) ** 2 for f in finals) / len(finals)) ** 0.5
     passed = float(any(s.raw_reward == 1.0 for e in executions for s in e if s.stage == "solver"))

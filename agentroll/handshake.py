@@ -10,17 +10,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 from . import provenance
 from .chat import ChatEncoder, load_first, load_tokenizer, tokenizer_candidates
-from .client import CompletionClient, detect_api, detect_priority
+from .client import CompletionClient, detect_api, detect_priority, follow_metrics
 from .context import Stage
 from .errors import ServerError, UsageError
 from .options import GenerateOptions
-from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages
+from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages, server_renderer
 from .pipeline import SystemConfig
+from .policies import Policy
 from .templates import Templates
 
 log = logging.getLogger("agentroll")
@@ -206,3 +208,87 @@ async def stage_setups(
         out[name] = Stage(name, client, encoder, config, settings.get("trainable", served_model == model))
         guard[name] = {**{k: v for k, v in settings.items() if k != "base_url"}, "model": served_model}
     return out, guard
+
+
+@dataclass(slots=True)
+class Served:
+    """One policy's model as the run reaches it (a run of one model: a policy without a name, on --base-url):
+    its client, model, tokenizer and rendering (`reach`, `choose_rendering`), then its sampling, server facts and
+    stages (`settle`)."""
+
+    policy: Policy
+    client: CompletionClient
+    model: str = ""
+    max_context_len: int | None = None
+    root: str | None = None
+    tokenizer_name: str = ""
+    tokenizer: Any = None
+    encoder: ChatEncoder | None = None
+    main: Stage | None = None
+    server: dict[str, Any] = field(default_factory=dict)
+    stages: dict[str, Stage] = field(default_factory=dict)
+    stage_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str | None:
+        return self.policy.name or None
+
+
+async def reach(o: GenerateOptions, served: Served) -> None:
+    """The policy's served model, its context length and its tokenizer (loaded by its class name under
+    --chat-render auto: the parity check compares it)."""
+    p = served.policy
+    served.model, length, served.root = await discover(served.client, p.model)
+    served.max_context_len = o.max_context_len or length
+    candidates = tokenizer_candidates(p.tokenizer, served.model, served.root)
+    served.tokenizer_name, served.tokenizer = await asyncio.to_thread(
+        load_first, candidates, o.chat_render == "auto", not p.tokenizer
+    )
+
+
+async def choose_rendering(o: GenerateOptions, served: Served, templates: Templates) -> None:
+    """Where the policy's prompts become ids: locally, or by its server's /tokenize (--chat-render)."""
+    encoder = served.encoder = ChatEncoder(served.tokenizer, o.chat_template_kwargs)
+    client, model = served.client, served.model
+    if o.chat_render == "server" or (
+        o.chat_render == "auto" and await renders_otherwise(client, encoder, model, templates, served.tokenizer_name)
+    ):
+        encoder.server_render = server_renderer(client, model, o.chat_template_kwargs)
+
+
+async def settle(
+    o: GenerateOptions,
+    served: Served,
+    templates: Templates,
+    new_client: Callable[..., Awaitable[CompletionClient]],
+    group_size: int,
+) -> None:
+    """The policy's sampling (the run's, with its own settings), what its server's numbers mean, its adaptive
+    cap, and its stages' own settings (--stage). `group_size`: the executions of a problem's group, over every
+    policy."""
+    assert served.encoder is not None
+    config = o.system_config(served.model, served.max_context_len)
+    if served.policy.sampling:
+        config = config.with_overrides(served.policy.overrides(), f"--policy {served.policy.name}")
+    config = replace(config, samples_per_prompt=group_size)
+    client = served.client
+    served.server = await server_facts(client, o, served.model, served.encoder, templates, config, served.root)
+    if client.adaptive:
+        await follow_metrics(client)
+    served.main = main = Stage("", client, served.encoder, config)
+    served.stages, served.stage_settings = await stage_setups(o, main, served.model, partial(new_client, main=main))
+
+
+def policy_facts(runs: list[Served]) -> tuple[dict[str, Any], str | None]:
+    """What a head-to-head run's manifest records of each policy (its model and its server's facts), whether
+    the policies render the stage prompts alike, and a warning when they do not."""
+    facts = {s.policy.name: {"model": s.model, **s.server} for s in runs}
+    differ = len({f.get("rendered_prompts_sha256") for f in facts.values()}) > 1
+    warning = (
+        f"the policies {', '.join(facts)} do not render prompts alike (their tokenizers or chat templates differ): "
+        "each policy's prompt ids are its own, recorded as sent; the figures compare the policies, but "
+        "`convert --to dpo --across-policies` refuses to pair them"
+        if differ
+        else None
+    )
+    return {"policies": facts, "prompt_ids": "differ" if differ else "alike"}, warning

@@ -17,6 +17,7 @@ import orjson
 from .client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts
 from .declare import KIND_NAMES, at_least, check_types, default_of, flag, option, positive
 from .errors import UsageError
+from .policies import Policy, parse_policies
 from .rewards.options import RewardOptions
 from .sampling import DEFAULT as DEFAULT_SAMPLING
 from .sampling import KEYS as SAMPLING_KEYS
@@ -39,6 +40,12 @@ class GenerateOptions(RewardOptions):
         [],
         "vLLM server (with or without /v1). Repeat or comma-separate for several.",
         envvar=["AGENTROLL_BASE_URL", "OPENAI_BASE_URL"],
+    )
+    policy: list[str] = option(
+        [],
+        "NAME=URL[,URL...][,model=...,tokenizer=...,temperature=...]: a policy of a head-to-head run (repeatable, "
+        "two or more, in place of --base-url): each prompt's group holds K executions per policy "
+        "(docs/head-to-head.md).",
     )
     api_key: str | None = option(None, "Sent as a Bearer token.", envvar="OPENAI_API_KEY")
     model: str | None = option(None, "Served model name (default: the only one listed).")
@@ -150,7 +157,7 @@ class GenerateOptions(RewardOptions):
                     set_(self, name, found)
         urls = [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
         set_(self, "base_url", [u for v in urls for u in str(v).replace(",", " ").split() if u])
-        for name in ("allow_reward", "system_option", "stage"):
+        for name in ("allow_reward", "system_option", "stage", "policy"):
             value = getattr(self, name)
             set_(self, name, [value] if isinstance(value, str) else list(value or []))
         kwargs = self.chat_template_kwargs
@@ -206,10 +213,31 @@ class GenerateOptions(RewardOptions):
             raise UsageError("--resample-uniform goes with --filter-uniform-groups")
         if self.chat_render not in CHAT_RENDER:
             raise UsageError("--chat-render must be auto, local or server")
-        if not self.base_url:
+        if self.policy:
+            self._policy_alone()
+        elif not self.base_url:
             raise UsageError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
         self.stage_settings()
         self.system_options()
+
+    def policies(self) -> tuple[Policy, ...]:
+        """--policy as `Policy` values, in the order given (none: a run of one model)."""
+        return parse_policies(self.policy)
+
+    def _policy_alone(self) -> None:
+        """With --policy each policy names its own servers, model and tokenizer: the run's are refused (a
+        --base-url that only the environment set is let go)."""
+        self.policies()
+        given = [n for n in ("model", "tokenizer") if getattr(self, n)]
+        env = " ".join(os.environ.get(v, "") for v in ("AGENTROLL_BASE_URL", "OPENAI_BASE_URL")).replace(",", " ")
+        if self.base_url and not set(self.base_url) <= set(env.split()):
+            given.insert(0, "base_url")
+        if given:
+            raise UsageError(
+                f"--{flag(given[0])} does not go with --policy: each policy names its own "
+                "(--policy NAME=URL,model=...,tokenizer=...)"
+            )
+        object.__setattr__(self, "base_url", [])
 
     def stage_settings(self) -> dict[str, dict[str, Any]]:
         """--stage NAME.KEY=VALUE as {stage: {key: value}}, each value of its key's type and range."""

@@ -70,6 +70,7 @@ class AgentSystem:
         prompt_key: str = "prompt",
         system: System | None = None,
         stages: dict[str, Stage] | None = None,
+        policy: str | None = None,
     ) -> None:
         self.system = system if system is not None else load_system("three-stage")
         self.stats = stats
@@ -83,6 +84,7 @@ class AgentSystem:
             dict(self.system.settings),
             prompt_key,
             tuple(self.system.stages),
+            policy=policy,
         )
 
     def use_journal(self, journal: Journal | None) -> None:

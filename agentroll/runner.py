@@ -131,7 +131,9 @@ class Runner:
                     "the call journal holds %d finished calls of unfinished groups: they are replayed, not asked again",
                     replay,
                 )
-            self.result = result = RunResult(self.stats, gen.counters, 0.0, gen.model, opts.output)
+            policies = gen.settings.get("policies") or []  # a head-to-head run: every policy's model
+            model = " vs ".join(f"{p['name']} ({p['model']})" for p in policies) or gen.model
+            self.result = result = RunResult(self.stats, gen.counters, 0.0, model, opts.output)
             self._started = started
             try:
                 rows = self._todo(done, writer, checked)

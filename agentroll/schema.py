@@ -110,5 +110,8 @@ class Sample:
     # the input row's prompt exactly as given (a string, or the list of chat messages): what the rewards were
     # given as `prompt` (and the statement derived from it), so that `rescore` gives them the same ("" before 6)
     problem: str | list[dict[str, Any]] = ""
+    # a head-to-head run (`generate --policy NAME=URL ...`): the name of the policy (model) that made this
+    # execution; each policy has K executions in the problem's group. None in a run of one model
+    policy: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION

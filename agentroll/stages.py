@@ -89,6 +89,7 @@ class Engine:
     )
     separators: OrderedDict[tuple[int, bytes, int | None], list[int]] = field(default_factory=OrderedDict)
     journal: Journal | None = None  # finished calls of earlier runs, replayed; this run's, kept
+    policy: str | None = None  # a head-to-head run's policy whose model these stages run (`agentroll.policies`)
 
     def stage(self, name: str) -> Stage:
         found = self.stages.get(name)

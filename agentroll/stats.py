@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from .headtohead import Comparison
 from .schema import STAGES, Sample
 
 if TYPE_CHECKING:
@@ -92,7 +93,9 @@ def accuracy(stage: str) -> Figure:
 
 
 SYSTEM_ACCURACY = Figure("system_accuracy", "system", "system_correct")  # final rewards of 1: every system's
-DERIVED = frozenset({"truncation_rate", "selector_accuracy"})  # figures in `to_dict` (older manifests' too)
+DERIVED = frozenset(
+    {"truncation_rate", "selector_accuracy"}
+)  # and "policies", "head_to_head": objects  # figures in `to_dict` (older manifests' too)
 
 
 @dataclass(slots=True)
@@ -119,6 +122,9 @@ class RunStats:
     figures: tuple[Figure, ...] = ()  # the system's report figures over the counters (`report`)
     stages: dict[str, StageStats] = field(default_factory=lambda: {s: StageStats() for s in STAGES})
     vocabulary: Vocabulary | None = field(default=None, repr=False, compare=False)  # tallies each execution
+    # a head-to-head run (`--policy`): each policy's own figures, and the problem-by-problem comparison
+    policies: dict[str, RunStats] = field(default_factory=dict)
+    compared: Comparison = field(default_factory=Comparison, repr=False, compare=False)
 
     def stage(self, name: str) -> StageStats:
         """A stage's counters, made on first use: a system may name any stages."""
@@ -187,7 +193,26 @@ class RunStats:
             + self.rows_refused
         )
 
+    def policy(self, name: str) -> RunStats:
+        """A policy's own figures (made on first use, with this run's stages and system figures)."""
+        found = self.policies.get(name)
+        if found is None:
+            found = self.policies[name] = RunStats(stages={})
+            found.use_stages(tuple(self.stages), self.vocabulary)
+            found.figures = self.figures
+        return found
+
+    def compare(self, problem_id: str, executions: list[list[Sample]]) -> None:
+        """A settled group of a head-to-head run: its policies' means, for the head-to-head table."""
+        self.compared.add_group(problem_id, executions)
+
     def add_execution(self, samples: list[Sample]) -> None:
+        """An execution of a settled group, counted here and, in a head-to-head run, in its policy's figures."""
+        if samples and samples[0].policy is not None:
+            self.policy(samples[0].policy)._add(samples)
+        self._add(samples)
+
+    def _add(self, samples: list[Sample]) -> None:
         self.executions += 1
         for sample in samples:
             self.stage(sample.stage).add(sample)
@@ -212,6 +237,9 @@ class RunStats:
         out["figures"] = [f.to_dict() for f in self.figures]
         total = sum(s.samples for s in self.stages.values())
         out["truncation_rate"] = sum(s.truncated for s in self.stages.values()) / total if total else None
+        if self.policies:
+            out["policies"] = {name: stats.to_dict() for name, stats in self.policies.items()}
+            out["head_to_head"] = self.compared.to_dict()
         return out
 
     def __add__(self, other: RunStats) -> RunStats:
@@ -227,6 +255,13 @@ class RunStats:
             for name in {**self.stages, **other.stages}
         }
         total.vocabulary = self.vocabulary or other.vocabulary
+        total.policies = {
+            name: (self.policies[name] + other.policies[name])
+            if name in self.policies and name in other.policies
+            else self.policies.get(name) or other.policies[name]
+            for name in {**self.policies, **other.policies}
+        }
+        total.compared = self.compared + other.compared
         return total
 
     @classmethod
@@ -241,6 +276,13 @@ class RunStats:
             stats.figures = tuple(f for f in map(Figure.from_dict, data["figures"]) if f is not None)
         if isinstance(data.get("stages"), dict):
             stats.stages = {name: StageStats.from_dict(s) for name, s in data["stages"].items()}
+        if isinstance(data.get("policies"), dict):
+            stats.policies = {
+                str(name): cls.from_dict(figures)
+                for name, figures in data["policies"].items()
+                if isinstance(figures, dict)
+            }
+            stats.compared = Comparison.from_dict(data.get("head_to_head"))
         return stats
 
 
@@ -248,4 +290,8 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-ENGINE = tuple(f.name for f in fields(RunStats) if f.name not in ("counters", "figures", "stages", "vocabulary"))
+ENGINE = tuple(
+    f.name
+    for f in fields(RunStats)
+    if f.name not in ("counters", "figures", "stages", "vocabulary", "policies", "compared")
+)

@@ -45,6 +45,7 @@ NEW_FIELDS = {
     "rerendered",
     "agent_answer",
     "agent_reward",
+    "policy",  # a head-to-head run's policy (null here)
 }
 
 
@@ -114,7 +115,7 @@ def test_three_stage_with_a_seed_writes_what_it_wrote_before_systems_were_plugga
         key = "/".join(map(str, (r["problem_id"], r["sample_index"], r["stage"], r["worker"])))
         body = {k: v for k, v in r.items() if k not in NEW_FIELDS}
         got[key] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-        assert r["trainable"] is True and r["turn"] == 0 and r["history_mask"] is None
+        assert r["trainable"] is True and r["turn"] == 0 and r["history_mask"] is None and r["policy"] is None
     assert got == golden["records"]
 
 

@@ -205,6 +205,14 @@ def serve_sim(
     reasoning_words: Annotated[
         int, opt("--reasoning-words", help="Length of each think block, in words.", metavar="N")
     ] = 12,
+    correct: Annotated[
+        float,
+        opt(
+            "--correct",
+            help="Share of solver and rewriter answers that are right: the model's strength.",
+            metavar="SHARE",
+        ),
+    ] = 0.6,  # the scripted model's default (sim.script.Behavior)
     enable_scale_out: Annotated[
         bool, opt("--enable-scale-out", help="Serve POST /inference/v1/generate, as vLLM does with this flag.")
     ] = False,
@@ -235,7 +243,9 @@ def serve_sim(
         error(f"--answers {answers}: {'is a folder, not a file' if answers.is_dir() else 'no such file'}")
         raise typer.Exit(2)
     try:
-        script = Script.from_jsonl(answers, Behavior(reasoning_words=reasoning_words))
+        if not 0.0 <= correct <= 1.0:
+            raise ValueError(f"--correct must be a share from 0 to 1, got {correct}")
+        script = Script.from_jsonl(answers, Behavior(reasoning_words=reasoning_words, correct=correct))
         faults = Faults(
             error_rate=error_rate,
             drop_rate=drop_rate,

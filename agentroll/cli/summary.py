@@ -9,6 +9,7 @@ from collections.abc import Callable
 from rich.table import Table
 from rich.text import Text
 
+from ..headtohead import Comparison
 from ..runner import RunResult
 from ..stats import RunStats, StageStats
 from .console import err, packed
@@ -91,9 +92,39 @@ def lines(result: RunResult) -> list[list[str]]:
             f"wall {result.wall_s:.1f}s (start-up {result.startup_s:.1f}s), {rate:.1f} requests/s after it",
         ],
     ]
+    out += head_to_head_lines(s)
     if r.concurrency:
         out.append(["concurrency (auto, settled): " + ", ".join(f"{u} {n}" for u, n in r.concurrency.items())])
     return out + [[note] for note in result.notes]
+
+
+def head_to_head_lines(stats: RunStats) -> list[list[str]]:
+    """A head-to-head run (`--policy`): each policy's figures, then each pair's table, as phrases (this run's
+    groups; the whole folder's: `agentroll stats DIR`)."""
+    if not stats.policies:
+        return []
+    out = [
+        [f"policy {name}: executions {p.executions}, mean reward {fmt(p.mean_final_reward)}", f"accuracy: {figures(p)}"]
+        for name, p in stats.policies.items()
+    ]
+    return out + pair_lines(stats.compared)
+
+
+def pair_lines(compared: Comparison) -> list[list[str]]:
+    out = []
+    for row in compared.table()["pairs"]:
+        ci = row["mean_difference_ci"]
+        interval = f" [{ci[0]:+.3f}, {ci[1]:+.3f}] (95%, paired bootstrap over problems)" if ci else ""
+        difference = "-" if row["mean_difference"] is None else f"{row['mean_difference']:+.3f}"
+        out.append(
+            [
+                f"{row['a']} vs {row['b']} over {row['problems']} problems: {row['a']} wins {row['wins']}, ties "
+                f"{row['ties']}, loses {row['losses']}",
+                f"mean reward {row['a']} - {row['b']} {difference}{interval}",
+                f"verdict: {row['verdict']}",
+            ]
+        )
+    return out
 
 
 def print_summary(result: RunResult) -> None:

@@ -41,6 +41,7 @@ class Row:
     raw_reward: float | None
     final_reward: float | None
     figures: tuple[float | None, float | None, float | None]  # group_reward_mean, _std, group_pass_at_k
+    policy: Any = None  # a head-to-head run's policy
 
     @classmethod
     def of(cls, line: int, r: dict[str, Any]) -> Row:
@@ -56,6 +57,7 @@ class Row:
             _num(r.get("raw_reward")),
             _num(r.get("final_reward")),
             (_num(r.get("group_reward_mean")), _num(r.get("group_reward_std")), _num(r.get("group_pass_at_k"))),
+            r.get("policy"),
         )
 
 
@@ -81,7 +83,7 @@ def _check_execution(rows: list[Row], add: Add, system: SystemInfo) -> None:
             f"execution {rid} ({_lines(rows)}) has {_count(len(rows), 'consecutive record')}, "
             f"its rollout_size says {head.rollout_size}",
         )
-    for name in ("problem_id", "problem_hash", "sample_index", "group_size", "rollout_size", "final_reward"):
+    for name in ("problem_id", "problem_hash", "sample_index", "group_size", "rollout_size", "final_reward", "policy"):
         other = next((r for r in rows if getattr(r, name) != getattr(head, name)), None)
         if other is not None:
             add(
@@ -116,7 +118,7 @@ def _check_group(execs: list[list[Row]], k_setting: int | None, add: Add, system
             f"its group_size says {k}",
         )
     if k is not None and k_setting is not None and k != k_setting:
-        add(head.line, "group", f"group_size {k} where the manifest's settings say samples_per_prompt {k_setting}")
+        add(head.line, "group", f"group_size {k} where the manifest's settings make groups of {k_setting}")
     indexes = [e[0].sample_index for e in execs]
     if k is not None and len(execs) == k and sorted(i for i in indexes if i is not None) != list(range(k)):
         add(head.line, "group", f"problem {pid!r} has executions with sample_index {indexes}, expected 0..{k - 1}")
@@ -128,9 +130,23 @@ def _check_group(execs: list[list[Row]], k_setting: int | None, add: Add, system
             f"problem_hash {other.problem_hash!r} differs from {head.problem_hash!r} at line "
             f"{head.line}, in the group of problem {pid!r}",
         )
-    finals = [e[0].final_reward for e in execs]
     if k is None or len(execs) != k:
         return  # not a whole group (reported above): its figures cannot describe it
+    by_policy: dict[Any, list[list[Row]]] = {}
+    for e in execs:  # a head-to-head run: each policy's executions are a group of their own for the figures
+        by_policy.setdefault(e[0].policy, []).append(e)
+    sizes = {policy: len(members) for policy, members in by_policy.items()}
+    if len(set(sizes.values())) > 1:
+        said = ", ".join(f"{policy} {n}" for policy, n in sizes.items())
+        add(head.line, "group", f"problem {pid!r} has its policies' executions in unequal numbers ({said})")
+        return
+    for members in by_policy.values():
+        _check_figures(members, add, system)
+
+
+def _check_figures(execs: list[list[Row]], add: Add, system: SystemInfo) -> None:
+    rows = [r for e in execs for r in e]
+    finals = [e[0].final_reward for e in execs]
     if any(f is None for f in finals) or any(r.raw_reward is None for r in rows):
         return  # a type fault is already reported; figures cannot be recomputed
     fs = typing.cast(list[float], finals)

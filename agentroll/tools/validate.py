@@ -112,6 +112,9 @@ def validate(folder: str | Path) -> ValidationReport:
         report.warnings.append(unloaded)
     settings = manifest.get("settings")
     k_setting = _integer(settings.get("samples_per_prompt")) if isinstance(settings, dict) else None
+    policies = settings.get("policies") if isinstance(settings, dict) else None
+    if k_setting is not None and isinstance(policies, list) and policies:  # a head-to-head run: K per policy
+        k_setting *= len(policies)
     entries: list[dict[str, Any]] = []
     listed: set[str] = set()
     for i, entry in enumerate(manifest["shards"]):
