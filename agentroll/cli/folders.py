@@ -85,6 +85,7 @@ def stats(
     json_: Annotated[bool, opt("--json", help="JSON instead of a table.")] = False,
 ) -> None:
     """The system's report recomputed from the records: per stage, accuracies, pass@k, truncation, tokens."""
+    from ..tools.headtohead import tables
     from ..tools.report import stats as folder_stats
     from ..tools.report import stats_table
 
@@ -97,6 +98,8 @@ def stats(
         sys.stdout.buffer.write(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         out().print(stats_table(data))
+        for table in tables(data):  # a head-to-head folder (generate --policy): the policies compared
+            out().print(table)
 
 
 def inspect_command(

@@ -21,6 +21,7 @@ from ..folder.manifest import unfinished
 from . import charts
 from .charts import TRUNCATED, Series, bar_chart, fmt, histogram, line_chart
 from .figures import figures
+from .headtohead import page_section
 
 MOST_SPLITS = 12  # --by values drawn (those with the most problems); the table lists them all
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
@@ -352,7 +353,8 @@ def render(data: dict[str, Any]) -> str:
     )
     if stats.get("warning"):  # the system could not be loaded here: its own figures are left out
         head += f"<p class='note'>{escape(stats['warning'])}</p>"
-    sections = [_stages(data), _lengths(data), _pass_at_k(data), _by(data), _throughput(data)]
+    sections = [_stages(data), page_section(stats, figure, table), _lengths(data), _pass_at_k(data), _by(data)]
+    sections.append(_throughput(data))
     sections += [_chart(data, chart) for chart in data["charts"]]
     return (
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

@@ -29,7 +29,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..group import Group
-from ..schema import STAGES
+from ..headtohead import Comparison
+from ..schema import STAGES, Sample
 from ..stats import RunStats
 from ..systems.vocabulary import Vocabulary
 from ..systems.votes import answers
@@ -63,12 +64,29 @@ class Section:
     solver_counts: list[tuple[int, int]] = field(default_factory=list)  # per problem: (n, c)
     frozen: dict[str, int] = field(default_factory=dict)  # per stage: samples marked trainable: false
     records: int = 0
+    # a head-to-head folder (`generate --policy`): each policy's own figures, and the problem-by-problem table
+    policies: dict[str, Section] = field(default_factory=dict)
+    compared: Comparison = field(default_factory=Comparison)
+    whole_groups: bool = True  # False: a policy's part of the groups (not split again)
 
     def __post_init__(self) -> None:
         self.run.stages = {}
         self.run.use_stages(self.stages, self.words)
 
+    def sections(self) -> list[Section]:
+        """This section and its policies' ones."""
+        return [self, *self.policies.values()]
+
     def add(self, group: Group) -> None:
+        if self.whole_groups:
+            parts = by_policy(group)
+            for name, part in parts.items():
+                self.policies.setdefault(name, Section(self.stages, self.words, whole_groups=False)).add(part)
+            if parts:
+                self.compared.add_group(group.problem_id, group.executions)
+        self._add(group)
+
+    def _add(self, group: Group) -> None:
         for samples in group.executions:
             for s in samples:
                 if not s.trainable:
@@ -94,6 +112,7 @@ class Section:
         return {
             "problems": len(self.solver_counts),
             "executions": self.run.executions,
+            "mean_final_reward": self.run.mean_final_reward,
             "records": self.records,
             "stages": stages,
             "report": run["report"],
@@ -101,7 +120,24 @@ class Section:
             "pass_at_k": passes,
             "truncation_rate": run["truncation_rate"],
             "tokens": {"prompt": prompt, "response": response, "total": prompt + response},
+            **(
+                {
+                    "policies": {name: section.to_dict() for name, section in self.policies.items()},
+                    "head_to_head": self.compared.table(),
+                }
+                if self.policies
+                else {}
+            ),
         }
+
+
+def by_policy(group: Group) -> dict[str, Group]:
+    """A head-to-head group's executions, policy by policy, each as a group of its own (none: not such a group)."""
+    parts: dict[str, list[list[Sample]]] = {}
+    for samples in group.executions:
+        if samples and samples[0].policy is not None:
+            parts.setdefault(samples[0].policy, []).append(samples)
+    return {name: Group(group.problem, executions, group.status) for name, executions in parts.items()}
 
 
 def split_key(metadata: Any, by: str) -> str:
@@ -156,13 +192,13 @@ def sections(
     if system is None and any(name not in STAGES for name in whole.run.stages):  # not three-stage after all
         empty = [name for name in STAGES if not whole.run.stages[name].samples]
         info, vocabulary = SystemInfo("?", None), Vocabulary()
-        for section in (whole, *parts.values()):
+        for section in (s for top in (whole, *parts.values()) for s in top.sections()):
             for name in empty:
                 section.run.stages.pop(name, None)
             section.words, section.run.figures, section.run.counters = vocabulary, (), {}
         info = SystemInfo("?", tuple(whole.run.stages))
-    for section in parts.values():  # every column has the same stages, in the same order
-        section.run.stages = {name: section.run.stage(name) for name in whole.run.stages}
+    for section in (s for top in (whole, *parts.values()) for s in top.sections()):  # every column has the same
+        section.run.stages = {name: section.run.stage(name) for name in whole.run.stages}  # stages, in one order
     return Sections(by, info, vocabulary, whole, parts, warning)
 
 
