@@ -187,6 +187,18 @@ def convert(
             show_default=False,
         ),
     ] = None,
+    policy: Annotated[
+        str | None,
+        opt("--policy", help="A head-to-head folder (generate --policy): this policy's records only.", metavar="NAME"),
+    ] = None,
+    across_policies: Annotated[
+        bool,
+        opt(
+            "--across-policies",
+            help="dpo, nemo-rl-dpo on a head-to-head folder: chosen and rejected from two different policies on "
+            "the same prompt.",
+        ),
+    ] = False,
     overwrite: Annotated[bool, opt("--overwrite", help="Replace this format's files in OUT.")] = False,
 ) -> None:
     """Turn a folder into what a trainer loads: TRL DPO pairs, SFT data, TRL GRPO rollouts, slime, Megatron, verl,
@@ -208,6 +220,8 @@ def convert(
             ranks=ranks,
             include_frozen=include_frozen,
             trajectories=trajectories,
+            policy=policy,
+            across_policies=across_policies,
             overwrite=overwrite,
         )
     )

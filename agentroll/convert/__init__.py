@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..folder.manifest import Manifest
 from ..tools.system import system_of
 from .common import (
     ADVANTAGES,
@@ -53,6 +54,8 @@ def convert(
     ranks: int | None = None,
     include_frozen: bool | None = None,
     trajectories: bool | None = None,
+    policy: str | None = None,
+    across_policies: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Converts the folder `src` into `out` (a folder) and returns a summary: format, records read, rows
@@ -73,7 +76,10 @@ def convert(
     `include_frozen`: convert the records of frozen stages (`trainable: false`) too (default: no for the RL
     formats, yes for dpo, sft, nemo-rl-dpo); never those the overlong filter dropped. `trajectories` (the
     formats that take whole conversations; default on): a multi-turn conversation is one sample, from its last
-    turn (docs/convert.md). `overwrite`: replace this format's files.
+    turn (docs/convert.md). A head-to-head folder (`generate --policy`): each policy's samples are groups of
+    their own; `policy` converts one policy's records only; `across_policies` (dpo, nemo-rl-dpo) pairs a chosen
+    and a rejected response of two different policies on the same prompt (docs/head-to-head.md).
+    `overwrite`: replace this format's files.
     """
     src_path, out_path = Path(src), Path(out)
     spec = SPECS.get(to)
@@ -91,6 +97,7 @@ def convert(
             f"--groups-per-file {groups_per_file}: {src_path} has {problems_in} problems, not enough "
             "for one whole training step"
         )
+    across = check_policies(manifest, src_path, spec, policy, across_policies, system.stages)
     keep_frozen = include_frozen if include_frozen is not None else not spec.rl
     whole = spec.whole and trajectories is not False
     spec.require()
@@ -117,10 +124,18 @@ def convert(
             whole_conversations=whole,
             std=chosen_std,
             routes=spec.routes,
+            policy=policy,
         )
 
     options = Options(
-        out_path, keep_frozen, chat, max_pairs_per_group, groups_per_file, ranks or 1, dict(manifest.settings or {})
+        out_path,
+        keep_frozen,
+        chat,
+        max_pairs_per_group,
+        groups_per_file,
+        ranks or 1,
+        dict(manifest.settings or {}),
+        across,
     )
     try:
         rows, files, extra = spec.write(read, options)
@@ -136,6 +151,8 @@ def convert(
         "files": [str(f) for f in files],
         "stages": None if chosen_stages is None else list(chosen_stages),
         "advantage": advantage,
+        **({"policy": policy} if policy is not None else {}),
+        **({"across_policies": True} if across is not None else {}),
     }
     if advantage == "grpo":
         summary["std"] = chosen_std
@@ -143,3 +160,31 @@ def convert(
     summary.update({key: counts[key] for key in left_out if key in counts})
     summary.update(extra)
     return summary
+
+
+def check_policies(
+    manifest: Manifest, src: Path, spec: Any, policy: str | None, across: bool, stages: tuple[str, ...] | None
+) -> str | None:
+    """--policy and --across-policies against the folder: a head-to-head folder, a policy it has, pairs whose
+    policies were given the same prompts. Returns the stage whose prompts `--across-policies` compares."""
+    named = [p.get("name") for p in manifest.settings.get("policies") or [] if isinstance(p, dict)]
+    if (policy is not None or across) and not named:
+        flag = "--policy" if policy is not None else "--across-policies"
+        raise UsageError(f"{flag}: {src} is not a head-to-head folder (made by generate --policy)")
+    if policy is not None and policy not in named:
+        raise UsageError(f"--policy {policy!r}: the folder's policies are {', '.join(map(str, named))}")
+    if not across:
+        return None
+    if not spec.pairs:
+        raise UsageError(f"--across-policies is for --to dpo and nemo-rl-dpo (pairs), not {spec.name}")
+    if policy is not None:
+        raise UsageError("--across-policies pairs two policies: it does not go with --policy")
+    differ = next((s for s in manifest.servers if s.get("prompt_ids") == "differ"), None)
+    if differ is not None:
+        raise UsageError(
+            "--across-policies: the run that made the folder found that its policies render prompts differently "
+            f"({', '.join(differ.get('policies') or {})}: their tokenizers or chat templates differ; manifest "
+            "servers[].prompt_ids), so their prompt ids differ and no pair can share a prompt. Convert each policy "
+            "on its own (--policy NAME)"
+        )
+    return stages[0] if stages else "solver"

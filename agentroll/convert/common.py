@@ -39,6 +39,13 @@ class StageGroup:
     records: list[Record]
     advantages: list[float] | None = None
     trajectories: list[Trajectory] | None = None
+    policy: str | None = None  # a head-to-head folder: each policy's samples are a group of their own
+
+    @property
+    def name(self) -> str:
+        """The group's name in a trainer's format: "problem_id/stage" ("problem_id/policy/stage" in a
+        head-to-head folder)."""
+        return group_name(self.records[0]) if self.records else f"{self.problem_id}/{self.stage}"
 
     def items(self, include_frozen: bool = False) -> list[tuple[Record, Trajectory, float | None]]:
         """(record, its trajectory, its advantage) per sample: the whole conversation the record ends when the
@@ -60,6 +67,15 @@ class Problem:
     index: int
     problem_id: str
     groups: list[StageGroup] = field(default_factory=list)
+
+
+def group_name(record: Record) -> str:
+    """The (problem, stage) group a record belongs to, as a trainer's group id: "problem_id/stage", or
+    "problem_id/policy/stage" for a record of a head-to-head run (`generate --policy`): a baseline never mixes
+    two models' samples."""
+    policy = record.get("policy")
+    middle = f"/{policy}" if policy is not None else ""
+    return f"{record['problem_id']}{middle}/{record['stage']}"
 
 
 def baseline(rewards: list[float], std: str = "population") -> tuple[float, float]:
@@ -113,6 +129,7 @@ def read_problems(
     whole_conversations: bool = False,
     std: str = "population",
     routes: bool = False,
+    policy: str | None = None,
 ) -> Iterator[Problem]:
     """The folder's problems in manifest order (whole groups, by `agentroll.read_groups`), each split
     into stage groups (`stages` in order; None: every stage, as first seen). Baselines are computed over the
@@ -124,7 +141,8 @@ def read_problems(
     With `whole_conversations`, a group keeps only the records that end a conversation, each with its
     `Trajectory` (`convert.trajectory`); the turns folded into a later one are counted in
     `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`. `routes`: records'
-    `routed_experts` as arrays (`read_groups(routes=True)`)."""
+    `routed_experts` as arrays (`read_groups(routes=True)`). In a head-to-head folder each policy's samples of a
+    stage are a group of their own (baselines too); `policy` keeps only that policy's records."""
     from ..folder import read_groups
 
     counts.setdefault("records", 0)
@@ -134,6 +152,8 @@ def read_problems(
         counts.setdefault("folded_turns", 0)
     for index, group in enumerate(read_groups(src, routes=routes)):
         records = group.records() if not routes else _with_routes(group)
+        if policy is not None:
+            records = [r for r in records if r.get("policy") == policy]
         counts["records"] += len(records)
         ends: dict[int, Trajectory] = {}
         if whole_conversations:
@@ -144,8 +164,13 @@ def read_problems(
                     raise UsageError(f"{src}: problem {group.problem_id}: {exc} (run agentroll validate)") from None
                 ends.update((id(t.record), t) for t in found)
         problem = Problem(index, group.problem_id)
-        for stage in stages if stages is not None else dict.fromkeys(r["stage"] for r in records):
-            members = [r for r in records if r["stage"] == stage]
+        named = dict.fromkeys(r.get("policy") for r in records)
+        for stage, own in (
+            (stage, own)
+            for stage in (stages if stages is not None else dict.fromkeys(r["stage"] for r in records))
+            for own in named
+        ):
+            members = [r for r in records if r["stage"] == stage and r.get("policy") == own]
             if not members:
                 continue
             found_advantages = advantages([float(r["reward"]) for r in members], advantage, std)
@@ -167,6 +192,7 @@ def read_problems(
                     [members[i] for i in keep],
                     None if found_advantages is None else [found_advantages[i] for i in keep],
                     [ends[id(members[i])] for i in keep] if whole_conversations else None,
+                    own,
                 )
             )
         yield problem

@@ -28,6 +28,7 @@ class Options:
     groups_per_file: int | None
     ranks: int
     settings: dict[str, Any]  # the source manifest's
+    across: str | None = None  # --across-policies: pairs across policies, their prompts checked at this stage
 
 
 @dataclass(slots=True)
@@ -124,7 +125,7 @@ _REWARDS = "its rows carry rewards, not advantages"
 
 
 def _dpo(read: Read, o: Options) -> Written:
-    return dpo.write(read(), o.out, o.chat, o.max_pairs_per_group), [o.out / dpo.FILE], {}
+    return dpo.write(read(), o.out, o.chat, o.max_pairs_per_group, o.across), [o.out / dpo.FILE], {}
 
 
 def _sft(read: Read, o: Options) -> Written:
@@ -164,7 +165,8 @@ def _nemo_rl(read: Read, o: Options) -> Written:
 
 def _nemo_rl_dpo(read: Read, o: Options) -> Written:
     assert o.chat is not None
-    return nemo_rl.write_dpo(read(), o.out, o.chat, o.max_pairs_per_group), [o.out / nemo_rl.DPO_FILE], {}
+    rows = nemo_rl.write_dpo(read(), o.out, o.chat, o.max_pairs_per_group, o.across)
+    return rows, [o.out / nemo_rl.DPO_FILE], {}
 
 
 def _verifiers(read: Read, o: Options) -> Written:

@@ -127,7 +127,7 @@ def write(read: Callable[[], Iterable[Problem]], out: Path, include_frozen: bool
                         "rollouts": rollouts,
                         "batch_id": problem.index,
                         "index_in_batch": index_in_batch,
-                        "uid": f"{group.problem_id}/{group.stage}",
+                        "uid": group.name,
                     }
                 )
     return writer.rows, placeholders

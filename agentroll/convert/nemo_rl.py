@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import ChatMessages, JsonlWriter, Problem, Record, prompt_messages, response_messages
-from .dpo import pairs
+from .dpo import across_policies, pairs, policies_of
 from .trajectory import Trajectory, first_prompt, runs
 
 FILE = "nemo_rl.jsonl"
@@ -98,13 +98,19 @@ def preference(chosen: Record, rejected: Record, chat: ChatMessages) -> dict[str
         "rejected_token_ids": rejected["response_token_ids"],
         "chosen_reward": chosen["reward"],
         "rejected_reward": rejected["reward"],
+        **policies_of(chosen, rejected),
     }
 
 
-def write_dpo(problems: Iterable[Problem], out: Path, chat: ChatMessages, max_pairs: int | None) -> int:
+def write_dpo(
+    problems: Iterable[Problem], out: Path, chat: ChatMessages, max_pairs: int | None, across: str | None = None
+) -> int:
+    """`across`: pairs across policies (`dpo.across_policies`)."""
+    if across is not None:
+        problems = across_policies(problems, across)
     with JsonlWriter(out / DPO_FILE) as writer:
         for problem in problems:
             for group in problem.groups:
-                for chosen, rejected in pairs(group, max_pairs):
+                for chosen, rejected in pairs(group, max_pairs, across is not None):
                     writer.write(preference(chosen, rejected, chat))
     return writer.rows

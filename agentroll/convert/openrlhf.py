@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import JsonlWriter, Problem, Record
+from .common import JsonlWriter, Problem, Record, group_name
 from .trajectory import Trajectory, first_prompt, runs
 
 FILE = "openrlhf.jsonl"
@@ -45,7 +45,7 @@ def row(record: Record, found: Trajectory, advantage: float | None) -> dict[str,
         "problem_id": record["problem_id"],
         "stage": record["stage"],
         "rollout_id": record["rollout_id"],
-        "group": f"{record['problem_id']}/{record['stage']}",
+        "group": group_name(record),
     }
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import JsonlWriter, Problem, Record
+from .common import JsonlWriter, Problem, Record, group_name
 from .trajectory import Trajectory
 
 FILE = "skyrl.jsonl"
@@ -31,7 +31,7 @@ def row(record: Record, found: Trajectory, repetition: int) -> dict[str, Any]:
         "loss_masks": found.mask[start:],
         "stop_reasons": "length" if record["status"] == "truncated" else "stop",
         "rollout_logprobs": found.logprobs[start:],
-        "trajectory_ids": {"instance_id": f"{record['problem_id']}/{record['stage']}", "repetition_id": repetition},
+        "trajectory_ids": {"instance_id": group_name(record), "repetition_id": repetition},
         "env_metrics": {
             "problem_id": record["problem_id"],
             "stage": record["stage"],

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import JsonlWriter, Problem, Record
+from .common import JsonlWriter, Problem, Record, group_name
 from .trajectory import Trajectory
 
 FILE = "verl.jsonl"
@@ -33,7 +33,7 @@ def row(record: Record, found: Trajectory) -> dict[str, Any]:
     start = found.start
     routes = record.get("routed_experts")
     return {
-        "uid": f"{record['problem_id']}/{record['stage']}",
+        "uid": group_name(record),
         "prompt_ids": found.tokens[:start],
         "response_ids": found.tokens[start:],
         "response_mask": found.mask[start:],
