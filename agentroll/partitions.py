@@ -77,7 +77,7 @@ def check_options(run: RunOptions, generate: GenerateOptions) -> None:
             "or read OUT when the job is done)"
         )
     urls = generate.base_url
-    if run.endpoints_per_task is not None and run.endpoints_per_task > len(urls):
+    if run.endpoints_per_task is not None and not generate.policy and run.endpoints_per_task > len(urls):
         raise UsageError(
             f"--endpoints-per-task {run.endpoints_per_task} is more than the {len(urls)} --base-url endpoints"
         )
@@ -128,7 +128,8 @@ def plan_tasks(
     `--target-groups` are the whole job's: the one split between the tasks that run at once (or share an endpoint
     at once), the other between the partitions."""
     out = Path(os.path.abspath(run.output))
-    urls = generate.base_url
+    policies = generate.policies()
+    urls = generate.base_url or [u for p in policies for u in p.urls]
     per_task = run.endpoints_per_task
     sharing = at_once if per_task is None else max(1, math.ceil(at_once * per_task / len(urls)))
     tasks = []
@@ -147,7 +148,15 @@ def plan_tasks(
             endpoints_per_task=None,
             ray_retries=None,
         )
-        mine = {**given, "base_url": endpoints(urls, index, per_task)}
+        mine = {**given, "base_url": endpoints(generate.base_url, index, per_task) if generate.base_url else []}
+        if policies:  # each policy's own endpoints shared out the same way (all of them, when it has fewer)
+            mine["policy"] = [
+                p.spec(
+                    endpoints(list(p.urls), index, None if per_task is None else min(per_task, len(p.urls))),
+                    _path(p.tokenizer),
+                )
+                for p in policies
+            ]
         if generate.api_key:  # as found on the driver (flag or environment): a node's environment may differ
             mine["api_key"] = generate.api_key
         if generate.concurrency == "auto":
@@ -156,6 +165,11 @@ def plan_tasks(
             mine["concurrency"] = share(int(generate.concurrency), at_once)
         tasks.append(Task(index, asdict(options), mine))
     return tasks
+
+
+def _path(name: str | None) -> str | None:
+    """A tokenizer that names an existing path, made absolute (else a hub id, as it is)."""
+    return os.path.abspath(name) if name and os.path.exists(name) else name
 
 
 def _stage_path(item: str) -> str:

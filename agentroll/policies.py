@@ -41,12 +41,13 @@ class Policy:
     def overrides(self) -> dict[str, Any]:
         return dict(self.sampling)
 
-    def spec(self, urls: list[str] | None = None) -> str:
-        """The flag's value that gives this policy back (with other `urls`, or its `tokenizer` path made
-        absolute: a `--ray` partition runs elsewhere)."""
+    def spec(self, urls: list[str] | None = None, tokenizer: str | None = None) -> str:
+        """The flag's value that gives this policy back, with other `urls` or `tokenizer` if given (a `--ray`
+        partition runs elsewhere, on its share of the endpoints, with paths made absolute)."""
         own = [*(urls if urls is not None else self.urls)]
+        tokenizer = tokenizer or self.tokenizer
         keys = [f"model={self.model}"] if self.model else []
-        keys += [f"tokenizer={self.tokenizer}"] if self.tokenizer else []
+        keys += [f"tokenizer={tokenizer}"] if tokenizer else []
         keys += [f"{k}={v}" for k, v in self.sampling]
         return f"{self.name}={','.join([*own, *keys])}"
 
