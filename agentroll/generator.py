@@ -22,7 +22,16 @@ from .client import Budget, ClientCounters, CompletionClient, follow_metrics
 from .context import Stage
 from .errors import InputError, UsageError
 from .group import Group, annotate
-from .handshake import Served, choose_rendering, policy_facts, reach, settle, settle_stage_api
+from .handshake import (
+    Served,
+    choose_rendering,
+    policy_facts,
+    policy_settings,
+    reach,
+    rendering,
+    settle,
+    settle_stage_api,
+)
 from .inputs import InputKeys, Problem, problem_from_row
 from .options import GenerateOptions
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
@@ -385,25 +394,3 @@ def journal_fingerprint(model: str, server: dict[str, Any], routes: bool) -> dic
         else {}
     )
     return {"model": model, **{k: server.get(k) for k in JOURNALED_FACTS}, "routes": routes, **each}
-
-
-def rendering(run: Served) -> str:
-    """Where the run's prompts actually became ids: --chat-render auto may switch to the server's /tokenize."""
-    return "server" if run.encoder is not None and run.encoder.server_render else "local"
-
-
-def policy_settings(run: Served) -> dict[str, Any]:
-    """What a head-to-head run's settings keep of a policy: a rerun with other policies (another model, other
-    sampling) is refused like any other changed setting; where it is served is not kept (as --base-url)."""
-    assert run.main is not None
-    config = run.main.config
-    return {
-        "name": run.policy.name,
-        "model": run.model,
-        "tokenizer": run.tokenizer_name,
-        "max_context_len": run.max_context_len,
-        "max_tokens": config.sampling.max_tokens,
-        "sampling": config.sampling.params(),
-        "prompt_rendering": rendering(run),
-        "stage_settings": run.stage_settings,
-    }

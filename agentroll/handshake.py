@@ -292,3 +292,25 @@ def policy_facts(runs: list[Served]) -> tuple[dict[str, Any], str | None]:
         else None
     )
     return {"policies": facts, "prompt_ids": "differ" if differ else "alike"}, warning
+
+
+def rendering(run: Served) -> str:
+    """Where the run's prompts actually became ids: --chat-render auto may switch to the server's /tokenize."""
+    return "server" if run.encoder is not None and run.encoder.server_render else "local"
+
+
+def policy_settings(run: Served) -> dict[str, Any]:
+    """What a head-to-head run's settings keep of a policy: a rerun with other policies (another model, other
+    sampling) is refused like any other changed setting; where it is served is not kept (as --base-url)."""
+    assert run.main is not None
+    config = run.main.config
+    return {
+        "name": run.policy.name,
+        "model": run.model,
+        "tokenizer": run.tokenizer_name,
+        "max_context_len": run.max_context_len,
+        "max_tokens": config.sampling.max_tokens,
+        "sampling": config.sampling.params(),
+        "prompt_rendering": rendering(run),
+        "stage_settings": run.stage_settings,
+    }

@@ -43,9 +43,9 @@ class GenerateOptions(RewardOptions):
     )
     policy: list[str] = option(
         [],
-        "NAME=URL[,URL...][,model=...,tokenizer=...,temperature=...]: a policy of a head-to-head run (repeatable, "
-        "two or more, in place of --base-url): each prompt's group holds K executions per policy "
-        "(docs/head-to-head.md).",
+        "A policy of a head-to-head run: NAME=URL, then more URLs or KEY=VALUE (model, tokenizer, max_tokens, "
+        "temperature, top_p, top_k, min_p), comma-separated; two or more, in place of --base-url. Each prompt's "
+        "group holds K executions per policy (docs/head-to-head.md).",
     )
     api_key: str | None = option(None, "Sent as a Bearer token.", envvar="OPENAI_API_KEY")
     model: str | None = option(None, "Served model name (default: the only one listed).")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -177,7 +176,8 @@ def test_the_head_to_head_table_matches_a_count_by_hand(duel, tmp_path):
     (counted,) = stats["head_to_head"]["pairs"]
     assert [counted[k] for k in ("wins", "ties", "losses")] == [hand["all"][k] for k in ("wins", "ties", "losses")]
     # the same intervals again (seeded), and from the viewer's entry point
-    from agentroll.tools.headtohead import compare, problems as per_problem
+    from agentroll.tools.headtohead import compare
+    from agentroll.tools.headtohead import problems as per_problem
 
     assert compare(out, "half")["head_to_head"] == data["all"]["head_to_head"]
     rows = list(per_problem(out))
@@ -281,8 +281,8 @@ def test_pairs_whose_first_prompts_differ_are_refused_with_the_reason(duel, tmp_
     problems, strong, weak = duel
     out = tmp_path / "out"
     assert run_cli(*policy_args(problems, out, strong.url, weak.url, "-q", "--limit", "2")).returncode == 0
-    from agentroll.convert.dpo import across_policies
     from agentroll.convert.common import Problem, StageGroup
+    from agentroll.convert.dpo import across_policies
     from agentroll.errors import UsageError
 
     records = read_records(out)

@@ -54,6 +54,7 @@ class AuditOptions:
     sample: int | None = None  # conversations to audit, stratified by stage; None: all
     seed: int = 0
     stages: frozenset[str] | None = None
+    policy: str | None = None  # a head-to-head folder: this policy's records (its model's), else the first's
     include_frozen: bool = False
     batch_tokens: int = BATCH_TOKENS  # padded tokens per forward pass
     worst: int = 10

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,7 +63,7 @@ def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
 
 def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progress | None = None) -> dict[str, Any]:
     path = Path(folder)
-    manifest = load_manifest(path)
+    manifest = policy_view(load_manifest(path), options.policy)
     settings = manifest.settings
     mode, source, warnings = logprobs_mode(manifest, options.logprobs_mode)
     system = system_of(manifest)
@@ -72,7 +73,8 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
             f"--stages {','.join(sorted(options.stages - set(known)))}: the {system.name} system's "
             f"stages are {', '.join(known)}"
         )
-    selection = Selection(options.stages, options.include_frozen, settings.get("model"))
+    policy = options.policy if options.policy is not None else first_policy(settings)
+    selection = Selection(options.stages, options.include_frozen, settings.get("model"), policy=policy)
     listed = index(path, selection)
     if not listed:  # passing an audit of nothing would say the folder is fine
         why = "; ".join(
@@ -200,3 +202,32 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
         "warnings": warnings,
         "ok": overall.records_failed == 0 and not folder_faults,
     }
+
+
+def first_policy(settings: dict[str, Any]) -> str | None:
+    """A head-to-head folder's first policy (whose model `settings.model` names), else None."""
+    policies = settings.get("policies")
+    return (
+        str(policies[0].get("name"))
+        if isinstance(policies, list) and policies and isinstance(policies[0], dict)
+        else None
+    )
+
+
+def policy_view(manifest: Manifest, policy: str | None) -> Manifest:
+    """The folder as its policy `policy` made it (a head-to-head run, `generate --policy`): that policy's model and
+    tokenizer in the settings, its servers' facts (logprobs mode, hashes) in `servers`."""
+    if policy is None:
+        return manifest
+    entries = [p for p in manifest.settings.get("policies") or [] if isinstance(p, dict)]
+    mine = next((p for p in entries if p.get("name") == policy), None)
+    if mine is None:
+        names = ", ".join(str(p.get("name")) for p in entries) or "none: it is not a head-to-head folder"
+        raise UsageError(f"--policy {policy!r}: the folder's policies are {names}")
+    settings = {**manifest.settings, "model": mine.get("model"), "tokenizer": mine.get("tokenizer")}
+    servers = [
+        s["policies"][policy]
+        for s in manifest.servers
+        if isinstance(s.get("policies"), dict) and policy in s["policies"]
+    ]
+    return replace(manifest, settings=settings, servers=servers)

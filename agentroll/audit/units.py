@@ -57,11 +57,14 @@ class Selection:
     include_frozen: bool
     model: str | None
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> reason -> records
+    policy: str | None = None  # a head-to-head folder: only this policy's records
 
     def wants(self, record: Record, count: bool = True) -> bool:
         stage = str(record.get("stage"))
         reason = None
-        if self.stages is not None and stage not in self.stages:
+        if self.policy is not None and record.get("policy") != self.policy:
+            reason = f"another policy ({record.get('policy')})"
+        elif self.stages is not None and stage not in self.stages:
             reason = "stage not asked for"
         elif not self.include_frozen and record.get("trainable", True) is False:
             reason = "frozen (trainable: false)"

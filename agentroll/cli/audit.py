@@ -104,6 +104,10 @@ def audit_command(
         str | None, opt("--stages", help="Comma-separated stages (default: all of the run's model).", metavar="STAGES")
     ] = None,
     include_frozen: Annotated[bool, opt("--include-frozen", help="Also audit records of frozen stages.")] = False,
+    policy: Annotated[
+        str | None,
+        opt("--policy", help="A head-to-head folder: this policy's records (default: the first's).", metavar="NAME"),
+    ] = None,
     batch_tokens: Annotated[
         int, opt("--batch-tokens", help="Padded tokens per forward pass.", metavar="N")
     ] = BATCH_TOKENS,
@@ -190,6 +194,7 @@ def audit_command(
             sample=sample,
             seed=seed,
             include_frozen=include_frozen,
+            policy=policy,
             stages=frozenset(s.strip() for s in stages.split(",") if s.strip()) if stages else None,
             batch_tokens=batch_tokens,
             worst=worst,

@@ -43,6 +43,7 @@ PANELS = {
     ),
     "Servers": (
         "base_url",
+        "policy",
         "api_key",
         "model",
         "tokenizer",
@@ -90,6 +91,7 @@ OTHER = "More options"  # an option no panel lists yet
 METAVARS = {
     "output": "DIR",
     "base_url": "URL",
+    "policy": "NAME=URL,...",
     "sandbox_url": "URL",
     "api_key": "KEY",
     "model": "NAME",
