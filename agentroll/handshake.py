@@ -273,6 +273,10 @@ async def settle(
     config = replace(config, samples_per_prompt=group_size)
     client = served.client
     served.server = await server_facts(client, o, served.model, served.encoder, templates, config, served.root)
+    if served.name is not None and served.encoder.server_render is not None:  # a policy's prompts as it sends them
+        probes = probe_messages(templates) or [[{"role": "user", "content": PROBE_PROBLEM}]]
+        rendered = [(await served.encoder.render(m))[1] for m in probes]
+        served.server["rendered_prompts_sha256"] = provenance.rendered_sha256(rendered)
     if client.adaptive:
         await follow_metrics(client)
     served.main = main = Stage("", client, served.encoder, config)

@@ -463,3 +463,21 @@ def test_target_groups_and_uniform_groups_count_whole_groups_of_every_policy(due
         assert len({e[0].final_reward for e in group.executions}) > 1
     manifest = json.loads((filtered / "manifest.json").read_text())
     assert manifest["groups"] + manifest["filtered_groups"] == 20
+
+
+def test_a_policy_whose_server_renders_its_prompts_is_compared_by_the_ids_it_sends(duel, tmp_path):
+    """Its local template differs, so --chat-render auto lets its server's /tokenize render (as the other
+    policy's): the ids sent are alike, and pairs across the policies are made."""
+    problems, strong, weak = duel
+    out = tmp_path / "out"
+    args = policy_args(problems, out, strong.url, weak.url, "--limit", "3")
+    args[args.index(f"old={weak.url},tokenizer={TOKENIZER}")] = f"old={weak.url},tokenizer={other_template(tmp_path)}"
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"rendered by the server" in proc.stderr and b"do not render prompts alike" not in proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["servers"][-1]["prompt_ids"] == "alike"
+    assert [p["prompt_rendering"] for p in manifest["settings"]["policies"]] == ["local", "server"]
+    pairs = tmp_path / "pairs"
+    done = run_cli("convert", str(out), "--to", "dpo", "--across-policies", "--layout", "standard", "-o", str(pairs))
+    assert done.returncode == 0, done.stderr.decode()

@@ -375,3 +375,59 @@ def test_a_row_that_is_not_json_is_skipped_once_and_the_job_ends_0_every_time(ra
         assert proc.returncode == 0, stderr[-3000:]
     assert "problems 9 (already done 8)" in stderr and "invalid rows 1" in stderr
     assert sorted(g.problem_id for g in agentroll.read_groups(out)) == [f"p{i:03d}" for i in range(8)]
+
+
+def test_a_head_to_head_job_runs_every_policy_in_every_partition(ray_cluster, problems, tmp_path):
+    """`--policy` under --ray: each partition runs both policies on its slice; the merged folder holds each problem
+    once, with K executions of each policy, and its head-to-head table covers every problem."""
+    strong = SimServer(script=Script.from_jsonl(problems), model="strong", record=False)
+    weak = SimServer(script=Script.from_jsonl(problems), model="weak", seed=1, record=False)
+    strong.start()
+    weak.start()
+    out = tmp_path / "out"
+    try:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentroll",
+                "generate",
+                str(problems),
+                "-o",
+                str(out),
+                "--policy",
+                f"new={strong.url},tokenizer={TOKENIZER}",
+                "--policy",
+                f"old={weak.url},tokenizer={TOKENIZER},temperature=0.5",
+                "--endpoints-per-task",
+                "1",
+                "--samples-per-prompt",
+                "2",
+                "--num-parallel",
+                "1",
+                "--reward",
+                "exact",
+                "--ray",
+                ray_cluster.address,
+                "--partitions",
+                "2",
+            ],
+            env=ray_cluster.env,
+            capture_output=True,
+            timeout=240,
+        )
+    finally:
+        strong.stop()
+        weak.stop()
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0, stderr[-3000:]
+    groups = list(agentroll.read_groups(out))
+    assert sorted(g.problem_id for g in groups) == [f"p{i:03d}" for i in range(8)]
+    for group in groups:
+        assert Counter(e[0].policy for e in group.executions) == {"new": 2, "old": 2}
+        assert {e[0].model for e in group.executions if e[0].policy == "old"} == {"weak"}
+    from agentroll.tools.report import stats as folder_stats
+
+    stats = folder_stats(out)
+    assert stats["all"]["head_to_head"]["pairs"][0]["problems"] == 8
+    assert "new vs old over 8 problems" in stderr  # the driver's summary adds the partitions' counts
