@@ -133,6 +133,9 @@ def test_a_head_to_head_run_gives_each_policy_its_k_executions_on_its_own_server
     # the summary names each policy and the pair's verdict
     said = proc.stderr.decode()
     assert "policy new:" in said and "policy old:" in said and "new vs old over 20 problems" in said
+    tree = run_cli("inspect", str(out), "--problem", "p000").stdout.decode()
+    assert tree.count("policy new (strong)") == K and tree.count("policy old (weak)") == K
+    assert "new: reward mean" in tree and "old: reward mean" in tree
 
 
 def test_the_head_to_head_table_matches_a_count_by_hand(duel, tmp_path):

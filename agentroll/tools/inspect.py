@@ -100,6 +100,7 @@ def _execution_node(parent: Tree, samples: list[Sample]) -> Tree:
     return parent.add(
         Text.assemble(
             (f"execution {head.sample_index}", "bold cyan"),
+            *([(f" · policy {head.policy} ({head.model})", "bold magenta")] if head.policy is not None else []),
             f" · rollout {head.rollout_id} · final reward {_num(head.final_reward)} · {len(samples)} records",
         )
     )
@@ -134,6 +135,12 @@ def rollout_tree(
         f" · group reward mean {_num(first.group_reward_mean)} (std {_num(first.group_reward_std)})"
         f" · solver pass@all {_num(first.group_pass_at_k)}"
     )
+    heads = {e[0].policy: e[0] for e in group.executions if e and e[0].policy is not None}
+    if heads:  # a head-to-head group: the figures are each policy's own
+        figures = " · " + ", ".join(
+            f"{name}: reward mean {_num(h.group_reward_mean)}, pass@all {_num(h.group_pass_at_k)}"
+            for name, h in heads.items()
+        )
     root = Tree(
         Text.assemble(
             (f"problem {first.problem_id}", "bold"),
