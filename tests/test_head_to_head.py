@@ -302,6 +302,15 @@ def popen(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "agentroll", *args], env=user_env(), stderr=subprocess.PIPE)
 
 
+def stop_all(run: subprocess.Popen[bytes], *servers: SimServer) -> None:
+    """However a test ends: its run and its servers are stopped."""
+    if run.poll() is None:
+        run.kill()
+        run.communicate()
+    for each in servers:
+        each.stop()
+
+
 def journal_lines(out: Path) -> int:
     return sum(p.read_bytes().count(b"\n") for p in Layout(out).journal.glob("calls-*.jsonl"))
 
@@ -344,11 +353,7 @@ def test_killed_with_sigkill_then_resumed_gives_every_policys_executions_exactly
         assert rerun.returncode == 0, rerun.stderr.decode()
         second = {**calls(strong), **calls(weak)}
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
-        strong.stop()
-        weak.stop()
+        stop_all(run, strong, weak)
     records = read_records(out)
     per = Counter(
         (rows[0]["problem_id"], rows[0]["policy"], rows[0]["sample_index"]) for rows in executions(records).values()
@@ -396,11 +401,7 @@ def test_a_policys_server_down_holds_back_only_its_own_calls(tmp_path):
             back.stop()
         assert rerun.returncode == 0, rerun.stderr.decode()
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
-        strong.stop()
-        weak.stop()
+        stop_all(run, strong, weak)
     records = read_records(out)
     assert Counter(r["policy"] for r in records if r["stage"] == "selector")  # whole groups, both policies
     assert len({(rs[0]["problem_id"], rs[0]["sample_index"]) for rs in executions(records).values()}) == 12 * 2 * K
