@@ -133,10 +133,10 @@ class Generator:
             self._systems = [
                 AgentSystem(
                     run.client,
-                    run.encoder,  # type: ignore[arg-type]
+                    run.settled.encoder,
                     templates,
                     self._rewards,
-                    run.main.config,  # type: ignore[union-attr]
+                    run.settled.config,
                     self.stats,
                     prompt_key=self.keys.prompt,
                     system=system,
@@ -148,8 +148,7 @@ class Generator:
             self._system = self._systems[0]
             self.server = first.server
             self.logprobs_mode = first.server["logprobs_mode"]
-            assert first.encoder is not None and first.main is not None
-            config = o.system_config(self.model, self.max_context_len) if o.policy else first.main.config
+            config = o.system_config(self.model, self.max_context_len) if o.policy else first.settled.config
             self._settings = self._fingerprint(templates, rendering(first), config)
             self._settings["system"] = identity(system, o.system)
             self._settings["stage_settings"] = first.stage_settings

@@ -233,6 +233,13 @@ class Served:
     def name(self) -> str | None:
         return self.policy.name or None
 
+    @property
+    def settled(self) -> Stage:
+        """Its stage of defaults, once `settle` has made it (client, encoder, sampling)."""
+        if self.main is None:
+            raise RuntimeError(f"policy {self.policy.name!r} is not settled")
+        return self.main
+
 
 async def reach(o: GenerateOptions, served: Served) -> None:
     """The policy's served model, its context length and its tokenizer (loaded by its class name under
@@ -306,8 +313,7 @@ def rendering(run: Served) -> str:
 def policy_settings(run: Served) -> dict[str, Any]:
     """What a head-to-head run's settings keep of a policy: a rerun with other policies (another model, other
     sampling) is refused like any other changed setting; where it is served is not kept (as --base-url)."""
-    assert run.main is not None
-    config = run.main.config
+    config = run.settled.config
     return {
         "name": run.policy.name,
         "model": run.model,

@@ -208,8 +208,9 @@ class RunStats:
 
     def add_execution(self, samples: list[Sample]) -> None:
         """An execution of a settled group, counted here and, in a head-to-head run, in its policy's figures."""
-        if samples and samples[0].policy is not None:
-            self.policy(samples[0].policy)._add(samples)
+        policy = getattr(samples[0], "policy", None) if samples else None  # (what the counters read of a Sample)
+        if policy is not None:
+            self.policy(policy)._add(samples)
         self._add(samples)
 
     def _add(self, samples: list[Sample]) -> None:

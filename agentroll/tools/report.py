@@ -14,6 +14,9 @@ solver samples with raw_reward 1. It is reported for k = 1 .. the largest n of a
 is the mean over the problems with at least k solver samples (`problems` says how many; all of them when
 every problem has its N * K samples); a system without a "solver" stage has none. pass@n is the mean of the
 records' `group_pass_at_k`.
+
+A head-to-head folder (`generate --policy`): each section also has each policy's figures (a section of its own
+over that policy's executions) and the problem-by-problem table (`agentroll.headtohead`).
 """
 
 from __future__ import annotations
