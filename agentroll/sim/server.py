@@ -146,13 +146,29 @@ class SimServer:
     async def aclose(self) -> None:
         """Stop listening and close every open connection at once, as a killed server would."""
         self._closing = True
+        # connections just accepted are still being set up (asyncio's accept tasks): let them be made, to be closed
+        # below; closing the listener under them would leave their sockets open (asyncio drops a socket whose
+        # server closed before its transport was made)
+        for _ in range(10):
+            accepting = [
+                task
+                for task in asyncio.all_tasks()
+                if task is not asyncio.current_task()
+                and getattr(task.get_coro(), "__name__", "") == "_accept_connection2"
+            ]
+            if not accepting:
+                break
+            await asyncio.gather(*accepting, return_exceptions=True)
         if self._site is not None:
             await self._site.stop()
         if self._runner is None:
             return
         for _ in range(3):  # connections accepted just before the listener closed show up a loop turn later
             for connection in self._runner.server.connections if self._runner.server else ():
+                transport = connection.transport
                 connection.force_close()
+                if transport is not None:  # a response still being written: dropped, not drained (close() would
+                    transport.abort()  # wait for it, and a loop stopped meanwhile leaves the socket open)
             await asyncio.sleep(0)
         await self._runner.cleanup()
 
