@@ -165,7 +165,7 @@ def test_a_single_message_mentioning_an_added_token_the_frame_never_uses_is_one_
 def test_tokens_only_the_generation_prompt_holds_are_not_message_markup(tokenizer):
     """Qwen3 with thinking off ends its generation prompt with an empty `<think></think>`: a user's `<think>` is
     still one message, a rendered conversation still several."""
-    from agentroll.convert.common import ChatMessages
+    from agentroll.convert.messages import ChatMessages
 
     qwen3ish = copy.copy(tokenizer)
     qwen3ish.chat_template = tokenizer.chat_template.replace(

@@ -1,7 +1,7 @@
 """Template faults: a first-turn prompt whose ids are not what the model's own chat template makes of its messages.
 
 A record keeps its prompt as rendered text and ids, not the messages. The messages are recovered from the text
-as `agentroll convert` does (`convert.common.ChatMessages`: the model's template rendered around placeholder
+as `agentroll convert` does (`convert.messages.ChatMessages`: the model's template rendered around placeholder
 messages, a user message with an optional system message, accepted only if rendering the recovered messages
 gives the record's text exactly). They are then rendered and tokenized as agentroll and vLLM's chat endpoint do
 (`apply_chat_template(add_generation_prompt=True)`, then the tokenizer without special tokens added again),
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..convert.common import ChatMessages
+from ..convert.messages import ChatMessages
 
 MATCH, MISMATCH, UNRECOVERABLE = "match", "mismatch", "unrecoverable"
 CACHE = 4096

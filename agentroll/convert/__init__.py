@@ -30,11 +30,11 @@ from .common import (
     check_source,
     check_stages,
     discard,
-    load_messages,
     prepare_out,
     read_problems,
 )
 from .formats import FORMATS, SPECS, Options
+from .messages import load_messages
 
 __all__ = ["ADVANTAGES", "FORMATS", "LAYOUTS", "STDS", "advantages", "baseline", "convert"]
 

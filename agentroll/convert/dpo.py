@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from .common import ChatMessages, JsonlWriter, Problem, Record, StageGroup, prompt_messages, response_messages
+from .common import JsonlWriter, Problem, Record, StageGroup
+from .messages import ChatMessages, prompt_messages, response_messages
 
 FILE = "dpo.jsonl"
 

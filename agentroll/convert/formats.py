@@ -11,7 +11,8 @@ from typing import Any
 
 from ..errors import UsageError
 from . import dpo, megatron, nemo_rl, openrlhf, prime_rl, sft, skyrl, slime, trl, verifiers, verl
-from .common import ADVANTAGES, LAYOUTS, STDS, ChatMessages, Problem
+from .common import ADVANTAGES, LAYOUTS, STDS, Problem
+from .messages import ChatMessages
 
 Read = Callable[[], Iterable[Problem]]
 Written = tuple[int, list[Path], dict[str, int]]  # rows, files, extra summary counts

@@ -27,8 +27,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import ChatMessages, JsonlWriter, Problem, Record, prompt_messages, response_messages
+from .common import JsonlWriter, Problem, Record
 from .dpo import across_policies, pairs, policies_of
+from .messages import ChatMessages, prompt_messages, response_messages
 from .trajectory import Trajectory, first_prompt, runs
 
 FILE = "nemo_rl.jsonl"

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import ChatMessages, JsonlWriter, Problem, Record, prompt_messages, response_messages
+from .common import JsonlWriter, Problem, Record
+from .messages import ChatMessages, prompt_messages, response_messages
 from .trajectory import own_mask
 
 FILE = "sft.jsonl"
