@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 COMMANDS = {
     "generate": "generate",
-    **dict.fromkeys(("merge", "validate", "stats", "convert", "report", "inspect"), "folders"),
+    **dict.fromkeys(("merge", "validate", "stats", "convert", "report", "inspect", "view"), "folders"),
     "rescore": "rescore",  # its own: it takes generate's reward options, and with them the rewards' imports
     **dict.fromkeys(("doctor", "demo", "serve-sim", "ray-partition"), "servers"),
     "audit": "audit",

@@ -24,7 +24,7 @@ def opt(*decls: str, help: str, metavar: str = "", **kwargs: object) -> typer.mo
 
 
 def register(app: typer.Typer) -> None:
-    for command in (merge, validate, stats, convert, report):
+    for command in (merge, validate, stats, convert, report, view):
         app.command(cls=Command)(command)
     app.command("inspect", cls=Command)(inspect_command)
 
@@ -249,3 +249,58 @@ def report(
 
     made = folder_tool(lambda: html_report(folder, output, by))
     err.print(Text(f"{made['charts']} charts -> {made['output']} ({made['bytes']:,} bytes)"))
+
+
+def view(
+    folder: Annotated[Path, FOLDER],
+    port: Annotated[
+        int | None, opt("--port", "-p", help="Serve on this port (0: any free one).", metavar="P", show_default=False)
+    ] = None,
+    output: Annotated[
+        Path | None,
+        opt("--output", "-o", help="Write the page as one file instead (a small folder, or --sample).", metavar="FILE"),
+    ] = None,
+    sample: Annotated[int | None, opt("--sample", help="-o: N groups drawn at random.", metavar="N")] = None,
+    seed: Annotated[int, opt("--seed", help="--sample's random seed.", metavar="S")] = 0,
+    tokenizer: Annotated[
+        str | None, opt("--tokenizer", help="Decode the tokens with this (default: the run's).", metavar="PATH|ID")
+    ] = None,
+    audit: Annotated[
+        Path | None, opt("--audit", help="What agentroll audit --json found, to mark its records.", metavar="FILE")
+    ] = None,
+    host: Annotated[
+        str,
+        opt(
+            "--host",
+            help="Listen on this address (anything but loopback serves the folder to the network).",
+            metavar="ADDR",
+        ),
+    ] = "127.0.0.1",
+) -> None:
+    """Browse every conversation of a folder, token by token: a page served on loopback (following a live run), or
+    written as one file."""
+    from ..tools import view as viewer
+
+    if output is not None and port is not None:
+        raise typer.BadParameter("-o writes a file, --port serves the page: give one of them")
+    if sample is not None and output is None:
+        raise typer.BadParameter("--sample N picks the groups of a page written with -o")
+    index = folder_tool(lambda: viewer.open_folder(folder, tokenizer, audit, follow=output is None))
+    if output is not None:
+        made = folder_tool(lambda: viewer.write(index, output, sample, seed))
+        of = f" (a sample of {made['of']:,})" if sample is not None else ""
+        err.print(
+            Text(
+                f"{made['groups']:,} groups{of}, {made['records']:,} records -> {made['output']} "
+                f"({made['bytes']:,} bytes)"
+            )
+        )
+        return
+
+    def ready(url: str) -> None:
+        err.print(Text(f"agentroll view: {folder} at {url} (Ctrl-C stops it)"), soft_wrap=True)
+
+    folder_tool(lambda: viewer.serve(index, host, DEFAULT_PORT if port is None else port, ready))
+
+
+DEFAULT_PORT = 8377

@@ -21,6 +21,7 @@ groups already consumed; a position of an earlier dataset in the folder (another
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,9 +35,10 @@ from . import lock
 from .files import atomic_write
 from .layout import MANIFEST, PARTIAL, Layout, is_zstd, routes_name, routes_path
 from .manifest import RESUMED, Manifest, ShardEntry, run_exit
+from .places import Place
 from .reader import ShardFile, as_group, check_counts, check_size, damaged, finished_groups, missing
 from .routes import RoutesUnavailable, Sidecar
-from .shards import shard_groups
+from .shards import placed_groups
 
 
 def read_groups(
@@ -58,7 +60,11 @@ def read_groups(
     if folder.is_file():  # a follower would wait for a run that can never write here
         raise OutputError(f"{folder} is a file, not a folder: give the output folder that holds {MANIFEST}")
     if follow:
-        groups = _follow(folder, poll_s, timeout_s, routes)
+        groups = (
+            (identity, as_group(records))
+            for identity, _, records, fresh in _follow(folder, poll_s, timeout_s, routes)
+            if fresh
+        )
     else:
         manifest = Manifest.load(folder)
         groups = ((manifest.folder_id, g) for g in finished_groups(folder, routes))
@@ -71,6 +77,16 @@ def read_groups(
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     yield from _consume(groups, where)
+
+
+def placed(
+    path: str | os.PathLike[str], follow: bool = True, poll_s: float = 1.0, stop: threading.Event | None = None
+) -> Iterator[Found]:
+    """Each whole group with its `Place`, as `read_groups(follow=True)` reads them: (folder_id, place, records,
+    fresh). A group read again from a new place (its shard finished and renamed, or recovered) comes again, not
+    fresh; a new folder_id means the folder was overwritten: everything before it is gone. Without `follow`, one
+    pass over what is there now (a live run's partial shard too). `stop` ends the wait between passes."""
+    return _follow(Path(path), poll_s, None, False, stop, once=not follow)
 
 
 def consumed(folder: Path, name: str, folder_id: str | None = None) -> int:
@@ -182,10 +198,24 @@ def _listed_fault(folder: Path, shard: Path, entry: ShardEntry, routes: bool) ->
     return None
 
 
-def _follow(folder: Path, poll_s: float, timeout_s: float | None, routes: bool) -> Iterator[tuple[str, Group]]:
+Found = tuple[str, Place, list[dict[str, Any]], bool]  # (folder_id, where, records, first time seen)
+
+
+def _follow(
+    folder: Path,
+    poll_s: float,
+    timeout_s: float | None,
+    routes: bool,
+    stop: threading.Event | None = None,
+    once: bool = False,
+) -> Iterator[Found]:
+    """Each whole group with its place, as it is committed; a group read again (its shard renamed, recovered)
+    comes again with its new place, marked not fresh. `once`: one pass over what is there now. `stop`: set, it
+    ends the wait between passes."""
     seen: set[str] = set()
     offsets: dict[str, int] = {}  # real path -> bytes of whole groups already read
     counts: dict[str, int] = {}  # real path -> whole groups already read
+    lines: dict[str, int] = {}  # real path -> records (lines) of those groups
     identity = ""
     failures: list[OutputError] = []
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -196,6 +226,7 @@ def _follow(folder: Path, poll_s: float, timeout_s: float | None, routes: bool) 
                 seen.clear()
                 offsets.clear()
                 counts.clear()
+                lines.clear()
             identity = manifest.folder_id
         final = manifest is not None and (manifest.complete or manifest.merged_from is not None)
         try:
@@ -218,28 +249,46 @@ def _follow(folder: Path, poll_s: float, timeout_s: float | None, routes: bool) 
                     continue
                 sidecar = Sidecar(folder / entry.routes.file if entry and entry.routes else None, shard)
                 with sidecar:
-                    for end, records in shard_groups(data, is_zstd(shard)):
+                    for span, records in placed_groups(data, is_zstd(shard)):
                         pid = str(records[0]["problem_id"])
                         if pid not in seen and routes:
                             resolved = sidecar.resolve_or_fail(records) if entry else _live_routes(shard, records)
                             if resolved is None:
                                 break  # its sidecar is being renamed: the next pass reads the group again
                             records = resolved
-                        offsets[key], counts[key] = start + end, counts.get(key, 0) + 1
-                        if pid not in seen:  # a shard renamed or recovered is read again from its start
-                            seen.add(pid)
-                            yield identity, as_group(records)
+                        line = lines.get(key, 0)
+                        place = Place(
+                            shard,
+                            pid,
+                            line + 1,
+                            len(records),
+                            start + span.frame_start,
+                            start + span.frame_end,
+                            span.start,
+                            span.end,
+                            is_zstd(shard),
+                        )
+                        offsets[key], counts[key] = start + span.frame_end, counts.get(key, 0) + 1
+                        lines[key] = line + len(records)
+                        fresh = pid not in seen  # a shard renamed or recovered is read again from its start
+                        seen.add(pid)
+                        yield identity, place, records, fresh
         except _Replaced:
             final = False
         if final:
             assert manifest is not None
             _check_whole(folder, manifest, offsets, counts)
             return
+        if once:
+            return  # what is there now, a run that ended without completing or not
         if manifest is not None:
             _ended_for_good(folder, manifest)
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"{folder}: the run did not complete within {timeout_s:g}s")
-        time.sleep(poll_s)
+        if stop is None:
+            time.sleep(poll_s)
+        elif stop.wait(poll_s):
+            return
 
 
 def _ended_for_good(folder: Path, manifest: Manifest) -> None:

@@ -13,6 +13,7 @@ never compressed; a group's blobs are written to it before the group's records.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import orjson
@@ -37,8 +38,29 @@ def encode(block: bytes, compression: str) -> bytes:
 
 def shard_groups(data: bytes, compressed: bool) -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """The whole groups at the start of a shard's (file) bytes: (file offset just past the group, its records)."""
+    for span, records in placed_groups(data, compressed):
+        yield span.frame_end, records
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Where a group lies in a shard's bytes: `frame_start`..`frame_end`, the bytes to read (the group's own for a
+    plain shard; the zstd frame that holds it otherwise), and `start`..`end`, the group's text within them (once
+    decompressed)."""
+
+    frame_start: int
+    frame_end: int
+    start: int
+    end: int
+
+
+def placed_groups(data: bytes, compressed: bool) -> Iterator[tuple[Span, list[dict[str, Any]]]]:
+    """`shard_groups` with each group's `Span` in `data` (the viewer reads a group back from it)."""
     if not compressed:
-        yield from group_blocks(data)
+        start = 0
+        for end, records in group_blocks(data):
+            yield Span(start, end, 0, end - start), records
+            start = end
         return
     import zstandard
 
@@ -56,9 +78,11 @@ def shard_groups(data: bytes, compressed: bool) -> Iterator[tuple[int, list[dict
         groups = list(group_blocks(block))
         if not groups or groups[-1][0] != len(block):
             return  # a frame holds whole groups (one while written, all once finished), or it is damaged
+        inner = 0
+        for stop, records in groups:
+            yield Span(pos, end, inner, stop), records
+            inner = stop
         pos = end
-        for _, records in groups:
-            yield pos, records
 
 
 def torn_frame(tail: bytes) -> bool:

@@ -1,0 +1,229 @@
+"""The viewer's index of a folder: a row per group, with where to read it back, built by a follower.
+
+A thread follows the folder as `read_groups(follow=True)` does (finished shards, then a live run's partial one;
+it ends once the manifest is final), turning each group into its row as it comes, so the page lists groups
+while the index is still being built and new groups appear while a run writes them. Only rows and places are
+kept: a group's records are read again from its shard when it is opened (`Shelf`), and the last few opened are
+kept as the page's data. A group read again from a new place (its shard finished and renamed) moves its row;
+an overwritten folder (a new `folder_id`) starts the index over.
+
+Search reads the shards: a group matches when the query, case-folded, is in the text of one of its records
+(`TEXT`: the response, answer, reward info, label, problem, metadata, tool calls, ids), not in its token ids
+or the rendered prompts. The raw JSON text is scanned first (each shard read once), then the candidates parsed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ...errors import AgentrollError, OutputError
+from ...folder import as_group, load_manifest
+from ...folder.follow import placed
+from ...folder.places import Place, Shelf
+from .audit import Audit
+from .detail import detail
+from .rows import Words, broken, row
+from .tokens import Decoder
+
+log = logging.getLogger("agentroll")
+OPENED = 16  # groups' page data kept (the last opened)
+TEXT = ("problem_id", "rollout_id", "response", "content", "reward_info", "label", "problem", "metadata", "tool_calls")
+
+
+def searchable(record: dict[str, Any]) -> str:
+    """A record's text a search looks in, case-folded."""
+    parts = []
+    for name in TEXT:
+        value = record.get(name)
+        if value is not None:
+            parts.append(value if isinstance(value, str) else orjson.dumps(value).decode())
+    return "\n".join(parts).casefold()
+
+
+def prefilter(query: str) -> bytes | None:
+    """What the query looks like in a shard's JSON text, lowered (None: not ASCII, so the raw text cannot be
+    lowered alike: every group is a candidate)."""
+    if not query.isascii():
+        return None
+    return orjson.dumps(query)[1:-1].lower()
+
+
+class Index:
+    """See the module's docstring. `follow`: keep following a live run (False: one pass over what is there)."""
+
+    def __init__(
+        self, folder: Path, decoder: Decoder, audit: Audit | None = None, follow: bool = True, poll_s: float = 1.0
+    ) -> None:
+        self.folder, self.decoder, self.audit = folder, decoder, audit
+        self.follow, self.poll_s = follow, poll_s
+        self.rows: list[dict[str, Any]] = []
+        self.places: list[Place] = []
+        self.numbers: dict[str, int] = {}
+        self.shards: list[str] = []
+        self.moved: list[int] = []  # rows whose place changed, in order: the page asks for those after its last
+        self.generation = 0  # starts over when the folder is overwritten
+        self.identity: str | None = None
+        self.words: Words | None = None
+        self.error: str | None = None
+        self.done = threading.Event()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.shelf = Shelf()
+        self.shelf_lock = threading.Lock()
+        self.opened: OrderedDict[int, tuple[Place, dict[str, Any]]] = OrderedDict()
+
+    def start(self) -> Index:
+        threading.Thread(target=self.run, name="agentroll-view-index", daemon=True).start()
+        return self
+
+    def run(self) -> None:
+        try:
+            for identity, place, records, fresh in placed(self.folder, self.follow, self.poll_s, self.stop):
+                self.add(identity, place, records, fresh)
+        except AgentrollError as exc:
+            self.error = str(exc)
+            log.error("%s", exc)
+        except Exception as exc:  # a bug: said on the page and in the log, the page keeps what it has
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.exception("the viewer's index stopped")
+        finally:
+            self.done.set()
+
+    def system(self) -> Words:
+        if self.words is None:
+            try:
+                self.words = Words.of(load_manifest(self.folder))
+            except OutputError:
+                return Words.of(None)  # no manifest yet: asked again with the first group
+        return self.words
+
+    def shard(self, place: Place) -> int:
+        name = os.path.relpath(place.path, self.folder)
+        if name not in self.shards:
+            self.shards.append(name)
+        return self.shards.index(name)
+
+    def add(self, identity: str, place: Place, records: list[dict[str, Any]], fresh: bool) -> None:
+        with self.lock:
+            if identity != self.identity:
+                if self.identity:  # overwritten: another dataset in the same place
+                    self.rows, self.places, self.numbers, self.moved, self.shards = [], [], {}, [], []
+                    self.opened.clear()
+                    self.generation += 1
+                    self.words = None
+                self.identity = identity
+            pid = str(records[0].get("problem_id"))
+            number = self.numbers.get(pid)
+            if number is not None:  # read again from its new place
+                if not fresh:
+                    self.places[number] = place
+                    self.rows[number].update(shard=self.shard(place), line=place.line, live=not place.finished)
+                    self.moved.append(number)
+                return
+            number = len(self.rows)
+            made = entry(number, place, self.shard(place), records, self.system(), self.audit)
+            made["live"] = not place.finished
+            self.rows.append(made)
+            self.places.append(place)
+            self.numbers[pid] = number
+
+    def group(self, number: int) -> dict[str, Any]:
+        """The page's data for a group (`IndexError`: no such row)."""
+        with self.lock:
+            place = self.places[number]
+            kept = self.opened.get(number)
+        if kept is not None and kept[0] == place:
+            return kept[1]
+        with self.shelf_lock:
+            records = self.shelf.records(place)
+        made = page_data(number, place, records, self.system(), self.decoder, self.audit)
+        with self.lock:
+            self.opened[number] = (place, made)
+            while len(self.opened) > OPENED:
+                self.opened.popitem(last=False)
+        return made
+
+    def raw(self, number: int, at: int) -> dict[str, Any]:
+        """A group's record as it is on disk, with its file and line."""
+        with self.lock:
+            place = self.places[number]
+        with self.shelf_lock:
+            records = self.shelf.records(place)
+        return {"file": place.path.name, "line": place.line + at, "record": records[at]}
+
+    def search(self, query: str) -> list[int]:
+        """The rows whose records hold `query` (see the module's docstring), in folder order."""
+        needle = query.casefold()
+        raw = prefilter(query)
+        with self.lock:
+            places = sorted(enumerate(self.places), key=lambda p: (str(p[1].path), p[1].frame_start, p[1].start))
+        found = []
+        with self.shelf_lock:
+            for (number, place), (_, block) in zip(places, self.shelf.blocks(p for _, p in places), strict=True):
+                if raw is not None and raw not in block.lower():
+                    continue
+                records = [orjson.loads(line) for line in block.split(b"\n")[: place.records]]
+                if any(needle in searchable(r) for r in records):
+                    found.append(number)
+        return sorted(found)
+
+    def status(self) -> dict[str, Any]:
+        w = self.system()
+        return {
+            "folder": str(self.folder),
+            "system": w.to_dict(),
+            "generation": self.generation,
+            "groups": len(self.rows),
+            "moved": len(self.moved),
+            "shards": list(self.shards),
+            "live": not self.done.is_set(),
+            "following": self.follow,
+            "error": self.error,
+            "tokenizer": self.decoder.status(),
+            "audit": self.audit.summary if self.audit is not None else None,
+        }
+
+    def rows_after(self, start: int, moved: int, most: int) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "generation": self.generation,
+                "start": start,
+                "rows": self.rows[start : start + most],
+                "groups": len(self.rows),
+                "moved": [self.rows[n] for n in self.moved[moved:]],
+                "moved_count": len(self.moved),
+                "shards": list(self.shards),
+            }
+
+
+def entry(
+    number: int, place: Place, shard: int, records: list[dict[str, Any]], w: Words, audit: Audit | None
+) -> dict[str, Any]:
+    """A group's row (`rows.row`), or a flagged one when its records are not of the schema."""
+    try:
+        made = row(number, place, shard, records, as_group(records), w)
+    except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError) as exc:
+        made = broken(number, place, shard, records, f"{type(exc).__name__}: {exc}")
+    if audit is not None:
+        named, failed = audit.count(records)
+        if named:
+            made["audit"] = [named, failed]
+    return made
+
+
+def page_data(
+    number: int, place: Place, records: list[dict[str, Any]], w: Words, decoder: Decoder, audit: Audit | None
+) -> dict[str, Any]:
+    """A group's data for the page; a group whose records are not of the schema shows them raw."""
+    try:
+        group = as_group(records)
+    except (TypeError, ValueError, KeyError) as exc:
+        return {"n": number, "id": str(records[0].get("problem_id")), "broken": str(exc), "records": records}
+    return detail(number, place, records, group, w, decoder, audit)
