@@ -1,8 +1,8 @@
 """One group as the page draws it: its executions in the system's shape, every record's tokens as text pieces.
 
 Each execution lists its stages in the system's order (then any other), each under the system's `heading`, each
-record under its `label` and `mark` (three-stage: the rewrite each was listed as, the selector's judgment and
-the rewrite it picked, "picked by the selector"), with the system's findings on it and the labels its charts
+record under its `label` and `mark` (three-stage: the rewrite each was listed as, the judgment made and the
+rewrite it picked), with the system's findings on it and the labels its charts
 count. A record carries what a person checks: its response token by token (id, piece, logprob, loss mask,
 and the teacher's logprob and top-k when the folder has them), its status and finish reason, reward and why,
 tool calls, sampling, where it is (file and line). Prompts are stored once per conversation: a turn that

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ class Index:
         self.done = threading.Event()
         self.stop = threading.Event()
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)  # notified as rows come, move, or the follower ends
         self.shelf = Shelf()
         self.shelf_lock = threading.Lock()
         self.opened: OrderedDict[int, tuple[Place, dict[str, Any]]] = OrderedDict()
@@ -95,6 +97,13 @@ class Index:
             log.exception("the viewer's index stopped")
         finally:
             self.done.set()
+            with self.changed:
+                self.changed.notify_all()
+
+    def wait_for(self, condition: Callable[[Index], bool], timeout: float) -> bool:
+        """Block until `condition(self)` holds (re-checked as rows come and move); False after `timeout`."""
+        with self.changed:
+            return self.changed.wait_for(lambda: condition(self), timeout)
 
     def system(self) -> Words:
         if self.words is None:
@@ -126,6 +135,7 @@ class Index:
                     self.places[number] = place
                     self.rows[number].update(shard=self.shard(place), line=place.line, live=not place.finished)
                     self.moved.append(number)
+                    self.changed.notify_all()
                 return
             number = len(self.rows)
             made = entry(number, place, self.shard(place), records, self.system(), self.audit)
@@ -133,6 +143,7 @@ class Index:
             self.rows.append(made)
             self.places.append(place)
             self.numbers[pid] = number
+            self.changed.notify_all()
 
     def group(self, number: int) -> dict[str, Any]:
         """The page's data for a group (`IndexError`: no such row)."""

@@ -121,7 +121,7 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
     stages = {name: [s.samples, s.truncated, s.mean_raw_reward] for name, s in run.stages.items() if s.samples}
     finals = [e[0].final_reward for e in group.executions]
     mean = sum(finals) / len(finals)
-    solvers = [s for e in group.executions for s in answers(e)]
+    answered = [s for e in group.executions for s in answers(e)]  # the report's pass@k samples
     lengths = [len(r.get("response_token_ids") or ()) for r in records]
     first = records[0]
     out: dict[str, Any] = {
@@ -143,7 +143,7 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
         "meta": {k: v for k, v in (first.get("metadata") or {}).items() if _scalar(v) is not None},
         "tokens": sum(lengths),
         "longest": max(lengths, default=0),
-        "pass": [len(solvers), sum(s.raw_reward == 1.0 for s in solvers)],
+        "pass": [len(answered), sum(s.raw_reward == 1.0 for s in answered)],
         "finish": sorted({str(r.get("finish_reason")) for r in records}),
     }
     out["meta"] = {k: _scalar(v) for k, v in out["meta"].items()}

@@ -42,6 +42,7 @@ class Decoder:
         self.error: str | None = None if name or tokenizer is not None else "the folder's manifest names none"
         self.special: frozenset[int] = frozenset()
         self.ready = threading.Event()
+        self._loading = threading.Lock()
         if tokenizer is not None or not name:
             self._settle()
 
@@ -51,8 +52,12 @@ class Decoder:
             threading.Thread(target=self.load, name="agentroll-view-tokenizer", daemon=True).start()
 
     def load(self) -> None:
-        if self.ready.is_set():
-            return
+        """Load it now (or wait for the load under way)."""
+        with self._loading:
+            if not self.ready.is_set():
+                self._load()
+
+    def _load(self) -> None:
         from ...chat import load_by_class, load_tokenizer
         from ...errors import UsageError
 
@@ -89,7 +94,7 @@ class Decoder:
     def pieces(self, ids: Sequence[int]) -> list[str] | None:
         """One piece per id, joining into the ids' decoding (see the module's docstring); None without a
         tokenizer."""
-        self.ready.wait()
+        self.load()
         if self.tokenizer is None:
             return None
         ids = [int(i) for i in ids]
@@ -125,7 +130,7 @@ class Decoder:
 
     def vocabulary(self, ids: set[int]) -> dict[int, str]:
         """Each id decoded alone (the alternatives of a top-k list)."""
-        self.ready.wait()
+        self.load()
         if self.tokenizer is None or not ids:
             return {}
         order = sorted(ids)

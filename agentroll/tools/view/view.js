@@ -28,7 +28,7 @@
     }
     return node;
   }
-  const $ = (selector) => document.querySelector(selector);
+  const $ = (query) => document.querySelector(query);
   function put(node, ...children) {
     node.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
     return node;
