@@ -36,6 +36,24 @@ FLAGS = [
 ]
 
 
+def _console(p: dict[str, Any]) -> str:
+    if p.get("type") != "error":
+        return ""
+    return " ".join(str(a.get("value", a.get("description"))) for a in p.get("args", []))
+
+
+def _log(p: dict[str, Any]) -> str:
+    entry = p.get("entry", {})
+    return str(entry.get("text", "")) if entry.get("level") == "error" else ""
+
+
+ERRORS = {  # what a page said went wrong, by event
+    "Runtime.exceptionThrown": lambda p: str(p.get("exceptionDetails", {}).get("exception", {}).get("description")),
+    "Runtime.consoleAPICalled": _console,
+    "Log.entryAdded": _log,
+}
+
+
 def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -46,6 +64,7 @@ class Page:
     def __init__(self, browser: Browser, session: str) -> None:
         self.browser, self.session = browser, session
         self.requests: list[str] = []
+        self.errors: list[str] = []  # uncaught exceptions, console errors, refused loads (CSP)
 
     async def send(self, method: str, **params: Any) -> dict[str, Any]:
         return await self.browser.send(method, params, self.session)
@@ -59,10 +78,22 @@ class Page:
         await asyncio.wait_for(loaded, 60)
 
     async def evaluate(self, expression: str) -> Any:
-        answer = await self.send("Runtime.evaluate", expression=expression, returnByValue=True)
+        """The expression's value (a promise's, once it settles)."""
+        answer = await self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
         if "exceptionDetails" in answer:
             raise RuntimeError(f"script failed: {answer['exceptionDetails']}")
         return answer["result"].get("value")
+
+    async def until(self, expression: str, timeout: float = 60) -> Any:
+        """The expression's value once it is truthy (the page works on its own clock: its polls, its fetches)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = await self.evaluate(expression)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not true within {timeout:g}s: {expression}")
+            await asyncio.sleep(0.05)  # a condition to look at again, not a wait standing in for one
 
     async def screenshot(self, scale: float = 1.0, height: int | None = None) -> bytes:
         """The whole page (or its top `height` pixels) as PNG, scaled down by `scale`."""
@@ -126,6 +157,10 @@ class Browser:
             session, method = data.get("sessionId"), data.get("method")
             if method == "Network.requestWillBeSent" and session in self.pages:
                 self.pages[session].requests.append(data["params"]["request"]["url"])
+            elif session in self.pages and method in ERRORS:
+                said = ERRORS[method](data.get("params", {}))
+                if said:
+                    self.pages[session].errors.append(said)
             for entry in list(self.expected):
                 if entry[0] == method and entry[1] in (None, session) and not entry[2].done():
                     entry[2].set_result(data.get("params", {}))
@@ -154,6 +189,6 @@ class Browser:
         target = await self.send("Target.createTarget", {"url": "about:blank"})
         attached = await self.send("Target.attachToTarget", {"targetId": target["targetId"], "flatten": True})
         page = self.pages[attached["sessionId"]] = Page(self, attached["sessionId"])
-        for domain in ("Network.enable", "Page.enable", "Runtime.enable"):
+        for domain in ("Network.enable", "Page.enable", "Runtime.enable", "Log.enable"):
             await page.send(domain)
         return page

@@ -1,0 +1,311 @@
+"""`agentroll view` in a real headless Chromium (Debian's; skipped, with the reason, without one): what a person
+sees, checked against the records. The list and its figures, a filter, a search, three-stage's tree and its
+pick, a tool-use conversation turn by turn, token colours, a masked span and injected tokens, the teacher's
+colours and policies side by side, a page written once working offline, a live run's new group appearing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentroll.chat import load_by_class
+from agentroll.tools.view.static import write_page
+
+from . import synthetic
+from .browser import Browser, Page, chromium_path
+from .conftest import TOKENIZER, read_records
+from .test_routes import group, write
+from .view_support import index_of, served, sim_run, with_teacher_and_policies
+
+pytestmark = pytest.mark.skipif(
+    chromium_path() is None, reason="no chromium on PATH (Debian: apt-get install chromium)"
+)
+
+# a sampled token's background by its probability: >= 0.9, 0.5, 0.1, 0.01, less (view.css: .tok.lp1 ... lp4)
+COLOURS = ["rgba(0, 0, 0, 0)", "rgb(253, 224, 208)", "rgb(249, 176, 143)", "rgb(239, 116, 80)", "rgb(183, 28, 28)"]
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory) -> Path:
+    return sim_run(tmp_path_factory.mktemp("three"), "three-stage")
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory) -> Path:
+    return sim_run(tmp_path_factory.mktemp("tools"), "tool-use")
+
+
+async def opened(browser: Browser, url: str) -> Page:
+    page = await browser.page()
+    await page.load(url)
+    await page.until("document.body.dataset.ready === '1'")
+    return page
+
+
+async def click(page: Page, query: str, index: int = 0) -> None:
+    await page.evaluate(f"document.querySelectorAll({json.dumps(query)})[{index}].click()")
+
+
+async def set_value(page: Page, query: str, value: Any, event: str = "change") -> None:
+    field = "checked" if isinstance(value, bool) else "value"
+    await page.evaluate(
+        f"(() => {{ const e = document.querySelector({json.dumps(query)}); e.{field} = {json.dumps(value)}; "
+        f"e.dispatchEvent(new Event({json.dumps(event)})); }})()"
+    )
+
+
+async def rows_shown(page: Page) -> int:
+    return int(await page.evaluate("document.querySelectorAll('#list tbody tr').length"))
+
+
+TOKENS = """((kind, k) => [...document.querySelectorAll(`.record[data-k] .tokens[data-kind=${kind}]`)][k || 0]
+  .querySelectorAll('.tok'))"""
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+def test_the_list_a_filter_a_search_and_three_stages_tree_with_its_token_colours(three):
+    records = read_records(three)
+    index = index_of(three)
+    tokenizer = load_by_class(TOKENIZER)
+
+    async def go(url: str) -> dict[str, Any]:
+        async with Browser() as browser:
+            page = await opened(browser, url)
+            seen: dict[str, Any] = {"rows": await rows_shown(page)}
+            seen["heads"] = await page.evaluate("[...document.querySelectorAll('#list th')].map(t => t.textContent)")
+            await set_value(page, "#f-trunc", True)
+            seen["truncated"] = await rows_shown(page)
+            await set_value(page, "#f-stage", "rewriter")
+            seen["truncated_rewriters"] = await rows_shown(page)
+            await set_value(page, "#f-stage", "")
+            await set_value(page, "#f-trunc", False)
+            await set_value(page, "#f-q", "judgment: 2", "input")
+            await page.until("document.querySelector('#pager').textContent.includes('matching')")
+            seen["searched"] = await page.evaluate(
+                "[...document.querySelectorAll('#list tbody tr')].map(r => +r.dataset.n)"
+            )
+            await set_value(page, "#f-q", "", "input")
+            await page.until(f"document.querySelectorAll('#list tbody tr').length === {len(index.rows)}")
+            await click(page, f"#list tbody tr[data-n='{target}']")
+            await page.until("!!document.querySelector('.execution .card') && !!document.querySelector('.record')")
+            seen["tree"] = await page.evaluate(
+                """[...document.querySelectorAll('.execution')].map(e => ({
+                    stages: [...e.querySelectorAll('.stage > h4')].map(h => h.textContent),
+                    cards: [...e.querySelectorAll('.card')].map(c => c.querySelector('.label').textContent),
+                    marks: [...e.querySelectorAll('.card .mark')].map(m => m.textContent.trim())}))"""
+            )
+            await click(page, ".execution .card", picked_at)
+            await page.until(f"!!document.querySelector('.record[data-at=\"{picked_at}\"]')")
+            seen["tokens"] = await page.evaluate(
+                f"[...{TOKENS}('response')].map(t => [t.textContent, getComputedStyle(t).backgroundColor, t.className])"
+            )
+            await page.evaluate(
+                f"{TOKENS}('response')[{lowest}].dispatchEvent(new MouseEvent('mouseover', {{bubbles: true}}))"
+            )
+            seen["tip"] = await page.evaluate("document.querySelector('#tip').textContent")
+            seen["copy"] = await page.evaluate(
+                "[...document.querySelectorAll('.record .copy')].map(b => b.dataset.copy)"
+            )
+            seen["shot"] = await page.screenshot(height=1400)
+            seen["requests"], seen["errors"] = page.requests, page.errors
+            return seen
+
+    with served(index) as server:
+        assert index.wait_for(lambda i: i.done.is_set(), 60)
+        # a group whose selector picked a rewrite, and a rewrite it picked (the record shown token by token)
+        target = next(r["n"] for r in index.rows if r["tags"].get("candidate right, pick right"))
+        data = index.group(target)
+        first = data["executions"][0]["records"]
+        picked_at = next(i for i, r in enumerate(first) if r["mark"])
+        lps = first[picked_at]["tokens"]["lp"]
+        lowest = min(range(len(lps)), key=lambda i: lps[i])
+        seen = run(go(server.url or ""))
+    assert seen["rows"] == len(index.rows) == 12
+    labels = [f["label"] for f in index.status()["system"]["figures"]]
+    assert seen["heads"][2 : 2 + len(labels)] == labels  # the system's figures, under its names
+    groups = {r["problem_id"] for r in records if r["status"] == "truncated"}
+    assert seen["truncated"] == len(groups) > 0
+    rewriters = {r["problem_id"] for r in records if r["status"] == "truncated" and r["stage"] == "rewriter"}
+    assert seen["truncated_rewriters"] == len(rewriters) < seen["truncated"]
+    assert seen["searched"] == index.search("judgment: 2") and 0 < len(seen["searched"]) < 12
+    for execution, shown in zip(data["executions"], seen["tree"], strict=True):
+        assert shown["stages"] == [s["heading"] for s in execution["stages"]]  # solvers -> rewriters -> selector
+        assert shown["stages"][0].startswith("solvers (") and shown["stages"][2].startswith("selector (shown ")
+        assert shown["cards"] == [execution["records"][i]["label"] for s in execution["stages"] for i in s["records"]]
+    assert "◀ picked by the selector" in seen["tree"][0]["marks"]
+    picked = first[picked_at]
+    record = next(r for r in records if r["rollout_id"] == picked["rollout_id"] and r["stage"] == picked["stage"]
+                  and r["worker"] == picked["worker"])  # fmt: skip
+    decoded = tokenizer.decode(record["response_token_ids"], skip_special_tokens=False)
+    assert "".join(t[0].replace("↵\n", "\n").replace("▫", "") for t in seen["tokens"]) == decoded
+    buckets = []
+    for (_, colour, _), lp in zip(seen["tokens"], record["response_logprobs"], strict=True):
+        p = math.exp(lp)
+        bucket = 0 if p >= 0.9 else 1 if p >= 0.5 else 2 if p >= 0.1 else 3 if p >= 0.01 else 4
+        assert colour == COLOURS[bucket], (lp, colour)
+        buckets.append(bucket)
+    assert len(set(buckets)) >= 3  # the scale was seen at work
+    assert f"logprob {record['response_logprobs'][lowest]}" in seen["tip"]
+    assert f"{data['where']['file']}:{picked['line']}" in seen["copy"]  # its file and line, to copy
+    assert picked["rollout_id"] in seen["copy"]
+    assert all(u.startswith(server.url or "") for u in seen["requests"]) and seen["errors"] == []
+    assert seen["shot"][:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_tool_use_conversation_turn_by_turn_with_its_calls_and_what_was_injected(tools):
+    records = read_records(tools)
+    index = index_of(tools)
+
+    async def go(url: str, n: int, k: int, at: int) -> dict[str, Any]:
+        async with Browser() as browser:
+            page = await opened(browser, f"{url}#g={n}&r={k}.{at}")
+            await page.until(f"!!document.querySelector('.record[data-at=\"{at}\"]')")
+            column = f"document.querySelectorAll('.execution')[{k}]"
+            return {
+                "turns": await page.evaluate(f"[...{column}.querySelectorAll('.card')].map(c => c.className)"),
+                "calls": await page.evaluate(f"[...{column}.querySelectorAll('.card .call')].map(c => c.textContent)"),
+                "injected": await page.evaluate(f"[...{TOKENS}('injected')].map(t => t.textContent).join('')"),
+                "classes": await page.evaluate(f"[...new Set([...{TOKENS}('injected')].map(t => t.className))]"),
+                "errors": page.errors,
+            }
+
+    with served(index) as server:
+        assert index.wait_for(lambda i: i.done.is_set(), 60)
+        row = next(r for r in index.rows if r["records"] > r["k"])  # a conversation of several turns
+        data = index.group(row["n"])
+        k = next(i for i, e in enumerate(data["executions"]) if len(e["records"]) > 1)
+        execution = data["executions"][k]
+        at = next(i for i, r in enumerate(execution["records"]) if r["continues"] is not None)
+        seen = run(go(server.url or "", row["n"], k, at))
+    earlier = execution["records"][execution["records"][at]["continues"]]
+    mine = [r for r in records if r["rollout_id"] == execution["rollout_id"]]
+    assert len(seen["turns"]) == len(mine) and sum("turn" in c.split() for c in seen["turns"]) == len(mine) - 1
+    calls = [c for r in mine for c in r["tool_calls"] or []]
+    assert len(seen["calls"]) == len(calls) and all(f"{c['name'] or '?'}(" in s and c["status"] in s
+                                                    for c, s in zip(calls, seen["calls"], strict=True))  # fmt: skip
+    for call in earlier["tool_calls"] or []:
+        assert (call["result"] or "").splitlines()[0] in seen["injected"]  # the tool's answer, as the model read it
+    assert seen["classes"] and all("injected" in c.split() for c in seen["classes"])
+    assert seen["errors"] == []
+
+
+def test_a_masked_span_injected_turns_and_the_whole_sequence_as_trained(tmp_path):
+    folder = synthetic.critique_revise(tmp_path / "cr")
+    records = synthetic.records_of(folder)
+    index = index_of(folder)
+
+    async def go(url: str) -> dict[str, Any]:
+        async with Browser() as browser:
+            page = await opened(browser, f"{url}#g=0&r=0.0,0.1")
+            await page.until("document.querySelectorAll('.record').length === 2")
+            looks = "t => [t.className, getComputedStyle(t).backgroundImage]"
+            seen = {
+                "first": await page.evaluate(f"[...{TOKENS}('response', 0)].map({looks})"),
+                "injected": await page.evaluate(f"{TOKENS}('injected').length"),
+            }
+            await page.evaluate(
+                "[...document.querySelectorAll('.record')[1].querySelectorAll('details')]"
+                ".find(d => d.textContent.startsWith('the whole sequence')).open = true"
+            )
+            await page.until(f"{TOKENS}('whole', 0).length > 0")
+            seen["whole"] = await page.evaluate(f"[...{TOKENS}('whole', 0)].map(t => t.className)")
+            seen["legend"] = await page.evaluate("document.querySelector('.legend').textContent")
+            seen["errors"] = page.errors
+            return seen
+
+    with served(index) as server:
+        assert index.wait_for(lambda i: i.done.is_set(), 60)
+        seen = run(go(server.url or ""))
+    solver, critic = records[0], records[1]
+    masked = [i for i, m in enumerate(solver["loss_mask"]) if not m]
+    assert masked == [2]
+    assert [i for i, (cls, _) in enumerate(seen["first"]) if "masked" in cls.split()] == masked
+    assert "repeating-linear-gradient" in seen["first"][2][1] and seen["first"][1][1] == "none"
+    assert seen["injected"] == 3  # the template's separator and the critic's message: [7, 8, 9]
+    n = len(critic["prompt_token_ids"])
+    assert len(seen["whole"]) == n + len(critic["response_token_ids"])
+    history = [i for i, cls in enumerate(seen["whole"][:n]) if "history" in cls.split()]
+    assert history == [
+        i for i, m in enumerate(critic["history_mask"]) if m
+    ]  # the solver's sampled tokens, less the forced one
+    assert [i for i, cls in enumerate(seen["whole"][:n]) if "injected" in cls.split()] == [
+        i for i, m in enumerate(critic["history_mask"]) if not m
+    ]
+    assert "outside the loss mask" in seen["legend"] and seen["errors"] == []
+
+
+def test_a_page_written_once_works_offline_with_teacher_colours_and_policies_side_by_side(tmp_path):
+    folder = with_teacher_and_policies(tmp_path / "t")
+    records = synthetic.records_of(folder)
+    out = tmp_path / "page.html"
+    write_page(index_of(folder, follow=False), out)
+
+    async def go() -> dict[str, Any]:
+        async with Browser() as browser:
+            page = await opened(browser, out.as_uri() + "#g=0&r=1.0")
+            await page.until("!!document.querySelector('.record')")
+            seen = {
+                "policies": await page.evaluate("[...document.querySelectorAll('.policy')].map(p => p.dataset.policy)")
+            }
+            await set_value(page, "#f-mode", "teacher")
+            seen["classes"] = await page.evaluate(f"[...{TOKENS}('response')].map(t => t.className)")
+            await set_value(page, "#f-q", "t-1", "input")
+            await page.until("document.querySelector('#pager').textContent.includes('matching')")
+            seen["found"] = await rows_shown(page)
+            await set_value(page, "#f-q", "nothing like this", "input")
+            await page.until("document.querySelector('#pager').textContent.includes('matching “nothing')")
+            seen["none"] = await rows_shown(page)
+            seen["requests"], seen["errors"] = page.requests, page.errors
+            return seen
+
+    seen = run(go())
+    assert seen["requests"] == [out.as_uri() + "#g=0&r=1.0"] or seen["requests"] == [out.as_uri()]
+    assert seen["errors"] == [] and seen["policies"] == ["old", "new"]
+    solver = next(r for r in records if r["sample_index"] == 1)  # execution 1's first record
+    for cls, lp, tl in zip(seen["classes"], solver["response_logprobs"], solver["teacher_logprobs"], strict=True):
+        d = abs(lp - tl)
+        want = "" if d < 0.1 else "d1" if d < 0.5 else "d2" if d < 1 else "d3" if d < 2 else "d4"
+        assert (want in cls.split()) if want else not any(c.startswith("d") for c in cls.split())
+    assert seen["found"] == 1 and seen["none"] == 0
+
+
+def test_a_live_runs_new_group_appears_and_tokens_are_ids_without_a_tokenizer(tmp_path):
+    writer = write(tmp_path, [group("a", None), group("b", None)])
+    index = index_of(tmp_path, tokenizer="/nowhere/tokenizer")
+
+    async def go(url: str) -> dict[str, Any]:
+        async with Browser() as browser:
+            page = await opened(browser, f"{url}#g=0")
+            await page.until("!!document.querySelector('.record')")
+            seen: dict[str, Any] = {"rows": await rows_shown(page)}
+            seen["badge"] = await page.evaluate("document.querySelector('#live').textContent")
+            seen["warning"] = await page.until(
+                "document.querySelector('#no-tokenizer') && document.querySelector('#no-tokenizer').textContent"
+            )
+            seen["ids"] = await page.evaluate(f"[...{TOKENS}('response')].map(t => t.textContent)")
+            writer.commit(group("c", None))
+            await page.until("document.querySelectorAll('#list tbody tr').length === 3", timeout=60)
+            seen["new"] = await page.evaluate("document.querySelector('#list tbody tr:last-child').className")
+            writer.close(complete=True)
+            seen["done"] = await page.until(
+                "document.querySelector('#live').textContent === 'complete' && 'complete'", timeout=60
+            )
+            seen["errors"] = page.errors
+            return seen
+
+    with served(index) as server:
+        assert index.wait_for(lambda i: len(i.rows) == 2, 60)
+        seen = run(go(server.url or ""))
+    first = index.group(0)["executions"][0]["records"][0]
+    assert seen["rows"] == 2 and seen["badge"] == "following the run"
+    assert "no such folder" in seen["warning"] and "pass --tokenizer" in seen["warning"]
+    assert seen["ids"] == [f"⟨{i}⟩" for i in first["tokens"]["id"]]
+    assert "new" in seen["new"].split() and seen["done"] == "complete" and seen["errors"] == []
