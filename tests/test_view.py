@@ -247,7 +247,24 @@ def test_teacher_logprobs_and_policies_are_carried_to_rows_and_tokens(tmp_path):
     assert first["tokens"]["tl"] == records[0]["teacher_logprobs"]
     assert first["tokens"]["ttop"] == [records[0]["teacher_top_ids"], records[0]["teacher_top_logprobs"]]
     tokenizer = load_by_class(TOKENIZER)
-    assert data["vocab"] == {"7": tokenizer.decode([7]), "8": tokenizer.decode([8])}
+    assert data["vocab"] == {str(i): tokenizer.decode([i]) for i in (7, 8, 9)}  # the alternatives, decoded
+
+
+def test_a_system_that_cannot_be_loaded_here_is_shown_in_generic_words_and_says_so(tmp_path):
+    index = index_of(synthetic.debate(tmp_path / "d"), follow=False)
+    index.run()
+    system = index.status()["system"]
+    assert system["name"] == "debate.py:Debate" and "left out" in system["warning"]
+    assert [f["label"] for f in system["figures"]] == ["proposer", "judge", "system"]
+    e = index.group(0)["executions"][0]
+    assert [r["label"] for r in e["records"]] == [
+        "proposer 0 · record 0",
+        "proposer 1 · record 1",
+        "judge 0 · record 2",
+    ]
+    assert [s["heading"] for s in e["stages"]] == ["proposer (2)", "judge (1)"] and e["records"][2][
+        "trainable"
+    ] is False
 
 
 def test_an_audit_report_marks_the_records_it_names(three, tmp_path):
@@ -320,11 +337,12 @@ def test_search_finds_the_groups_whose_text_holds_the_query_and_nothing_else(thr
         return [row["n"] for row in index.rows if row["id"] in hit]
 
     for query in ("\\boxed{9}", "JUDGMENT: 2", "What is 4 plus", "no answer", "topic", "q11"):
-        assert index.search(query) == expected(query), query
-    assert 0 < len(index.search("judgment: 2")) < len(index.rows)
+        assert index.search(query) == (expected(query), False), query
+    assert 0 < len(index.search("judgment: 2")[0]) < len(index.rows)
     token = str(records[0]["response_token_ids"][0])
-    assert index.search(f"[{token},") == []  # token ids are not text
-    assert index.search("日本") == []
+    assert index.search(f"[{token},") == ([], False)  # token ids are not text
+    assert index.search("日本") == ([], False)
+    assert index.search("what is", most=3) == (expected("what is")[:3], True)  # a common word: the first ones
 
 
 def test_a_live_run_is_followed_its_groups_listed_as_written_then_moved_to_the_finished_shard(tmp_path):

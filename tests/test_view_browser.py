@@ -135,7 +135,7 @@ def test_the_list_a_filter_a_search_and_three_stages_tree_with_its_token_colours
     assert seen["truncated"] == len(groups) > 0
     rewriters = {r["problem_id"] for r in records if r["status"] == "truncated" and r["stage"] == "rewriter"}
     assert seen["truncated_rewriters"] == len(rewriters) < seen["truncated"]
-    assert seen["searched"] == index.search("judgment: 2") and 0 < len(seen["searched"]) < 12
+    assert seen["searched"] == index.search("judgment: 2")[0] and 0 < len(seen["searched"]) < 12
     for execution, shown in zip(data["executions"], seen["tree"], strict=True):
         assert shown["stages"] == [s["heading"] for s in execution["stages"]]  # solvers -> rewriters -> selector
         assert shown["stages"][0].startswith("solvers (") and shown["stages"][2].startswith("selector (shown ")
@@ -257,6 +257,10 @@ def test_a_page_written_once_works_offline_with_teacher_colours_and_policies_sid
             }
             await set_value(page, "#f-mode", "teacher")
             seen["classes"] = await page.evaluate(f"[...{TOKENS}('response')].map(t => t.className)")
+            await page.evaluate(
+                f"{TOKENS}('response')[1].dispatchEvent(new MouseEvent('mouseover', {{bubbles: true}}))"
+            )
+            seen["tip"] = await page.evaluate("document.querySelector('#tip').textContent")
             await set_value(page, "#f-q", "t-1", "input")
             await page.until("document.querySelector('#pager').textContent.includes('matching')")
             seen["found"] = await rows_shown(page)
@@ -275,6 +279,15 @@ def test_a_page_written_once_works_offline_with_teacher_colours_and_policies_sid
         want = "" if d < 0.1 else "d1" if d < 0.5 else "d2" if d < 1 else "d3" if d < 2 else "d4"
         assert (want in cls.split()) if want else not any(c.startswith("d") for c in cls.split())
     assert seen["found"] == 1 and seen["none"] == 0
+    tokenizer = load_by_class(TOKENIZER)
+    piece = {i: json.dumps(tokenizer.decode([i])) for i in (7, 8, 9)}
+    tl = solver["teacher_logprobs"][1]
+    assert (
+        f"teacher logprob {tl} · |student − teacher| {round(abs(solver['response_logprobs'][1] - tl), 4):g}"
+        in seen["tip"]
+    )
+    assert f"top: {piece[9]} -0.2 · {piece[7]} -1.9" in seen["tip"]  # --logprobs K's alternatives, decoded
+    assert f"teacher top: {piece[7]} -0.1 · {piece[8]} -2.5" in seen["tip"]
 
 
 def test_a_live_runs_new_group_appears_and_tokens_are_ids_without_a_tokenizer(tmp_path):

@@ -70,6 +70,8 @@ def with_teacher_and_policies(folder: Path) -> Path:
             ]
             r["teacher_top_ids"] = [[7, 8] for _ in range(n)]
             r["teacher_top_logprobs"] = [[-0.1, -2.5] for _ in range(n)]
+            r["top_token_ids"] = [[9, 7] for _ in range(n)]  # --logprobs 2
+            r["top_logprobs"] = [[-0.2, -1.9] for _ in range(n)]
             r["policy"] = "old" if r["sample_index"] == 0 else "new"
 
     return synthetic.edit(folder, add)

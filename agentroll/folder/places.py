@@ -106,18 +106,29 @@ class Shelf:
             raise Moved(f"{place.where} no longer holds problem {place.problem_id!r}: its folder changed (reload)")
         return records
 
-    def blocks(self, places: Iterable[Place]) -> Iterator[tuple[Place, bytes]]:
-        """Each place's JSONL text, reading each plain shard once (places in shard order, for a search)."""
-        current: tuple[Path, bytes] | None = None
-        for place in places:
-            if place.zstd:
-                yield place, self.block(place)
-                continue
-            if current is None or current[0] != place.path:
-                try:
-                    current = (place.path, place.path.read_bytes())
-                except FileNotFoundError:
-                    raise Moved(f"{place.path} is not there any more (the run finished or recovered it)") from None
-                except OSError as exc:
-                    raise OutputError(f"{place.path}: cannot read it ({exc.strerror or exc})") from exc
-            yield place, current[1][place.frame_start : place.frame_end]
+    def regions(self, places: Iterable[Place]) -> Iterator[tuple[bytes, list[tuple[Place, int, int]]]]:
+        """The text the places lie in, each read once (a plain shard whole, a zstd frame decompressed), with each
+        place's (start, end) in it: for a search, which scans a shard's text at once. Places in shard order."""
+
+        def key(place: Place) -> tuple[Path, int]:
+            return place.path, place.frame_start if place.zstd else -1
+
+        pending: list[Place] = []
+        for place in [*places, None]:
+            if pending and (place is None or key(place) != key(pending[0])):
+                yield self._region(pending)
+                pending = []
+            if place is not None:
+                pending.append(place)
+
+    def _region(self, places: list[Place]) -> tuple[bytes, list[tuple[Place, int, int]]]:
+        head = places[0]
+        if head.zstd:
+            return self._frame(head.path, head.frame_start, head.frame_end, True), [(p, p.start, p.end) for p in places]
+        try:
+            text = head.path.read_bytes()
+        except FileNotFoundError:
+            raise Moved(f"{head.path} is not there any more (the run finished or recovered it)") from None
+        except OSError as exc:
+            raise OutputError(f"{head.path}: cannot read it ({exc.strerror or exc})") from exc
+        return text, [(p, p.frame_start, p.frame_end) for p in places]

@@ -9,11 +9,13 @@ an overwritten folder (a new `folder_id`) starts the index over.
 
 Search reads the shards: a group matches when the query, case-folded, is in the text of one of its records
 (`TEXT`: the response, answer, reward info, label, problem, metadata, tool calls, ids), not in its token ids
-or the rendered prompts. The raw JSON text is scanned first (each shard read once), then the candidates parsed.
+or the rendered prompts. The raw JSON text is scanned first (each shard read once), then the lines that hold it
+parsed; it stops at `MOST_FOUND` groups (a common word in a large folder), and says so.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -35,6 +37,7 @@ from .tokens import Decoder
 
 log = logging.getLogger("agentroll")
 OPENED = 16  # groups' page data kept (the last opened)
+MOST_FOUND = 2000  # groups a search lists (it says when more match: a narrower query finds them)
 TEXT = ("problem_id", "rollout_id", "response", "content", "reward_info", "label", "problem", "metadata", "tool_calls")
 
 
@@ -169,21 +172,35 @@ class Index:
             records = self.shelf.records(place)
         return {"file": place.path.name, "line": place.line + at, "record": records[at]}
 
-    def search(self, query: str) -> list[int]:
-        """The rows whose records hold `query` (see the module's docstring), in folder order."""
+    def search(self, query: str, most: int = MOST_FOUND) -> tuple[list[int], bool]:
+        """The rows whose records hold `query` (see the module's docstring), in folder order, the first `most`
+        of them; and whether more match. Its own shelf: a group opened meanwhile does not wait for it."""
         needle = query.casefold()
         raw = prefilter(query)
         with self.lock:
-            places = sorted(enumerate(self.places), key=lambda p: (str(p[1].path), p[1].frame_start, p[1].start))
-        found = []
-        with self.shelf_lock:
-            for (number, place), (_, block) in zip(places, self.shelf.blocks(p for _, p in places), strict=True):
-                if raw is not None and raw not in block.lower():
-                    continue
-                records = [orjson.loads(line) for line in block.split(b"\n")[: place.records]]
-                if any(needle in searchable(r) for r in records):
-                    found.append(number)
-        return sorted(found)
+            numbers = {id(place): n for n, place in enumerate(self.places)}
+            places = sorted(self.places, key=lambda p: (str(p.path), p.frame_start, p.start))
+        found: list[int] = []
+        for text, spans in Shelf().regions(places):
+            low = text.lower() if raw is not None else b""
+            starts = [start for _, start, _ in spans]
+            hits: list[int] = []  # the spans the raw text holds the query in, in order
+            at = low.find(raw) if raw is not None else -1
+            while at >= 0:
+                hit = bisect.bisect_right(starts, at) - 1
+                inside = hit >= 0 and at < spans[hit][2]  # else in bytes no listed group holds (a torn tail)
+                if inside:
+                    hits.append(hit)
+                at = low.find(raw, max(spans[hit][2] if inside else 0, at + 1)) if raw is not None else -1
+            for i in hits if raw is not None else range(len(spans)):
+                place, start, end = spans[i]
+                lines = text[start:end].split(b"\n")[: place.records]
+                candidates = [line for line in lines if raw is None or raw in line.lower()]
+                if any(needle in searchable(orjson.loads(line)) for line in candidates):
+                    if len(found) == most:
+                        return sorted(found), True
+                    found.append(numbers[id(place)])
+        return sorted(found), False
 
     def status(self) -> dict[str, Any]:
         w = self.system()

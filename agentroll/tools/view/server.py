@@ -130,8 +130,13 @@ class ViewServer:
     async def search(self, request: web.Request) -> web.Response:
         query = request.query.get("q", "")
         if not query.strip():
-            return _json({"q": query, "groups": None})
-        return await self._blocking(lambda: {"q": query, "groups": self.index.search(query)})
+            return _json({"q": query, "groups": None, "more": False})
+
+        def look() -> dict[str, Any]:
+            found, more = self.index.search(query)
+            return {"q": query, "groups": found, "more": more}
+
+        return await self._blocking(look)
 
     async def serve(self) -> str:
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=0.5)

@@ -194,9 +194,9 @@
     const set = (key) => (event) => {
       const target = event.target;
       state.filter[key] = target.type === "checkbox" ? (target.checked ? "1" : "") : target.value;
-      if (key === "mkey") state.filter.mval = "";
       state.filter.page = "";
       if (key === "q") return search();
+      if (key === "mkey") { state.filter.mval = ""; renderFilters(); }  // its values' list follows the field
       refresh();
     };
     const sorts = [["", "folder order"], ["-mean", "reward mean, high first"], ["mean", "reward mean, low first"],
@@ -229,13 +229,14 @@
   function debounce(fn, ms) { let t; return (e) => { clearTimeout(t); t = setTimeout(() => fn(e), ms); }; }
   async function search() {
     const q = state.filter.q.trim();
-    if (!q) { state.hits = null; state.hitsFor = null; return refresh(); }
+    if (!q) { state.hits = null; state.hitsFor = null; state.hitsMore = false; return refresh(); }
     $("#pager").textContent = `searching for “${q}”…`;
     try {
       const answer = await api.search(q);
       if (state.filter.q.trim() !== q) return;
       state.hits = new Set(answer.groups || []);
       state.hitsFor = q;
+      state.hitsMore = !!answer.more;
     } catch (err) { showError(err); }
     refresh();
   }
@@ -281,13 +282,13 @@
       : el("div", { class: "empty-list", text: state.rows.length ? "No group matches the filter." : "No group yet." }));
     const more = (delta) => el("button", { text: delta < 0 ? "← previous" : "next →", onclick: () => { state.filter.page = String(page + delta); refresh(); } });
     put($("#pager"), `showing ${fmt(rows.length)} of ${fmt(state.rows.length)} groups`,
-      state.hitsFor ? ` matching “${state.hitsFor}”` : "", pages > 1 ? ` · page ${page + 1} of ${pages} ` : "",
+      state.hitsFor ? ` matching “${state.hitsFor}”` : "",
+      state.hitsMore ? el("b", { text: ` (the first ${fmt(state.hits.size)} found: more match, narrow the search)` }) : null, pages > 1 ? ` · page ${page + 1} of ${pages} ` : "",
       page > 0 ? more(-1) : null, page + 1 < pages ? more(1) : null);
     $("#count").textContent = `${fmt(state.rows.length)} groups`;
   }
-  function refresh() {
+  function refresh() {  // the filter bar is drawn when its choices change, never under the user's typing
     writeHash(state.filter);
-    renderFilters();
     renderList();
   }
 
@@ -539,7 +540,7 @@
         el("span", {}, `rollout ${rec.rollout_id}`, copyButton(rec.rollout_id, "the rollout id")),
         el("span", {}, "command", copyButton(command, "a command that prints the record")),
         api.raw ? el("button", { text: "raw JSON", onclick: async () => {
-          try { const a = await api.raw(g.n, e.records.slice(0, at).length + g.executions.slice(0, k).reduce((x, y) => x + y.records.length, 0));
+          try { const a = await api.raw(g.n, at + g.executions.slice(0, k).reduce((x, y) => x + y.records.length, 0));
             put(raw, el("div", { class: "note", text: `${a.file} line ${a.line}` }), el("pre", { text: JSON.stringify(a.record, null, 1) })); }
           catch (err) { showError(err, raw); }
         } }) : null),
@@ -627,6 +628,7 @@
     const f = readHash();
     const reopen = f.g !== state.filter.g;
     state.filter = f;
+    renderFilters();
     refresh();
     if (reopen && f.g !== "") openGroup(+f.g, true);
   });
