@@ -318,7 +318,7 @@ def test_a_live_runs_new_group_appears_and_tokens_are_ids_without_a_tokenizer(tm
         assert index.wait_for(lambda i: len(i.rows) == 2, 60)
         seen = run(go(server.url or ""))
     first = index.group(0)["executions"][0]["records"][0]
-    assert seen["rows"] == 2 and seen["badge"] == "following the run"
+    assert seen["rows"] == 2 and seen["badge"] == "following the run (not complete yet)"
     assert "no such folder" in seen["warning"] and "pass --tokenizer" in seen["warning"]
     assert seen["ids"] == [f"⟨{i}⟩" for i in first["tokens"]["id"]]
     assert "new" in seen["new"].split() and seen["done"] == "complete" and seen["errors"] == []

@@ -202,9 +202,18 @@ class Index:
                     found.append(numbers[id(place)])
         return sorted(found), False
 
+    def final(self) -> bool:
+        """The manifest says the folder is done (complete, or a merged view): what is listed is all there is."""
+        try:
+            manifest = load_manifest(self.folder)
+        except OutputError:
+            return False
+        return bool(manifest.complete or manifest.merged_from is not None)
+
     def status(self) -> dict[str, Any]:
         w = self.system()
         return {
+            "final": self.final(),
             "folder": str(self.folder),
             "system": w.to_dict(),
             "generation": self.generation,

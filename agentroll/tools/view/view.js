@@ -170,8 +170,10 @@
         `${system.name} system: ${system.stages.join(" → ") || "(stages as recorded)"} · `,
         el("b", { id: "count", text: `${fmt(state.rows.length)} groups` }),
         ` · ${fmt(state.rows.reduce((a, r) => a + r.records, 0))} records · ${s.shards.length} shards `,
-        INLINE ? el("span", { class: "done", text: INLINE.sample ? `a sample of ${INLINE.sample.of} groups` : "a page written once" })
-          : el("span", { class: s.live ? "live" : "done", id: "live", text: s.live ? (s.following ? "following the run" : "reading") : "complete" }),
+        INLINE ? el("span", { class: "done", text: INLINE.sample ? `${INLINE.sample.n} of ${INLINE.sample.of} groups, drawn at random`
+          : "a page written once" })
+          : el("span", { class: s.live ? "live" : "done", id: "live",
+            text: !s.live ? "complete" : s.final ? "reading the folder" : "following the run (not complete yet)" }),
       ),
       system.warning ? el("div", { class: "warn", text: system.warning }) : null,
       s.error ? el("div", { class: "error", text: s.error }) : null,
