@@ -18,30 +18,12 @@ from agentroll.tools.view import Index, open_folder
 from agentroll.tools.view.server import ViewServer
 
 from . import synthetic
-from .conftest import TOKENIZER, run_cli
-
-
-def problems(path: Path, count: int = 12) -> Path:
-    path.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "id": f"q{i}",
-                    "prompt": f"What is {i} plus {i + 3}? Put it in \\boxed{{}}.",
-                    "label": str(2 * i + 3),
-                    "topic": "small" if i < 5 else "large",
-                }
-            )
-            + "\n"
-            for i in range(count)
-        )
-    )
-    return path
+from .conftest import TOKENIZER, run_cli, write_problems
 
 
 def sim_run(root: Path, system: str, *extra: str) -> Path:
-    """A real run on the simulated server: 12 problems of two topics, K = 2, several shards, some truncated."""
-    rows = problems(root / "problems.jsonl")
+    """A real run on the simulated server: 12 problems, K = 2, several shards, some truncated."""
+    rows = write_problems(root / "problems.jsonl", 12)
     server = SimServer(script=Script.from_jsonl(rows), seed=5)
     server.start()
     try:

@@ -369,10 +369,22 @@ def render(data: dict[str, Any]) -> str:
 def report(folder: str | os.PathLike[str], output: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
     """Write the page for `folder` to `output` (replaced atomically); returns {"output", "bytes", "charts"}.
     A damaged folder, or an output that cannot be written, raises `OutputError`."""
-    target = Path(output)
-    if not target.parent.is_dir():  # before reading what may be a large folder
-        raise OutputError(f"{target}: cannot write the report (no folder {target.parent})")
+    target = writable(output, "the report")
     page = render(figures(folder, by))
+    write_html(target, page, "the report")
+    return {"output": str(target), "bytes": len(page.encode()), "charts": page.count('<svg class="chart"')}
+
+
+def writable(output: str | os.PathLike[str], what: str) -> Path:
+    """`output` as a path whose folder exists (checked before reading what may be a large folder)."""
+    target = Path(output)
+    if not target.parent.is_dir():
+        raise OutputError(f"{target}: cannot write {what} (no folder {target.parent})")
+    return target
+
+
+def write_html(target: Path, page: str, what: str) -> None:
+    """Replace `target` with `page` whole (a temp file, then a rename), or raise `OutputError` naming it."""
     tmp = target.with_name(f".{target.name}.tmp")
     try:
         tmp.write_text(page, encoding="utf-8")
@@ -380,5 +392,4 @@ def report(folder: str | os.PathLike[str], output: str | os.PathLike[str], by: s
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise OutputError(f"{target}: cannot write the report ({exc.strerror or exc})") from exc
-    return {"output": str(target), "bytes": len(page.encode()), "charts": page.count('<svg class="chart"')}
+        raise OutputError(f"{target}: cannot write {what} ({exc.strerror or exc})") from exc

@@ -8,13 +8,12 @@ more than `MOST_RECORDS` records without `--sample` is refused before anything i
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-from pathlib import Path
 from typing import Any
 
 from ...errors import OutputError, UsageError
+from ..html import writable, write_html
 from .index import Index
 from .page import page
 
@@ -26,9 +25,7 @@ def write_page(
 ) -> dict[str, Any]:
     """Read the folder once (`index`, not following), choose its groups, write the page atomically. Returns
     {"output", "bytes", "groups", "records", "of"}."""
-    target = Path(output)
-    if not target.parent.is_dir():  # before reading what may be a large folder
-        raise OutputError(f"{target}: cannot write the page (no folder {target.parent})")
+    target = writable(output, "the page")
     if sample is not None and sample < 1:
         raise UsageError(f"--sample {sample}: must be 1 or more")
     index.run()
@@ -52,12 +49,5 @@ def write_page(
         "sample": {"n": len(chosen), "of": total, "seed": seed} if sample is not None else None,
     }
     html, _ = page(data, f"agentroll view: {index.folder}")
-    tmp = target.with_name(f".{target.name}.tmp")
-    try:
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise OutputError(f"{target}: cannot write the page ({exc.strerror or exc})") from exc
+    write_html(target, html, "the page")
     return {"output": str(target), "bytes": len(html.encode()), "groups": len(chosen), "records": records, "of": total}
