@@ -235,8 +235,14 @@ def test_teacher_logprobs_and_policies_are_carried_to_rows_and_tokens(tmp_path):
     index = index_of(folder, follow=False)
     index.run()
     row = index.rows[0]
-    assert row["policies"] == ["old", "new"]
     records = synthetic.records_of(folder)
+    assert row["policies"] == ["old", "new"]
+    for name, k in (("old", 0), ("new", 1)):  # each policy's own figures: its executions only
+        mine = [r for r in records if r["sample_index"] == k]
+        assert row["by_policy"][name]["mean"] == mine[0]["final_reward"]
+        assert row["by_policy"][name]["figures"]["system_accuracy"] == float(mine[0]["final_reward"] == 1.0)
+        right = sum(r["raw_reward"] == 1.0 for r in mine if r["stage"] == "solver")
+        assert row["by_policy"][name]["pass"] == [2, right]
     gaps = [abs(a - b) for r in records for a, b in zip(r["response_logprobs"], r["teacher_logprobs"], strict=True)]
     assert row["teacher"]["max"] == pytest.approx(max(gaps)) and row["teacher"]["mean"] == pytest.approx(
         sum(gaps) / len(gaps)

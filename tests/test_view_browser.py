@@ -255,6 +255,10 @@ def test_a_page_written_once_works_offline_with_teacher_colours_and_policies_sid
             seen = {
                 "policies": await page.evaluate("[...document.querySelectorAll('.policy')].map(p => p.dataset.policy)")
             }
+            seen["heads"] = await page.evaluate("[...document.querySelectorAll('#list th')].map(t => t.textContent)")
+            seen["policy_figures"] = await page.evaluate(
+                "[...document.querySelectorAll('.policy > .figs')].map(f => f.textContent)"
+            )
             await set_value(page, "#f-mode", "teacher")
             seen["classes"] = await page.evaluate(f"[...{TOKENS}('response')].map(t => t.className)")
             await page.evaluate(
@@ -273,6 +277,9 @@ def test_a_page_written_once_works_offline_with_teacher_colours_and_policies_sid
     seen = run(go())
     assert seen["requests"] == [out.as_uri() + "#g=0&r=1.0"] or seen["requests"] == [out.as_uri()]
     assert seen["errors"] == [] and seen["policies"] == ["old", "new"]
+    assert "mean · old" in seen["heads"] and "mean · new" in seen["heads"]
+    finals = {r["sample_index"]: r["final_reward"] for r in records}
+    assert [f"system {finals[k]:g}" in text for k, text in enumerate(seen["policy_figures"])] == [True, True]
     solver = next(r for r in records if r["sample_index"] == 1)  # execution 1's first record
     for cls, lp, tl in zip(seen["classes"], solver["response_logprobs"], solver["teacher_logprobs"], strict=True):
         d = abs(lp - tl)

@@ -150,10 +150,26 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
     policies = execution_policies(records)
     if any(p is not None for p in policies):
         out["policies"] = policies
+        out["by_policy"] = {str(name): _policy(group, policies, name, w) for name in dict.fromkeys(policies)}
     gaps = [g for r in records for g in gap(r.get("response_logprobs"), r.get("teacher_logprobs")) or ()]
     if gaps:
         out["teacher"] = {"mean": sum(gaps) / len(gaps), "max": max(gaps)}
     return out
+
+
+def _policy(group: Group, policies: list[str | None], name: str | None, w: Words) -> dict[str, Any]:
+    """A head-to-head run's figures of one policy's executions in the group: the system's, its mean final
+    reward, its answers right."""
+    mine = [samples for samples, p in zip(group.executions, policies, strict=True) if p == name]
+    run = w.run(s.stage for e in mine for s in e)
+    for samples in mine:
+        run.add_execution(samples)
+    answered = [s for e in mine for s in answers(e)]
+    return {
+        "mean": sum(e[0].final_reward for e in mine) / len(mine),
+        "figures": {f.key: run.figure(f) for f in w.figures(run)},
+        "pass": [len(answered), sum(s.raw_reward == 1.0 for s in answered)],
+    }
 
 
 def broken(number: int, place: Place, shard: int, records: list[dict[str, Any]], why: str) -> dict[str, Any]:

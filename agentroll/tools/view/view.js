@@ -44,6 +44,7 @@
     const flat = String(text ?? "").replace(/\s+/g, " ").trim();
     return flat.length <= most ? flat : flat.slice(0, most - 1) + "…";
   }
+  function groups(n) { return `${fmt(n)} group${n === 1 ? "" : "s"}`; }
   function json(value) { return typeof value === "string" ? value : JSON.stringify(value, null, 1); }
   function rewardColour(value) {
     if (typeof value !== "number") return "#ccc";
@@ -145,6 +146,7 @@
   }
   function sortKey(r, key) {
     if (key.startsWith("fig:")) return r.figures[key.slice(4)] ?? -Infinity;
+    if (key.startsWith("pol:")) return r.by_policy?.[key.slice(4)]?.mean ?? -Infinity;
     if (key === "teacher") return r.teacher ? r.teacher.mean : -Infinity;
     return r[key] ?? -Infinity;
   }
@@ -168,7 +170,7 @@
       el("h1", { text: `agentroll view: ${s.folder}` }),
       el("div", { class: "sub" },
         `${system.name} system: ${system.stages.join(" → ") || "(stages as recorded)"} · `,
-        el("b", { id: "count", text: `${fmt(state.rows.length)} groups` }),
+        el("b", { id: "count", text: groups(state.rows.length) }),
         ` · ${fmt(state.rows.reduce((a, r) => a + r.records, 0))} records · ${s.shards.length} shards `,
         INLINE ? el("span", { class: "done", text: INLINE.sample ? `${INLINE.sample.n} of ${INLINE.sample.of} groups, drawn at random`
           : "a page written once" })
@@ -205,6 +207,7 @@
       ["-std", "reward spread"], ["-truncated", "most truncated"], ["-checks", "most check findings"],
       ["-longest", "longest response"], ["-tokens", "most tokens"],
       ...figures.flatMap((x) => [[`fig:${x.key}`, `${x.label}, low first`], [`-fig:${x.key}`, `${x.label}, high first`]]),
+      ...policies.flatMap((p) => [[`pol:${p}`, `${p}'s reward mean, low first`], [`-pol:${p}`, `${p}'s reward mean, high first`]]),
       ...(state.rows.some((r) => r.teacher) ? [["-teacher", "|student − teacher|"]] : [])];
     put($("#filters"), 
       el("label", {}, "search ", el("input", { type: "search", id: "f-q", value: f.q, placeholder: "text of responses, answers, rewards…", oninput: debounce(set("q"), 300) })),
@@ -262,9 +265,12 @@
     const page = Math.min(+f.page || 0, pages - 1);
     const figures = state.status.system.figures;
     const meta = [...new Set(state.rows.flatMap((r) => Object.keys(r.meta)))].sort().slice(0, 2);
+    const policies = [...new Set(state.rows.flatMap((r) => Object.keys(r.by_policy || {})))];
     const head = el("tr", {}, el("th", { class: "num", text: "#" }), el("th", { text: "problem" }),
       figures.map((x) => el("th", { class: "num", text: x.label, title: `the system's figure ${x.key}, over this group's executions` })),
-      el("th", { text: "executions (final reward)" }), el("th", { class: "num", text: "mean" }), el("th", { class: "num", text: "solved" }),
+      el("th", { text: "executions (final reward)" }), el("th", { class: "num", text: "mean" }),
+      policies.map((p) => el("th", { class: "num", text: `mean · ${p}`, title: `the reward mean of policy ${p}'s executions` })),
+      el("th", { class: "num", text: "solved" }),
       el("th", { class: "num", text: "truncated" }), el("th", { class: "num", text: "findings" }), el("th", { text: "labels" }),
       meta.map((k) => el("th", { text: k })), el("th", { text: "where" }));
     const body = rows.slice(page * PAGE, (page + 1) * PAGE).map((r) => el("tr", {
@@ -274,6 +280,7 @@
       el("td", { class: "num", text: r.n }), el("td", { text: short(r.id, 28), title: r.id }),
       figures.map((x) => el("td", { class: "num", text: fmt(r.figures[x.key]) })),
       el("td", {}, finals(r)), el("td", { class: "num", text: fmt(r.mean) }),
+      policies.map((p) => el("td", { class: "num", text: fmt(r.by_policy?.[p]?.mean) })),
       el("td", { class: "num", text: r.pass[0] ? `${r.pass[1]}/${r.pass[0]}` : "-", title: "answers right / answers, over the group" }),
       el("td", { class: "num" + (r.truncated ? " trunc" : ""), text: fmt(r.truncated) }),
       el("td", { class: "num" + (r.checks ? " fail" : ""), text: fmt(r.checks), title: r.check || "" }),
@@ -283,11 +290,11 @@
     put($("#list"), rows.length ? el("table", {}, el("thead", {}, head), el("tbody", {}, body))
       : el("div", { class: "empty-list", text: state.rows.length ? "No group matches the filter." : "No group yet." }));
     const more = (delta) => el("button", { text: delta < 0 ? "← previous" : "next →", onclick: () => { state.filter.page = String(page + delta); refresh(); } });
-    put($("#pager"), `showing ${fmt(rows.length)} of ${fmt(state.rows.length)} groups`,
+    put($("#pager"), `showing ${fmt(rows.length)} of ${groups(state.rows.length)}`,
       state.hitsFor ? ` matching “${state.hitsFor}”` : "",
       state.hitsMore ? el("b", { text: ` (the first ${fmt(state.hits.size)} found: more match, narrow the search)` }) : null, pages > 1 ? ` · page ${page + 1} of ${pages} ` : "",
       page > 0 ? more(-1) : null, page + 1 < pages ? more(1) : null);
-    $("#count").textContent = `${fmt(state.rows.length)} groups`;
+    $("#count").textContent = groups(state.rows.length);
   }
   function refresh() {  // the filter bar is drawn when its choices change, never under the user's typing
     writeHash(state.filter);
@@ -326,7 +333,8 @@
         el("span", { class: "sub mono", text: where }), copyButton(where, "its file and first line")),
       el("div", { class: "facts" },
         el("span", {}, "label ", el("b", { class: "mono", text: short(json(g.label), 80) })),
-        el("span", {}, "group reward mean ", el("b", { text: fmt(g.group_reward_mean) }), ` (std ${fmt(g.group_reward_std)})`),
+        r.by_policy ? el("span", {}, "reward mean by policy ", Object.entries(r.by_policy).map(([p, x]) => el("b", { text: `${p} ${fmt(x.mean)} ` })))
+          : el("span", {}, "group reward mean ", el("b", { text: fmt(g.group_reward_mean) }), ` (std ${fmt(g.group_reward_std)})`),
         r.pass[0] ? el("span", {}, "answers right ", el("b", { text: `${r.pass[1]} of ${r.pass[0]}` })) : null,
         el("span", {}, `${g.executions.length} executions, ${g.executions.reduce((a, e) => a + e.records.length, 0)} records`)),
       el("div", { class: "figs" }, figures),
@@ -354,8 +362,11 @@
     return el("div", { class: "policies executions" }, policies.map((p) => {
       const members = g.executions.map((e, k) => [e, k]).filter(([e]) => e.policy === p);
       const mean = members.reduce((a, [e]) => a + e.final_reward, 0) / members.length;
+      const own = (row(g.n)?.by_policy || {})[p];
       return el("div", { class: "policy", data: { policy: p ?? "" } },
         el("h3", {}, `policy ${p ?? "(none)"}`, el("span", { class: "sub", text: ` · mean final reward ${fmt(mean)} over ${members.length}` })),
+        own ? el("div", { class: "figs" }, state.status.system.figures.map((x) => el("span", {}, `${x.label} `, el("b", { text: fmt(own.figures[x.key]) }))),
+          own.pass[0] ? el("span", {}, "answers right ", el("b", { text: `${own.pass[1]} of ${own.pass[0]}` })) : null) : null,
         el("div", { class: "executions" }, members.map(([e, k]) => column(e, k))));
     }));
   }
