@@ -329,3 +329,39 @@ def test_a_live_runs_new_group_appears_and_tokens_are_ids_without_a_tokenizer(tm
     assert "no such folder" in seen["warning"] and "pass --tokenizer" in seen["warning"]
     assert seen["ids"] == [f"⟨{i}⟩" for i in first["tokens"]["id"]]
     assert "new" in seen["new"].split() and seen["done"] == "complete" and seen["errors"] == []
+
+
+def test_a_folder_larger_than_the_page_holds_is_listed_by_ranges_of_groups(tmp_path):
+    write(tmp_path, [group(p, None) for p in "abcde"]).close(complete=True)
+    index = index_of(tmp_path, tokenizer="/nowhere/tokenizer")
+    index.window = 2  # rows the page holds at once (100,000 in use: here 2, to see it page)
+    shown = "[...document.querySelectorAll('#list tbody tr')].map(r => r.children[1].textContent)"
+
+    async def go(url: str) -> dict[str, Any]:
+        async with Browser() as browser:
+            page = await opened(browser, url)
+            seen = {"first": await page.evaluate(shown)}
+            seen["ranges"] = await page.evaluate(
+                "[...document.querySelectorAll('#f-from option')].map(o => o.textContent)"
+            )
+            await set_value(page, "#f-from", "2")
+            await page.until("document.querySelector('#list tbody tr')?.dataset.n === '2'")
+            seen["second"] = await page.evaluate(shown)
+            seen["count"] = await page.evaluate("document.querySelector('#count').textContent")
+            seen["pager"] = await page.evaluate("document.querySelector('#pager').textContent")
+            await set_value(page, "#f-q", "-1", "input")  # every group's second rollout id
+            await page.until("document.querySelector('#pager').textContent.includes('matching')")
+            seen["searched"] = await page.evaluate("document.querySelector('#pager').textContent")
+            again = await opened(browser, url + "#from=4")  # a link keeps its range
+            seen["last"] = await again.evaluate(shown)
+            seen["errors"] = page.errors + again.errors
+            return seen
+
+    with served(index) as server:
+        assert index.wait_for(lambda i: i.done.is_set(), 60)
+        seen = run(go(server.url or ""))
+    assert seen["first"] == ["a", "b"] and seen["second"] == ["c", "d"] and seen["last"] == ["e"]
+    assert seen["ranges"] == ["1 to 2", "3 to 4", "5 to 5"] and seen["count"] == "5 groups"
+    assert "showing 2 of 2 groups (3 to 4 of 5)" in seen["pager"]
+    assert "matching “-1”" in seen["searched"] and "(3 more in other ranges of groups)" in seen["searched"]
+    assert seen["errors"] == []

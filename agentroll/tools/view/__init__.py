@@ -3,7 +3,7 @@
 `index` lists the folder's groups (a follower: new groups appear while a run writes them), `rows` and
 `detail` say what the page shows of a group in its system's words, `tokens` decodes ids with the run's
 tokenizer, `audit` reads what `agentroll audit --json` found, `server` serves the page on loopback, `static`
-writes it as one file, `page` is the page itself (with `view.js` and `view.css`).
+writes it as one file, `page` is the page itself (its script `view*.js` and style `view.css`).
 """
 
 from __future__ import annotations

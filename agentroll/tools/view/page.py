@@ -1,4 +1,4 @@
-"""The page: our own HTML, CSS and script (`view.css`, `view.js`, beside this module), inlined, nothing else.
+"""The page: our own HTML, CSS and script (`view.css`, `view*.js`, beside this module), inlined, nothing else.
 
 Served, it reads its data from the server's `/api`; written with `-o`, the data is inlined too, as JSON in a
 script element that is never run (every `<` in it escaped), and the page opens offline from a file. Its
@@ -25,6 +25,14 @@ def _asset(name: str) -> str:
     return (HERE / name).read_text(encoding="utf-8")
 
 
+SCRIPT = ("view.js", "view-tokens.js", "view-group.js")  # parts of one function's body, in this order
+
+
+def script_text() -> str:
+    """The page's script: its parts inside one function, so that their names are the page's own."""
+    return '"use strict";\n(() => {\n' + "".join(_asset(name) for name in SCRIPT) + "})();\n"
+
+
 def csp(script: str, served: bool) -> str:
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
     connect = "'self'" if served else "'none'"
@@ -41,7 +49,7 @@ def inline_json(data: Any) -> str:
 
 def page(data: dict[str, Any] | None, title: str = "agentroll view") -> tuple[str, str]:
     """(the page, its Content-Security-Policy): served (`data` None) or with its data inlined."""
-    script = _asset("view.js")
+    script = script_text()
     policy = csp(script, served=data is None)
     inlined = (
         "" if data is None else f'<script type="application/json" id="agentroll-data">{inline_json(data)}</script>'

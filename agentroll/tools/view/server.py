@@ -107,7 +107,8 @@ class ViewServer:
 
     async def rows(self, request: web.Request) -> web.Response:
         start, moved = _number(request, "start"), _number(request, "moved")
-        return _json(self.index.rows_after(start, moved, ROWS))
+        body = self.index.rows_after(start, moved, ROWS)
+        return web.Response(body=body, content_type="application/json", headers=HEADERS)
 
     async def _blocking(self, work: Callable[[], Any]) -> web.Response:
         try:

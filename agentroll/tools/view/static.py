@@ -31,11 +31,12 @@ def write_page(
     index.run()
     if index.error is not None:
         raise OutputError(index.error)
-    total = len(index.rows)
+    rows = index.rows
+    total = len(rows)
     chosen = list(range(total))
     if sample is not None and sample < total:
         chosen = sorted(random.Random(seed).sample(range(total), sample))
-    records = sum(index.rows[n]["records"] for n in chosen)
+    records = sum(rows[n]["records"] for n in chosen)
     if sample is None and records > MOST_RECORDS:
         raise UsageError(
             f"{index.folder} holds {records:,} records: a page of them all would be too heavy to open; pass "
@@ -44,7 +45,7 @@ def write_page(
     index.decoder.load()
     data = {
         "status": index.status(),
-        "rows": [index.rows[n] for n in chosen],
+        "rows": [rows[n] for n in chosen],
         "groups": {str(n): index.group(n) for n in chosen},
         "sample": {"n": len(chosen), "of": total, "seed": seed} if sample is not None else None,
     }
