@@ -297,7 +297,7 @@ def test_an_audit_report_marks_the_records_it_names(three, tmp_path):
 
 
 def test_the_viewer_holds_no_stage_name_of_its_own():
-    names = {"solver", "rewriter", "selector", "critic", "reviser", "proposer", "judge"}
+    names = {"solver", "rewriter", "selector", "critic", "reviser", "agent", "proposer", "judge"}
     for path in sorted(VIEW.iterdir()):
         if path.suffix in (".py", ".js", ".css"):
             words = set(re.findall(r"[a-z]+", path.read_text().lower()))

@@ -8,17 +8,22 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentroll.chat import load_by_class
+from agentroll.sim.script import Script
+from agentroll.sim.server import SimServer
 from agentroll.tools.view.static import write_page
 
-from . import synthetic
+from . import agents_support, synthetic
 from .browser import Browser, Page, chromium_path
-from .conftest import TOKENIZER, read_records
+from .conftest import TOKENIZER, read_records, run_cli, write_problems
+from .test_agents import TOOL_CALLING
 from .test_routes import group, write
 from .view_support import index_of, served, sim_run, with_teacher_and_policies
 
@@ -364,4 +369,61 @@ def test_a_folder_larger_than_the_page_holds_is_listed_by_ranges_of_groups(tmp_p
     assert seen["ranges"] == ["1 to 2", "3 to 4", "5 to 5"] and seen["count"] == "5 groups"
     assert "showing 2 of 2 groups (3 to 4 of 5)" in seen["pager"]
     assert "matching “-1”" in seen["searched"] and "(3 more in other ranges of groups)" in seen["searched"]
+    assert seen["errors"] == []
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory) -> Path:
+    """`--system agent` with the harness that rewrites its history: five calls an execution, two of them
+    branches (tests/agents_support.py)."""
+    tmp = tmp_path_factory.mktemp("agents")
+    problems = write_problems(tmp / "problems.jsonl", 2)
+    agent = tmp / "agent.py"
+    agent.write_text(agents_support.REWRITER_PROGRAM)
+    server = SimServer(script=Script.from_jsonl(problems, TOOL_CALLING))
+    server.start()
+    os.environ["REQUESTS"] = str(tmp / "requests.jsonl")
+    try:
+        done = run_cli(
+            "generate", str(problems), "-o", str(tmp / "out"), "--base-url", server.url or "", "--tokenizer", TOKENIZER,
+            "--system", "agent", "--system-option", f"command={sys.executable} {agent}", "--samples-per-prompt", "2",
+            "--max-tokens", "256", "--reward", "exact", "-q",
+        )  # fmt: skip
+    finally:
+        del os.environ["REQUESTS"]
+        server.stop()
+    assert done.returncode == 0, done.stderr.decode()
+    return tmp / "out"
+
+
+def test_an_agents_calls_in_its_systems_words_continued_calls_under_theirs_and_branches_apart(agents):
+    records = read_records(agents)
+    index = index_of(agents)
+
+    async def go(url: str) -> dict[str, Any]:
+        async with Browser() as browser:
+            page = await opened(browser, f"{url}#g=0&r=0.2")
+            await page.until("!!document.querySelector('.record[data-at=\"2\"]')")
+            cards = "[...document.querySelectorAll('.execution')[0].querySelectorAll('.card')]"
+            return {
+                "heads": await page.evaluate("[...document.querySelectorAll('#list th')].map(t => t.textContent)"),
+                "labels": await page.evaluate(f"{cards}.map(c => c.querySelector('.label').textContent)"),
+                "turns": await page.evaluate(f"{cards}.map(c => c.classList.contains('turn'))"),
+                "facts": await page.evaluate(
+                    "[...document.querySelectorAll('.record .kv tr')].map(r => r.textContent)"
+                ),
+                "errors": page.errors,
+            }
+
+    with served(index) as server:
+        assert index.wait_for(lambda i: i.done.is_set(), 60)
+        data = index.group(0)
+        seen = run(go(server.url or ""))
+    first = [r for r in records if r["rollout_id"] == data["executions"][0]["rollout_id"]]
+    assert seen["labels"] == [r["label"] for r in data["executions"][0]["records"]]
+    assert any("a branch off call" in label for label in seen["labels"])  # the agent system's own words
+    assert seen["turns"] == [r["continues"] is not None for r in first]  # a continued call sits under its own
+    assert "branches per execution" in seen["heads"] and "calls continued by ids" in seen["heads"]
+    facts = " ".join(seen["facts"])
+    assert f"branched_from{first[2]['branched_from']}" in facts and "agent_answer" in facts and "rerendered" in facts
     assert seen["errors"] == []

@@ -52,6 +52,20 @@ SHOWN = (  # fields a record shows as they are
 )
 
 
+KNOWN = frozenset(  # fields shown otherwise (tokens, prompts, the group's figures), or not a record's own
+    (
+        *SHOWN,
+        *("prompt", "prompt_token_ids", "response_token_ids", "response_logprobs", "loss_mask", "history_mask"),
+        *("history_logprobs", "top_token_ids", "top_logprobs", "teacher_logprobs", "teacher_top_ids"),
+        *("teacher_top_logprobs", "response_ranks", "routed_experts", "problem_id", "problem_hash", "group_size"),
+        *("rollout_size", "final_reward", "group_reward_mean", "group_reward_std", "group_pass_at_k"),
+        *("stage_group_size", "stage_group_reward_mean", "stage_group_reward_std", "label", "problem", "metadata"),
+        "schema_version",
+    )
+)
+MOST_EXTRA = 32  # items of a list in a field the page does not know (a per-token list is left to the raw JSON)
+
+
 def _prompts(records: list[dict[str, Any]], executions: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """The group's distinct prompts (a conversation's longest, which every turn's prompt begins), and each
     record's prompt among them."""
@@ -121,6 +135,11 @@ def _record(
             "hl": record.get("history_logprobs"),
         },
         findings=[],
+        extra={  # a system's own fields (the agent's answer, a branch's origin) and fields added since
+            k: v
+            for k, v in record.items()
+            if k not in KNOWN and v is not None and not (isinstance(v, list) and len(v) > MOST_EXTRA)
+        },
     )
     return out
 

@@ -114,6 +114,7 @@
       ["teacher |Δ|", rec.tokens.gap && `mean ${fmt(rec.tokens.gap.mean, 4)}, max ${fmt(rec.tokens.gap.max, 4)}`],
       ["audit", rec.audit && `max |Δ| ${fmt(rec.audit.max_abs, 4)}, mean ${fmt(rec.audit.mean_abs, 4)} over ${rec.audit.tokens} tokens` +
         (rec.audit.fails && rec.audit.fails.length ? `: ${rec.audit.fails.join("; ")}` : "")]]
+      .concat(Object.entries(rec.extra || {}).map(([k2, v]) => [k2, json(v)]))
       .filter(([, v]) => v !== undefined && v !== null && v !== "");
     const raw = el("div", {});
     const whole = el("details", { ontoggle: (ev) => {
