@@ -135,7 +135,7 @@ def _record(
             "hl": record.get("history_logprobs"),
         },
         findings=[],
-        extra={  # a system's own fields (the agent's answer, a branch's origin) and fields added since
+        extra={  # a system's own fields (an answer it kept, a branch's origin) and fields added since
             k: v
             for k, v in record.items()
             if k not in KNOWN and v is not None and not (isinstance(v, list) and len(v) > MOST_EXTRA)
