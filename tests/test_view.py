@@ -468,3 +468,20 @@ def test_view_serves_until_sigterm_and_exits_0(three):
         process.wait()
         if process.stderr:
             process.stderr.close()
+
+
+def test_a_run_that_ended_without_completing_is_shown_as_far_as_it_went_and_said(tmp_path):
+    writer = write(tmp_path, [group("a", None), group("b", None)])
+    writer.close(complete=False)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["last_run"]["exit"] = {"code": 8, "reason": "1 group could not be produced"}  # as the runner records it
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    index = index_of(tmp_path, tokenizer="/nowhere")
+    with served(index) as server:
+        assert index.wait_for(lambda i: i.done.is_set(), 60)
+        status = get((server.url or "") + "api/status")[1]
+    assert [r["id"] for r in index.rows] == ["a", "b"] and status["error"] is None and status["live"] is False
+    assert "ended with exit 8 (1 group could not be produced) before completing" in status["ended"]
+    (tmp_path / "file").write_text("x")
+    code, output = cli("view", str(tmp_path / "file"))
+    assert code == 6 and "is a file, not a folder" in output

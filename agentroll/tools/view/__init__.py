@@ -32,8 +32,11 @@ def open_folder(
 ) -> Index:
     """The index of a folder (not started), with the tokenizer (`--tokenizer`, else the run's) and the audit."""
     from ...folder import load_manifest
+    from ...folder.layout import MANIFEST
 
     path = Path(folder)
+    if path.is_file():
+        raise OutputError(f"{path} is a file, not a folder: give the output folder that holds {MANIFEST}")
     if not path.is_dir():
         raise OutputError(f"{path}: no such folder")
     named = tokenizer

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from ...errors import AgentrollError, OutputError
+from ...errors import AgentrollError, OutputError, RunEnded
 from ...folder import as_group, load_manifest
 from ...folder.follow import placed
 from ...folder.places import Place, Shelf
@@ -79,6 +79,7 @@ class Index:
         self.identity: str | None = None
         self.words: Words | None = None
         self.error: str | None = None
+        self.ended: str | None = None  # the run ended without completing, and nothing writes the folder now
         self.done = threading.Event()
         self.stop = threading.Event()
         self.lock = threading.RLock()  # `rows` may be read under it (a `wait_for` condition)
@@ -95,6 +96,9 @@ class Index:
         try:
             for identity, place, records, fresh in placed(self.folder, self.follow, self.poll_s, self.stop):
                 self.add(identity, place, records, fresh)
+        except RunEnded as exc:  # not a fault of the folder: what it holds is shown, and why no more will come
+            self.ended = str(exc)
+            log.warning("%s", exc)
         except AgentrollError as exc:
             self.error = str(exc)
             log.error("%s", exc)
@@ -232,6 +236,7 @@ class Index:
             "live": not self.done.is_set(),
             "following": self.follow,
             "error": self.error,
+            "ended": self.ended,
             "tokenizer": self.decoder.status(),
             "audit": self.audit.summary if self.audit is not None else None,
         }

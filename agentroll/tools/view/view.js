@@ -176,10 +176,12 @@
         INLINE ? el("span", { class: "done", text: INLINE.sample ? `${INLINE.sample.n} of ${INLINE.sample.of} groups, drawn at random`
           : "a page written once" })
           : el("span", { class: s.live ? "live" : "done", id: "live",
-            text: !s.live ? "complete" : s.final ? "reading the folder" : "following the run (not complete yet)" }),
+            text: s.ended ? "the run ended without completing" : !s.live ? "complete" : s.final ? "reading the folder"
+              : "following the run (not complete yet)" }),
       ),
       system.warning ? el("div", { class: "warn", text: system.warning }) : null,
       s.error ? el("div", { class: "error", text: s.error }) : null,
+      s.ended ? el("div", { class: "warn", id: "ended", text: s.ended }) : null,
       s.tokenizer.error ? el("div", { class: "warn", id: "no-tokenizer",
         text: `Tokens are shown as ids: ${s.tokenizer.error}. The response text is beside them; pass --tokenizer to read them.` }) : null,
       s.audit ? el("div", { class: "note", text: `Audit ${s.audit.file} (model ${s.audit.model}): ${s.audit.named} records named, ` +
