@@ -8,22 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentroll.chat import load_by_class
-from agentroll.sim.script import Script
-from agentroll.sim.server import SimServer
 from agentroll.tools.view.static import write_page
 
-from . import agents_support, synthetic
+from . import synthetic
 from .browser import Browser, Page, chromium_path
-from .conftest import TOKENIZER, read_records, run_cli, write_problems
-from .test_agents import TOOL_CALLING
+from .conftest import TOKENIZER, read_records
+from .test_agent_folders import branchy  # noqa: F401 (a fixture)
 from .test_routes import group, write
 from .view_support import index_of, served, sim_run, with_teacher_and_policies
 
@@ -372,33 +368,10 @@ def test_a_folder_larger_than_the_page_holds_is_listed_by_ranges_of_groups(tmp_p
     assert seen["errors"] == []
 
 
-@pytest.fixture(scope="module")
-def agents(tmp_path_factory) -> Path:
-    """`--system agent` with the harness that rewrites its history: five calls an execution, two of them
-    branches (tests/agents_support.py)."""
-    tmp = tmp_path_factory.mktemp("agents")
-    problems = write_problems(tmp / "problems.jsonl", 2)
-    agent = tmp / "agent.py"
-    agent.write_text(agents_support.REWRITER_PROGRAM)
-    server = SimServer(script=Script.from_jsonl(problems, TOOL_CALLING))
-    server.start()
-    os.environ["REQUESTS"] = str(tmp / "requests.jsonl")
-    try:
-        done = run_cli(
-            "generate", str(problems), "-o", str(tmp / "out"), "--base-url", server.url or "", "--tokenizer", TOKENIZER,
-            "--system", "agent", "--system-option", f"command={sys.executable} {agent}", "--samples-per-prompt", "2",
-            "--max-tokens", "256", "--reward", "exact", "-q",
-        )  # fmt: skip
-    finally:
-        del os.environ["REQUESTS"]
-        server.stop()
-    assert done.returncode == 0, done.stderr.decode()
-    return tmp / "out"
-
-
-def test_an_agents_calls_in_its_systems_words_continued_calls_under_theirs_and_branches_apart(agents):
-    records = read_records(agents)
-    index = index_of(agents)
+def test_an_agents_calls_in_its_systems_words_continued_calls_under_theirs_and_branches_apart(request):
+    folder = request.getfixturevalue("branchy")  # the agent that rewrites its history (tests/test_agent_folders.py)
+    records = read_records(folder)
+    index = index_of(folder)
 
     async def go(url: str) -> dict[str, Any]:
         async with Browser() as browser:
