@@ -17,8 +17,9 @@ from agentroll.chat import load_by_class
 from agentroll.tools.view.static import write_page
 
 from . import synthetic
+from . import test_head_to_head as h2h
 from .browser import Browser, Page, chromium_path
-from .conftest import TOKENIZER, read_records
+from .conftest import TOKENIZER, read_records, run_cli, write_problems
 from .test_agent_folders import branchy  # noqa: F401 (a fixture)
 from .test_routes import group, write
 from .view_support import index_of, served, sim_run, with_teacher_and_policies
@@ -400,3 +401,49 @@ def test_an_agents_calls_in_its_systems_words_continued_calls_under_theirs_and_b
     facts = " ".join(seen["facts"])
     assert f"branched_from{first[2]['branched_from']}" in facts and "agent_answer" in facts and "rerendered" in facts
     assert seen["errors"] == []
+
+
+def test_a_head_to_head_runs_policies_side_by_side_with_their_own_figures(tmp_path):
+    problems = write_problems(tmp_path / "problems.jsonl", 6)
+    strong, weak = h2h.server(problems, "strong", 0.9), h2h.server(problems, "weak", 0.25, seed=1)
+    strong.start()
+    weak.start()
+    try:
+        made = run_cli(*h2h.policy_args(problems, tmp_path / "out", strong.url or "", weak.url or "", "-q"))
+    finally:
+        strong.stop()
+        weak.stop()
+    assert made.returncode == 0, made.stderr.decode()
+    records = read_records(tmp_path / "out")
+    index = index_of(tmp_path / "out")
+
+    async def go(url: str) -> dict[str, Any]:
+        async with Browser() as browser:
+            page = await opened(browser, f"{url}#g=0")
+            await page.until("document.querySelectorAll('.policy').length === 2")
+            cells = "[...document.querySelectorAll('#list tbody tr')].map(r => [...r.children].map(c => c.textContent))"
+            return {
+                "heads": await page.evaluate("[...document.querySelectorAll('#list th')].map(t => t.textContent)"),
+                "cells": await page.evaluate(cells),
+                "policies": await page.evaluate("[...document.querySelectorAll('.policy')].map(p => p.dataset.policy)"),
+                "columns": await page.evaluate(
+                    "[...document.querySelectorAll('.policy')].map(p => p.querySelectorAll('.execution').length)"
+                ),
+                "errors": page.errors,
+            }
+
+    with served(index) as server:
+        assert index.wait_for(lambda i: i.done.is_set(), 60)
+        seen = run(go(server.url or ""))
+    assert seen["policies"] == ["new", "old"] and seen["columns"] == [h2h.K, h2h.K] and seen["errors"] == []
+    for name in ("new", "old"):
+        column = seen["heads"].index(f"mean · {name}")
+        for row, cells in zip(index.rows, seen["cells"], strict=True):
+            finals = {
+                r["rollout_id"]: r["final_reward"]
+                for r in records
+                if r["problem_id"] == row["id"] and r["policy"] == name
+            }
+            assert float(cells[column]) == pytest.approx(
+                sum(finals.values()) / len(finals), abs=5e-4
+            )  # shown to 3 places
