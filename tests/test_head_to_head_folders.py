@@ -1,0 +1,65 @@
+"""A head-to-head folder through the folder tools, where one policy's records could pass for the other's: `validate`
+ties each execution to the policy of its `sample_index`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agentroll.tools.validate import validate
+
+from . import synthetic
+from .conftest import run_cli
+from .test_head_to_head import K, duel, policy_args  # noqa: F401 (`duel` is a fixture)
+
+FIGURES = ("group_reward_mean", "group_reward_std", "group_pass_at_k")
+
+
+@pytest.fixture
+def folder(duel, tmp_path: Path) -> Path:  # noqa: F811
+    problems, strong, weak = duel
+    out = tmp_path / "out"
+    proc = run_cli(*policy_args(problems, out, strong.url, weak.url, "-q", "--limit", "8"))
+    assert proc.returncode == 0, proc.stderr.decode()
+    return out
+
+
+def test_an_execution_named_for_the_other_policy_is_a_fault_even_where_the_figures_hold(folder, tmp_path):
+    out = tmp_path / "swapped"
+    shutil.copytree(folder, out)
+    swapped = {}
+
+    def swap(records: list[dict]) -> None:
+        """In a problem where new's first execution and old's first ended alike, their policies are swapped, and
+        their group figures with them: every figure describes the policy a record names, only the attribution
+        is wrong."""
+        heads: dict[tuple[str, int], dict] = {(r["problem_id"], r["sample_index"]): r for r in records}
+        pid = next(p for (p, i), r in heads.items() if i == 0 and r["final_reward"] == heads[(p, K)]["final_reward"])
+        swapped["problem"] = pid
+        figures = {name: {f: heads[(pid, i)][f] for f in FIGURES} for name, i in (("new", 1), ("old", K + 1))}
+        for r in records:
+            if r["problem_id"] == pid and r["sample_index"] in (0, K):
+                r["policy"] = "old" if r["sample_index"] == 0 else "new"
+                r.update(figures[r["policy"]])
+
+    synthetic.edit(out, swap)
+    report = validate(out)
+    assert not report.ok
+    said = [f.message for f in report.faults]
+    assert any(f"problem {swapped['problem']!r}" in m and "execution 0" in m and "'new'" in m for m in said), said
+    assert {f.kind for f in report.faults} == {"group"}
+
+
+def test_a_record_without_its_policy_in_a_head_to_head_folder_is_a_fault(folder, tmp_path):
+    out = tmp_path / "unnamed"
+    shutil.copytree(folder, out)
+
+    def drop(records: list[dict]) -> None:
+        for r in records:
+            r.pop("policy")
+
+    synthetic.edit(out, drop)
+    report = validate(out)
+    assert not report.ok and any("policy" in f.message for f in report.faults), report.lines()
