@@ -7,7 +7,8 @@ higher, a tie when equal, a loss when lower. The table counts them, gives the me
 bootstrap over problems: the problems are drawn again with replacement (both policies' results of a drawn
 problem go together, which is what makes it paired), `resamples` times, and the 2.5th and 97.5th percentiles
 of each figure over the draws are its 95 % interval. The verdict names a policy only when the interval of the
-mean difference leaves 0 out.
+mean difference leaves 0 out and at least 6 problems differ (`decisive`: on fewer the bootstrap is surer than a
+sign test could be); one problem has no interval.
 
 Deterministic: the draws come from `numpy.random.default_rng(seed)` over the problems ordered by a hash of
 their ids, so a folder gives the same intervals however its groups were ordered (resumed, merged, `--ray`).
@@ -141,9 +142,9 @@ class Comparison:
                 "net_win_rate_ci": None,
                 "a_better_share": None,
             }
-            if n and (a, b) not in self.counted and a in self.means and b in self.means:
+            if n > 1 and (a, b) not in self.counted and a in self.means and b in self.means:
                 row.update(bootstrap(self._differences(a, b)[1], resamples, seed, level))
-            row["verdict"] = verdict(row)
+            row["verdict"] = verdict(row, level)
             rows.append(row)
         return {
             "policies": list(self.policies),
@@ -221,15 +222,30 @@ def bootstrap(differences: Sequence[float], resamples: int, seed: int, level: fl
     }
 
 
-def verdict(row: Mapping[str, Any]) -> str:
-    """`a`'s name or `b`'s when the interval of the mean difference leaves 0 out; else what can be said."""
-    ci = row.get("mean_difference_ci")
-    if not row.get("problems"):
+def decisive(level: float) -> int:
+    """Problems that must differ (wins plus losses) before a verdict: the fewest whose clean sweep a two-sided
+    sign test would call no chance at `level` (6 at 95 %). Below that the percentile bootstrap still leaves 0 out
+    of its interval whenever every problem that differs went one way (4 problems, 3 wins: [+0.5, +1.0]), which
+    says nothing on so few."""
+    return math.floor(math.log2(2 / (1 - level))) + 1
+
+
+def verdict(row: Mapping[str, Any], level: float = LEVEL) -> str:
+    """`a`'s name or `b`'s when the interval of the mean difference leaves 0 out (by more than float noise, `TIE`)
+    and enough problems differ (`decisive`); else what can be said."""
+    ci, n = row.get("mean_difference_ci"), row.get("problems") or 0
+    if not n:
         return "no problems"
     if ci is None:
-        return "no interval (counts only: run agentroll stats on the folder)"
-    if ci[0] > 0:
-        return f"{row['a']} better"
-    if ci[1] < 0:
-        return f"{row['b']} better"
-    return "no clear difference"
+        return (
+            f"too few problems for an interval ({n})"
+            if n < 2
+            else "no interval (counts only: run agentroll stats on the folder)"
+        )
+    better = row["a"] if ci[0] > TIE else row["b"] if ci[1] < -TIE else None
+    if better is None:
+        return "no clear difference"
+    differ, needed = row["wins"] + row["losses"], decisive(level)
+    if differ < needed:
+        return f"too few problems that differ ({differ}) for a verdict: {needed} at least"
+    return f"{better} better"

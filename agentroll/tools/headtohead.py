@@ -19,7 +19,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from ..headtohead import TIE, policy_means
+from ..headtohead import TIE, decisive, policy_means
 from .charts import Series, bar_chart, line_chart
 
 
@@ -186,7 +186,7 @@ def page_section(stats: dict[str, Any], figure: Any, table: Any) -> str:
         f"<p class='note'>Per problem, each policy's mean final reward over its executions; a problem is a win for "
         f"the policy whose mean is higher. Intervals: paired bootstrap over problems ({boot['resamples']} draws, "
         f"seed {boot['seed']}, {round(100 * boot['level'])}%). The verdict names a policy only when the interval of "
-        f"the mean difference leaves 0 out.</p>"
+        f"the mean difference leaves 0 out and at least {decisive(boot['level'])} problems differ.</p>"
     )
     by = stats.get("by")
     parts = {"all": whole, **stats["split"]} if by else {"all": whole}
