@@ -4,6 +4,7 @@ template check): each policy's executions see and use its own model, never the p
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -50,3 +51,32 @@ def test_each_policys_agents_are_told_their_own_model(tmp_path: Path):
         model, length = ("strong", 4096) if r["policy"] == "new" else ("weak", 2048)
         assert (r["model"], r["endpoint"]) == (model, servers[r["policy"] == "old"].url)
         assert json.loads(r["agent_answer"]) == {"listed": model, "length": length, "answered": model}
+
+
+def test_tool_use_refuses_a_policy_whose_template_ignores_tools_whichever_policy_it_is(tmp_path: Path):
+    """The check is once per policy, not once per run: the first policy's template offering the tools says
+    nothing of the second's."""
+    plain = tmp_path / "plain-tokenizer"
+    shutil.copytree(TOKENIZER, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config["chat_template"] = config["chat_template"][config["chat_template"].index("{% for message") :]
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    problems = write_problems(tmp_path / "problems.jsonl", 2)
+    script = Script.from_jsonl(problems, Behavior(correct=0.5))
+    servers = [SimServer(script=script, model="strong"), SimServer(script=script, model="weak", seed=1)]
+    for each in servers:
+        each.start()
+    try:
+        proc = run_cli(
+            "generate", str(problems), "-o", str(tmp_path / "out"), "--samples-per-prompt", "2", "--reward", "exact",
+            "--policy", f"new={servers[0].url},tokenizer={TOKENIZER}",
+            "--policy", f"old={servers[1].url},tokenizer={plain}",
+            "--system", "tool-use", "--chat-render", "local", "-q",
+        )  # fmt: skip
+    finally:
+        for each in servers:
+            each.stop()
+    said = proc.stderr.decode()
+    assert proc.returncode == 2 and "policy old: the chat template renders nothing of the `tools` argument" in said, (
+        said
+    )
