@@ -164,3 +164,20 @@ def test_a_verdict_needs_problems_that_differ_and_takes_float_noise_for_a_tie():
     noise = row([((0.1 + 0.2) / 2, 0.15)] * 30)
     assert noise["ties"] == 30 and noise["a_better_share"] == 0.0
     assert noise["verdict"] == "no clear difference"
+
+
+def test_a_ray_jobs_cap_per_endpoint_is_shared_by_the_tasks_that_use_each_policys_endpoint(tmp_path, monkeypatch):
+    """Under --concurrency auto, `--max-concurrency` is the most an endpoint takes: the tasks running at once that
+    share one of a policy's endpoints split it, counted over that policy's endpoints (not all policies' together)."""
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"prompt": "1+1?", "label": "2"}\n')
+    run = RunOptions(input=str(data), output="out", ray="auto", endpoints_per_task=1)
+    given = {"policy": ["new=http://a:1,http://a:2", "old=http://b:1,http://b:2"], "max_concurrency": 64}
+    tasks = plan_tasks(run, given, GenerateOptions(**given), partitions=4, at_once=4)
+    users: dict[str, int] = {}
+    for task in tasks:
+        for policy in GenerateOptions(**task.generate).policies():
+            for url in policy.urls:
+                users[url] = users.get(url, 0) + task.generate["max_concurrency"]
+    assert users == {"http://a:1": 64, "http://a:2": 64, "http://b:1": 64, "http://b:2": 64}
