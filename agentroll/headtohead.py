@@ -81,6 +81,7 @@ class Comparison:
     keys: array = field(default_factory=lambda: array("q"))
     means: dict[str, array] = field(default_factory=dict)  # per policy, aligned with `keys` (nan: not run)
     counted: dict[tuple[str, str], Tally] = field(default_factory=dict)  # counts without problems (from a dict)
+    uniform: int = 0  # of the problems, those only known as uniform groups filtered out (`add_uniform`)
 
     def add(self, problem_id: str, means: Mapping[str, float]) -> None:
         for name in means:
@@ -90,6 +91,13 @@ class Comparison:
         self.keys.append(problem_key(problem_id))
         for name, column in self.means.items():
             column.append(means.get(name, math.nan))
+
+    def add_uniform(self, count: int) -> None:
+        """`count` problems known only as filtered out by `--filter-uniform-groups` (a folder keeps no record of
+        them): every execution of every policy ended alike, so each is a tie, a difference of exactly 0."""
+        for i in range(count):
+            self.add(f"\x00uniform {i}", dict.fromkeys(self.policies, 0.0))
+        self.uniform += count
 
     def add_group(self, problem_id: str, executions: Iterable[Sequence[Sample]]) -> None:
         means = policy_means(executions)
@@ -150,6 +158,7 @@ class Comparison:
             "policies": list(self.policies),
             "pairs": rows,
             "bootstrap": {"resamples": resamples, "seed": seed, "level": level, "over": "problems"},
+            "filtered_ties": self.uniform,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -187,6 +196,7 @@ class Comparison:
                 total.means.setdefault(name, array("d")).extend(part.means.get(name, missing))
             for pair, tally in part.counted.items():
                 total.counted[pair] = total.counted.get(pair, Tally()) + tally
+            total.uniform += part.uniform
         return total
 
 

@@ -3,6 +3,7 @@ ties each execution to the policy of its `sample_index`."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,8 +12,8 @@ import pytest
 from agentroll.tools.validate import validate
 
 from . import synthetic
-from .conftest import run_cli
-from .test_head_to_head import K, duel, policy_args  # noqa: F401 (`duel` is a fixture)
+from .conftest import read_records, run_cli, write_problems
+from .test_head_to_head import K, by_hand, duel, policy_args, server  # noqa: F401 (`duel` is a fixture)
 
 FIGURES = ("group_reward_mean", "group_reward_std", "group_pass_at_k")
 
@@ -63,3 +64,45 @@ def test_a_record_without_its_policy_in_a_head_to_head_folder_is_a_fault(folder,
     synthetic.edit(out, drop)
     report = validate(out)
     assert not report.ok and any("policy" in f.message for f in report.faults), report.lines()
+
+
+def test_the_folders_table_counts_the_uniform_groups_filtered_out_as_the_ties_they_were(tmp_path):
+    """--filter-uniform-groups leaves out of the records a group whose executions all ended alike over every
+    policy: a problem where the policies tied. `stats` counts them (the manifest says how many), so its table is
+    the run's summary's, not one over the problems where something differed (which overstates the difference)."""
+    problems = write_problems(tmp_path / "problems.jsonl", 16)
+    first, second = server(problems, "strong", 0.9), server(problems, "fair", 0.6, seed=1)
+    first.start()
+    second.start()
+    out = tmp_path / "out"
+    try:
+        args = policy_args(problems, out, first.url, second.url, "--filter-uniform-groups", "-q")
+        args[args.index("--samples-per-prompt") + 1] = "1"  # one execution each: many groups are uniform
+        proc = run_cli(*args)
+    finally:
+        first.stop()
+        second.stop()
+    assert proc.returncode == 0, proc.stderr.decode()
+    manifest = json.loads((out / "manifest.json").read_text())
+    filtered = manifest["filtered_groups"]
+    assert filtered >= 2 and manifest["groups"] >= 2  # the seeded run has both kinds
+    hand = by_hand(read_records(out))["all"]  # over the records: the groups kept
+    data = json.loads(run_cli("stats", str(out), "--json").stdout)
+    table = data["all"]["head_to_head"]
+    (pair,) = table["pairs"]
+    assert table["filtered_ties"] == filtered
+    assert [pair[k] for k in ("problems", "wins", "ties", "losses")] == [
+        hand["problems"] + filtered,
+        hand["wins"],
+        hand["ties"] + filtered,
+        hand["losses"],
+    ]
+    assert pair["mean_difference"] == pytest.approx(hand["difference"] / (hand["problems"] + filtered))
+    (counted,) = manifest["last_run"]["stats"]["head_to_head"]["pairs"]  # what the run's summary said
+    assert [counted[k] for k in ("problems", "wins", "ties", "losses")] == [
+        pair[k] for k in ("problems", "wins", "ties", "losses")
+    ]
+    shown = run_cli("stats", str(out)).stdout.decode()
+    assert f"{filtered} uniform groups" in shown
+    assert run_cli("report", str(out), "-o", str(tmp_path / "r.html")).returncode == 0
+    assert f"{filtered} uniform groups filtered out" in (tmp_path / "r.html").read_text()
