@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,56 @@ def test_the_folders_table_counts_the_uniform_groups_filtered_out_as_the_ties_th
     assert f"{filtered} uniform groups" in shown
     assert run_cli("report", str(out), "-o", str(tmp_path / "r.html")).returncode == 0
     assert f"{filtered} uniform groups filtered out" in (tmp_path / "r.html").read_text()
+
+
+def test_nemo_rl_which_groups_by_prompt_ids_is_refused_across_policies_and_takes_one_policy(folder, tmp_path):
+    """NeMo-RL's GRPO baselines are over the samples with identical prompt ids, which two policies of one chat
+    template share: converted together, one model's samples would be the other's baseline."""
+    mixed = run_cli("convert", str(folder), "--to", "nemo-rl", "-o", str(tmp_path / "mixed"))
+    said = mixed.stderr.decode()
+    assert mixed.returncode == 2 and "--policy NAME" in said and len(said.strip().splitlines()) == 1, said
+    assert not (tmp_path / "mixed").exists()
+    one = tmp_path / "one"
+    proc = run_cli("convert", str(folder), "--to", "nemo-rl", "--policy", "new", "-o", str(one))
+    assert proc.returncode == 0, proc.stderr.decode()
+    rows = [json.loads(line) for line in (one / "nemo_rl.jsonl").read_text().splitlines()]
+    new = [r for r in read_records(folder) if r["policy"] == "new"]
+    assert len(rows) == len(new) and {r["extra_env_info"]["problem_id"] for r in rows} == {
+        r["problem_id"] for r in new
+    }
+
+
+def test_every_row_of_a_head_to_head_conversion_says_whose_model_made_it(folder, tmp_path):
+    """The formats without a group id that names the policy (verl's uid and the like do) carry the record's
+    `policy` where they keep the record's provenance; a folder of one model's rows are as they were."""
+    records = read_records(folder)
+    whose = {r["rollout_id"]: r["policy"] for r in records}
+    found: dict[str, list[tuple[str | None, str]]] = {}  # format -> (the row's policy, its record's)
+    for to, file, extra in (
+        ("trl", "trl.jsonl", []),
+        ("sft", "sft.jsonl", ["--layout", "standard"]),
+        ("slime", "slime.jsonl", []),
+        ("verifiers", "results.jsonl", []),
+        ("nemo-rl", "nemo_rl.jsonl", ["--policy", "old"]),
+    ):
+        out = tmp_path / to
+        proc = run_cli("convert", str(folder), "--to", to, "-o", str(out), *extra)
+        assert proc.returncode == 0, proc.stderr.decode()
+        rows = [json.loads(line) for line in (out / file).read_text().splitlines()]
+        if to == "trl":  # a row per record, by its tokens (no rollout id)
+            assert Counter(
+                (row["problem_id"], row["stage"], tuple(row["completion_ids"]), row.get("policy")) for row in rows
+            ) == Counter((r["problem_id"], r["stage"], tuple(r["response_token_ids"]), r["policy"]) for r in records)
+            found[to] = [(row.get("policy"), None) for row in rows]
+        elif to == "sft":
+            found[to] = [(row.get("policy"), None) for row in rows]
+        elif to == "slime":
+            where = [row["metadata"]["agentroll"] for row in rows]
+            found[to] = [(w.get("policy"), whose[w["rollout_id"]]) for w in where]
+        else:
+            where = [row["info"] if to == "verifiers" else row["extra_env_info"] for row in rows]
+            found[to] = [(w.get("policy"), whose[w["rollout_id"]]) for w in where]
+    for to, pairs in found.items():
+        assert pairs and all(mine in ("new", "old") for mine, _ in pairs), to
+        assert all(mine == want for mine, want in pairs if want is not None), to
+    assert {mine for mine, _ in found["sft"]} == {"new", "old"} and {m for m, _ in found["nemo-rl"]} == {"old"}

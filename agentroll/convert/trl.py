@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import JsonlWriter, Problem, Record
+from .common import JsonlWriter, Problem, Record, policy_of
 from .trajectory import own_mask
 
 FILE = "trl.jsonl"
@@ -26,6 +26,7 @@ def row(record: Record, advantage: float | None) -> dict[str, Any]:
     out = {
         "problem_id": record["problem_id"],
         "stage": record["stage"],
+        **policy_of(record),
         "prompt": record["prompt"],
         "prompt_ids": record["prompt_token_ids"],
         "completion_ids": record["response_token_ids"],
