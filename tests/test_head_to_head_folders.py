@@ -121,9 +121,7 @@ def test_nemo_rl_which_groups_by_prompt_ids_is_refused_across_policies_and_takes
     assert proc.returncode == 0, proc.stderr.decode()
     rows = [json.loads(line) for line in (one / "nemo_rl.jsonl").read_text().splitlines()]
     new = [r for r in read_records(folder) if r["policy"] == "new"]
-    assert len(rows) == len(new) and {r["extra_env_info"]["problem_id"] for r in rows} == {
-        r["problem_id"] for r in new
-    }
+    assert len(rows) == len(new) and {r["extra_env_info"]["problem_id"] for r in rows} == {r["problem_id"] for r in new}
 
 
 def test_every_row_of_a_head_to_head_conversion_says_whose_model_made_it(folder, tmp_path):
@@ -160,3 +158,17 @@ def test_every_row_of_a_head_to_head_conversion_says_whose_model_made_it(folder,
         assert pairs and all(mine in ("new", "old") for mine, _ in pairs), to
         assert all(mine == want for mine, want in pairs if want is not None), to
     assert {mine for mine, _ in found["sft"]} == {"new", "old"} and {m for m, _ in found["nemo-rl"]} == {"old"}
+
+
+def test_a_rescored_head_to_head_folder_says_who_won_under_the_new_reward(folder, tmp_path):
+    out = tmp_path / "rescored"
+    proc = run_cli("rescore", str(folder), "-o", str(out), "--reward", "math")
+    assert proc.returncode == 0, proc.stderr.decode()
+    (counted,) = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]["head_to_head"]["pairs"]
+    (table,) = json.loads(run_cli("stats", str(out), "--json").stdout)["all"]["head_to_head"]["pairs"]
+    assert counted["problems"] == 8
+    assert [counted[k] for k in ("problems", "wins", "ties", "losses")] == [
+        table[k] for k in ("problems", "wins", "ties", "losses")
+    ]
+    said = proc.stderr.decode()
+    assert "policy new:" in said and "new vs old over 8 problems" in said, said
