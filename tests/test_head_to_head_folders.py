@@ -172,3 +172,18 @@ def test_a_rescored_head_to_head_folder_says_who_won_under_the_new_reward(folder
     ]
     said = proc.stderr.decode()
     assert "policy new:" in said and "new vs old over 8 problems" in said, said
+
+
+def test_a_rerun_with_other_policies_says_which_policy_changed_in_what(duel, folder):  # noqa: F811
+    problems, strong, weak = duel
+    swapped = policy_args(problems, folder, weak.url, strong.url, "-q", "--limit", "8")  # new on the weak server
+    refused = run_cli(*swapped)
+    said = refused.stderr.decode().strip()
+    assert refused.returncode == 6 and len(said.splitlines()) == 1, said
+    assert "policies.new.model: 'strong' -> 'weak'" in said and "policies.old.model: 'weak' -> 'strong'" in said
+    assert "sampling" not in said and len(said) < 400, said  # what changed, not every policy's settings
+    reordered = policy_args(problems, folder, strong.url, weak.url, "-q", "--limit", "8")
+    at = reordered.index("--policy")
+    reordered[at : at + 4] = [*reordered[at + 2 : at + 4], *reordered[at : at + 2]]  # old first, then new
+    said = run_cli(*reordered).stderr.decode()
+    assert "policies: ['new', 'old'] -> ['old', 'new']" in said, said
