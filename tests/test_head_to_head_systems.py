@@ -4,7 +4,6 @@ template check): each policy's executions see and use its own model, never the p
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from agentroll.sim.script import Behavior, Script
 from agentroll.sim.server import SimServer
 
 from .conftest import TOKENIZER, read_records, run_cli, write_problems
+from .test_tool_use import without_tools
 
 
 async def whoami(client: Any, problem: dict[str, Any]) -> dict[str, Any]:
@@ -56,11 +56,7 @@ def test_each_policys_agents_are_told_their_own_model(tmp_path: Path):
 def test_tool_use_refuses_a_policy_whose_template_ignores_tools_whichever_policy_it_is(tmp_path: Path):
     """The check is once per policy, not once per run: the first policy's template offering the tools says
     nothing of the second's."""
-    plain = tmp_path / "plain-tokenizer"
-    shutil.copytree(TOKENIZER, plain)
-    config = json.loads((plain / "tokenizer_config.json").read_text())
-    config["chat_template"] = config["chat_template"][config["chat_template"].index("{% for message") :]
-    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    plain = without_tools(tmp_path / "plain-tokenizer")
     problems = write_problems(tmp_path / "problems.jsonl", 2)
     script = Script.from_jsonl(problems, Behavior(correct=0.5))
     servers = [SimServer(script=script, model="strong"), SimServer(script=script, model="weak", seed=1)]
