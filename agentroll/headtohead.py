@@ -7,7 +7,8 @@ higher, a tie when equal, a loss when lower. The table counts them, gives the me
 bootstrap over problems: the problems are drawn again with replacement (both policies' results of a drawn
 problem go together, which is what makes it paired), `resamples` times, and the 2.5th and 97.5th percentiles
 of each figure over the draws are its 95 % interval. The verdict names a policy only when the interval of the
-mean difference leaves 0 out.
+mean difference leaves 0 out and at least 6 problems differ (`decisive`: on fewer the bootstrap is surer than a
+sign test could be); one problem has no interval.
 
 Deterministic: the draws come from `numpy.random.default_rng(seed)` over the problems ordered by a hash of
 their ids, so a folder gives the same intervals however its groups were ordered (resumed, merged, `--ray`).
@@ -80,6 +81,7 @@ class Comparison:
     keys: array = field(default_factory=lambda: array("q"))
     means: dict[str, array] = field(default_factory=dict)  # per policy, aligned with `keys` (nan: not run)
     counted: dict[tuple[str, str], Tally] = field(default_factory=dict)  # counts without problems (from a dict)
+    uniform: int = 0  # of the problems, those only known as uniform groups filtered out (`add_uniform`)
 
     def add(self, problem_id: str, means: Mapping[str, float]) -> None:
         for name in means:
@@ -89,6 +91,13 @@ class Comparison:
         self.keys.append(problem_key(problem_id))
         for name, column in self.means.items():
             column.append(means.get(name, math.nan))
+
+    def add_uniform(self, count: int) -> None:
+        """`count` problems known only as filtered out by `--filter-uniform-groups` (a folder keeps no record of
+        them): every execution of every policy ended alike, so each is a tie, a difference of exactly 0."""
+        for i in range(count):
+            self.add(f"\x00uniform {i}", dict.fromkeys(self.policies, 0.0))
+        self.uniform += count
 
     def add_group(self, problem_id: str, executions: Iterable[Sequence[Sample]]) -> None:
         means = policy_means(executions)
@@ -141,14 +150,15 @@ class Comparison:
                 "net_win_rate_ci": None,
                 "a_better_share": None,
             }
-            if n and (a, b) not in self.counted and a in self.means and b in self.means:
+            if n > 1 and (a, b) not in self.counted and a in self.means and b in self.means:
                 row.update(bootstrap(self._differences(a, b)[1], resamples, seed, level))
-            row["verdict"] = verdict(row)
+            row["verdict"] = verdict(row, level)
             rows.append(row)
         return {
             "policies": list(self.policies),
             "pairs": rows,
             "bootstrap": {"resamples": resamples, "seed": seed, "level": level, "over": "problems"},
+            "filtered_ties": self.uniform,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,6 +196,7 @@ class Comparison:
                 total.means.setdefault(name, array("d")).extend(part.means.get(name, missing))
             for pair, tally in part.counted.items():
                 total.counted[pair] = total.counted.get(pair, Tally()) + tally
+            total.uniform += part.uniform
         return total
 
 
@@ -221,15 +232,30 @@ def bootstrap(differences: Sequence[float], resamples: int, seed: int, level: fl
     }
 
 
-def verdict(row: Mapping[str, Any]) -> str:
-    """`a`'s name or `b`'s when the interval of the mean difference leaves 0 out; else what can be said."""
-    ci = row.get("mean_difference_ci")
-    if not row.get("problems"):
+def decisive(level: float) -> int:
+    """Problems that must differ (wins plus losses) before a verdict: the fewest whose clean sweep a two-sided
+    sign test would call no chance at `level` (6 at 95 %). Below that the percentile bootstrap still leaves 0 out
+    of its interval whenever every problem that differs went one way (4 problems, 3 wins: [+0.5, +1.0]), which
+    says nothing on so few."""
+    return math.floor(math.log2(2 / (1 - level))) + 1
+
+
+def verdict(row: Mapping[str, Any], level: float = LEVEL) -> str:
+    """`a`'s name or `b`'s when the interval of the mean difference leaves 0 out (by more than float noise, `TIE`)
+    and enough problems differ (`decisive`); else what can be said."""
+    ci, n = row.get("mean_difference_ci"), row.get("problems") or 0
+    if not n:
         return "no problems"
     if ci is None:
-        return "no interval (counts only: run agentroll stats on the folder)"
-    if ci[0] > 0:
-        return f"{row['a']} better"
-    if ci[1] < 0:
-        return f"{row['b']} better"
-    return "no clear difference"
+        return (
+            f"too few problems for an interval ({n})"
+            if n < 2
+            else "no interval (counts only: run agentroll stats on the folder)"
+        )
+    better = row["a"] if ci[0] > TIE else row["b"] if ci[1] < -TIE else None
+    if better is None:
+        return "no clear difference"
+    differ, needed = row["wins"] + row["losses"], decisive(level)
+    if differ < needed:
+        return f"too few problems that differ ({differ}) for a verdict: {needed} at least"
+    return f"{better} better"

@@ -207,8 +207,8 @@ class GenerateOptions(RewardOptions):
         for name in ("correct_reward_weight", "incorrect_reward_weight"):
             if not math.isfinite(getattr(self, name)):
                 raise UsageError(f"--{flag(name)} must be a finite number")
-        if self.filter_uniform_groups and self.samples_per_prompt < 2:
-            raise UsageError("--filter-uniform-groups needs --samples-per-prompt of at least 2")
+        if self.filter_uniform_groups and self.samples_per_prompt * max(1, len(self.policy)) < 2:
+            raise UsageError("--filter-uniform-groups needs --samples-per-prompt of at least 2 (or --policy)")
         if self.resample_uniform and not self.filter_uniform_groups:
             raise UsageError("--resample-uniform goes with --filter-uniform-groups")
         if self.chat_render not in CHAT_RENDER:

@@ -129,9 +129,10 @@ def plan_tasks(
     at once), the other between the partitions."""
     out = Path(os.path.abspath(run.output))
     policies = generate.policies()
-    urls = generate.base_url or [u for p in policies for u in p.urls]
     per_task = run.endpoints_per_task
-    sharing = at_once if per_task is None else max(1, math.ceil(at_once * per_task / len(urls)))
+    # the tasks at once that share one endpoint: with E of a policy's n endpoints each (all, when it has fewer)
+    sets = [len(p.urls) for p in policies] or [len(generate.base_url)]
+    sharing = at_once if per_task is None else max(math.ceil(at_once * min(per_task, n) / n) for n in sets)
     tasks = []
     given = absolute_paths(given)
     for index in range(partitions):

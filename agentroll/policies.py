@@ -9,7 +9,7 @@ templates, the run's other sampling) is the run's, the same for every policy, so
 policies' records is the model and what the user set apart.
 
 This module only reads and checks the flag's values (a small frozen value object per policy); the Generator sets
-each policy up like the run's one server (`handshake.set_up`).
+each policy up like the run's one server (`handshake.reach`, `choose_rendering`, `settle`).
 """
 
 from __future__ import annotations

@@ -184,6 +184,7 @@ async def rescore(
                 stats.records_written += scored.num_records
             for samples in scored.executions:
                 stats.add_execution(samples)
+            stats.compare(group.problem.id, scored.executions)  # a head-to-head folder: who won, rescored
             writer.commit(scored)
         result.complete = True
     finally:

@@ -93,9 +93,9 @@ def accuracy(stage: str) -> Figure:
 
 
 SYSTEM_ACCURACY = Figure("system_accuracy", "system", "system_correct")  # final rewards of 1: every system's
-DERIVED = frozenset(
-    {"truncation_rate", "selector_accuracy"}
-)  # and "policies", "head_to_head": objects  # figures in `to_dict` (older manifests' too)
+# figures in `to_dict` (older manifests' too), not counters (a head-to-head run's "policies" and "head_to_head"
+# are objects, which counters never are)
+DERIVED = frozenset({"truncation_rate", "selector_accuracy"})
 
 
 @dataclass(slots=True)

@@ -73,7 +73,7 @@ def test_the_bootstrap_says_what_the_data_allow():
     none = Comparison()
     none.add("p", {"a": 1.0, "b": 1.0})
     (pair,) = none.table()["pairs"]
-    assert pair["ties"] == 1 and pair["mean_difference_ci"] == [0.0, 0.0] and pair["verdict"] == "no clear difference"
+    assert pair["ties"] == 1 and pair["mean_difference_ci"] is None and pair["verdict"].startswith("too few problems")
 
 
 def test_the_counts_add_up_through_a_manifest_and_the_intervals_need_the_problems():
@@ -140,3 +140,44 @@ def test_a_ray_job_gives_every_partition_every_policy_on_its_share_of_each_polic
         assert new.urls == (("http://a:1",), ("http://a:2",), ("http://a:1",))[task.index]
         assert new.tokenizer == str(Path(tmp_path / "tok")) and old.urls == ("http://b:1",)
         assert old.overrides() == {"temperature": 0.5} and again.base_url == []
+
+
+def test_a_verdict_needs_problems_that_differ_and_takes_float_noise_for_a_tie():
+    def row(means: list[tuple[float, float]]) -> dict:
+        comparison = Comparison()
+        for i, (a, b) in enumerate(means):
+            comparison.add(f"p{i}", {"a": a, "b": b})
+        (pair,) = comparison.table()["pairs"]
+        return pair
+
+    one = row([(1.0, 0.0)])  # one problem: every draw is that problem, the interval has no width
+    assert one["wins"] == 1 and one["mean_difference_ci"] is None and one["a_better_share"] is None
+    assert one["verdict"].startswith("too few problems")
+    few = row([(1.0, 0.0)] * 3 + [(0.5, 0.5)])  # 3 wins, a tie: a sign test finds nothing in 3 of 3 (p 0.25)
+    assert few["mean_difference_ci"][0] > 0 and few["verdict"].startswith("too few problems that differ (3)")
+    swept = row([(1.0, 0.0)] * 6)  # 6 of 6 (p 0.03): as sure as the interval says
+    assert swept["verdict"] == "a better"
+    lost = row([(0.0, 1.0)] * 5 + [(0.0, 0.5)] + [(1.0, 1.0)] * 10)
+    assert lost["verdict"] == "b better"
+    # the same rewards summed in another order: equal means but for the last bit, a tie in the counts, and so in
+    # the verdict (not `a better` on a difference of 3e-17)
+    noise = row([((0.1 + 0.2) / 2, 0.15)] * 30)
+    assert noise["ties"] == 30 and noise["a_better_share"] == 0.0
+    assert noise["verdict"] == "no clear difference"
+
+
+def test_a_ray_jobs_cap_per_endpoint_is_shared_by_the_tasks_that_use_each_policys_endpoint(tmp_path, monkeypatch):
+    """Under --concurrency auto, `--max-concurrency` is the most an endpoint takes: the tasks running at once that
+    share one of a policy's endpoints split it, counted over that policy's endpoints (not all policies' together)."""
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"prompt": "1+1?", "label": "2"}\n')
+    run = RunOptions(input=str(data), output="out", ray="auto", endpoints_per_task=1)
+    given = {"policy": ["new=http://a:1,http://a:2", "old=http://b:1,http://b:2"], "max_concurrency": 64}
+    tasks = plan_tasks(run, given, GenerateOptions(**given), partitions=4, at_once=4)
+    users: dict[str, int] = {}
+    for task in tasks:
+        for policy in GenerateOptions(**task.generate).policies():
+            for url in policy.urls:
+                users[url] = users.get(url, 0) + task.generate["max_concurrency"]
+    assert users == {"http://a:1": 64, "http://a:2": 64, "http://b:1": 64, "http://b:2": 64}

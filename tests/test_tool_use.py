@@ -295,12 +295,17 @@ def test_a_sandbox_that_is_down_fails_the_groups_and_writes_nothing_of_them(serv
     assert read_records(out) == [] and manifest(out)["last_run"]["stats"]["groups_failed"] == 2
 
 
-def test_a_template_that_ignores_tools_is_refused(serve, tmp_path):
-    plain = tmp_path / "plain-tokenizer"
-    shutil.copytree(TOKENIZER, plain)
-    config = json.loads((plain / "tokenizer_config.json").read_text())
+def without_tools(folder: Path) -> Path:
+    """The simulated model's tokenizer, copied to `folder`, with a chat template that renders no `tools`."""
+    shutil.copytree(TOKENIZER, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = config["chat_template"][config["chat_template"].index("{% for message") :]
-    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_template_that_ignores_tools_is_refused(serve, tmp_path):
+    plain = without_tools(tmp_path / "plain-tokenizer")
     problems = write_problems(tmp_path / "p.jsonl", 1)
     server = serve(problems, behavior())
     code, output = tool_use(problems, tmp_path / "out", server.url, "--tokenizer", str(plain), "--chat-render", "local")

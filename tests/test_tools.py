@@ -293,6 +293,23 @@ def test_validate_passes_on_a_good_folder_and_on_merged_ones(folders):
         assert merged.groups == PROBLEMS
 
 
+def test_a_folder_written_before_a_field_was_added_to_schema_6_is_still_valid(folders, tmp_path):
+    """`policy` (head to head) and `agent_answer`, `agent_reward` (the agent system) came after schema 6's
+    folders were written, with no new version: a record without them reads as null and is no fault."""
+    out = damaged_copy(folders["out"], tmp_path)
+
+    def before(records: list[dict[str, Any]]) -> None:
+        for record in records:
+            for name in ("policy", "agent_answer", "agent_reward"):
+                assert record.pop(name) is None
+
+    synthetic.edit(out, before)
+    manifest = manifest_of(out)
+    report = validate(out)
+    assert report.ok, report.lines()
+    assert report.records == manifest["records"]
+
+
 def test_compressed_shards_are_validated_frame_by_frame(folders, tmp_path):
     zst = folders["zst"]
     names = shard_files(zst)

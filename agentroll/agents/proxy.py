@@ -40,10 +40,11 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> we
 
 
 class Proxy:
-    """One per run, started on first use in the run's event loop. `open(session)` gives a credential."""
+    """One per run, started on first use in the run's event loop. `open(session)` gives a credential. What a
+    request is served as (the model's name, its context length, the logprob alternatives) is its session's: in a
+    head-to-head run (`--policy`) each execution's agent talks to its own policy's model."""
 
-    def __init__(self, model: str, max_model_len: int | None, alternatives: int) -> None:
-        self.model, self.max_model_len, self.alternatives = model, max_model_len, alternatives
+    def __init__(self) -> None:
         self.sessions: dict[str, Session] = {}
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -96,7 +97,7 @@ class Proxy:
                 "AuthenticationError",
             )
         if path == "/v1/models":
-            return self._models()
+            return self._models(session)
         if request.method != "POST":
             return _error(405, f"{path} takes POST", "MethodNotAllowed")
         try:
@@ -120,19 +121,19 @@ class Proxy:
             session.fail(exc)
             return _error(500, f"agentroll stops: {first_line(exc)}", "InternalServerError")
 
-    def _models(self) -> web.Response:
-        card = {"id": self.model, "object": "model", "created": self.created, "owned_by": "agentroll"}
-        if self.max_model_len is not None:
-            card["max_model_len"] = self.max_model_len
+    def _models(self, session: Session) -> web.Response:
+        card = {"id": session.model, "object": "model", "created": self.created, "owned_by": "agentroll"}
+        if session.limit is not None:
+            card["max_model_len"] = session.limit
         return web.Response(body=orjson.dumps({"object": "list", "data": [card]}), content_type="application/json")
 
     async def _chat(self, request: web.Request, session: Session, body: Any) -> web.StreamResponse:
-        asked = chat_request(body, self.alternatives, session.encoder.kwargs)
+        asked = chat_request(body, session.alternatives, session.encoder.kwargs)
         made = await session.chat(asked)
         return await self._answer(request, session, asked, made, chat_chunks, chat_body)
 
     async def _text(self, request: web.Request, session: Session, body: Any) -> web.StreamResponse:
-        asked = text_request(body, self.alternatives)
+        asked = text_request(body, session.alternatives)
         made = await session.text(asked)
         return await self._answer(request, session, asked, made, text_chunks, text_body)
 
@@ -140,10 +141,10 @@ class Proxy:
         self, request: web.Request, session: Session, asked: Any, made: Any, chunks: Any, whole: Any
     ) -> web.StreamResponse:
         """The calls made for a request, as a stream of chunks or one body."""
-        tokenizer, ids = session.encoder.tokenizer, asked.return_token_ids
+        tokenizer, ids, model = session.encoder.tokenizer, asked.return_token_ids, session.model
         if asked.stream:
-            return await _stream(request, chunks(made, self.model, tokenizer, asked.logprobs, ids, asked.include_usage))
-        answer = whole(made, self.model, tokenizer, asked.logprobs, ids)
+            return await _stream(request, chunks(made, model, tokenizer, asked.logprobs, ids, asked.include_usage))
+        answer = whole(made, model, tokenizer, asked.logprobs, ids)
         return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
 

@@ -50,6 +50,7 @@ class Session:
         runtime = ctx.engine.stage(STAGE)
         self.encoder, self.think = runtime.encoder, runtime.config.think
         self.limit = runtime.config.max_context_len
+        self.model, self.alternatives = runtime.config.model, runtime.config.alternatives  # as its agent is told
 
     # -- requests -----------------------------------------------------------------------------------------------
     async def chat(self, request: ChatRequest) -> list[tuple[Sample, Answer]]:

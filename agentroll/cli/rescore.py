@@ -13,7 +13,7 @@ from rich.text import Text
 
 from ..declare import default_of
 from ..rewards.options import RewardOptions
-from .console import err, folder_tool, run_async, setup_logging
+from .console import err, folder_tool, packed, run_async, setup_logging
 from .generate import _parameter
 from .help import Command, help_text
 
@@ -48,6 +48,7 @@ def build() -> Any:
     def rescore(**kwargs: Any) -> None:
         """Score a folder's records again with another reward, no model called: a new folder, token for token."""
         from ..rescoring import rescore as rescore_folder
+        from .summary import head_to_head_lines
 
         folder, output, quiet = kwargs.pop("folder"), kwargs.pop("output"), kwargs.pop("quiet")
         uniform, overwrite = kwargs.pop("filter_uniform_groups"), kwargs.pop("overwrite")
@@ -78,6 +79,8 @@ def build() -> Any:
                 ),
                 soft_wrap=True,
             )
+            for phrases in head_to_head_lines(s):  # a head-to-head folder: each policy, and who won, rescored
+                err.print(packed(phrases, err.width))
 
     rescore.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     rescore.__annotations__ = {p.name: p.annotation for p in params}

@@ -173,6 +173,12 @@ def check_policies(
         raise UsageError(f"{flag}: {src} is not a head-to-head folder (made by generate --policy)")
     if policy is not None and policy not in named:
         raise UsageError(f"--policy {policy!r}: the folder's policies are {', '.join(map(str, named))}")
+    if spec.name == "nemo-rl" and len(named) > 1 and policy is None:
+        raise UsageError(
+            f"--to nemo-rl: {src} holds {', '.join(map(str, named))}'s samples, and NeMo-RL's GRPO takes its "
+            "baselines over the samples of identical prompt ids, which the policies share: one model's samples "
+            "would be the other's baseline. Convert one policy at a time (--policy NAME)"
+        )
     if not across:
         return None
     if not spec.pairs:

@@ -78,6 +78,13 @@ def group_name(record: Record) -> str:
     return f"{record['problem_id']}{middle}/{record['stage']}"
 
 
+def policy_of(record: Record) -> dict[str, str]:
+    """A head-to-head record's `policy`, for a row that keeps where it came from (none for a run of one model:
+    its rows are as they were)."""
+    policy = record.get("policy")
+    return {} if policy is None else {"policy": policy}
+
+
 def baseline(rewards: list[float], std: str = "population") -> tuple[float, float]:
     """Mean and standard deviation: `population` (divisor n, as `group_reward_std` in the records and Megatron's
     `np.std`) or `sample` (divisor n - 1, Bessel's: `torch.std`, as slime, TRL, verl, OpenRLHF, SkyRL and NeMo-RL

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import JsonlWriter, Problem, Record
+from .common import JsonlWriter, Problem, Record, policy_of
 from .dpo import across_policies, pairs, policies_of
 from .messages import ChatMessages, prompt_messages, response_messages
 from .trajectory import Trajectory, first_prompt, runs
@@ -67,6 +67,7 @@ def datum(record: Record, found: Trajectory, idx: int) -> dict[str, Any]:
             "stage": record["stage"],
             "rollout_id": record["rollout_id"],
             "label": None if label is None else str(label),
+            **policy_of(record),
         },
         "loss_multiplier": 1.0,
         "idx": idx,

@@ -8,8 +8,8 @@ OpenRLHF's executors fill it), `truncated` the last call's `length` stop, `promp
 `label` the record's label. `reward` is the record's reward, or with `--advantage` the (problem, stage)
 advantage (run OpenRLHF with the `reinforce` estimator, which adds no baseline of its own); `scores` always the
 record's reward (OpenRLHF logs it and filters on it). `problem_id`, `stage`, `rollout_id` and `group`
-("problem_id/stage", the prompt key a replay executor serves) say where the row came from (`extra_logs` stays
-empty: OpenRLHF makes a tensor of each of its values).
+("problem_id/stage", "problem_id/policy/stage" in a head-to-head folder: the prompt key a replay executor
+serves) say where the row came from (`extra_logs` stays empty: OpenRLHF makes a tensor of each of its values).
 
 OpenRLHF's baselines (`group_norm`, `rloo`, ...) reshape rewards into rows of `n_samples_per_prompt`: they are our
 groups only when every group has that many rows (convert one stage), hence `--advantage` for the others.

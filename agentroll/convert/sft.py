@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import JsonlWriter, Problem, Record
+from .common import JsonlWriter, Problem, Record, policy_of
 from .messages import ChatMessages, prompt_messages, response_messages
 from .trajectory import own_mask
 
@@ -41,6 +41,7 @@ def row(record: Record, chat: ChatMessages | None) -> dict[str, Any]:
     return {
         "problem_id": record["problem_id"],
         "stage": record["stage"],
+        **policy_of(record),
         **text,
         "input_ids": prompt_ids + response_ids,
         "labels": labels,

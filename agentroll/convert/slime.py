@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from .common import JsonlWriter, Problem, Record
+from .common import JsonlWriter, Problem, Record, policy_of
 from .trajectory import Trajectory, after_first_prompt, first_prompt, own_mask
 
 FILE = "slime.jsonl"
@@ -61,7 +61,7 @@ def sample(
     metadata["agentroll"] = {
         k: record[k]
         for k in ("problem_id", "rollout_id", "sample_index", "stage", "worker", "raw_reward", "reward", "final_reward")
-    }
+    } | policy_of(record)
     label = record.get("label")
     out = {
         "group_index": group_index,

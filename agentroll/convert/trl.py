@@ -4,7 +4,8 @@
 TRL requires `prompt_ids`, `completion_ids` and `logprobs` (lists per completion) and reads an optional
 `env_mask` (1 on the model's own tokens); any other key it forwards to the reward functions, which is how
 `reward` (and `advantage`) reach them. `prompt` is the rendered prompt text, for the prompt column of the
-dataset the trainer iterates; the rows of one (problem, stage) group are consecutive.
+dataset the trainer iterates; the rows of one (problem, stage) group are consecutive (in a head-to-head folder,
+(problem, policy, stage), each row naming its `policy`).
 
 Records marked `trainable: false` (a frozen stage's) are left out unless `include_frozen`. A later turn of a
 multi-turn conversation is a row of its own: its `prompt_ids` hold the earlier turns (not trained on here).
@@ -16,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import JsonlWriter, Problem, Record
+from .common import JsonlWriter, Problem, Record, policy_of
 from .trajectory import own_mask
 
 FILE = "trl.jsonl"
@@ -26,6 +27,7 @@ def row(record: Record, advantage: float | None) -> dict[str, Any]:
     out = {
         "problem_id": record["problem_id"],
         "stage": record["stage"],
+        **policy_of(record),
         "prompt": record["prompt"],
         "prompt_ids": record["prompt_token_ids"],
         "completion_ids": record["response_token_ids"],

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import JsonlWriter, Problem, Record
+from .common import JsonlWriter, Problem, Record, policy_of
 from .trajectory import Trajectory
 
 FILE = "results.jsonl"
@@ -87,7 +87,12 @@ def output(record: Record, found: Trajectory, example_id: int, advantage: float 
         "prompt": _message("user", str(found.first["prompt"])),
         "completion": _message("assistant", str(record["response"])),
         "answer": "" if label is None else str(label),
-        "info": {"problem_id": record["problem_id"], "stage": record["stage"], "rollout_id": record["rollout_id"]},
+        "info": {
+            "problem_id": record["problem_id"],
+            "stage": record["stage"],
+            "rollout_id": record["rollout_id"],
+            **policy_of(record),
+        },
         "reward": record["reward"],
         "advantage": advantage,
         "error": None,

@@ -257,12 +257,27 @@ def load_manifest(folder: str | Path) -> Manifest:
 
 
 def changed_settings(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """The settings that differ as (name, old, new), nested ones by their dotted name (`sampling.temperature`)."""
+    """The settings that differ as (name, old, new), nested ones by their dotted name (`sampling.temperature`); a
+    list of named settings (a head-to-head run's `policies`) by each one's name (`policies.new.model`), or as its
+    names when those differ or come in another order."""
     out: list[tuple[str, Any, Any]] = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             out += changed_settings(a, b, f"{prefix}{key}.")
+        elif isinstance(a, list) and isinstance(b, list) and _names(a) is not None and _names(b) is not None:
+            if _names(a) != _names(b):
+                out.append((prefix + key, _names(a), _names(b)))
+            else:
+                for x, y in zip(a, b, strict=True):
+                    out += changed_settings(x, y, f"{prefix}{key}.{x['name']}.")
         elif a != b:
             out.append((prefix + key, a, b))
     return out
+
+
+def _names(value: Any) -> list[str] | None:
+    """The names of a list of named settings (each a dict with a `name`), else None."""
+    if not isinstance(value, list) or not all(isinstance(v, dict) and isinstance(v.get("name"), str) for v in value):
+        return None
+    return [v["name"] for v in value]

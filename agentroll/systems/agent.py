@@ -90,14 +90,14 @@ class Agent(System):
         self._watchdog: Watchdog | None = None  # a program's: kills what agents left when agentroll dies
         self._turns: asyncio.Semaphore | None = None  # agents running at once: at most max_agents
 
-    async def _ready(self, ctx: Context) -> Proxy:
+    async def _ready(self) -> Proxy:
         """The run's proxy, started by the first execution (the others wait for it), and the agent function."""
         if self._proxy is None:
-            self._proxy = asyncio.ensure_future(self._start(ctx))
+            self._proxy = asyncio.ensure_future(self._start())
             self._turns = asyncio.Semaphore(self.settings["max_agents"])
         return await asyncio.shield(self._proxy)
 
-    async def _start(self, ctx: Context) -> Proxy:
+    async def _start(self) -> Proxy:
         from ..agents.launch import Watchdog, load_function
         from ..agents.proxy import Proxy
 
@@ -109,8 +109,7 @@ class Agent(System):
         else:
             self._watchdog = Watchdog()
             self._watchdog.start()
-        config = ctx.engine.stage("agent").config
-        proxy = Proxy(config.model, config.max_context_len, config.alternatives)
+        proxy = Proxy()  # each request served as its execution's model (a head-to-head run: its policy's)
         await proxy.start()
         return proxy
 
@@ -125,7 +124,7 @@ class Agent(System):
                 await watchdog.aclose()
 
     async def run(self, ctx: Context) -> list[Sample]:
-        proxy = await self._ready(ctx)
+        proxy = await self._ready()
         assert self._turns is not None
         async with self._turns:  # an execution waits for its turn: the agents running at once are bounded
             return await self._execution(ctx, proxy)

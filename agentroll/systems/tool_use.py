@@ -83,15 +83,16 @@ class ToolUse(System):
             raise UsageError("--system-option tools=... and parser=... take names: tools=python,my_tools.py:search")
         self.parse = parser_for(s["parser"])
         self.toolbox = Toolbox.from_spec(s["tools"], float(s["tool_timeout"]), s["max_tool_output"], s["tool_threads"])
-        self._template_checked = False
+        self._template_checked: set[str | None] = set()  # the policies whose template was seen to offer tools
 
     async def run(self, ctx: Context) -> list[Sample]:
         tools = self.toolbox.schemas
         prompt = await ctx.problem_prompt("solver", tools=tools)
-        if not self._template_checked:  # once per run: a template that ignores `tools` is a set-up error
-            if prompt == await ctx.problem_prompt("solver"):
-                raise UsageError(NO_TOOLS)
-            self._template_checked = True
+        if ctx.policy not in self._template_checked:  # once per policy (its own template): a template that
+            if prompt == await ctx.problem_prompt("solver"):  # ignores `tools` is a set-up error
+                whose = f"policy {ctx.policy}: " if ctx.policy is not None else ""
+                raise UsageError(whose + NO_TOOLS + (" (its tokenizer=...)" if whose else ""))
+            self._template_checked.add(ctx.policy)
         sample = await ctx.complete("solver", prompt, worker=0)
         if sample is None:  # cannot happen: problem_prompt refuses a prompt that leaves no room
             raise AssertionError("no room after a checked prompt")

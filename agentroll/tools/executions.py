@@ -105,7 +105,9 @@ def _check_execution(rows: list[Row], add: Add, system: SystemInfo) -> None:
             previous = now
 
 
-def _check_group(execs: list[list[Row]], k_setting: int | None, add: Add, system: SystemInfo) -> None:
+def _check_group(
+    execs: list[list[Row]], k_setting: int | None, add: Add, system: SystemInfo, policies: tuple[str, ...] = ()
+) -> None:
     head = execs[0][0]
     pid = head.problem_id
     rows = [r for e in execs for r in e]
@@ -132,6 +134,8 @@ def _check_group(execs: list[list[Row]], k_setting: int | None, add: Add, system
         )
     if k is None or len(execs) != k:
         return  # not a whole group (reported above): its figures cannot describe it
+    if not _check_policies(execs, k, add, policies):
+        return
     by_policy: dict[Any, list[list[Row]]] = {}
     for e in execs:  # a head-to-head run: each policy's executions are a group of their own for the figures
         by_policy.setdefault(e[0].policy, []).append(e)
@@ -142,6 +146,29 @@ def _check_group(execs: list[list[Row]], k_setting: int | None, add: Add, system
         return
     for members in by_policy.values():
         _check_figures(members, add, system)
+
+
+def _check_policies(execs: list[list[Row]], k: int, add: Add, policies: tuple[str, ...]) -> bool:
+    """Each execution's policy is the one its `sample_index` says (a head-to-head run numbers the i-th policy's
+    executions i*K..i*K+K-1); a folder of one model has none. False: the figures cannot be checked by policy."""
+    for e in execs:
+        head = e[0]
+        index = head.sample_index
+        if not policies:
+            want = None
+        elif k % len(policies) or index is None or not 0 <= index < k:
+            return True  # said above (the group's size or its indexes): the policy cannot be told
+        else:
+            want = policies[index // (k // len(policies))]
+        if head.policy != want:
+            whose = f"policy {want!r}'s" if want is not None else "of a run of one model (no policy)"
+            add(
+                head.line,
+                "group",
+                f"problem {head.problem_id!r}: execution {index} is {whose}, its records say policy {head.policy!r}",
+            )
+            return False
+    return True
 
 
 def _check_figures(execs: list[list[Row]], add: Add, system: SystemInfo) -> None:
@@ -171,11 +198,15 @@ def _check_figures(execs: list[list[Row]], add: Add, system: SystemInfo) -> None
 
 
 def check_structure(
-    rows: list[Row | None], k_setting: int | None, add: Add, system: SystemInfo = LEGACY
+    rows: list[Row | None],
+    k_setting: int | None,
+    add: Add,
+    system: SystemInfo = LEGACY,
+    policies: tuple[str, ...] = (),
 ) -> list[tuple[list[list[Row]], int]]:
     """Cut a shard's rows into executions (consecutive records of one rollout) and groups (consecutive
     executions of one problem), checking each; an unreadable line ends the execution it is in. Returns the
-    groups, each with its number of records."""
+    groups, each with its number of records. `policies`: a head-to-head run's, in order (none: one model)."""
     execs: list[list[Row]] = []
     current: list[Row] = []
     for row in [*rows, None]:
@@ -193,7 +224,7 @@ def check_structure(
         else:
             groups.append([e])
     for g in groups:
-        _check_group(g, k_setting, add, system)
+        _check_group(g, k_setting, add, system, policies)
     return [(g, sum(len(e) for e in g)) for g in groups]
 
 

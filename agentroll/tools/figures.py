@@ -28,8 +28,7 @@ from typing import Any
 from ..group import Group
 from ..stats import RunStats
 from ..systems.vocabulary import Chart
-from .report import folder_state, sections
-from .system import SystemInfo, system_of
+from .report import folder_sections, folder_state
 
 MOST_POINTS = 100  # points of the over-the-run lines: groups are pooled into this many windows at most
 
@@ -188,10 +187,9 @@ def figures(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, 
 
     path = Path(folder)
     loaded = load_manifest(path)
-    system: SystemInfo = system_of(loaded)
     manifest = loaded.to_dict()
     collector = Collector()
-    found = sections(collector.watch(read_groups(path)), by, system)
+    found = folder_sections(loaded, collector.watch(read_groups(path)), by)
     data = {"folder": str(folder), **folder_state(loaded), **found.to_dict()}
     stages = data["system"]["stages"]
     lengths = {

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from html import escape
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
-from ..headtohead import TIE, policy_means
+from ..headtohead import TIE, decisive, policy_means
 from .charts import Series, bar_chart, line_chart
 
 
@@ -65,6 +66,18 @@ def problems(folder: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
             "means": means,
             "best": leaders[0] if len(leaders) == 1 else None,
         }
+
+
+def uniform_note(table: dict[str, Any], by: str | None) -> str:
+    """What the table says of the folder's uniform groups filtered out ('' when there were none)."""
+    n = table.get("filtered_ties") or 0
+    if not n:
+        return ""
+    where = f" (not in the {by} rows: their values are not kept)" if by else ""
+    return (
+        f"{n} uniform groups filtered out of the records (--filter-uniform-groups: every execution of every policy "
+        f"ended alike) count as ties{where}"
+    )
 
 
 # -- `agentroll stats`' tables ------------------------------------------------------------------------------------
@@ -137,7 +150,8 @@ def tables(data: dict[str, Any]) -> list[Table]:
         title=Text(
             f"head to head, problem by problem (mean final reward per policy; paired bootstrap over problems, "
             f"{boot['resamples']} draws, seed {boot['seed']})"
-        )
+        ),
+        caption=Text(uniform_note(whole["head_to_head"], data.get("by"))),
     )
     by = data.get("by")
     columns = ([by] if by else []) + list(PAIR_COLUMNS)
@@ -186,8 +200,10 @@ def page_section(stats: dict[str, Any], figure: Any, table: Any) -> str:
         f"<p class='note'>Per problem, each policy's mean final reward over its executions; a problem is a win for "
         f"the policy whose mean is higher. Intervals: paired bootstrap over problems ({boot['resamples']} draws, "
         f"seed {boot['seed']}, {round(100 * boot['level'])}%). The verdict names a policy only when the interval of "
-        f"the mean difference leaves 0 out.</p>"
+        f"the mean difference leaves 0 out and at least {decisive(boot['level'])} problems differ.</p>"
     )
+    if whole["head_to_head"].get("filtered_ties"):
+        out.append(f"<p class='note'>{escape(uniform_note(whole['head_to_head'], stats.get('by')))}</p>")
     by = stats.get("by")
     parts = {"all": whole, **stats["split"]} if by else {"all": whole}
     rows = [

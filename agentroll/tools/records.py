@@ -100,13 +100,17 @@ def _check_for(hint: Any) -> Check:
 _HINTS = typing.get_type_hints(Sample)
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
 _CHECKS: dict[str, tuple[Check, str]] = {name: (_check_for(_HINTS[name]), _describe(_HINTS[name])) for name in FIELDS}
+# fields added to schema 6 after folders were written with it (the agent system's, head to head's): a record
+# without one is read as null (`Sample`'s default), so a folder of before is no less valid for it; a head-to-head
+# folder's records need their `policy` all the same (`executions`: each execution's policy is its index's)
+LATER = frozenset({"agent_answer", "agent_reward", "policy"})
 
 
 def record_faults(record: dict[str, Any], stages: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
     """(kind, message) for everything wrong with one record on its own: fields, types, values, lengths.
     `stages`: the system's stage names (None: any non-empty name)."""
     faults: list[tuple[str, str]] = []
-    missing = [name for name in FIELDS if name not in record]
+    missing = [name for name in FIELDS if name not in record and name not in LATER]
     extra = [name for name in record if name not in _CHECKS]
     if missing:
         faults.append(("schema", f"missing field{'s' * (len(missing) > 1)} {', '.join(missing)}"))

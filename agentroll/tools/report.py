@@ -229,8 +229,17 @@ def stats(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, An
     from ..folder import load_manifest, read_groups
 
     manifest = load_manifest(Path(folder))
-    system = system_of(manifest)
-    return {"folder": str(folder), **folder_state(manifest), **stats_of_groups(read_groups(folder), by, system)}
+    found = folder_sections(manifest, read_groups(folder), by)
+    return {"folder": str(folder), **folder_state(manifest), **found.to_dict()}
+
+
+def folder_sections(manifest: Any, groups: Iterable[Group], by: str | None) -> Sections:
+    """`sections` of a folder's groups, by its system; in a head-to-head folder the uniform groups
+    `--filter-uniform-groups` left out of the records (the manifest counts them) are the ties they were."""
+    found = sections(groups, by, system_of(manifest))
+    if found.whole.policies:
+        found.whole.compared.add_uniform(manifest.filtered_groups)
+    return found
 
 
 def folder_state(manifest: Any) -> dict[str, Any]:

@@ -88,9 +88,11 @@ def read_shard(
     report: ValidationReport,
     system: SystemInfo = LEGACY,
     vocabulary: Vocabulary | None = None,
+    policies: tuple[str, ...] = (),
 ) -> None:
     """Check one shard of the manifest (`entry`); its faults go to `report`, by line, then the shard's own.
-    `seen`: the problems of the shards before it (a problem twice is a duplicate)."""
+    `seen`: the problems of the shards before it (a problem twice is a duplicate); `policies`: a head-to-head
+    run's names, in order."""
     name = str(entry["file"])
     path = folder / name
     shard_faults: list[Fault] = []
@@ -144,7 +146,7 @@ def read_shard(
         sidecar.finish(name, report.warnings)
     if digest.hexdigest() != entry["sha256"]:
         add(None, "sha256", f"sha256 {digest.hexdigest()} where the manifest says {entry['sha256']}")
-    groups = check_structure(rows, k_setting, lambda line, kind, message: add(line, kind, message), system)
+    groups = check_structure(rows, k_setting, lambda line, kind, message: add(line, kind, message), system, policies)
     if frames is not None:  # frames hold whole groups: one each while written, all of them once finished
         for g, _ in groups:
             first, last = g[0][0].line, g[-1][-1].line

@@ -112,8 +112,9 @@ def validate(folder: str | Path) -> ValidationReport:
         report.warnings.append(unloaded)
     settings = manifest.get("settings")
     k_setting = _integer(settings.get("samples_per_prompt")) if isinstance(settings, dict) else None
-    policies = settings.get("policies") if isinstance(settings, dict) else None
-    if k_setting is not None and isinstance(policies, list) and policies:  # a head-to-head run: K per policy
+    named = settings.get("policies") if isinstance(settings, dict) else None  # a head-to-head run's, in order
+    policies = tuple(str(p.get("name")) for p in named if isinstance(p, dict)) if isinstance(named, list) else ()
+    if k_setting is not None and policies:  # a head-to-head run: K per policy
         k_setting *= len(policies)
     entries: list[dict[str, Any]] = []
     listed: set[str] = set()
@@ -161,7 +162,7 @@ def validate(folder: str | Path) -> ValidationReport:
     for entry in entries:
         report.shards += 1
         try:
-            read_shard(folder, entry, k_setting, seen, report, system, vocabulary)
+            read_shard(folder, entry, k_setting, seen, report, system, vocabulary, policies)
         except OSError as exc:  # unreadable (permissions, I/O error): a fault like a missing shard
             report.add(Fault("missing", f"cannot read {folder / entry['file']}: {exc.strerror or exc}", entry["file"]))
     return report
