@@ -52,10 +52,17 @@ def user_env() -> dict[str, str]:
     return env
 
 
-def run_process(*args: str, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
-    """`agentroll ...` in a real subprocess, as a user runs it: where the process is the point (fds, signals)."""
+def run_process(
+    *args: str, stdin: bytes | None = None, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """`agentroll ...` in a real subprocess, as a user runs it: where the process is the point (fds, signals).
+    `env`: variables set besides the user's."""
     return subprocess.run(
-        [sys.executable, "-m", "agentroll", *args], input=stdin, capture_output=True, timeout=timeout, env=user_env()
+        [sys.executable, "-m", "agentroll", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=timeout,
+        env={**user_env(), **(env or {})},
     )
 
 

@@ -27,7 +27,7 @@ from ..concurrency import gather_or_cancel
 from ..context import ExecutionFailed
 from ..errors import UsageError
 from ..sandbox import SandboxUnavailable
-from ..toolcalls import ParsedCall, Toolbox, ToolResult, call_id, parser_for, tool_text
+from ..toolcalls import PYTHON, ParsedCall, Toolbox, ToolResult, call_id, parser_for, tool_text
 from . import System
 from .tool_use_words import COUNTERS, ToolUseWords
 
@@ -84,6 +84,10 @@ class ToolUse(System):
         self.parse = parser_for(s["parser"])
         self.toolbox = Toolbox.from_spec(s["tools"], float(s["tool_timeout"]), s["max_tool_output"], s["tool_threads"])
         self._template_checked = False
+
+    @property
+    def uses_sandbox(self) -> bool:
+        return PYTHON in self.toolbox.tools.values()
 
     async def run(self, ctx: Context) -> list[Sample]:
         tools = self.toolbox.schemas
