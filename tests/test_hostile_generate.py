@@ -24,6 +24,8 @@ from agentroll.sim.server import SimServer
 from . import hostile, unprivileged
 from .conftest import TOKENIZER, read_records, user_env
 
+pytestmark = pytest.mark.bwrap  # model code in the local sandbox (conftest: skipped without bwrap)
+
 QUIET = {
     "truncate": 0,
     "no_think_close": 0,

@@ -325,6 +325,7 @@ def score(request):
 """
 
 
+@pytest.mark.bwrap  # model code in the local sandbox
 def test_rescore_killed_mid_run_resumes_to_the_records_of_a_clean_run(sim, problems, tmp_path):
     src = made(sim, problems, tmp_path)
     block, marker = tmp_path / "block", tmp_path / "blocked"

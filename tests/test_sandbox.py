@@ -26,6 +26,8 @@ from agentroll.sandbox._unsafe import Mode
 from agentroll.sandbox.local import LocalSandbox
 from agentroll.sandbox.remote import RemoteSandbox, parse
 
+pytestmark = pytest.mark.bwrap  # model code in the local sandbox (conftest: skipped without bwrap)
+
 UNSAFE = "unsafe-local"
 
 
@@ -519,3 +521,32 @@ def test_a_sandboxfusion_reply_is_read_with_the_output_cap():
     assert peak < 24 * cap, peak  # today's client kept the whole reply, and its text: over 128 MB
     result, _ = asyncio.run(main(bigger_than_cap))
     assert (result.status, result.stdout) == ("output_limit", "y" * cap)
+
+
+@pytest.mark.parametrize("prlimit", [True, False])
+def test_the_runs_limits_are_set_inside_by_prlimit_or_else_by_the_interpreter(prlimit):
+    """util-linux's prlimit sets them; where it is missing, a few lines of Python do, before the program starts."""
+    import dataclasses
+
+    code = "import resource\nprint([resource.getrlimit(getattr(resource, 'RLIMIT_' + n)) for n in "
+    code += "('NPROC', 'FSIZE', 'CORE', 'NOFILE', 'CPU')])"
+
+    async def main() -> RunResult:
+        sandbox = LocalSandbox(SandboxSettings(processes=9, disk_mb=16))
+        try:
+            plan = await sandbox._ready()
+            if not prlimit:
+                sandbox.plan = dataclasses.replace(plan, prlimit=None)  # type: ignore[type-var]
+            return await sandbox.run(code, None, 4.5)
+        finally:
+            await sandbox.aclose()
+
+    result = asyncio.run(main())
+    assert result.status == "ok", result.stderr
+    assert json.loads(result.stdout.replace("(", "[").replace(")", "]")) == [
+        [10, 10],  # 9 of the program's, and the sandbox's init
+        [16 << 20, 16 << 20],
+        [0, 0],
+        [1024, 1024],
+        [6, 7],  # the timeout's whole seconds + 1, then SIGKILL a second later
+    ]

@@ -23,6 +23,8 @@ from agentroll.sandbox.local import LocalSandbox
 
 from . import hostile, unprivileged
 
+pytestmark = pytest.mark.bwrap  # model code in the local sandbox (conftest: skipped without bwrap)
+
 Run = Callable[..., dict]
 
 
@@ -101,7 +103,9 @@ print(json.dumps(seen))
     assert done["status"] == "ok", done["stderr"]
     seen = json.loads(done["stdout"])
     assert seen["uid"] == 65534
-    assert not {"root", "home", "work", "etc", "sys", "run", "srv", "opt", "mnt", "media", "boot"} & set(seen["root"]), seen["root"]
+    assert not {"root", "home", "work", "etc", "sys", "run", "srv", "opt", "mnt", "media", "boot"} & set(
+        seen["root"]
+    ), seen["root"]
     assert len(seen["pids"]) <= 3, seen["pids"]  # its own: the sandbox's init, the program (and nothing else)
     assert not any(seen[p] for p in ("/etc/passwd", "/root", "/home", "/work", "/sys", "/run")), seen
     assert not seen[str(secret)] and not seen[str(secret / "x")]

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -170,7 +171,7 @@ class LocalSandbox:
             log.warning("sandbox: a run could not be set up (%s); trying it again", why)
         exit_code = outcome.get("exit", -outcome["signal"] if "signal" in outcome else None)
         stdout, stderr = relative(out, launch.workdir), relative(err, launch.workdir)
-        status = classify(exit_code, stderr, ended, over, launch.memory_killed())
+        status = classify(exit_code, stderr, ended, over, bool(outcome.get("memory")))
         return RunResult(status, stdout, stderr, None if ended == "timeout" else exit_code, duration)
 
     async def _attempt(self, launch: Launch, data: bytes, timeout_s: float) -> Launched:
@@ -224,6 +225,8 @@ class LocalSandbox:
             returncode = transport.get_returncode()
             transport.close()
         outcome = await launch.outcome(returncode, killed or run.overflow.done())
+        if launch.memory_killed():  # read before the run's cgroup goes
+            outcome["memory"] = True
         return outcome, run.out, run.err, ended, run.overflow.done()  # kept as read: 64 programs x 4 MB add up
 
 
@@ -277,7 +280,8 @@ def relative(data: bytes | bytearray, workdir: str) -> str:
     `File "main.py"`; with --sandbox unsafe-local the directory's name holds agentroll's pid and a random part)."""
     text = data.decode("utf-8", "replace")
     for path in sorted({workdir, os.path.realpath(workdir)}, key=len, reverse=True):
-        text = text.replace(path + os.sep, "").replace(path, ".")
+        if path in text:  # the directory's own name, not a longer one it begins (`/sandboxes` stays)
+            text = re.sub(re.escape(path) + r"(?:/|(?![\w.-]))", lambda m: "" if m[0].endswith("/") else ".", text)
     return text
 
 
