@@ -174,3 +174,39 @@ def test_nothing_of_a_run_outlives_it(run: Run):
     for base in left:
         os.unlink(os.path.join(base, mark))
     assert left == [] and key not in keys and stragglers == []
+
+
+def test_the_kernels_riskiest_calls_are_refused_and_ordinary_programs_still_run(run: Run):
+    """The seccomp filter: io_uring, the keyring, ptrace, bpf, userfaultfd, namespaces fail with EPERM (another ABI
+    with ENOSYS); a thread, a multiprocessing lock (a semaphore in /dev/shm) and a subprocess work as ever (within
+    the fallback's 4 processes and threads, as an ordinary user)."""
+    import platform
+
+    from agentroll.sandbox._seccomp import ARCHES, DENIED
+
+    if platform.machine() not in ARCHES:
+        pytest.skip(f"no seccomp filter is written for {platform.machine()}")
+    column = ARCHES[platform.machine()][0]
+    calls = {name: DENIED[name][column] for name in ("io_uring_setup", "keyctl", "ptrace", "bpf", "userfaultfd")}
+    calls["unshare"] = DENIED["unshare"][column]
+    code = f"""import ctypes, errno, json, multiprocessing, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+seen = {{}}
+for name, number in {calls!r}.items():
+    seen[name] = "allowed" if libc.syscall(number, 0, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
+if {column} == 0:  # x86_64's x32 ABI: getpid's number with the x32 bit
+    seen["x32"] = "allowed" if libc.syscall(39 | 0x40000000) >= 0 else errno.errorcode[ctypes.get_errno()]
+done = []
+thread = threading.Thread(target=done.append, args=(1,))
+thread.start()
+thread.join()
+with multiprocessing.Lock():
+    echoed = subprocess.run(["echo", "hi"], capture_output=True).stdout.decode()
+seen["ordinary"] = [done, echoed]
+print(json.dumps(seen))
+"""
+    done = run(code, timeout_s=30.0)
+    assert done["status"] == "ok", done["stderr"]
+    seen = json.loads(done["stdout"])
+    assert seen.pop("ordinary") == [[1], "hi\n"]
+    assert seen == {**{name: "EPERM" for name in calls}, **({"x32": "ENOSYS"} if column == 0 else {})}

@@ -2,11 +2,11 @@
 
 Each run is a `bwrap` with namespaces of its own (user, mount, pid, network, IPC, UTS, cgroup where the kernel
 has them; no new user namespace inside: `--disable-userns`), a new session, `--die-with-parent`, all capabilities
-dropped, uid and gid 65534 inside, and a filesystem built from nothing: read-only `/usr` (and `/bin`, `/lib`...
-as the host has them) and the interpreter's prefixes, its own `/proc`, a minimal `/dev` (read-only, with a
-capped tmpfs `/dev/shm`), a capped tmpfs `/sandbox` for its working directory (`/tmp` and `/var/tmp` lead there),
-a read-only root. As root, agentroll starts `bwrap` as the user `nobody`: the run's processes are nobody on the
-host too, never root in a namespace.
+dropped, a seccomp filter (`_seccomp.py`), uid and gid 65534 inside, and a filesystem built from nothing:
+read-only `/usr` (and `/bin`, `/lib`... as the host has them) and the interpreter's prefixes, its own `/proc`, a
+minimal `/dev` (read-only, with a capped tmpfs `/dev/shm`), a capped tmpfs `/sandbox` for its working directory
+(`/tmp` and `/var/tmp` lead there), a read-only root. As root, agentroll starts `bwrap` as the user `nobody`: the
+run's processes are nobody on the host too, never root in a namespace.
 
 Nothing is written on the host for a run: the program reaches it through a descriptor (`--file`), its input
 through stdin. What happened comes out of band: `--json-status-fd` says the sandbox's init pid, then, only when
@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from . import SandboxSettings, SandboxUnavailable
+from . import _seccomp as seccomp
 from ._cgroup import Cgroups, RunGroup
 
 WORKDIR = "/sandbox"
@@ -134,16 +135,21 @@ class Plan:
     uid: int | None  # the host user bwrap runs as (agentroll is root: nobody); None: agentroll's own
     cgroups: Cgroups | None
     settings: SandboxSettings
+    seccomp: bytes | None = None  # the filter (`_seccomp.py`); None: this architecture has none
 
     def describe(self) -> str:
         who = "nobody (uid 65534)" if self.uid is not None else "agentroll's user"
         limits = Limits.of(self.settings, self.cgroups, 1).describe()
+        calls = "a seccomp filter" if self.seccomp is not None else "no seccomp filter on this architecture"
         return (
-            f"local, bubblewrap: a filesystem of its own, no network, its own pid, IPC and user namespaces; runs as "
-            f"{who} on the host, uid 65534 inside; in {self.python}; {limits}; {self.settings.disk_mb} MB of files"
+            f"local, bubblewrap: a filesystem of its own, no network, its own pid, IPC and user namespaces, "
+            f"{calls}; runs as {who} on the host, uid 65534 inside; in {self.python}; {limits}; "
+            f"{self.settings.disk_mb} MB of files"
         )
 
-    def argv(self, status_fd: int, block_fd: int | None, program_fd: int, limits: Limits) -> list[str]:
+    def argv(
+        self, status_fd: int, block_fd: int | None, program_fd: int, limits: Limits, seccomp_fd: int | None
+    ) -> list[str]:
         disk = str(self.settings.disk_mb << 20)
         argv = [
             self.bwrap,
@@ -165,6 +171,7 @@ class Plan:
             *("--symlink", WORKDIR, "/var/tmp", "--perms", "0644", "--file", str(program_fd), f"{WORKDIR}/main.py"),
             *("--remount-ro", "/", "--chdir", WORKDIR, "--json-status-fd", str(status_fd)),
             *(("--block-fd", str(block_fd)) if block_fd is not None else ()),
+            *(("--seccomp", str(seccomp_fd)) if seccomp_fd is not None else ()),
             "--",
             *limits.command(self.prlimit, self.python),
             *(self.python, "-I", "-B", "-X", "utf8", "main.py"),
@@ -226,7 +233,9 @@ class Launch:
         if self.group is not None or plan.uid is not None:  # the program waits for what `ready` does
             block_r, self.block_w = os.pipe()
             self._theirs.append(block_r)
-        self.argv = plan.argv(status_w, block_r, self.program, limits)
+        if plan.seccomp is not None:
+            self._theirs.append(seccomp.descriptor(plan.seccomp))
+        self.argv = plan.argv(status_w, block_r, self.program, limits, self._theirs[-1] if plan.seccomp else None)
         self.pass_fds = tuple(self._theirs)
         user = {"user": plan.uid, "group": plan.uid, "extra_groups": []} if plan.uid is not None else {}
         self.popen: dict[str, Any] = {"env": dict(ENV), **user}
@@ -310,4 +319,4 @@ class Launch:
 def plan_for(bwrap: str, python: str, binds: list[str], settings: SandboxSettings, cgroups: Cgroups | None) -> Plan:
     uid = NOBODY if os.geteuid() == 0 else None
     prlimit = shutil.which("prlimit", path="/usr/bin:/usr/sbin")  # under /usr: bound into the sandbox
-    return Plan(bwrap, prlimit, python, tuple(binds), uid, cgroups, settings)
+    return Plan(bwrap, prlimit, python, tuple(binds), uid, cgroups, settings, seccomp.program())
