@@ -218,6 +218,9 @@ if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # a daemon's manners: it holds no one's pipes
+            os.dup2(null, fd)
         os.execv("/bin/sleep", ["sleep", {marker_seconds!r}])
     os._exit(0)
 time.sleep(0.2)

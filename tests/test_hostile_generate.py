@@ -199,3 +199,70 @@ def test_without_bubblewrap_model_code_runs_only_when_asked_for_by_name(side: Si
     assert "bubblewrap" in said[0] and "--sandbox-url" in said[0] and "--sandbox unsafe-local" in said[0]
     assert unsafe.returncode == 0, unsafe.stderr.decode()[-3000:]
     assert "unsafe-local" in unsafe.stderr.decode() and len(read_records(side.home / "unsafe")) == 1
+
+
+GREEDY = """import json, os, subprocess, sys
+found = {{}}
+for name, source in {programs!r}.items():
+    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True)
+    found[name] = done.stdout.strip() or "killed: " + str(done.returncode)
+print(json.dumps(found))
+"""
+
+
+def test_a_greedy_tool_call_gets_its_runs_limits_not_more_and_leaves_nothing(side: Side):
+    """Memory, files and leftovers of one python tool call, through generate: three children after 600 MB
+    each in a run of 1024 MB, 4 MB files everywhere it can, a process and files left behind."""
+    problems = side.write("problems.jsonl", "".join(json.dumps(r) + "\n" for r in hostile.code_rows(1)))
+    mark, key, seconds = f"agentroll-left-{uuid.uuid4().hex}", 0x5B000000 + uuid.uuid4().int % 0xFFFFF, "911.25"
+    programs = {"hoard": hostile.hoard(600), "fill": hostile.fill(200), "linger": hostile.linger(mark, key, seconds)}
+    server = serve(problems, tool_code=GREEDY.format(programs=programs))
+    try:
+        done = side.generate(
+            *common(problems, side.home / "out", server.url),
+            *("--system", "tool-use", "--system-option", "max_turns=2", "--system-option", "tool_timeout=60"),
+            *("--reward", "code", "--sandbox-disk-mb", "32"),
+        )
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    (call,) = [c for r in read_records(side.home / "out") for c in r.get("tool_calls") or []]
+    said = call["result"].split("\n", 1)[0]  # then `[ran out of memory]` where the kernel killed one
+    assert said.startswith("{"), call
+    found = json.loads(said)
+    assert found["hoard"].startswith("killed") or int(found["hoard"]) <= 1024, found
+    assert int(found["fill"]) <= 2 * 32, found
+    left = [b for b in ("/tmp", "/var/tmp", "/dev/shm") if os.path.exists(os.path.join(b, mark))]
+    segments = Path("/proc/sysvipc/shm").read_text().split("\n")[1:]
+    stragglers = subprocess.run(["pgrep", "-f", f"sleep {seconds}"], capture_output=True).stdout.split()
+    for base in left:
+        os.unlink(os.path.join(base, mark))
+    assert left == [] and key not in {int(line.split()[0]) for line in segments if line.strip()}
+    assert stragglers == []
+
+
+def test_a_reward_function_that_hangs_on_one_problem_costs_that_problem_alone(side: Side):
+    """The issue's case, as root and as a user: a sync FILE.py:FUNCTION that hangs on one problem of 6; its
+    calls time out and score 0 saying so, every group is written, the run exits 0."""
+    rows = [{"id": f"p{i}", "prompt": f"What is {i} plus 1?", "label": str(i + 1)} for i in range(6)]
+    problems = side.write("problems.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    judge = side.write(
+        "judge.py",
+        "import time\n\ndef judge(request):\n    if request.problem_id == 'p3':\n        time.sleep(3600)\n"
+        "    return 1.0\n",
+    )
+    server = serve(problems)
+    try:
+        done = side.generate(
+            *common(problems, side.home / "out", server.url),
+            *("--system", "single", "--samples-per-prompt", "4", "--reward", f"{judge}:judge"),
+            *("--reward-timeout", "0.5", "--reward-concurrency", "2"),
+        )
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    records = read_records(side.home / "out")
+    assert len(records) == 24
+    hung = {(r["raw_reward"], r["reward_info"]) for r in records if r["problem_id"] == "p3"}
+    assert hung == {(0.0, "reward function timed out after 0.5s")}
+    assert {r["raw_reward"] for r in records if r["problem_id"] != "p3"} == {1.0}
