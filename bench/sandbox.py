@@ -4,6 +4,7 @@ can see and do (the isolation table of docs/tool-use.md), measured.
     python bench/sandbox.py rate --against /tmp/agentroll-main --pairs 5     # this checkout and another, alternating
     python bench/sandbox.py memory --against /tmp/agentroll-main
     python bench/sandbox.py isolation                                        # as root, and as an ordinary user
+    python bench/sandbox.py cpu --pairs 3
 
 `rate`: programs per second through `LocalSandbox` (`--sandbox-concurrency` = the cores), for a trivial program
 (`print(1)`, `--programs` of them) and for `--reward code` scoring answers of 3 stdin tests each (3 programs an
@@ -15,6 +16,10 @@ ratio are printed. A checkout of main for `--against`: `git archive main | tar -
 
 `isolation`: one probe program run as root and (through setpriv, as uid 4242) as an ordinary user; prints what it
 found, one row per property.
+
+`cpu`: CPU seconds that 3 busy children get in 3 s of wall time: outside any sandbox, in the sandbox as root
+(the run's cgroup gets one core) and as an ordinary user (no cgroup), alternating `--pairs` times. On a machine
+others load, the cap shows only where the children outside get more than one core.
 """
 
 from __future__ import annotations
@@ -211,9 +216,52 @@ def isolation() -> None:
         print(f"| {key} | " + " | ".join(str(rows[who].get(key)) for who in rows) + " |")
 
 
+BUSY = """import os, resource, time
+children = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        end = time.time() + 3
+        while time.time() < end:
+            pass
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(round(used.ru_utime + used.ru_stime, 2))
+"""
+
+
+def cpu(pairs: int) -> None:
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import asyncio
+
+    import unprivileged
+
+    from agentroll.sandbox import SandboxSettings
+    from agentroll.sandbox.local import LocalSandbox
+
+    async def as_root() -> str:
+        sandbox = LocalSandbox(SandboxSettings())
+        try:
+            return (await sandbox.run(BUSY, None, 30)).stdout.strip()
+        finally:
+            await sandbox.aclose()
+
+    home = unprivileged.home()
+    for i in range(pairs):
+        outside = subprocess.run([sys.executable, "-c", BUSY], capture_output=True, text=True).stdout.strip()
+        root = asyncio.run(as_root())
+        user = unprivileged.sandbox_run(home, BUSY, None, 30, {})["stdout"].strip() if os.geteuid() == 0 else "-"
+        load = os.getloadavg()[0]
+        print(f"pair {i + 1}: CPU s outside {outside}, sandbox as root {root}, as a user {user} (load {load:.1f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["rate", "memory", "isolation"])
+    parser.add_argument("what", choices=["rate", "memory", "isolation", "cpu"])
     parser.add_argument("--against", type=Path, help="another checkout (rate: required)")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--programs", type=int, default=60)
@@ -224,6 +272,8 @@ def main() -> None:
         rate(args.against.resolve(), args.pairs, args.programs)
     elif args.what == "memory":
         memory(args.against.resolve() if args.against else None)
+    elif args.what == "cpu":
+        cpu(args.pairs)
     else:
         isolation()
 

@@ -97,6 +97,15 @@ def serve(problems: Path, key: str | None = None, **writes: str) -> SimServer:
     return server
 
 
+def through(side: Side, problems: Path, out: Path, *args: str, key: str | None = None, **writes: str):
+    """`generate` by `side` against a simulator writing `writes` (Writes' fields), started for it alone."""
+    server = serve(problems, key, **writes)
+    try:
+        return side.generate(*common(problems, out, server.url), *args, key=key)
+    finally:
+        server.stop()
+
+
 def common(problems: Path, out: Path, url: str, quiet: bool = True) -> list[str]:
     return [str(problems), "-o", str(out), "--base-url", url, "--seed", "3", "--max-tokens", "8192", *["-q"] * quiet]
 
@@ -109,16 +118,15 @@ def test_a_spying_tool_call_reads_writes_and_leaves_nothing_and_harms_no_other_s
     code = hostile.spy(
         [str(problems), str(secret)], [str(out / "planted"), str(side.home / "planted")], str(target), mark
     )
-    server = serve(problems, key, tool_code=code)
-    try:
-        done = side.generate(
-            *common(problems, out, server.url),
-            *("--system", "tool-use", "--system-option", "max_turns=2", "--system-option", "max_tool_output=4000"),
-            *("--reward", "code", "--samples-per-prompt", "2", "--sandbox-concurrency", "2"),
-            key=key,
-        )
-    finally:
-        server.stop()
+    done = through(
+        side,
+        problems,
+        out,
+        *("--system", "tool-use", "--system-option", "max_turns=2", "--system-option", "max_tool_output=4000"),
+        *("--reward", "code", "--samples-per-prompt", "2", "--sandbox-concurrency", "2"),
+        key=key,
+        tool_code=code,
+    )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     records = read_records(out)
     shown = [c["result"] for r in records for c in r.get("tool_calls") or [] if c["name"] == "python"]
@@ -137,14 +145,8 @@ def test_a_spying_tool_call_reads_writes_and_leaves_nothing_and_harms_no_other_s
 def test_a_program_cannot_read_the_tests_it_is_scored_by(side: Side):
     """16 answers that look the expected output up in the run's input file, found through /proc: all score 0."""
     problems = side.write("problems.jsonl", "".join(json.dumps(r) + "\n" for r in hostile.code_rows(2, secret=True)))
-    server = serve(problems, program=hostile.CHEAT)
-    try:
-        done = side.generate(
-            *common(problems, side.home / "out", server.url),
-            *("--system", "single", "--reward", "code", "--samples-per-prompt", "8"),
-        )
-    finally:
-        server.stop()
+    args = ("--system", "single", "--reward", "code", "--samples-per-prompt", "8")
+    done = through(side, problems, side.home / "out", *args, program=hostile.CHEAT)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     records = read_records(side.home / "out")
     assert len(records) == 16 and {r["raw_reward"] for r in records} == {0.0}
@@ -216,15 +218,14 @@ def test_a_greedy_tool_call_gets_its_runs_limits_not_more_and_leaves_nothing(sid
     problems = side.write("problems.jsonl", "".join(json.dumps(r) + "\n" for r in hostile.code_rows(1)))
     mark, key, seconds = f"agentroll-left-{uuid.uuid4().hex}", 0x5B000000 + uuid.uuid4().int % 0xFFFFF, "911.25"
     programs = {"hoard": hostile.hoard(600), "fill": hostile.fill(200), "linger": hostile.linger(mark, key, seconds)}
-    server = serve(problems, tool_code=GREEDY.format(programs=programs))
-    try:
-        done = side.generate(
-            *common(problems, side.home / "out", server.url),
-            *("--system", "tool-use", "--system-option", "max_turns=2", "--system-option", "tool_timeout=60"),
-            *("--reward", "code", "--sandbox-disk-mb", "32"),
-        )
-    finally:
-        server.stop()
+    done = through(
+        side,
+        problems,
+        side.home / "out",
+        *("--system", "tool-use", "--system-option", "max_turns=2", "--system-option", "tool_timeout=60"),
+        *("--reward", "code", "--sandbox-disk-mb", "32"),
+        tool_code=GREEDY.format(programs=programs),
+    )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     (call,) = [c for r in read_records(side.home / "out") for c in r.get("tool_calls") or []]
     said = call["result"].split("\n", 1)[0]  # then `[ran out of memory]` where the kernel killed one
@@ -251,15 +252,13 @@ def test_a_reward_function_that_hangs_on_one_problem_costs_that_problem_alone(si
         "import time\n\ndef judge(request):\n    if request.problem_id == 'p3':\n        time.sleep(3600)\n"
         "    return 1.0\n",
     )
-    server = serve(problems)
-    try:
-        done = side.generate(
-            *common(problems, side.home / "out", server.url),
-            *("--system", "single", "--samples-per-prompt", "4", "--reward", f"{judge}:judge"),
-            *("--reward-timeout", "0.5", "--reward-concurrency", "2"),
-        )
-    finally:
-        server.stop()
+    done = through(
+        side,
+        problems,
+        side.home / "out",
+        *("--system", "single", "--samples-per-prompt", "4", "--reward", f"{judge}:judge"),
+        *("--reward-timeout", "0.5", "--reward-concurrency", "2"),
+    )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     records = read_records(side.home / "out")
     assert len(records) == 24

@@ -16,8 +16,6 @@ from aiohttp import web
 
 from agentroll.errors import RewardError
 from agentroll.rewards import FunctionReward, RewardRequest, RewardSet, RewardSettings, make_reward
-from agentroll.sim.script import Script
-from agentroll.sim.server import SimServer
 
 from .conftest import TOKENIZER, read_records, run_cli, run_process
 
@@ -211,6 +209,7 @@ def hangs_on_label(request):
 
 
 def test_hung_sync_calls_cost_only_their_own_samples_and_their_workers_are_replaced(tmp_path):
+    """Through the API; through generate, as root and as a user: tests/test_hostile_generate.py."""
     pids = tmp_path / "pids.txt"
     reward = FunctionReward("tests.test_reward_kinds:hangs_on_label", timeout_s=0.5, concurrency=4)
 
@@ -230,54 +229,6 @@ def test_hung_sync_calls_cost_only_their_own_samples_and_their_workers_are_repla
     assert [r.value for i, r in enumerate(results) if i % 10] == [1.0] * 36
     hung = [int(line) for line in pids.read_text().split()]
     assert len(hung) == 4 and not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in hung)
-
-
-def test_a_generate_run_with_a_function_that_hangs_on_one_problem_finishes_the_others_and_exits_0(tmp_path):
-    """The issue's case: a sync FILE.py:FUNCTION hangs on one problem of 12; every group is written, that
-    problem's samples score 0 saying why, and the run exits 0."""
-    problems = tmp_path / "problems.jsonl"
-    problems.write_text(
-        "".join(
-            json.dumps({"id": f"p{i}", "prompt": f"What is {i} plus 1?", "label": str(i + 1)}) + "\n" for i in range(12)
-        )
-    )
-    judge = tmp_path / "judge.py"
-    judge.write_text(
-        "import time\n\ndef judge(request):\n    if request.problem_id == 'p3':\n        time.sleep(3600)\n"
-        "    return 1.0\n"
-    )
-    server = SimServer(script=Script.from_jsonl(problems))
-    server.start()
-    try:
-        done = run_cli(
-            "generate",
-            str(problems),
-            "-o",
-            str(tmp_path / "out"),
-            "--base-url",
-            server.url,
-            "--tokenizer",
-            TOKENIZER,
-            "--system",
-            "single",
-            "--samples-per-prompt",
-            "4",
-            "--reward",
-            f"{judge}:judge",
-            "--reward-timeout",
-            "0.5",
-            "--reward-concurrency",
-            "2",
-            "-q",
-        )
-    finally:
-        server.stop()
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    records = read_records(tmp_path / "out")
-    assert len(records) == 48 and len({r["problem_id"] for r in records}) == 12
-    hung = [r for r in records if r["problem_id"] == "p3"]
-    assert [(r["raw_reward"], r["reward_info"]) for r in hung] == [(0.0, "reward function timed out after 0.5s")] * 4
-    assert {r["raw_reward"] for r in records if r["problem_id"] != "p3"} == {1.0}
 
 
 def test_a_function_that_cannot_run_in_a_worker_process_is_refused_at_start(monkeypatch):

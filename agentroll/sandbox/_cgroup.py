@@ -23,6 +23,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..children import alive
+
 PREFIX = "agentroll-"
 CPU_PERIOD_US = 100_000
 RUNS = itertools.count()  # run groups are named apart across every sandbox of this agentroll
@@ -235,17 +237,7 @@ def sweep(base: Path) -> None:
     with contextlib.suppress(OSError):
         for entry in base.iterdir():
             pid = entry.name.removeprefix(PREFIX)
-            if entry.name.startswith(PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            if entry.name.startswith(PREFIX) and pid.isdigit() and not alive(int(pid)):
                 for child in list(entry.glob("run-*")):
                     _remove(child)
                 _remove(entry)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from ..children import alive
 from . import SandboxSettings
 
 LAUNCHER = str(Path(__file__).with_name("_launch.py"))
@@ -166,15 +167,5 @@ def sweep(tmp_dir: str) -> None:
     with contextlib.suppress(OSError):
         for entry in os.scandir(tmp_dir):
             pid = entry.name.removeprefix(WORKDIR_PREFIX).split("-", 1)[0]
-            if entry.name.startswith(WORKDIR_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            if entry.name.startswith(WORKDIR_PREFIX) and pid.isdigit() and not alive(int(pid)):
                 shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
