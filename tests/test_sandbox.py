@@ -550,3 +550,20 @@ def test_the_runs_limits_are_set_inside_by_prlimit_or_else_by_the_interpreter(pr
         [1024, 1024],
         [6, 7],  # the timeout's whole seconds + 1, then SIGKILL a second later
     ]
+
+
+def test_an_interpreter_prefix_that_would_show_too_much_is_not_bound(monkeypatch, tmp_path):
+    """Its prefixes are bound read-only into every run: never `/`, a home, nor one that holds the working
+    directory (a venv at the root of the project with the dataset, say); /usr is bound anyway."""
+    from agentroll.sandbox._bwrap import prefixes_allowed
+
+    home, project = tmp_path / "home", tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(project / "data")
+    venv, base = str(tmp_path / "venv"), str(tmp_path / "venv" / "base")
+    assert prefixes_allowed(["/usr", venv, base]) == ([venv], None)
+    for wrong in ("/", str(home), str(project)):
+        binds, why = prefixes_allowed(["/usr", wrong])
+        assert binds == [] and why is not None and wrong in why

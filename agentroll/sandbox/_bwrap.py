@@ -189,13 +189,13 @@ def prefixes_allowed(prefixes: list[str]) -> tuple[list[str], str | None]:
     here = os.path.realpath(os.getcwd())
     binds: list[str] = []
     for given in sorted(set(prefixes), key=len):
-        path = os.path.realpath(given)
+        path = os.path.realpath(given)  # judged where it really is; bound where the interpreter looks for it
         if path == "/usr" or path.startswith("/usr/"):
             continue
         if path == "/" or path == home or here == path or here.startswith(path + "/"):
             return [], f"its prefix {given} would show the program too much of this machine"
-        if not any(path == b or path.startswith(b + "/") for b in binds):
-            binds.append(path)
+        if not any(given == b or given.startswith(b + "/") for b in binds):
+            binds.append(given)
     return binds, None
 
 
