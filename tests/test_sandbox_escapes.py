@@ -210,3 +210,42 @@ print(json.dumps(seen))
     seen = json.loads(done["stdout"])
     assert seen.pop("ordinary") == [[1], "hi\n"]
     assert seen == {**{name: "EPERM" for name in calls}, **({"x32": "ENOSYS"} if column == 0 else {})}
+
+
+def test_as_root_a_run_lives_in_a_cgroup_of_its_own_holding_its_limits():
+    """Where a cgroup can be made (root here): the run's processes are in groups of their own holding the memory
+    budget, the process cap (the program's and the sandbox's init) and one core's worth of CPU, as the kernel
+    shows them; the groups are gone once the run is."""
+    from agentroll.sandbox._cgroup import hierarchies
+
+    if not unprivileged.is_root():
+        pytest.skip("a cgroup is made as root")
+    mark = marker()
+
+    async def main() -> dict[str, str]:
+        sandbox = LocalSandbox(SandboxSettings(memory_mb=300, processes=20))
+        try:
+            task = asyncio.ensure_future(sandbox.run(f"import os\nos.system('sleep {mark}')", None, 60))
+            while not sleepers(mark):  # polling the host's process table for the run's sleep
+                await asyncio.sleep(0.02)
+                assert not task.done(), task.result()
+            pid = sleepers(mark)[0].pid
+            found = {}
+            for h in hierarchies(Path("/proc/self/mountinfo").read_text(), Path(f"/proc/{pid}/cgroup").read_text()):
+                for name in ("memory.limit_in_bytes", "memory.max", "pids.max", "cpu.cfs_quota_us", "cpu.max"):
+                    if (h.base / name).exists():
+                        found[name] = (h.base / name).read_text().strip()
+                        found[name + " in"] = str(h.base)
+            for proc in sleepers(mark):
+                proc.kill()
+            await task
+            return found
+        finally:
+            await sandbox.aclose()
+
+    found = asyncio.run(main())
+    assert found.get("memory.limit_in_bytes", found.get("memory.max")) == str(300 << 20), found
+    assert found["pids.max"] == "21", found
+    assert found.get("cpu.cfs_quota_us", found.get("cpu.max", "").split(" ")[0]) == "100000", found
+    groups = [v for k, v in found.items() if k.endswith(" in")]
+    assert all("/agentroll-" in g and "/run-" in g for g in groups) and not any(Path(g).exists() for g in groups)
