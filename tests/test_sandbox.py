@@ -567,3 +567,24 @@ def test_an_interpreter_prefix_that_would_show_too_much_is_not_bound(monkeypatch
     for wrong in ("/", str(home), str(project)):
         binds, why = prefixes_allowed(["/usr", wrong])
         assert binds == [] and why is not None and wrong in why
+
+
+def test_a_start_given_up_half_way_leaves_no_process_nor_open_pipe(monkeypatch):
+    """A run that ends before the sandbox's first program has run (a bad row, say) cancels its start wherever it
+    is: nothing of it is left running or open (the suite turns a pipe left to the collector into a failure)."""
+    import gc
+
+    async def main(steps: int) -> None:
+        sandbox = LocalSandbox(SandboxSettings())
+        task = asyncio.ensure_future(sandbox.describe())
+        for _ in range(steps):  # the loop's own steps: where the start is when cancelled varies with them
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sandbox.aclose()
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    for steps in range(0, 120, 4):
+        asyncio.run(main(steps))
+        gc.collect()
+    assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()

@@ -26,6 +26,7 @@ import math
 import os
 import resource
 import shutil
+import subprocess
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,19 +201,18 @@ def prefixes_allowed(prefixes: list[str]) -> tuple[list[str], str | None]:
 
 
 async def prefixes_of(python: str) -> tuple[list[str], str | None]:
-    """The directories an interpreter needs (its prefixes), as it says them; or why it cannot say."""
+    """The directories an interpreter needs (its prefixes), as it says them; or why it cannot say. Run in a
+    thread: a start cancelled meanwhile leaves no process behind (it ends within its timeout)."""
     probe = "import json, sys\nprint(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]))"
     try:
-        proc = await asyncio.create_subprocess_exec(
-            python, "-I", "-S", "-c", probe, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        done = await asyncio.to_thread(
+            subprocess.run, [python, "-I", "-S", "-c", probe], capture_output=True, timeout=SETUP_TIMEOUT_S
         )
-        out, err = await asyncio.wait_for(proc.communicate(), SETUP_TIMEOUT_S)
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (OSError, subprocess.TimeoutExpired) as exc:
         return [], f"cannot run it: {exc}"
-    if proc.returncode != 0:
-        return [], f"it failed: {err.decode('utf-8', 'replace').strip()[-200:]}"
-    said = orjson.loads(out)
-    return prefixes_allowed([str(p) for p in said])
+    if done.returncode != 0:
+        return [], f"it failed: {done.stderr.decode('utf-8', 'replace').strip()[-200:]}"
+    return prefixes_allowed([str(p) for p in orjson.loads(done.stdout)])
 
 
 class Launch:
@@ -304,7 +304,8 @@ class Launch:
     def memory_killed(self) -> bool:
         return self.group is not None and self.group.memory_killed()
 
-    async def close(self) -> None:
+    def release(self) -> None:
+        """Its descriptors and status pipe, let go at once (also when the run is cancelled)."""
         for fd in (*self._theirs, self.block_w, self.status_r):
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -312,6 +313,9 @@ class Launch:
         self._theirs, self.block_w, self.status_r = [], -1, -1
         if self._transport is not None:
             self._transport.close()
+
+    async def close(self) -> None:
+        self.release()
         if self.group is not None:
             await self.group.remove()
 

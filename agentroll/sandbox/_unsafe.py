@@ -109,7 +109,8 @@ class Launch:
         self.pass_fds: tuple[int, ...] = (status_w,)
         self.popen: dict[str, Any] = {"env": {"PATH": SAFE_PATH}}
         self._theirs = [status_w]
-        self._status: asyncio.Task[bytes] | None = None
+        self._status: asyncio.StreamReader | None = None
+        self._transport: asyncio.ReadTransport | None = None
 
     def spawned(self) -> None:
         for fd in self._theirs:
@@ -117,7 +118,11 @@ class Launch:
         self._theirs = []
 
     async def ready(self, transport: asyncio.SubprocessTransport) -> bool:
-        self._status = asyncio.ensure_future(_read_all(self.status_r))
+        loop = asyncio.get_running_loop()
+        self._status = status = asyncio.StreamReader()
+        self._transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(status), os.fdopen(self.status_r, "rb")
+        )
         self.status_r = -1
         return True
 
@@ -125,11 +130,9 @@ class Launch:
         """{"exit": n} | {"signal": n} | {"setup": why} (the launcher's own lines, one JSON object each; a setup
         line wins: the program never ran) | {} (nothing said: it was killed)."""
         raw = b""
-        if self._status is not None:
-            done, _ = await asyncio.wait({self._status}, timeout=5.0)
-            raw = self._status.result() if done else b""
-            if not done:
-                self._status.cancel()
+        if self._status is not None:  # everything written to it, once every writer has closed it
+            with contextlib.suppress(asyncio.TimeoutError):
+                raw = await asyncio.wait_for(self._status.read(), 5.0)
         said: dict[str, Any] = {}
         for line in raw.splitlines():
             with contextlib.suppress(orjson.JSONDecodeError):
@@ -141,24 +144,18 @@ class Launch:
     def memory_killed(self) -> bool:
         return False
 
-    async def close(self) -> None:
+    def release(self) -> None:
         for fd in (*self._theirs, self.status_r):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._theirs, self.status_r = [], -1
+        if self._transport is not None:
+            self._transport.close()
+
+    async def close(self) -> None:
+        self.release()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-async def _read_all(fd: int) -> bytes:
-    """Everything written to the status pipe, once every writer has closed it."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb"))
-    try:
-        return await reader.read()
-    finally:
-        transport.close()
 
 
 def sweep(tmp_dir: str) -> None:

@@ -53,6 +53,8 @@ class Launch(Protocol):
 
     def memory_killed(self) -> bool: ...
 
+    def release(self) -> None: ...
+
     async def close(self) -> None: ...
 
 
@@ -119,7 +121,7 @@ class LocalSandbox:
                     raise UsageError(
                         f"the local sandbox cannot start a program here ({'; '.join(why)}); use --sandbox-url"
                     )
-                log.info("sandbox: %s", self.plan.describe())
+                log.info("sandbox: %s", self.plan.describe(), extra={"detail": True})  # said with --verbose
         return self.plan
 
     async def _candidates(self) -> tuple[list[Plan], list[str]]:
@@ -178,6 +180,7 @@ class LocalSandbox:
         try:
             return await self._launch(launch, data, timeout_s)
         finally:
+            launch.release()  # at once: a cancelled run may not get to run the rest
             await asyncio.shield(launch.close())
 
     async def _launch(self, launch: Launch, data: bytes, timeout_s: float) -> Launched:
@@ -221,9 +224,11 @@ class LocalSandbox:
         finally:
             killed = not run.exited.done()
             _kill_group(transport.get_pid())
-            await asyncio.wait({run.exited, *run.closed}, timeout=DRAIN_S)  # a straggler's pipes are given up
-            returncode = transport.get_returncode()
-            transport.close()
+            try:
+                await asyncio.wait({run.exited, *run.closed}, timeout=DRAIN_S)  # a straggler's pipes are given up
+            finally:
+                returncode = transport.get_returncode()
+                transport.close()
         outcome = await launch.outcome(returncode, killed or run.overflow.done())
         if launch.memory_killed():  # read before the run's cgroup goes
             outcome["memory"] = True

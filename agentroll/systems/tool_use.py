@@ -153,7 +153,8 @@ class ToolUse(System):
 
     async def _call(self, call: ParsedCall, ctx: Context) -> ToolResult:
         try:
-            return await self.toolbox.call(call, ctx.sandbox)
+            # the run's sandbox only where the python tool is offered: a run of the user's tools needs none
+            return await self.toolbox.call(call, ctx.sandbox if self.uses_sandbox else None)
         except SandboxUnavailable as exc:
             raise ExecutionFailed(f"the python tool's sandbox failed: {exc}") from exc
 
