@@ -1,5 +1,5 @@
 """A few worker processes, one call at a time each, every call timed on its own: math checks (`CheckPool`,
-`_worker.py`) and a user's sync reward function (`WorkerPool`, `_function_worker.py`).
+`_worker.py`) and a user's sync reward function (`WorkerPool`, `_user_function.py`).
 
 Why not `ProcessPoolExecutor`: a timeout there can only be put on the wait, so the time a check spends queued
 counts against it, and a stuck worker can only be removed by killing the whole pool, which loses every check

@@ -3,7 +3,7 @@
 The function takes a `RewardRequest` and returns a number (or `{"reward": n, "info": "..."}`); it may be
 `async`. A function with the attribute `batched = True` takes a list of requests and returns a list.
 
-A sync function runs in worker processes of its own (`_function_worker.py`, at most `concurrency`, started as
+A sync function runs in worker processes of its own (`_user_function.py`, at most `concurrency`, started as
 calls need them), one call at a time each: it never blocks the event loop, and a call past the timeout costs only
 its own sample, which scores 0 (`failed="timeout"`): its worker is killed and replaced, and the other calls go on
 (`_pool.py`, as the math check's). The function must therefore be importable by its path (a file, or a module
@@ -34,7 +34,7 @@ from .base import RewardRequest, RewardResult, finite
 
 log = logging.getLogger("agentroll")
 
-WORKER = str(Path(__file__).with_name("_function_worker.py"))
+WORKER = str(Path(__file__).with_name("_user_function.py"))
 
 
 def load_function(spec: str) -> Callable[..., Any]:

@@ -1,6 +1,6 @@
 """A worker process for a user's sync reward function: loads it, then scores one request (or one batch) a line.
 
-Run by path (`python .../_function_worker.py SPEC SYS_PATH_JSON PARENT_PID`) with agentroll's own `sys.path`, so
+Run by path (`python .../_user_function.py SPEC SYS_PATH_JSON PARENT_PID`) with agentroll's own `sys.path`, so
 the function is imported as agentroll imported it: a file by its path, a module by its name. A call that hangs
 costs only this process, which agentroll kills at `--reward-timeout` and replaces (`_pool.py`). It dies with
 agentroll, whatever killed that (`_worker.die_with_parent`).
