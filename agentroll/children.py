@@ -45,3 +45,15 @@ def stop_group(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
             proc.wait()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process `pid` exists (one of another user counts): what is named after an agentroll that is
+    gone may be swept."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -125,6 +125,8 @@ class Generator:
             for run in runs:
                 await choose_rendering(o, run, templates)
             self._rewards = RewardSet(o.reward_settings())
+            if system.uses_sandbox:  # made now: a sandbox that cannot be had is said at start
+                _ = self._rewards.sandbox
             # a reward that cannot score (no math worker) ends the run before a group is handed out: checked
             # alongside the first calls, awaited by `run_group`
             self._rewards_ready = asyncio.ensure_future(self._rewards.ready())

@@ -47,7 +47,12 @@ class GenerateOptions(RewardOptions):
         "temperature, top_p, top_k, min_p), comma-separated; two or more, in place of --base-url. Each prompt's "
         "group holds K executions per policy (docs/head-to-head.md).",
     )
-    api_key: str | None = option(None, "Sent as a Bearer token.", envvar="OPENAI_API_KEY")
+    api_key: str | None = option(
+        None,
+        "Sent as a Bearer token (on a command line it is visible to every process: prefer the file).",
+        envvar="OPENAI_API_KEY",
+    )
+    api_key_file: str | None = option(None, "A file holding the API key (its first line).")
     model: str | None = option(None, "Served model name (default: the only one listed).")
     tokenizer: str | None = option(
         None, "Tokenizer folder or hub id, loaded by the class it names (default: the server's model root)."
@@ -146,6 +151,11 @@ class GenerateOptions(RewardOptions):
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.api_key_file is not None:  # read once: the options then carry the key (a Ray task's too)
+            if self.api_key:
+                raise UsageError("--api-key and --api-key-file both give the key: give one")
+            set_(self, "api_key", read_key(str(self.api_key_file)))
+            set_(self, "api_key_file", None)
         for name in ("base_url", "api_key"):  # as the CLI does: the environment fills what is not given
             if not getattr(self, name):
                 envvar = GenerateOptions.__dataclass_fields__[name].metadata["envvar"]
@@ -340,3 +350,15 @@ def _stage_value(item: str, key: str, raw: str) -> Any:
 
 
 __all__ = ["GenerateOptions", "RewardOptions", "at_least", "check_types", "default_of", "flag", "option", "positive"]
+
+
+def read_key(path: str) -> str:
+    """The API key in a file (its first line, white space around it dropped); `UsageError` naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--api-key-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    if not key:
+        raise UsageError(f"--api-key-file {path}: its first line is empty")
+    return key

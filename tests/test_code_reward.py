@@ -15,6 +15,8 @@ from agentroll.rewards import RewardRequest, RewardSet, RewardSettings
 from agentroll.rewards.code import last_python_block, parse_tests
 from agentroll.sandbox import SandboxSettings
 
+pytestmark = pytest.mark.bwrap  # model code in the local sandbox (conftest: skipped without bwrap)
+
 DOUBLE = {"inputs": ["2\n", "5\n", "-1\n"], "outputs": ["4\n", "10\n", "-2\n"]}
 
 

@@ -129,6 +129,7 @@ def test_a_server_that_is_not_vllm_is_said_in_one_line_with_its_status_and_a_hin
         assert "is it a vLLM server? --base-url" in lines[0] and "<" not in lines[0]
 
 
+@pytest.mark.bwrap  # tool-use's python tool: the local sandbox
 @pytest.mark.parametrize("system", ["critique-revise", "tool-use"])
 def test_convert_names_the_turn_a_conversational_layout_cannot_write_and_the_way_out(sim, problems, tmp_path, system):
     out = tmp_path / "out"
@@ -266,6 +267,7 @@ def test_doctor_says_its_verdicts_on_stdout_and_as_json(sim, tmp_path):
     assert dead.returncode == 1 and report["ok"] is False and report["checks"][0]["verdict"] == "fail"
 
 
+@pytest.mark.bwrap  # --reward code makes the local sandbox at start
 def test_a_refused_value_is_named_in_jsons_words_as_the_user_wrote_it(sim, tmp_path):
     from agentroll.errors import InputError
     from agentroll.inputs import problem_from_row

@@ -166,7 +166,8 @@ def test_a_wrong_api_key_stops_the_run_with_one_line(tmp_path):
     server.start()
     try:
         args = generate_args(problems, tmp_path / "out", server.url)
-        wrong = run_cli(*args, "--api-key", "nope")
+        (tmp_path / "wrong.txt").write_text("nope\n")  # from a file: on the command line it adds a warning
+        wrong = run_cli(*args, "--api-key-file", str(tmp_path / "wrong.txt"))
         assert wrong.returncode == 4 and b"answered 401: Unauthorized" in wrong.stderr
         assert b"Traceback" not in wrong.stderr and len(wrong.stderr.decode().strip().splitlines()) == 1
         assert run_cli(*args, "--api-key", "sesame").returncode == 0

@@ -310,14 +310,13 @@ def test_rescore_refuses_to_write_into_its_own_source_however_it_is_named(sim, p
     assert {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()} == before  # not a byte touched
 
 
-BLOCKING = """import pathlib, threading
-calls = 0
-lock = threading.Lock()
+BLOCKING = """import fcntl, os, pathlib, threading
 def score(request):
-    global calls
-    with lock:
-        calls += 1
-        n = calls
+    with open({calls!r}, "a") as f:  # counted across the worker processes the function runs in
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write("x")
+        f.flush()
+        n = os.path.getsize({calls!r})
     if n == {at} and pathlib.Path({block!r}).exists():
         pathlib.Path({marker!r}).write_text("blocked")
         threading.Event().wait()  # until the test kills the process
@@ -329,7 +328,8 @@ def test_rescore_killed_mid_run_resumes_to_the_records_of_a_clean_run(sim, probl
     src = made(sim, problems, tmp_path)
     block, marker = tmp_path / "block", tmp_path / "blocked"
     scorer = tmp_path / "scorer.py"
-    scorer.write_text(BLOCKING.format(at=29, block=str(block), marker=str(marker)))  # 8 calls a group: in the 4th
+    calls = str(tmp_path / "calls")
+    scorer.write_text(BLOCKING.format(calls=calls, at=29, block=str(block), marker=str(marker)))  # 8 a group: the 4th
     block.touch()
     out, clean = tmp_path / "new", tmp_path / "clean"
     args = ["rescore", str(src), "-o", str(out), "--reward", f"{scorer}:score", "--reward-timeout", "600"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import psutil
 import pytest
 from aiohttp import web
 
@@ -194,52 +196,55 @@ def test_batched_functions_errors_and_bad_return_values():
         FunctionReward("missing.py:f")
 
 
-# --- user functions' own threads -------------------------------------------------------------------------------
-
-RELEASE = threading.Event()
-ENTERED: list[int] = []
-ALL_IN = threading.Event()
-HUNG_THREADS = 4
+# --- a sync function that hangs costs only its own sample ------------------------------------------------------
 
 
-def blocks(request):
-    ENTERED.append(1)
-    if len(ENTERED) == HUNG_THREADS:
-        ALL_IN.set()
-    RELEASE.wait()
+def hangs_on_label(request):
+    """Hangs for good on the label "hang" (after saying which process it hangs in), else scores 1."""
+    if request.label == "hang":
+        with open(request.metadata["pids"], "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(3600)
     return 1.0
 
 
-def test_hung_sync_calls_hold_their_own_threads_not_the_loops():
-    reward = FunctionReward("tests.test_reward_kinds:blocks", timeout_s=0.3, concurrency=HUNG_THREADS)
+def test_hung_sync_calls_cost_only_their_own_samples_and_their_workers_are_replaced(tmp_path):
+    """Through the API; through generate, as root and as a user: tests/test_hostile_generate.py."""
+    pids = tmp_path / "pids.txt"
+    reward = FunctionReward("tests.test_reward_kinds:hangs_on_label", timeout_s=0.5, concurrency=4)
 
     async def go():
-        request = [RewardRequest("a", "1", "p", "solver", problem_id="p7")]
-        calls = [asyncio.ensure_future(reward.score(request)) for _ in range(40)]  # more than the default executor
         try:
-            # The default executor (input reading, tokenizer loading) still runs work while those calls hang.
-            assert await asyncio.wait_for(asyncio.to_thread(ALL_IN.wait, 30), 10)
-            assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 10) == "free"
-            threads = [t for t in threading.enumerate() if t.name.startswith(f"agentroll-reward {reward.name}")]
-            # The hung calls time out; once every thread is held so, the others fail instead of waiting for good.
-            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
-            assert len(ENTERED) == HUNG_THREADS
+            requests = [
+                RewardRequest("a", "hang" if i % 10 == 0 else "1", "p", "solver", {"pids": str(pids)})
+                for i in range(40)
+            ]
+            return await asyncio.wait_for(reward.score(requests), 120)
         finally:
-            RELEASE.set()
-        return threads, results
+            await reward.aclose()
 
-    ENTERED.clear()
-    try:
-        threads, results = asyncio.run(go())
-    finally:
-        RELEASE.set()
-        asyncio.run(reward.aclose())
-    assert len(threads) == HUNG_THREADS  # bounded by --reward-concurrency
-    timed_out = [r[0] for r in results if isinstance(r, list)]
-    refused = [r for r in results if isinstance(r, BaseException)]
-    assert [(r.value, r.failed) for r in timed_out] == [(0.0, "timeout")] * HUNG_THREADS
-    assert len(refused) == 40 - HUNG_THREADS and all(isinstance(r, RewardError) for r in refused)
-    assert "all 4 of its threads are stuck" in str(refused[0]) and "p7" in str(refused[0])
+    results = asyncio.run(go())
+    assert [(r.value, r.failed) for r in results[::10]] == [(0.0, "timeout")] * 4
+    assert all("timed out after 0.5s" in (r.info or "") for r in results[::10])
+    assert [r.value for i, r in enumerate(results) if i % 10] == [1.0] * 36
+    hung = [int(line) for line in pids.read_text().split()]
+    assert len(hung) == 4 and not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in hung)
+
+
+def test_a_function_that_cannot_run_in_a_worker_process_is_refused_at_start(monkeypatch):
+    import tests.test_reward_kinds as module
+
+    monkeypatch.setattr(module, "made_at_run_time", lambda request: 1.0, raising=False)
+    rewards = RewardSet(RewardSettings("tests.test_reward_kinds:made_at_run_time"))
+
+    async def go():
+        try:
+            await rewards.ready()
+        finally:
+            await rewards.aclose()
+
+    with pytest.raises(RewardError, match="cannot run in a worker process"):
+        asyncio.run(go())
 
 
 # --- NaN and infinite rewards are refused and counted ----------------------------------------------------------

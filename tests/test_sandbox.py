@@ -1,5 +1,6 @@
-"""The sandbox: local child processes (limits, fresh directories, scrubbed environment, no network where the OS
-allows it, the whole group killed, nothing surviving agentroll) and a SandboxFusion server over HTTP."""
+"""The sandbox: local runs (limits, fresh directories, scrubbed environment, no network, the whole tree killed,
+nothing surviving agentroll), with bubblewrap and with `--sandbox unsafe-local`, and a SandboxFusion server over
+HTTP. Hostile programs have their own tests: test_sandbox_escapes.py, test_hostile_generate.py."""
 
 from __future__ import annotations
 
@@ -21,13 +22,22 @@ from aiohttp import web
 
 import agentroll.sandbox.local
 from agentroll.sandbox import RunResult, SandboxSettings, SandboxUnavailable, make_sandbox
-from agentroll.sandbox.local import LocalSandbox, Mode
+from agentroll.sandbox._unsafe import Mode
+from agentroll.sandbox.local import LocalSandbox
 from agentroll.sandbox.remote import RemoteSandbox, parse
+
+pytestmark = pytest.mark.bwrap  # model code in the local sandbox (conftest: skipped without bwrap)
+
+UNSAFE = "unsafe-local"
 
 
 def run(code: str, stdin: str | None = None, timeout_s: float = 10.0, **settings) -> RunResult:
     async def main() -> RunResult:
-        return await LocalSandbox(SandboxSettings(**settings)).run(code, stdin, timeout_s)
+        sandbox = LocalSandbox(SandboxSettings(**settings))
+        try:
+            return await sandbox.run(code, stdin, timeout_s)
+        finally:
+            await sandbox.aclose()
 
     return asyncio.run(main())
 
@@ -97,14 +107,13 @@ def test_the_process_limit_stops_a_fork_bomb():
     assert result.status == "ok" and 0 < int(result.stdout) < 8
 
 
-def test_the_environment_is_scrubbed_and_the_directory_is_fresh_and_removed(monkeypatch):
+@pytest.mark.parametrize("mode", ["bwrap", UNSAFE])
+def test_the_environment_is_scrubbed_and_the_directory_is_fresh(monkeypatch, mode):
     monkeypatch.setenv("AGENTROLL_TEST_SECRET", "hunter2")
-    code = (  # the directory reversed: as it is, it would be shown as "." (see the next test)
-        "import os, json\nopen('made.txt', 'w').write('x')\nprint(json.dumps([os.getcwd()[::-1], dict(os.environ)]))"
-    )
-    first, second = run(code), run(code)
-    (cwd, env), (cwd2, _) = json.loads(first.stdout), json.loads(second.stdout)
-    cwd, cwd2 = cwd[::-1], cwd2[::-1]
+    code = "import os, json\nseen = os.path.exists('made.txt')\nopen('made.txt', 'w').write('x')\n"
+    code += "print(json.dumps([seen, dict(os.environ)]))"
+    first, second = run(code, mode=mode), run(code, mode=mode)
+    (seen, env), (seen2, _) = json.loads(first.stdout), json.loads(second.stdout)
     assert "AGENTROLL_TEST_SECRET" not in env and "hunter2" not in first.stdout
     assert set(env) <= {
         "PATH",
@@ -116,13 +125,21 @@ def test_the_environment_is_scrubbed_and_the_directory_is_fresh_and_removed(monk
         "OMP_NUM_THREADS",
         "MKL_NUM_THREADS",
         "LC_CTYPE",
+        "PWD",
     }
-    assert cwd != cwd2 and not Path(cwd).exists() and not Path(cwd2).exists()
+    assert not seen and not seen2  # the second run does not find the first one's file
 
 
-def test_paths_in_the_run_directory_are_shown_relative_to_it_so_runs_read_alike():
+def test_an_unsafe_local_run_directory_is_removed():
+    base = shared_dir()
+    result = run("open('made.txt', 'w').write('x')\nprint('done')", mode=UNSAFE, tmp_dir=str(base))
+    assert result.stdout == "done\n" and list(base.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", ["bwrap", UNSAFE])
+def test_paths_in_the_run_directory_are_shown_relative_to_it_so_runs_read_alike(mode):
     code = "import os\nprint(__file__, os.getcwd(), os.environ['HOME'])\nraise ValueError(os.path.abspath('data.txt'))"
-    first, second = run(code), run(code)
+    first, second = run(code, mode=mode), run(code, mode=mode)
     assert first.stdout == "main.py . .\n"
     assert 'File "main.py", line 3, in <module>' in first.stderr and first.stderr.endswith("ValueError: data.txt\n")
     assert (first.stdout, first.stderr) == (second.stdout, second.stderr)
@@ -138,8 +155,8 @@ def test_the_program_may_reopen_its_own_pipes_by_path():
 def test_the_launcher_removes_the_run_directory_itself(monkeypatch):
     """agentroll may be killed between its launcher's end and its own clean-up: the launcher does not wait."""
     base = shared_dir()
-    monkeypatch.setattr("agentroll.sandbox.local.shutil.rmtree", lambda *a, **k: None)  # agentroll's own, off
-    result = run("open('made.txt', 'w').write('x')\nprint('done')", tmp_dir=str(base))
+    monkeypatch.setattr("agentroll.sandbox._unsafe.shutil.rmtree", lambda *a, **k: None)  # agentroll's own, off
+    result = run("open('made.txt', 'w').write('x')\nprint('done')", mode=UNSAFE, tmp_dir=str(base))
     assert result.stdout == "done\n" and list(base.iterdir()) == []
 
 
@@ -158,7 +175,7 @@ def test_a_launcher_whose_agentroll_is_already_gone_removes_the_directory(tmp_pa
         "env": {},
         "limits": {"cpu_s": 5},
     }
-    launcher = str(Path(agentroll.sandbox.local.__file__).with_name("_launch.py"))
+    launcher = str(Path(agentroll.sandbox.local.__file__).with_name("_launch.py"))  # unsafe-local's
     out = subprocess.run(
         [sys.executable, "-I", "-S", "-B", launcher, json.dumps(config)],
         capture_output=True,
@@ -176,7 +193,7 @@ def test_run_directories_of_a_gone_agentroll_are_swept_at_start():
     live, other = tmp_path / f"agentroll-sandbox-{os.getpid()}-x", tmp_path / "agentroll-sandbox-notapid"
     for folder in (stale, live, other):
         folder.mkdir()
-    asyncio.run(LocalSandbox(SandboxSettings(tmp_dir=str(tmp_path))).describe())
+    asyncio.run(LocalSandbox(SandboxSettings(mode=UNSAFE, tmp_dir=str(tmp_path))).describe())
     assert not stale.exists() and live.exists() and other.exists()
 
 
@@ -198,24 +215,27 @@ def test_the_network_is_cut_where_the_sandbox_says_so():
     assert "unreachable" in result.stderr or "refused" in result.stderr
 
 
-def test_the_code_runs_as_nobody_when_agentroll_is_root():
+@pytest.mark.parametrize("mode", ["bwrap", UNSAFE])
+def test_the_code_runs_as_nobody_when_agentroll_is_root(mode):
     if os.geteuid() != 0:
         pytest.skip("agentroll runs as root only on some machines")
-    result = run("import os\nprint(os.getuid())\nopen('/root/agentroll-should-not-write', 'w')")
+    result = run("import os\nprint(os.getuid())\nopen('/root/agentroll-should-not-write', 'w')", mode=mode)
     assert result.stdout.strip() == "65534"
-    assert result.status == "error" and "PermissionError" in result.stderr
+    assert result.status == "error" and ("PermissionError" in result.stderr or "FileNotFoundError" in result.stderr)
+    assert not os.path.exists("/root/agentroll-should-not-write")
 
 
-def test_the_whole_group_dies_at_the_timeout_even_a_child_that_left_it():
+@pytest.mark.parametrize("mode", ["bwrap", UNSAFE])
+def test_the_whole_group_dies_at_the_timeout_even_a_child_that_left_it(mode):
     marker = f"{300 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
     code = (
         "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '"
         + marker
         + "'])\nimport time\ntime.sleep(300)\n"
     )
-    result = run(code, timeout_s=1.0)
+    result = run(code, timeout_s=1.0, mode=mode)
     assert result.status == "timeout"
-    described = asyncio.run(LocalSandbox().describe())
+    described = asyncio.run(LocalSandbox(SandboxSettings(mode=mode)).describe())
     survivors = sleepers(marker)
     for proc in survivors:  # leave nothing behind, whatever the verdict
         proc.kill()
@@ -230,9 +250,10 @@ def test_a_child_that_escapes_with_the_programs_stdout_does_not_hold_the_run():
     marker = f"{300 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
 
     async def main() -> RunResult:
-        sandbox = LocalSandbox()
+        sandbox = LocalSandbox(SandboxSettings(mode=UNSAFE))
         real = await sandbox._ready()
-        sandbox.mode = Mode("none", real.uid, real.python)
+        assert isinstance(real, Mode)
+        sandbox.plan = Mode("none", real.uid, real.python, real.settings)
         code = (
             "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '"
             + marker
@@ -265,8 +286,9 @@ def test_a_cancelled_run_kills_its_program():
     assert asyncio.run(main())
 
 
-def test_nothing_survives_a_kill_9_of_agentroll():
-    described = asyncio.run(LocalSandbox().describe())
+@pytest.mark.parametrize("mode", ["bwrap", UNSAFE])
+def test_nothing_survives_a_kill_9_of_agentroll(mode):
+    described = asyncio.run(LocalSandbox(SandboxSettings(mode=mode)).describe())
     if "pid" not in described:
         pytest.skip(f"without a pid namespace a child that leaves the group can outlive agentroll ({described})")
     base = shared_dir()
@@ -275,12 +297,12 @@ def test_nothing_survives_a_kill_9_of_agentroll():
         "import asyncio, sys\nfrom agentroll.sandbox import SandboxSettings\nfrom agentroll.sandbox.local import "
         "LocalSandbox\ncode = \"import os\\nif os.fork() == 0:\\n    os.setsid()\\n    os.execv('/bin/sleep', "
         f"['sleep', '{marker}'])\\nprint('started', flush=True)\\nimport time\\ntime.sleep(300)\\n\"\n"
-        f"asyncio.run(LocalSandbox(SandboxSettings(tmp_dir={str(base)!r})).run(code, None, 600))\n"
+        f"asyncio.run(LocalSandbox(SandboxSettings(mode={mode!r}, tmp_dir={str(base)!r})).run(code, None, 600))\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script])
     try:
         assert until(lambda: bool(sleepers(marker)) or proc.poll() is not None) and proc.poll() is None
-        assert list(base.iterdir())  # the run's directory
+        assert bool(list(base.iterdir())) == (mode == UNSAFE)  # the run's directory: on the host only when unsafe
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         assert until(lambda: not sleepers(marker)), "a process of the run outlived agentroll"
@@ -449,3 +471,120 @@ def test_sandboxfusion_answers_are_classified():
         parse(b"<html>", "u")
     with pytest.raises(SandboxUnavailable, match="without a SandboxFusion status"):
         parse(b'{"ok": true}', "u")
+
+
+def test_a_sandboxfusion_reply_is_read_with_the_output_cap():
+    """A server answering 64 MB of stdout (streamed, so the server itself holds little): the client reads no
+    more than the output cap allows, keeps the cap, and says the program wrote too much."""
+    import tracemalloc
+
+    cap = 1 << 20
+
+    async def huge(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"status": "Success", "message": "", "run_result": {"status": "Finished", ')
+        await response.write(b'"return_code": 0, "stderr": "", "execution_time": 0.1, "stdout": "')
+        chunk = b"x" * (1 << 20)
+        for _ in range(64):
+            await response.write(chunk)
+        await response.write(b'"}}')
+        return response
+
+    async def bigger_than_cap(request: web.Request) -> web.Response:
+        await request.read()
+        run_result = {"status": "Finished", "return_code": 0, "stdout": "y" * (3 << 20), "stderr": ""}
+        return web.json_response({"status": "Success", "message": "", "run_result": run_result})
+
+    async def main(handler) -> tuple[RunResult, int]:
+        app = web.Application()
+        app.router.add_post("/run_code", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        sandbox = make_sandbox(SandboxSettings(url=f"http://127.0.0.1:{port}", max_output_bytes=cap, max_retries=0))
+        try:
+            tracemalloc.start()
+            result = await sandbox.run("print('x' * 10**9)", None, 5.0)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            return result, peak
+        finally:
+            await sandbox.aclose()
+            await runner.cleanup()
+
+    result, peak = asyncio.run(main(huge))
+    assert result.status == "output_limit" and len(result.stdout) <= cap
+    assert peak < 24 * cap, peak  # today's client kept the whole reply, and its text: over 128 MB
+    result, _ = asyncio.run(main(bigger_than_cap))
+    assert (result.status, result.stdout) == ("output_limit", "y" * cap)
+
+
+@pytest.mark.parametrize("prlimit", [True, False])
+def test_the_runs_limits_are_set_inside_by_prlimit_or_else_by_the_interpreter(prlimit):
+    """util-linux's prlimit sets them; where it is missing, a few lines of Python do, before the program starts."""
+    import dataclasses
+
+    code = "import resource\nprint([resource.getrlimit(getattr(resource, 'RLIMIT_' + n)) for n in "
+    code += "('NPROC', 'FSIZE', 'CORE', 'NOFILE', 'CPU')])"
+
+    async def main() -> RunResult:
+        sandbox = LocalSandbox(SandboxSettings(processes=9, disk_mb=16))
+        try:
+            plan = await sandbox._ready()
+            if not prlimit:
+                sandbox.plan = dataclasses.replace(plan, prlimit=None)  # type: ignore[type-var]
+            return await sandbox.run(code, None, 4.5)
+        finally:
+            await sandbox.aclose()
+
+    result = asyncio.run(main())
+    assert result.status == "ok", result.stderr
+    assert json.loads(result.stdout.replace("(", "[").replace(")", "]")) == [
+        [10, 10],  # 9 of the program's, and the sandbox's init
+        [16 << 20, 16 << 20],
+        [0, 0],
+        [1024, 1024],
+        [6, 7],  # the timeout's whole seconds + 1, then SIGKILL a second later
+    ]
+
+
+def test_an_interpreter_prefix_that_would_show_too_much_is_not_bound(monkeypatch, tmp_path):
+    """Its prefixes are bound read-only into every run: never `/`, a home, nor one that holds the working
+    directory (a venv at the root of the project with the dataset, say); /usr is bound anyway."""
+    from agentroll.sandbox._bwrap import prefixes_allowed
+
+    home, project = tmp_path / "home", tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(project / "data")
+    venv, base = str(tmp_path / "venv"), str(tmp_path / "venv" / "base")
+    assert prefixes_allowed(["/usr", venv, base]) == ([venv], None)
+    for wrong in ("/", str(home), str(project)):
+        binds, why = prefixes_allowed(["/usr", wrong])
+        assert binds == [] and why is not None and wrong in why
+
+
+def test_a_start_given_up_half_way_leaves_no_process_nor_open_pipe(monkeypatch):
+    """A run that ends before the sandbox's first program has run (a bad row, say) cancels its start wherever it
+    is: nothing of it is left running or open (the suite turns a pipe left to the collector into a failure)."""
+    import gc
+
+    async def main(steps: int) -> None:
+        sandbox = LocalSandbox(SandboxSettings())
+        task = asyncio.ensure_future(sandbox.describe())
+        for _ in range(steps):  # the loop's own steps: where the start is when cancelled varies with them
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sandbox.aclose()
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    for steps in range(0, 120, 4):
+        asyncio.run(main(steps))
+        gc.collect()
+    assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()

@@ -15,6 +15,8 @@ from agentroll.tools.validate import validate
 from .conftest import TOKENIZER, generations, run_cli, write_problems
 from .test_tool_use import behavior
 
+pytestmark = pytest.mark.bwrap  # model code in the local sandbox (conftest: skipped without bwrap)
+
 KEEP = ("prompt_token_ids", "response_token_ids", "history_mask", "loss_mask", "tool_calls", "turn", "continues")
 
 

@@ -25,6 +25,8 @@ from agentroll.turns import separator
 from .conftest import TOKENIZER, read_records, write_problems
 from .test_tool_use import behavior, executions, manifest, tool_use
 
+pytestmark = pytest.mark.bwrap  # model code in the local sandbox (conftest: skipped without bwrap)
+
 
 @pytest.fixture
 def serve() -> Iterator:

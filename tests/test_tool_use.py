@@ -25,6 +25,8 @@ from agentroll.tools.validate import validate as validate_folder
 
 from .conftest import TOKENIZER, generations, read_records, write_problems
 
+pytestmark = pytest.mark.bwrap  # model code in the local sandbox (conftest: skipped without bwrap)
+
 QUIET = Behavior(
     truncate=0,
     no_think_close=0,

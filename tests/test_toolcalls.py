@@ -268,6 +268,7 @@ def test_outputs_are_cut_and_the_record_keeps_what_the_model_saw():
     assert result.output.endswith("[... 19 more characters cut]")
 
 
+@pytest.mark.bwrap  # model code in the local sandbox
 def test_the_python_tool_runs_code_in_the_sandbox():
     box, short = Toolbox([PYTHON], 20.0), Toolbox([PYTHON], 1.0)  # short only where the program overruns
     sandbox = LocalSandbox()

@@ -162,6 +162,7 @@ def test_the_list_a_filter_a_search_and_three_stages_tree_with_its_token_colours
     assert seen["shot"][:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.bwrap  # its tool-use run calls the python tool: the local sandbox
 def test_a_tool_use_conversation_turn_by_turn_with_its_calls_and_what_was_injected(tools):
     records = read_records(tools)
     index = index_of(tools)

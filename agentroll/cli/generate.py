@@ -20,6 +20,7 @@ from .console import REPEATS, err, error, failed, log, run_async, setup_logging
 from .folds import Folds
 from .help import Command, help_text, metavar
 from .interrupts import Interrupts
+from .keys import KEY_WARNING, given_key
 from .progress import LogLines, RichBar
 from .summary import print_summary
 
@@ -45,6 +46,7 @@ PANELS = {
         "base_url",
         "policy",
         "api_key",
+        "api_key_file",
         "model",
         "tokenizer",
         "api",
@@ -70,9 +72,12 @@ PANELS = {
         "overlong_filter",
         "code_test_timeout",
         "code_partial_credit",
+        "sandbox",
         "sandbox_url",
         "sandbox_concurrency",
         "sandbox_memory_mb",
+        "sandbox_processes",
+        "sandbox_disk_mb",
     ),
     "Groups": ("samples_per_prompt", "filter_uniform_groups", "resample_uniform", "target_groups"),
     "Reliability": (
@@ -93,7 +98,9 @@ METAVARS = {
     "base_url": "URL",
     "policy": "NAME=URL,...",
     "sandbox_url": "URL",
+    "sandbox": "bwrap|unsafe-local",
     "api_key": "KEY",
+    "api_key_file": "FILE",
     "model": "NAME",
     "tokenizer": "PATH|ID",
     "prompts": "DIR",
@@ -181,8 +188,9 @@ def build() -> Any:
             run["input"] = "-"
         if run["mix"] is None:
             run["mix"] = []
+        kwargs["api_key"], on_command_line = given_key(kwargs["api_key"], kwargs["api_key_file"])
         options = {k: v for k, v in kwargs.items() if v is not None}
-        raise typer.Exit(run_generate(run, options, quiet, debug, verbose=verbose))
+        raise typer.Exit(run_generate(run, options, quiet, debug, verbose=verbose, warn_key=on_command_line))
 
     generate.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     generate.__annotations__ = {p.name: p.annotation for p in params}
@@ -252,9 +260,13 @@ def run_generate(
     progress: ProgressHook | None = None,
     demo: bool = False,
     verbose: bool = False,
+    warn_key: bool = False,
 ) -> int:
-    """The exit code of a whole run (README: exit codes)."""
+    """The exit code of a whole run (README: exit codes). `warn_key`: the API key was given on the command
+    line (said once, at start)."""
     restore = setup_logging(quiet, debug, verbose)
+    if warn_key:
+        log.warning(KEY_WARNING)
     folds = Folds()
     for handler in log.handlers:
         handler.addFilter(folds)

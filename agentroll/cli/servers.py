@@ -45,6 +45,9 @@ def doctor(
     api_key: Annotated[
         str | None, opt("--api-key", help="Sent as a Bearer token.", metavar="KEY", envvar="OPENAI_API_KEY")
     ] = None,
+    api_key_file: Annotated[
+        str | None, opt("--api-key-file", help="A file holding the API key (its first line).", metavar="FILE")
+    ] = None,
     model: Annotated[
         str | None, opt("--model", help="Served model name (default: the only one listed).", metavar="NAME")
     ] = None,
@@ -73,11 +76,16 @@ def doctor(
     The verdicts go to stdout (`doctor > file` keeps them); exit 1 when any check fails."""
     from ..doctor import diagnose, doctor_options
     from ..errors import UsageError
+    from .keys import KEY_WARNING, given_key
 
+    api_key, on_command_line = given_key(api_key, api_key_file)
+    if on_command_line:
+        err.print(Text(f"warning: {KEY_WARNING}", style="yellow"), soft_wrap=True)
     try:
         options = doctor_options(
             base_url=base_url,
             api_key=api_key,
+            api_key_file=api_key_file,
             model=model,
             tokenizer=tokenizer,
             prompts=prompts,

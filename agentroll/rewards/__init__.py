@@ -60,6 +60,8 @@ class RewardSettings:
             "code_test_timeout": (self.code_test_timeout_s, base.code_test_timeout_s),
             "code_partial_credit": (self.code_partial_credit, base.code_partial_credit),
             "sandbox_memory_mb": (self.sandbox.memory_mb, base.sandbox.memory_mb),
+            "sandbox_processes": (self.sandbox.processes, base.sandbox.processes),
+            "sandbox_disk_mb": (self.sandbox.disk_mb, base.sandbox.disk_mb),
         }
         changed = {name: value for name, (value, default) in code.items() if value != default}
         return {"reward": self.default, "reward_url": self.url, **({"code_reward": changed} if changed else {})}
@@ -147,11 +149,15 @@ class RewardSet:
                 stats.reward_invalid += 1
 
     async def ready(self) -> None:
-        """Every reward made so far able to score (a math worker started): `RewardError` otherwise."""
+        """Every reward made so far able to score (a math worker started, a user function loaded in a worker
+        process): `RewardError` otherwise; and the sandbox, if made, able to run a program (`UsageError`
+        saying why not), so that a set-up that cannot work fails at start, not at the first program."""
         for reward in list(self._made.values()):
             check = getattr(reward, "ready", None)
             if check is not None:
                 await check()
+        if self._sandbox is not None:
+            await self._sandbox.describe()
 
     async def aclose(self) -> None:
         for reward in self._made.values():

@@ -1,4 +1,5 @@
-"""A few worker processes for math checks, one check at a time each, every check timed on its own.
+"""A few worker processes, one call at a time each, every call timed on its own: math checks (`CheckPool`,
+`_worker.py`) and a user's sync reward function (`WorkerPool`, `_user_function.py`).
 
 Why not `ProcessPoolExecutor`: a timeout there can only be put on the wait, so the time a check spends queued
 counts against it, and a stuck worker can only be removed by killing the whole pool, which loses every check
@@ -10,6 +11,8 @@ tracker to leave behind), and they die with agentroll (see `_worker.py`). PR_SET
 The parent's side is event-loop callbacks on the workers' pipes: an uncached check costs one write and one
 read, with no thread hand-off. One event loop at a time: a pool used from a new loop (`asyncio.run` again)
 keeps its idle workers and replaces the others.
+
+A worker answers `R` once ready (or `E"why"` and exits), then one line per call line.
 """
 
 from __future__ import annotations
@@ -29,21 +32,21 @@ WORKER = str(Path(__file__).with_name("_worker.py"))
 
 
 class CheckTimeout(Exception):
-    """The check overran its time; its worker was killed."""
+    """The call overran its time; its worker was killed."""
 
 
 class CheckFailed(Exception):
-    """The check raised, or its worker died or could not start."""
+    """The call raised, or its worker died or could not start."""
 
 
 class WorkerUnavailable(CheckFailed):
-    """No math worker could be started: no answer off the fast path can be checked (a set-up failure)."""
+    """No worker could be started: nothing can be checked (a set-up failure)."""
 
 
 class _Job:
     __slots__ = ("future", "payload")
 
-    def __init__(self, payload: bytes, future: asyncio.Future[bool]) -> None:
+    def __init__(self, payload: bytes, future: asyncio.Future[bytes]) -> None:
         self.payload, self.future = payload, future
 
 
@@ -83,8 +86,14 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=5)  # a SIGKILLed process is gone within microseconds
 
 
-class CheckPool:
-    def __init__(self, size: int = 1, timeout_s: float = 10.0, start_timeout_s: float = 120.0) -> None:
+class WorkerPool:
+    """Workers started by `argv` (`sys.executable` and a script run by path; agentroll's pid is added), `size` at
+    most, as calls need them."""
+
+    what = "worker"
+
+    def __init__(self, argv: list[str], size: int = 1, timeout_s: float = 10.0, start_timeout_s: float = 120.0) -> None:
+        self.argv = argv
         self.size = max(1, size)
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
@@ -95,16 +104,12 @@ class CheckPool:
         self._procs: set[subprocess.Popen[bytes]] = set()
         self._finalizer = weakref.finalize(self, _reap, self._procs)
 
-    async def check(self, label: str, answer: str, inner_timeout_s: int) -> bool:
-        """Whether the worker finds them equal. Raises CheckTimeout or CheckFailed. Cancelling the caller
-        drops a queued check, or lets a running one finish (or time out) with its result thrown away."""
+    async def call(self, payload: bytes) -> bytes:
+        """A worker's reply line to `payload` (one line). Raises CheckTimeout or CheckFailed. Cancelling the
+        caller drops a queued call, or lets a running one finish (or time out) with its result thrown away."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._adopt(loop)
-        try:
-            payload = orjson.dumps([label, answer, inner_timeout_s]) + b"\n"
-        except orjson.JSONEncodeError as exc:  # a lone surrogate, say
-            raise CheckFailed(f"cannot send the answer to the worker: {exc}") from None
         job = _Job(payload, loop.create_future())
         if self._idle:
             self._start(self._idle.pop(), job)
@@ -119,7 +124,7 @@ class CheckPool:
             self._discard(worker)
         for job in self._queue:
             if not job.future.done():
-                job.future.set_exception(CheckFailed("the math reward was closed"))
+                job.future.set_exception(CheckFailed(f"the {self.what}s were closed"))
         self._queue.clear()
         _reap(self._procs)
         self._loop = None
@@ -130,10 +135,10 @@ class CheckPool:
         assert self._loop is not None
         try:
             proc = subprocess.Popen(
-                [sys.executable, WORKER, str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+                [*self.argv, str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
             )
         except OSError as exc:
-            self._fail_queue(f"cannot start a math worker: {exc}")
+            self._fail_queue(f"cannot start a {self.what}: {exc}")
             return
         self._procs.add(proc)
         worker = _Worker(proc)
@@ -197,11 +202,7 @@ class CheckPool:
             return
         job, worker.job = worker.job, None
         if job is not None and not job.future.done():
-            if line == b"1" or line == b"0":
-                job.future.set_result(line == b"1")
-            else:
-                why = orjson.loads(line[1:]) if line.startswith(b"E") else f"unexpected reply {line[:200]!r}"
-                job.future.set_exception(CheckFailed(why))
+            job.future.set_result(line)
         self._free(worker)
 
     def _overrun(self, worker: _Worker) -> None:
@@ -213,7 +214,7 @@ class CheckPool:
 
     def _start_overrun(self, worker: _Worker) -> None:
         self._discard(worker)
-        self._fail_queue(f"the math worker did not start within {self.start_timeout_s:g}s")
+        self._fail_queue(f"the {self.what} did not start within {self.start_timeout_s:g}s")
 
     def _lost(self, worker: _Worker) -> None:
         """The worker's pipe closed: it died, or was killed from outside."""
@@ -223,11 +224,11 @@ class CheckPool:
         code = worker.proc.returncode
         self._discard(worker)
         if job is not None and not job.future.done():
-            job.future.set_exception(CheckFailed(f"the math worker died (exit code {code})"))
+            job.future.set_exception(CheckFailed(f"the {self.what} died (exit code {code})"))
         if worker.ready:
             self._refill()
             return
-        why = f"the math worker could not start (exit code {code}{': ' + worker.why if worker.why else ''})"
+        why = f"the {self.what} could not start (exit code {code}{': ' + worker.why if worker.why else ''})"
         # Restarting it at once could loop for ever: fail what waits; the next check tries again.
         self._fail_queue(why)
 
@@ -280,3 +281,23 @@ class CheckPool:
             if worker.timer is not None:
                 worker.timer.cancel()
                 worker.timer = loop.call_later(self.start_timeout_s, self._start_overrun, worker)
+
+
+class CheckPool(WorkerPool):
+    """math-verify checks (`_worker.py`)."""
+
+    what = "math worker"
+
+    def __init__(self, size: int = 1, timeout_s: float = 10.0, start_timeout_s: float = 120.0) -> None:
+        super().__init__([sys.executable, WORKER], size, timeout_s, start_timeout_s)
+
+    async def check(self, label: str, answer: str, inner_timeout_s: int) -> bool:
+        """Whether the worker finds them equal. Raises CheckTimeout or CheckFailed."""
+        try:
+            payload = orjson.dumps([label, answer, inner_timeout_s]) + b"\n"
+        except orjson.JSONEncodeError as exc:  # a lone surrogate, say
+            raise CheckFailed(f"cannot send the answer to the worker: {exc}") from None
+        line = await self.call(payload)
+        if line == b"1" or line == b"0":
+            return line == b"1"
+        raise CheckFailed(orjson.loads(line[1:]) if line.startswith(b"E") else f"unexpected reply {line[:200]!r}")

@@ -1,12 +1,12 @@
-"""The threads that run a user's sync reward function (or sync tools): at most `size`, started on demand.
+"""The threads that run a user's sync tools: at most `size`, started on demand. (A sync reward function runs in
+worker processes instead, which can be killed: `function.py`.)
 
 Not the event loop's default executor: a few calls that hang would hold its threads, and everything else that
 runs there (reading the input, loading the tokenizer) would wait behind them. Not a `ThreadPoolExecutor`
 either: it joins its threads at interpreter exit, so one call that never returns would keep agentroll from
 exiting. A hung call keeps its thread for good (Python cannot kill a thread), so it starves this pool alone;
 once every thread is held by a call past its timeout, the calls still waiting fail with `PoolExhausted` instead
-of waiting for good: the run ends (exit 5) with one line naming the stuck calls (`rewards/function.py`,
-`toolcalls/tools.py`).
+of waiting for good: the run ends (exit 5) with one line naming the stuck calls (`toolcalls/tools.py`).
 """
 
 from __future__ import annotations

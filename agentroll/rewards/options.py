@@ -32,11 +32,18 @@ class RewardOptions:
     max_retries: int = option(RETRIES.max_retries, "Retries per call for transient failures.")
     connect_timeout: float = option(TIMEOUTS.connect_s, "Seconds to open a connection to a server.")
     # -- model code: the sandbox, the code reward (docs/tool-use.md, docs/rewards.md) --------------------------------
+    sandbox: str = option(
+        REWARDS.sandbox.mode,
+        "bwrap | unsafe-local: model code runs locally in bubblewrap, or (asked for by name) without a "
+        "filesystem sandbox.",
+    )
     sandbox_url: str | None = option(
-        None, "SandboxFusion server that runs model code (its /run_code); default: local child processes."
+        None, "SandboxFusion server that runs model code (its /run_code) instead of the local sandbox."
     )
     sandbox_concurrency: int = option(0, "Most sandbox runs at once (0: one per core).")
-    sandbox_memory_mb: int = option(REWARDS.sandbox.memory_mb, "Memory limit per sandbox run, in MB.")
+    sandbox_memory_mb: int = option(REWARDS.sandbox.memory_mb, "Memory per sandbox run, all its processes, in MB.")
+    sandbox_processes: int = option(REWARDS.sandbox.processes, "Processes and threads per sandbox run.")
+    sandbox_disk_mb: int = option(REWARDS.sandbox.disk_mb, "Files per sandbox run (its tmpfs), in MB.")
     code_test_timeout: float = option(REWARDS.code_test_timeout_s, "--reward code: seconds per test.")
     code_partial_credit: bool = option(
         REWARDS.code_partial_credit, "--reward code: the fraction of tests passed, not 1 only when all pass."
@@ -51,6 +58,9 @@ class RewardOptions:
         at_least(self, 1, "reward_concurrency")
         at_least(self, 0, "max_retries", "reward_workers", "sandbox_concurrency")
         at_least(self, 16, "sandbox_memory_mb")
+        at_least(self, 1, "sandbox_processes", "sandbox_disk_mb")
+        if self.sandbox not in ("bwrap", "unsafe-local"):
+            raise UsageError(f"--sandbox must be bwrap or unsafe-local, got {self.sandbox!r}")
         positive(self, "reward_timeout", "connect_timeout", "code_test_timeout")
         if self.sandbox_url is not None and not self.sandbox_url.startswith(("http://", "https://")):
             raise UsageError(f"--sandbox-url {self.sandbox_url!r} must be an http:// or https:// URL")
@@ -59,8 +69,11 @@ class RewardOptions:
         workers = self.reward_workers or max(1, (os.cpu_count() or 1) // 4)
         sandbox = SandboxSettings(
             url=self.sandbox_url,
+            mode=self.sandbox,
             concurrency=self.sandbox_concurrency,
             memory_mb=self.sandbox_memory_mb,
+            processes=self.sandbox_processes,
+            disk_mb=self.sandbox_disk_mb,
             max_retries=self.max_retries,
             connect_timeout_s=self.connect_timeout,
         )

@@ -1,12 +1,13 @@
 """A sandbox for untrusted model code: the `python` tool and `--reward code` run programs through it.
 
-`make_sandbox(settings)` gives a `LocalSandbox` (a child process per run with resource limits, a fresh
-temporary directory, a scrubbed environment, network, pid and user namespaces where the OS allows them:
-`local.py`) or, with `--sandbox-url`, a `RemoteSandbox` speaking SandboxFusion's `/run_code` (`remote.py`).
-Both run Python source with an optional stdin under a wall-clock timeout, at most `concurrency` at once, and
-give a `RunResult`. A sandbox that cannot run anything (a remote one that stays down, a local set-up that
-fails) raises `SandboxUnavailable`: that is an infrastructure failure, never an outcome of the model's code.
-docs/tool-use.md says what is isolated on each set-up.
+`make_sandbox(settings)` gives a `LocalSandbox` (`local.py`: a bubblewrap sandbox per run, with a filesystem,
+network, processes and user of its own and limits per run; or, asked for by name, `--sandbox unsafe-local`
+without a filesystem sandbox) or, with `--sandbox-url`, a `RemoteSandbox` speaking SandboxFusion's `/run_code`
+(`remote.py`). Both run Python source with an optional stdin under a wall-clock timeout, at most `concurrency`
+at once, and give a `RunResult`; what a program prints or returns is only ever its own outcome. A sandbox that
+cannot run anything (a remote one that stays down, a local set-up that fails) raises `SandboxUnavailable`: that
+is an infrastructure failure, never an outcome of the model's code. docs/tool-use.md says what is isolated, as
+measured, and what a hostile program can and cannot do.
 """
 
 from __future__ import annotations
@@ -41,14 +42,15 @@ class RunResult:
 class SandboxSettings:
     """How code runs. `concurrency` 0: one run per core."""
 
-    url: str | None = None  # SandboxFusion; None: local child processes
+    url: str | None = None  # SandboxFusion; None: local
+    mode: str = "bwrap"  # local: "bwrap", or "unsafe-local" (no filesystem sandbox: asked for by name)
     concurrency: int = 0
-    memory_mb: int = 1024  # address space per run (local), memory_limit_MB (SandboxFusion)
-    file_size_mb: int = 64  # largest file a run may write (local)
-    processes: int = 64  # processes and threads per run (local; see docs/tool-use.md for where it applies)
-    max_output_bytes: int = 4 << 20  # per stream; more ends the run (`output_limit`)
+    memory_mb: int = 1024  # per run, all its processes (local; docs/tool-use.md), memory_limit_MB (SandboxFusion)
+    processes: int = 64  # processes and threads per run (local; fewer where no cgroup can be made)
+    disk_mb: int = 64  # per run: its working directory and /tmp, and /dev/shm, each (local)
+    max_output_bytes: int = 4 << 20  # per stream; more ends the run (`output_limit`), a SandboxFusion reply too
     python: str = field(default_factory=lambda: sys.executable)  # the interpreter the code runs in (local)
-    tmp_dir: str | None = None  # where run directories are made (local); default: the system's
+    tmp_dir: str | None = None  # where unsafe-local's run directories are made; default: the system's
     max_retries: int = 5  # SandboxFusion: attempts after the first, for transient failures
     connect_timeout_s: float = 10.0
     slack_s: float = 30.0  # SandboxFusion: an HTTP attempt may take the run's timeout plus this

@@ -17,8 +17,9 @@ dropped user, so the program may reopen them by path.
 CONFIG: `parent` (agentroll's pid), `workdir`, `argv`, `env`, `uid`/`gid` (drop to them first: agentroll runs
 as root), `namespaces` ("user": unprivileged user + network + pid namespaces, made after the drop; "root":
 network + pid namespaces made as root, before the drop; "none"), `limits` {`cpu_s`, `as_bytes`, `fsize_bytes`,
-`nproc` or null}, `status_fd`. The outcome goes to that fd as one JSON object: {"exit": n} | {"signal": n} |
-{"setup": "why it could not be set up"}.
+`nproc` or null}, `status_fd`. The outcome goes to that fd, one JSON object a line: {"exit": n} | {"signal": n} |
+{"setup": "why it could not be set up"}; a program that could not start says so there (`setup`) before its
+exit is reported. The program never gets that fd: nothing it prints or returns is read as the launcher's word.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ if LINUX:
 
 def report(outcome: dict[str, object]) -> None:
     with contextlib.suppress(OSError):
-        os.write(STATUS_FD, json.dumps(outcome).encode())
+        os.write(STATUS_FD, json.dumps(outcome).encode() + b"\n")
 
 
 def die_with(parent: int | None, sig: int) -> None:
@@ -114,14 +115,13 @@ def program(config: dict[str, object], parent: int) -> None:
             if limits.get(key) is not None and hasattr(resource, name):
                 resource.setrlimit(getattr(resource, name), (int(limits[key]), int(limits[key])))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        os.close(STATUS_FD)
+        os.set_inheritable(STATUS_FD, False)  # the exec closes it; until then a failure is reported there
         os.chdir(str(config["workdir"]))
         argv, env = config["argv"], config["env"]
         assert isinstance(argv, list) and isinstance(env, dict)
         os.execve(argv[0], argv, env)
     except BaseException as exc:  # whatever it is, the program cannot start
-        with contextlib.suppress(OSError):
-            os.write(2, f"sandbox: the program could not start: {exc}\n".encode())
+        report({"setup": f"the program could not start: {exc}"})
         os._exit(SETUP_FAILED)
 
 

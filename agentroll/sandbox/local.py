@@ -1,12 +1,16 @@
-"""The local sandbox: one child process per run, set up by `_launch.py`, supervised from the event loop.
+"""The local sandbox: one sandboxed process tree per run, supervised from the event loop.
 
-Per run: a fresh directory (removed afterwards, by the launcher if agentroll itself is killed), the program
-written there as `main.py`, a scrubbed environment (no variable of agentroll's own), the interpreter in isolated
-mode, resource limits (CPU seconds, address space, file size, processes), its own process group killed whole at
-the wall-clock timeout, and at most `concurrency` runs at once. The isolation is the best this machine allows,
-found once by probing: unprivileged user + network + pid namespaces; as root, the same after dropping to the
-user `nobody` (or network + pid namespaces made as root); else none, which is logged as a warning. It is not a
-filesystem sandbox: the code can read what its user can read (docs/tool-use.md).
+By default each run is a bubblewrap sandbox (`_bwrap.py`): a filesystem, network, processes and user of its own,
+limits per run (a cgroup where one can be made). Without bwrap, local code runs only when asked for by name,
+`--sandbox unsafe-local` (`_unsafe.py`), with a warning; otherwise making the sandbox is a one-line error saying
+how to get bwrap or to use `--sandbox-url`. Never a silently weaker set-up.
+
+The set-up is found once, by running a trivial program through it: the interpreter asked for, else the system's
+(as root the program runs as `nobody`, who may not reach an interpreter under /root); it is logged at start.
+Every run then: the program's streams read up to the output cap (more ends it: `output_limit`), its wall-clock
+timeout, the whole tree killed when it ends, overruns or writes too much, at most `concurrency` runs at once.
+What the sandbox says about a run (it started, its exit status) comes on a descriptor the program never gets;
+whatever the program prints or returns is its outcome and nothing else.
 """
 
 from __future__ import annotations
@@ -14,59 +18,50 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
-import shutil
+import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, cast
-
-import orjson
+from typing import Any, Protocol, cast
 
 from ..errors import UsageError
 from . import RunResult, SandboxSettings, SandboxUnavailable, Status
+from . import _bwrap as bwrap
+from . import _unsafe as unsafe
+from ._cgroup import Cgroups
 
 log = logging.getLogger("agentroll")
 
-LAUNCHER = str(Path(__file__).with_name("_launch.py"))
-NOBODY = 65534
-SETUP_FAILED = 125  # _launch.py's exit code when the program could not start
-SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
-SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 DRAIN_S = 2.0  # after the kill, how long the pipes may take to close
-WORKDIR_PREFIX = "agentroll-sandbox-"  # then the pid of the agentroll that made it
-Launched = tuple[dict[str, Any], bytes, bytes, str, bool]  # outcome, stdout, stderr, "exit" | "timeout", over cap
+SETUP_ATTEMPTS = 2  # a run whose sandbox could not be set up is tried once more before the sandbox is given up
+Launched = tuple[dict[str, Any], bytearray, bytearray, str, bool]  # outcome, stdout, stderr, "exit" | "timeout", over
 
 
-@dataclass(frozen=True, slots=True)
-class Mode:
-    namespaces: str  # "user", "root" or "none" (see _launch.py)
-    uid: int | None  # dropped to (agentroll runs as root), or None
-    python: str = sys.executable  # the interpreter the code runs in
+class Launch(Protocol):
+    workdir: str
+    argv: list[str]
+    pass_fds: tuple[int, ...]
+    popen: dict[str, Any]
 
-    def describe(self) -> str:
-        where = {
-            "user": "network, pid and user namespaces (no network)",
-            "root": "network and pid namespaces (no network)",
-            "none": "no namespaces: the code has the network, and processes that leave its group may outlive the run",
-        }[self.namespaces]
-        user = f"; runs as uid {self.uid}" if self.uid is not None else ""
-        return f"local child processes: {where}{user}; in {self.python}"
+    def spawned(self) -> None: ...
+
+    async def ready(self, transport: asyncio.SubprocessTransport) -> bool: ...
+
+    async def outcome(self, returncode: int | None, killed: bool) -> dict[str, Any]: ...
+
+    def memory_killed(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
-def candidates(python: str) -> list[Mode]:
-    """The set-ups to try, most isolated first; for each, the interpreter asked for, then the system's (a user
-    `nobody` cannot run an interpreter under root's home), never root."""
-    root = hasattr(os, "geteuid") and os.geteuid() == 0
-    uid = NOBODY if root else None
-    kinds = ["user", *(["root"] if root else []), "none"] if sys.platform.startswith("linux") else ["none"]
-    system = [p for p in SYSTEM_PYTHONS if os.path.exists(p) and os.path.realpath(p) != os.path.realpath(python)]
-    return [Mode(kind, uid, p) for kind in kinds for p in [python, *(system if uid is not None else [])]]
+class Plan(Protocol):
+    def describe(self) -> str: ...
+
+    def launch(self, code: str, timeout_s: float) -> Launch: ...
 
 
 class LocalSandbox:
@@ -74,7 +69,13 @@ class LocalSandbox:
 
     def __init__(self, settings: SandboxSettings | None = None) -> None:
         self.settings = settings or SandboxSettings()
-        self.mode: Mode | None = None
+        if self.settings.mode not in ("bwrap", "unsafe-local"):
+            raise UsageError(f"--sandbox {self.settings.mode!r}: use bwrap (the default) or unsafe-local")
+        self.bwrap = bwrap.find_bwrap() if self.settings.mode == "bwrap" else None
+        if self.settings.mode == "bwrap" and self.bwrap is None:
+            raise UsageError(bwrap.NO_BWRAP)
+        self.plan: Plan | None = None
+        self._cgroups: Cgroups | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots = asyncio.Semaphore(1)
         self._lock = asyncio.Lock()
@@ -92,174 +93,150 @@ class LocalSandbox:
 
     async def run(self, code: str, stdin: str | None = None, timeout_s: float = 10.0) -> RunResult:
         """`code` as a Python program fed `stdin`, killed at `timeout_s` of wall-clock time."""
-        mode = await self._ready()
+        plan = await self._ready()
         async with self._slots:
-            return await self._run(mode, code, stdin, timeout_s)
+            return await self._run(plan, code, stdin, timeout_s)
 
     async def aclose(self) -> None:
-        pass
+        if self._cgroups is not None:
+            self._cgroups.close()
+            self._cgroups = None
+            self.plan = None
 
     # -- set-up -------------------------------------------------------------------------------------------------
-    async def _ready(self) -> Mode:
+    async def _ready(self) -> Plan:
         self._bind()
-        if self.mode is not None:
-            return self.mode
+        if self.plan is not None:
+            return self.plan
         async with self._lock:
-            if self.mode is None:
-                sweep(self.settings.tmp_dir or tempfile.gettempdir())
-                why = []
-                for mode in candidates(self.settings.python):
-                    failure = await self._probe(mode)
+            if self.plan is None:
+                plans, why = await self._candidates()
+                for plan in plans:
+                    failure = await self._probe(plan)
                     if failure is None:
-                        self.mode = mode
+                        self.plan = plan
                         break
-                    why.append(f"{mode.namespaces} with {mode.python}: {failure}")
-                if self.mode is None:  # nothing will ever run here: a set-up error, not a passing failure
+                    why.append(failure)
+                if self.plan is None:  # nothing will ever run here: a set-up error, not a passing failure
                     raise UsageError(
                         f"the local sandbox cannot start a program here ({'; '.join(why)}); use --sandbox-url"
                     )
-                log.info("sandbox: %s", self.mode.describe())
-                if self.mode.namespaces == "none":
-                    log.warning(
-                        "sandbox: no network namespace can be made here (%s): model code runs with the "
-                        "network; use --sandbox-url for real isolation",
-                        "; ".join(why),
-                    )
-        return self.mode
+                log.info("sandbox: %s", self.plan.describe(), extra={"detail": True})  # said with --verbose
+        return self.plan
 
-    async def _probe(self, mode: Mode) -> str | None:
-        """None when `mode` sets up and runs its interpreter here, else why not."""
-        workdir = self._workdir(mode)
+    async def _candidates(self) -> tuple[list[Plan], list[str]]:
+        """The set-ups to probe, most wanted first, and why those that could not even be tried were not."""
+        s = self.settings
+        if s.mode == "unsafe-local":
+            log.warning(unsafe.WARNING)
+            unsafe.sweep(s.tmp_dir or tempfile.gettempdir())
+            return list(unsafe.candidates(s)), []
+        assert self.bwrap is not None
+        if self._cgroups is None:
+            self._cgroups = Cgroups.make(s.memory_mb << 20, s.processes + 1)
+        plans: list[Plan] = []
+        why = []
+        for python in dict.fromkeys([s.python, *unsafe.SYSTEM_PYTHONS]):
+            if python != s.python and not os.path.exists(python):
+                continue
+            binds, failure = await bwrap.prefixes_of(python)
+            if failure is not None:
+                why.append(f"{python}: {failure}")
+                continue
+            plans.append(bwrap.plan_for(self.bwrap, python, binds, s, self._cgroups))
+        return plans, why
+
+    async def _probe(self, plan: Plan) -> str | None:
+        """None when `plan` sets up and runs its interpreter here, else why not."""
         try:
-            outcome, _, err, _, _ = await self._launch(mode, workdir, b"", 30.0, ["-S", "-c", "pass"])
+            outcome, _, err, _, _ = await self._attempt(plan.launch("pass", 30.0), b"", 30.0)
         except SandboxUnavailable as exc:
             return str(exc)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
         if outcome == {"exit": 0}:
             return None
         last = err.decode("utf-8", "replace").strip().rsplit("\n", 1)[-1]
-        return str(outcome.get("setup") or last or outcome or "the launcher said nothing")
-
-    def _workdir(self, mode: Mode) -> str:
-        workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=self.settings.tmp_dir)
-        if mode.uid is not None:
-            os.chown(workdir, mode.uid, mode.uid)
-        return workdir
-
-    def _config(self, mode: Mode, workdir: str, timeout_s: float, status_fd: int, args: list[str]) -> dict[str, Any]:
-        s = self.settings
-        processes = (
-            s.processes if mode.namespaces == "user" else (s.processes * s.slots if mode.uid is not None else None)
-        )  # shared by every run as `nobody`; else off
-        env = {
-            "PATH": SAFE_PATH,
-            "HOME": workdir,
-            "TMPDIR": workdir,
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "OPENBLAS_NUM_THREADS": "1",
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-        }
-        return {
-            "parent": os.getpid(),
-            "workdir": workdir,
-            "status_fd": status_fd,
-            "namespaces": mode.namespaces,
-            "uid": mode.uid,
-            "gid": mode.uid,
-            "argv": [mode.python, "-I", "-B", "-X", "utf8", *args],
-            "env": env,
-            "limits": {
-                "cpu_s": math.ceil(timeout_s) + 1,
-                "as_bytes": s.memory_mb << 20,
-                "fsize_bytes": s.file_size_mb << 20,
-                "nproc": processes,
-            },
-        }
+        return str(outcome.get("setup") or last or outcome or "the sandbox said nothing")
 
     # -- one run ------------------------------------------------------------------------------------------------
-    async def _run(self, mode: Mode, code: str, stdin: str | None, timeout_s: float) -> RunResult:
-        workdir = self._workdir(mode)
-        try:
-            program = Path(workdir) / "main.py"
-            program.write_bytes(code.encode("utf-8", "replace"))
-            program.chmod(0o644)
-            data = (stdin or "").encode("utf-8", "replace")
+    async def _run(self, plan: Plan, code: str, stdin: str | None, timeout_s: float) -> RunResult:
+        data = (stdin or "").encode("utf-8", "replace")
+        for attempt in range(SETUP_ATTEMPTS):
+            launch = plan.launch(code, timeout_s)
             start = time.monotonic()
-            outcome, out, err, ended, over = await self._launch(mode, workdir, data, timeout_s)
+            outcome, out, err, ended, over = await self._attempt(launch, data, timeout_s)
             duration = round(time.monotonic() - start, 4)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        if "setup" in outcome:
-            raise SandboxUnavailable(f"the local sandbox could not be set up: {outcome['setup']}")
+            if "setup" not in outcome:
+                break
+            why = outcome["setup"] or err.decode("utf-8", "replace").strip()[-300:] or "it said nothing"
+            if attempt + 1 == SETUP_ATTEMPTS:
+                raise SandboxUnavailable(f"the local sandbox could not be set up: {why}")
+            log.warning("sandbox: a run could not be set up (%s); trying it again", why)
         exit_code = outcome.get("exit", -outcome["signal"] if "signal" in outcome else None)
-        stdout, stderr = relative(out, workdir), relative(err, workdir)
-        if exit_code == SETUP_FAILED and "sandbox: the program could not start" in stderr:
-            raise SandboxUnavailable(stderr.strip().splitlines()[-1])
-        return RunResult(
-            classify(exit_code, stderr, ended, over),
-            stdout,
-            stderr,
-            None if ended == "timeout" else exit_code,
-            duration,
-        )
+        stdout, stderr = relative(out, launch.workdir), relative(err, launch.workdir)
+        status = classify(exit_code, stderr, ended, over, bool(outcome.get("memory")))
+        return RunResult(status, stdout, stderr, None if ended == "timeout" else exit_code, duration)
 
-    async def _launch(
-        self, mode: Mode, workdir: str, data: bytes, timeout_s: float, args: tuple[str, ...] | list[str] = ("main.py",)
-    ) -> Launched:
-        """Start the launcher, feed stdin, collect both streams (capped), kill the group when it ends, overruns
-        or writes too much. Returns (outcome, stdout, stderr, how it ended: "exit" or "timeout", over cap).
+    async def _attempt(self, launch: Launch, data: bytes, timeout_s: float) -> Launched:
+        try:
+            return await self._launch(launch, data, timeout_s)
+        finally:
+            launch.release()  # at once: a cancelled run may not get to run the rest
+            await asyncio.shield(launch.close())
+
+    async def _launch(self, launch: Launch, data: bytes, timeout_s: float) -> Launched:
+        """Start the sandbox, let the program start once its limits are set, feed stdin, collect both streams
+        (capped), kill the whole tree when it ends, overruns or writes too much. Returns (outcome, stdout,
+        stderr, how it ended: "exit" or "timeout", over cap).
 
         A protocol rather than `create_subprocess_exec`: its `wait()` ends only once every pipe has closed, so a
         process that escaped the group holding stdout would hold the run for good."""
         loop = asyncio.get_running_loop()
-        status_r, status_w = os.pipe()
-        config = self._config(mode, workdir, timeout_s, status_w, list(args))
-        cmd = [self.settings.python, "-I", "-S", "-B", LAUNCHER, orjson.dumps(config).decode()]
         try:
             transport, run = await loop.subprocess_exec(
                 lambda: _Run(loop, self.settings.max_output_bytes),
-                *cmd,
+                *launch.argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(status_w,),
+                pass_fds=launch.pass_fds,
                 start_new_session=True,
-                env={"PATH": SAFE_PATH},
+                **launch.popen,
             )
         except OSError as exc:
-            os.close(status_r)
-            raise SandboxUnavailable(f"cannot start the sandbox launcher: {exc}") from exc
+            raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from exc
         finally:
-            os.close(status_w)
-        status = asyncio.ensure_future(_read_status(status_r))
-        ended = "exit"
+            launch.spawned()
+        ended, killed = "exit", False
         try:
-            stdin = cast("asyncio.WriteTransport | None", transport.get_pipe_transport(0))
-            if stdin is not None:
-                if data:
-                    stdin.write(data)  # buffered by the transport: a program that never reads cannot block us
-                stdin.close()  # after the buffer is written
-            done, _ = await asyncio.wait(
-                {run.exited, run.overflow}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done:
-                ended = "timeout"
+            if not await launch.ready(transport):
+                await asyncio.wait({run.exited}, timeout=DRAIN_S)
+            else:
+                stdin = cast("asyncio.WriteTransport | None", transport.get_pipe_transport(0))
+                if stdin is not None:
+                    if data:
+                        stdin.write(data)  # buffered by the transport: a program that never reads cannot block us
+                    stdin.close()  # after the buffer is written
+                done, _ = await asyncio.wait(
+                    {run.exited, run.overflow}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    ended = "timeout"
         finally:
+            killed = not run.exited.done()
             _kill_group(transport.get_pid())
-            await asyncio.wait({run.exited, *run.closed}, timeout=DRAIN_S)  # a straggler's pipes are given up
-            transport.close()
-            read, _ = await asyncio.wait({status}, timeout=DRAIN_S)
-            if not read:
-                status.cancel()
-        outcome = status.result() if read and not status.cancelled() else {}
-        return outcome, bytes(run.out), bytes(run.err), ended, run.overflow.done()
+            try:
+                await asyncio.wait({run.exited, *run.closed}, timeout=DRAIN_S)  # a straggler's pipes are given up
+            finally:
+                returncode = transport.get_returncode()
+                transport.close()
+        outcome = await launch.outcome(returncode, killed or run.overflow.done())
+        if launch.memory_killed():  # read before the run's cgroup goes
+            outcome["memory"] = True
+        return outcome, run.out, run.err, ended, run.overflow.done()  # kept as read: 64 programs x 4 MB add up
 
 
 class _Run(asyncio.SubprocessProtocol):
-    """One launcher's streams, each kept to its first `cap` bytes, and when it exits."""
+    """One sandbox's streams, each kept to its first `cap` bytes, and when it exits."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, cap: int) -> None:
         self.cap = cap
@@ -271,8 +248,11 @@ class _Run(asyncio.SubprocessProtocol):
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         kept = self.out if fd == 1 else self.err
         room = self.cap - len(kept)
+        if len(data) <= room:
+            kept += data
+            return
         kept += data[: max(room, 0)]
-        if len(data) > room and not self.overflow.done():
+        if not self.overflow.done():
             self.overflow.set_result(None)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
@@ -284,11 +264,13 @@ class _Run(asyncio.SubprocessProtocol):
             self.exited.set_result(None)
 
 
-def classify(exit_code: int | None, stderr: str, ended: str, over: bool) -> Status:
+def classify(exit_code: int | None, stderr: str, ended: str, over: bool, memory_killed: bool = False) -> Status:
     if over:
         return "output_limit"
     if ended == "timeout" or exit_code == -signal.SIGXCPU:  # wall clock, or the CPU-seconds limit
         return "timeout"
+    if memory_killed:  # its cgroup's memory ran out: the kernel killed one of its processes
+        return "memory"
     if exit_code == 0:
         return "ok"
     tail = stderr.rstrip().rsplit("\n", 1)[-1]
@@ -297,52 +279,17 @@ def classify(exit_code: int | None, stderr: str, ended: str, over: bool) -> Stat
     return "error"
 
 
-def relative(data: bytes, workdir: str) -> str:
-    """A stream as text, paths in the run directory shown relative to it (the directory itself as `.`): its
-    name holds agentroll's pid and a random part, so identical seeded runs would show the model different
-    tracebacks (`File "/tmp/agentroll-sandbox-123-x7q/main.py"` is shown as `File "main.py"`)."""
+def relative(data: bytes | bytearray, workdir: str) -> str:
+    """A stream as text, paths in the run directory shown relative to it (the directory itself as `.`), as
+    earlier versions showed them and as identical seeded runs must (`File "/sandbox/main.py"` is shown as
+    `File "main.py"`; with --sandbox unsafe-local the directory's name holds agentroll's pid and a random part)."""
     text = data.decode("utf-8", "replace")
     for path in sorted({workdir, os.path.realpath(workdir)}, key=len, reverse=True):
-        text = text.replace(path + os.sep, "").replace(path, ".")
+        if path in text:  # the directory's own name, not a longer one it begins (`/sandboxes` stays)
+            text = re.sub(re.escape(path) + r"(?:/|(?![\w.-]))", lambda m: "" if m[0].endswith("/") else ".", text)
     return text
-
-
-def sweep(tmp_dir: str) -> None:
-    """Remove the run directories of an agentroll that is gone: one killed between making a directory and
-    handing it to its launcher (which removes it in every other case) leaves it behind."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(tmp_dir):
-            pid = entry.name.removeprefix(WORKDIR_PREFIX).split("-", 1)[0]
-            if entry.name.startswith(WORKDIR_PREFIX) and pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-async def _read_status(fd: int) -> dict[str, Any]:
-    """The launcher's outcome line, read from its status pipe once every writer has closed it."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb"))
-    try:
-        raw = await reader.read()
-    finally:
-        transport.close()
-    try:
-        outcome = orjson.loads(raw) if raw else {}
-    except orjson.JSONDecodeError:
-        return {}
-    return outcome if isinstance(outcome, dict) else {}

@@ -6,6 +6,10 @@ Request: `{"code", "language": "python", "stdin", "run_timeout", "compile_timeou
 "stderr"}, "files"}`. A `SandboxError` (the sandbox's own failure), a dropped connection, an HTTP timeout or
 408/429/5xx is retried with backoff (`max_retries`); any other answer, or the last failure, raises
 `SandboxUnavailable`. Each attempt may take the run's timeout plus `slack_s`.
+
+The reply is read with a cap, as a local run's output is: each stream is kept to `max_output_bytes` (more is
+`output_limit`), and a reply larger than two such streams could ever take in JSON (every byte escaped as
+`\\uXXXX`) is not read further: the program wrote more than the cap, whatever the server kept of it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from ..errors import UsageError
 from . import RunResult, SandboxSettings, SandboxUnavailable, Status
 
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
+ESCAPED = 6  # the most bytes of JSON one byte of output can take (escaped as a backslash, u and 4 digits)
+ERROR_BYTES = 1 << 16  # what is read of an answer that is not a result
 
 
 class RemoteSandbox:
@@ -70,16 +76,20 @@ class RemoteSandbox:
         for attempt in range(s.max_retries + 1):
             try:
                 async with self._slots, session.post(self.url, data=body, timeout=timeout) as response:
-                    status, reply = response.status, await response.read()
+                    status = response.status
+                    cap = 2 * ESCAPED * s.max_output_bytes + ERROR_BYTES if status == 200 else ERROR_BYTES
+                    reply, whole = await read_capped(response, cap)
             except asyncio.TimeoutError:
                 problem = f"no answer within {timeout_s + s.slack_s:g}s"
             except aiohttp.ClientError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
+                if status == 200 and not whole:  # the server kept more than the cap: so did the program
+                    return RunResult("output_limit", "", "", None, 0.0)
                 if status == 200:
                     result = parse(reply, self.url)
                     if result is not None:
-                        return result
+                        return capped(result, s.max_output_bytes)
                     problem = f"SandboxError: {_message(reply)}"
                 elif status in RETRYABLE:
                     problem = f"HTTP {status}: {reply[:200].decode('utf-8', 'replace')}"
@@ -96,6 +106,28 @@ class RemoteSandbox:
         if self._http is not None:
             await self._http.close()
             self._http = None
+
+
+async def read_capped(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool]:
+    """The body, and True; or, when it is longer than `cap` bytes, nothing of it and False (the rest is never
+    read: the connection is dropped)."""
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > cap:
+            response.close()
+            return b"", False
+        chunks.append(chunk)
+    return b"".join(chunks), True
+
+
+def capped(result: RunResult, cap: int) -> RunResult:
+    """Each stream kept to its first `cap` bytes, as a local run's are: more is `output_limit`."""
+    streams = [result.stdout.encode("utf-8", "replace"), result.stderr.encode("utf-8", "replace")]
+    if all(len(stream) <= cap for stream in streams):
+        return result
+    out, err = (stream[:cap].decode("utf-8", "ignore") for stream in streams)
+    return RunResult("output_limit", out, err, result.exit_code, result.duration_s)
 
 
 def _message(reply: bytes) -> str:

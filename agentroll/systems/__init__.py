@@ -49,6 +49,11 @@ class System:
             )
         self.settings = {**self.options, **options}
 
+    @property
+    def uses_sandbox(self) -> bool:
+        """Whether it runs model code (`ctx.sandbox`): the sandbox is then made and tried at start."""
+        return False
+
     async def run(self, ctx: Context) -> list[Sample]:
         raise NotImplementedError
 

@@ -27,7 +27,7 @@ from ..concurrency import gather_or_cancel
 from ..context import ExecutionFailed
 from ..errors import UsageError
 from ..sandbox import SandboxUnavailable
-from ..toolcalls import ParsedCall, Toolbox, ToolResult, call_id, parser_for, tool_text
+from ..toolcalls import PYTHON, ParsedCall, Toolbox, ToolResult, call_id, parser_for, tool_text
 from . import System
 from .tool_use_words import COUNTERS, ToolUseWords
 
@@ -84,6 +84,10 @@ class ToolUse(System):
         self.parse = parser_for(s["parser"])
         self.toolbox = Toolbox.from_spec(s["tools"], float(s["tool_timeout"]), s["max_tool_output"], s["tool_threads"])
         self._template_checked: set[str | None] = set()  # the policies whose template was seen to offer tools
+
+    @property
+    def uses_sandbox(self) -> bool:
+        return PYTHON in self.toolbox.tools.values()
 
     async def run(self, ctx: Context) -> list[Sample]:
         tools = self.toolbox.schemas
@@ -150,7 +154,8 @@ class ToolUse(System):
 
     async def _call(self, call: ParsedCall, ctx: Context) -> ToolResult:
         try:
-            return await self.toolbox.call(call, ctx.sandbox)
+            # the run's sandbox only where the python tool is offered: a run of the user's tools needs none
+            return await self.toolbox.call(call, ctx.sandbox if self.uses_sandbox else None)
         except SandboxUnavailable as exc:
             raise ExecutionFailed(f"the python tool's sandbox failed: {exc}") from exc
 

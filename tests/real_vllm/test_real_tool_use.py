@@ -140,6 +140,7 @@ class ForcingProxy(RecordingProxy):
         return web.Response(body=raw, status=status, content_type="application/json")
 
 
+@pytest.mark.bwrap  # its python turn runs in the local sandbox
 def test_a_tool_use_run_on_real_vllm_is_token_exact_through_a_tool_turn(tool_vllm, tool_model, tmp_path):
     folder, which = tool_model
     _, tokenizer = load_first([str(folder)])

@@ -1,0 +1,251 @@
+"""The local sandbox against programs that try to get out (issue 31), through `agentroll.sandbox` itself: as root
+(agentroll in a container often is) and as an ordinary user (`tests/unprivileged.py`). A run's limits hold for
+the run (all its processes), nothing of it outlives it, it sees nothing of the host but what it needs to run, and
+nothing it prints decides anything but its own outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agentroll.sandbox import RunResult, SandboxSettings
+from agentroll.sandbox.local import LocalSandbox
+
+from . import hostile, unprivileged
+
+pytestmark = pytest.mark.bwrap  # model code in the local sandbox (conftest: skipped without bwrap)
+
+Run = Callable[..., dict]
+
+
+def as_dict(result: RunResult, described: str) -> dict:
+    return {
+        "status": result.status,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "exit_code": result.exit_code,
+        "described": described,
+    }
+
+
+@pytest.fixture(params=["root", "user"])
+def run(request) -> Run:
+    """`run(code, stdin=None, timeout_s=10, **settings)`: one sandbox run made by root, or by an ordinary user."""
+    if request.param == "root":
+        if not unprivileged.is_root():
+            pytest.skip("the root half runs when the tests run as root (CI does)")
+
+        def as_root(code: str, stdin: str | None = None, timeout_s: float = 10.0, **settings) -> dict:
+            async def main() -> dict:
+                sandbox = LocalSandbox(SandboxSettings(**settings))
+                try:
+                    return as_dict(await sandbox.run(code, stdin, timeout_s), await sandbox.describe())
+                finally:
+                    await sandbox.aclose()
+
+            return asyncio.run(main())
+
+        return as_root
+    user_home = unprivileged.home()
+    unprivileged.interpreter()
+
+    def as_user(code: str, stdin: str | None = None, timeout_s: float = 10.0, **settings) -> dict:
+        done = unprivileged.sandbox_run(user_home, code, stdin, timeout_s, settings)
+        assert "raised" not in done, done
+        return done
+
+    return as_user
+
+
+def marker() -> str:
+    """A unique number of seconds for `sleep`: how a process of a run is found from outside its pid namespace."""
+    return f"{300 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
+
+
+def sleepers(mark: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.info["cmdline"] and proc.info["cmdline"][-1] == mark:
+            found.append(proc)
+    return found
+
+
+# -- what a program sees and may touch --------------------------------------------------------------------------
+def test_a_program_sees_a_filesystem_of_its_own_and_no_host_process(run: Run):
+    secret = Path(tempfile.mkdtemp(prefix="agentroll-secret-"))
+    secret.chmod(0o755)
+    (secret / "x").write_text('{"expected": "42"}\n')
+    (secret / "x").chmod(0o644)
+    code = f"""import json, os
+pids = sorted(p for p in os.listdir("/proc") if p.isdigit())
+seen = {{"uid": os.getuid(), "root": sorted(os.listdir("/")), "pids": pids}}
+for path in ("/etc/passwd", "/root", "/home", "/work", "/sys", "/run", {str(secret)!r}, {str(secret / "x")!r}):
+    seen[path] = os.path.exists(path)
+for path in ("/made", "/usr/made", "/dev/made", "/proc/made"):
+    try:
+        open(path, "w").write("x")
+        seen[path] = "written"
+    except OSError as exc:
+        seen[path] = type(exc).__name__
+print(json.dumps(seen))
+"""
+    done = run(code)
+    assert done["status"] == "ok", done["stderr"]
+    seen = json.loads(done["stdout"])
+    assert seen["uid"] == 65534
+    assert not {"root", "home", "work", "etc", "sys", "run", "srv", "opt", "mnt", "media", "boot"} & set(
+        seen["root"]
+    ), seen["root"]
+    assert len(seen["pids"]) <= 3, seen["pids"]  # its own: the sandbox's init, the program (and nothing else)
+    assert not any(seen[p] for p in ("/etc/passwd", "/root", "/home", "/work", "/sys", "/run")), seen
+    assert not seen[str(secret)] and not seen[str(secret / "x")]
+    assert "written" not in {seen[p] for p in ("/made", "/usr/made", "/dev/made", "/proc/made")}
+
+
+def test_a_program_that_forges_the_launchers_failure_only_fails_itself(run: Run):
+    done = run(hostile.FORGE)
+    assert (done["status"], done["exit_code"]) == ("error", 125)
+    assert "could not start" in done["stderr"]  # its own words, as its own outcome
+
+
+def test_a_forged_failure_only_fails_itself_with_the_unsafe_local_sandbox_too(run: Run):
+    done = run(hostile.FORGE, mode="unsafe-local")
+    assert (done["status"], done["exit_code"]) == ("error", 125)
+
+
+def test_two_runs_at_once_cannot_see_each_other(run: Run):
+    """A program looking for another run's directory, processes and program for 3 s, while one runs."""
+    mark = marker()
+    victim = f"import os\nos.system('sleep {mark}')\nprint(open('main.py').read().count('victim'))"
+    spy = hostile.spy([], [], "/nonexistent", f"agentroll-mark-{uuid.uuid4().hex}")
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(run, victim, None, 6.0)
+        while not sleepers(mark) and not first.done():  # the victim runs: its sleep shows in the process table
+            time.sleep(0.02)
+        second = pool.submit(run, spy, None, 20.0)
+        spied, victimised = second.result(), first.result()
+    for left in sleepers(mark):
+        left.kill()
+    assert spied["status"] == "ok", spied["stderr"]
+    assert json.loads(spied["stdout"]) == []
+    assert victimised["status"] == "timeout" and "forged" not in victimised["stdout"]
+
+
+# -- limits per run ---------------------------------------------------------------------------------------------
+def test_memory_is_limited_for_the_whole_run_not_per_process(run: Run):
+    """Three children each after 200 MB resident, in a run of 256 MB: together they never hold more."""
+    done = run(hostile.hoard(200), timeout_s=60.0, memory_mb=256)
+    if done["status"] == "ok":
+        assert int(done["stdout"]) <= 256, done
+    else:
+        assert done["status"] == "memory", done
+
+
+def test_disk_is_limited_for_the_whole_run(run: Run):
+    """Files of 4 MB, each far under any file-size limit, written everywhere it can: 32 MB of disk in all."""
+    done = run(hostile.fill(200), timeout_s=60.0, disk_mb=32)
+    assert done["status"] == "ok", done["stderr"]
+    assert int(done["stdout"]) <= 2 * 32, done  # its directory (/tmp with it) and /dev/shm, each of 32 MB
+
+
+def test_nothing_of_a_run_outlives_it(run: Run):
+    mark, key = f"agentroll-left-{uuid.uuid4().hex}", 0x5A000000 + uuid.uuid4().int % 0xFFFFF
+    seconds = marker()
+    done = run(hostile.linger(mark, key, seconds), timeout_s=20.0)
+    assert done["status"] == "ok", done["stderr"]
+    assert "left" in done["stdout"]
+    left = [base for base in ("/tmp", "/var/tmp", "/dev/shm") if os.path.exists(os.path.join(base, mark))]
+    segments = Path("/proc/sysvipc/shm").read_text().split("\n")[1:]
+    keys = {int(line.split()[0]) for line in segments if line.strip()}
+    stragglers = sleepers(seconds)
+    for proc in stragglers:
+        proc.kill()
+    for base in left:
+        os.unlink(os.path.join(base, mark))
+    assert left == [] and key not in keys and stragglers == []
+
+
+def test_the_kernels_riskiest_calls_are_refused_and_ordinary_programs_still_run(run: Run):
+    """The seccomp filter: io_uring, the keyring, ptrace, bpf, userfaultfd, namespaces fail with EPERM (another ABI
+    with ENOSYS); a thread, a multiprocessing lock (a semaphore in /dev/shm) and a subprocess work as ever (within
+    the fallback's 4 processes and threads, as an ordinary user)."""
+    import platform
+
+    from agentroll.sandbox._seccomp import ARCHES, DENIED
+
+    if platform.machine() not in ARCHES:
+        pytest.skip(f"no seccomp filter is written for {platform.machine()}")
+    column = ARCHES[platform.machine()][0]
+    calls = {name: DENIED[name][column] for name in ("io_uring_setup", "keyctl", "ptrace", "bpf", "userfaultfd")}
+    calls["unshare"] = DENIED["unshare"][column]
+    code = f"""import ctypes, errno, json, multiprocessing, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+seen = {{}}
+for name, number in {calls!r}.items():
+    seen[name] = "allowed" if libc.syscall(number, 0, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
+if {column} == 0:  # x86_64's x32 ABI: getpid's number with the x32 bit
+    seen["x32"] = "allowed" if libc.syscall(39 | 0x40000000) >= 0 else errno.errorcode[ctypes.get_errno()]
+done = []
+thread = threading.Thread(target=done.append, args=(1,))
+thread.start()
+thread.join()
+with multiprocessing.Lock():
+    echoed = subprocess.run(["echo", "hi"], capture_output=True).stdout.decode()
+seen["ordinary"] = [done, echoed]
+print(json.dumps(seen))
+"""
+    done = run(code, timeout_s=30.0)
+    assert done["status"] == "ok", done["stderr"]
+    seen = json.loads(done["stdout"])
+    assert seen.pop("ordinary") == [[1], "hi\n"]
+    assert seen == {**{name: "EPERM" for name in calls}, **({"x32": "ENOSYS"} if column == 0 else {})}
+
+
+def test_as_root_a_run_lives_in_a_cgroup_of_its_own_holding_its_limits():
+    """Where a cgroup can be made (root here): the run's processes are in groups of their own holding the memory
+    budget, the process cap (the program's and the sandbox's init) and one core's worth of CPU, as the kernel
+    shows them; the groups are gone once the run is."""
+    from agentroll.sandbox._cgroup import hierarchies
+
+    if not unprivileged.is_root():
+        pytest.skip("a cgroup is made as root")
+    mark = marker()
+
+    async def main() -> dict[str, str]:
+        sandbox = LocalSandbox(SandboxSettings(memory_mb=300, processes=20))
+        try:
+            task = asyncio.ensure_future(sandbox.run(f"import os\nos.system('sleep {mark}')", None, 60))
+            while not sleepers(mark):  # polling the host's process table for the run's sleep
+                await asyncio.sleep(0.02)
+                assert not task.done(), task.result()
+            pid = sleepers(mark)[0].pid
+            found = {}
+            for h in hierarchies(Path("/proc/self/mountinfo").read_text(), Path(f"/proc/{pid}/cgroup").read_text()):
+                for name in ("memory.limit_in_bytes", "memory.max", "pids.max", "cpu.cfs_quota_us", "cpu.max"):
+                    if (h.base / name).exists():
+                        found[name] = (h.base / name).read_text().strip()
+                        found[name + " in"] = str(h.base)
+            for proc in sleepers(mark):
+                proc.kill()
+            await task
+            return found
+        finally:
+            await sandbox.aclose()
+
+    found = asyncio.run(main())
+    assert found.get("memory.limit_in_bytes", found.get("memory.max")) == str(300 << 20), found
+    assert found["pids.max"] == "21", found
+    assert found.get("cpu.cfs_quota_us", found.get("cpu.max", "").split(" ")[0]) == "100000", found
+    groups = [v for k, v in found.items() if k.endswith(" in")]
+    assert all("/agentroll-" in g and "/run-" in g for g in groups) and not any(Path(g).exists() for g in groups)
