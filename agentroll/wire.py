@@ -302,3 +302,56 @@ def parse_generate(payload: Any, sent_ids: list[int], alternatives: int = 0) -> 
                 raise WireError(f"a top_logprobs entry has no {exc}") from None
         out.top_token_ids, out.top_logprobs = ids_out, lps_out
     return _extras(choice, out)
+
+
+# -- a teacher's scores: vLLM's prompt_logprobs over ids another model sampled ------------------------------------
+
+
+def score_body(model: str, sequence: list[int], alternatives: int) -> dict[str, Any]:
+    """A scoring call: the whole sequence (prompt + the ids to score) as a token-id prompt, `prompt_logprobs`
+    (the sequence's own token at each position, plus the k most likely when k > 0) and one generated token,
+    the least `/v1/completions` takes. The logprobs are those of the raw logits whatever the temperature (vLLM
+    computes prompt logprobs before any sampling parameter), so it is sent as 1."""
+    return {"model": model, "prompt": sequence, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": alternatives}
+
+
+def parse_scores(payload: Any, sent_ids: list[int], start: int, alternatives: int) -> Completion:
+    """The scores of `sent_ids[start:]` from a `score_body` answer, as a `Completion` (`token_ids` the scored ids,
+    `logprobs` their logprobs, `ranks` their ranks, the top k when asked). vLLM's `prompt_logprobs` hold one
+    entry per prompt position, the first null, each other `{"<id>": {"logprob", "rank", "decoded_token"}}` for
+    the position's own token plus the top k (so k or k + 1 entries). An entry that does not hold the id sent at
+    its position is misaligned: a `WireError`, retried, never recorded."""
+    choice = _first_choice(payload)
+    entries = choice.get("prompt_logprobs")
+    if not isinstance(entries, list) or len(entries) != len(sent_ids):
+        raise WireError("response has no prompt_logprobs of one entry per prompt token (is prompt_logprobs supported?)")
+    if not 0 < start <= len(sent_ids):
+        raise ValueError(f"scores start at position {start} of {len(sent_ids)}: no logit predicts position 0")
+    scored = sent_ids[start:]
+    logprobs: list[float] = []
+    ranks: list[int | None] = []
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+    for entry, token in zip(entries[start:], scored, strict=True):
+        own = entry.get(str(token)) if isinstance(entry, dict) else None
+        if not isinstance(own, dict):
+            raise WireError(f"a prompt_logprobs entry does not hold the token sent there ({token})")
+        value: Any = own.get("logprob")
+        rank = own.get("rank")
+        if type(value) not in NUMBER or type(rank) is not int:
+            raise WireError("a prompt_logprobs entry's logprob is not a number or its rank not an integer")
+        logprobs.append(float(value))
+        ranks.append(rank)
+        if alternatives:
+            try:
+                ranked = sorted(
+                    (v["rank"], int(t), v["logprob"]) for t, v in entry.items() if 1 <= v["rank"] <= alternatives
+                )
+            except (KeyError, TypeError, ValueError):
+                raise WireError("prompt_logprobs keys are not token ids with a logprob and a rank") from None
+            top_ids.append([t for _, t, _ in ranked])
+            top_logprobs.append([v for _, _, v in ranked])
+    out = Completion(sent_ids, scored, logprobs, None, *_reasons(choice), ranks=ranks)
+    if alternatives:
+        out.top_token_ids, out.top_logprobs = top_ids, top_logprobs
+    return out

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from ..errors import ServerError
-from ..wire import APIS, PATHS, Completion, WireError, parse, reader, request_body
+from ..wire import APIS, PATHS, Completion, WireError, parse, parse_scores, reader, request_body, score_body
 from .endpoints import FATAL_STATUS, RETRYABLE_STATUS, Endpoint, normalize_base_url
 from .rotation import Rotation
 from .settings import ClientSettings
@@ -295,16 +295,64 @@ class CompletionClient:
         api = self.api
         sent = priority[0] if self.send_priority and priority[0] >= 0 else None
         payload = orjson.dumps(request_body(api, model, prompt_ids, params, alternatives, sent))
-        loads = reader(api, alternatives)
+        return await self._attempts(
+            PATHS[api],
+            payload,
+            lambda data: parse(api, data, prompt_ids, alternatives),
+            model,
+            prompt_ids,
+            prefer,
+            key,
+            priority,
+            reader(api, alternatives),
+        )
+
+    async def score(
+        self,
+        sequence: list[int],
+        start: int,
+        model: str,
+        alternatives: int = 0,
+        key: str | None = None,
+        priority: Priority = FIRST,
+    ) -> Completion:
+        """A teacher's scores of `sequence[start:]`, ids another model sampled (vLLM's `prompt_logprobs` over the
+        sequence, `wire.score_body`), retried as a completion is: a `Completion` of those ids (`wire.parse_scores`)."""
+        payload = orjson.dumps(score_body(model, sequence, alternatives))
+        return await self._attempts(
+            PATHS["completions"],
+            payload,
+            lambda data: parse_scores(data, sequence, start, alternatives),
+            model,
+            sequence,
+            None,
+            key,
+            priority,
+        )
+
+    async def _attempts(
+        self,
+        path: str,
+        payload: bytes,
+        read: Callable[[Any], Completion],
+        model: str,
+        prompt_ids: list[int],
+        prefer: Endpoint | None,
+        key: str | None,
+        priority: Priority,
+        loads: Callable[[bytes], Any] = orjson.loads,
+    ) -> Completion:
+        """The attempts of one call: `loads` decodes the answer, `read` makes it a `Completion` (a `WireError` is
+        retried)."""
         started = time.monotonic()
         attempt = 0
         avoid: Endpoint | None = None
         while True:
             attempt += 1
             try:
-                endpoint, data = await self._post(PATHS[api], payload, priority, prefer, avoid, key, loads)
+                endpoint, data = await self._post(path, payload, priority, prefer, avoid, key, loads)
                 try:
-                    done = parse(api, data, prompt_ids, alternatives)
+                    done = read(data)
                 except WireError as exc:  # a malformed answer (a proxy's error page?) may be passing: retried
                     raise CallFailed(f"{endpoint.url}: {exc}", 200, True, endpoint) from None
                 if done.finish_reason not in FINISHED:
@@ -317,8 +365,8 @@ class CompletionClient:
                         endpoint,
                     )
             except CallFailed as exc:
-                if exc.retryable and (self.rotation.trial is None or self.rotation.trial[0] != PATHS[api]):
-                    self._keep_trial(api, model, prompt_ids)
+                if exc.retryable and (self.rotation.trial is None or self.rotation.trial[0] != path):
+                    self._keep_trial(self.api, model, prompt_ids)
                 if not exc.retryable or attempt > self.settings.retries.max_retries:
                     self.counters.failures += 1
                     raise
