@@ -84,6 +84,7 @@ class Context:
         self._parents: dict[int, Sample] = {}  # id(sample) -> the sample it continues
         self.failure: ExecutionFailed | None = None  # the first call that failed for good, even if caught
         self._made: dict[int, Sample] = {}  # id -> sample: the samples this execution made (kept alive)
+        self._scoring: dict[int, asyncio.Task[None]] = {}  # id(sample) -> its teacher's scoring (--teacher)
 
     # -- prompts ----------------------------------------------------------------------------------------------
     def messages(self, template: str, solutions: list[str] | None = None, **variables: Any) -> list[dict[str, str]]:
@@ -327,7 +328,7 @@ class Context:
             if done.text is not None
             else runtime.encoder.decode_response(done.token_ids, done.finish_reason, done.stop_reason, ids)
         )
-        return sample_of(
+        made = sample_of(
             done,
             runtime,
             cfg,
@@ -339,6 +340,12 @@ class Context:
             response=response,
             sampled=sampling_record(sampling, seed, max_tokens),
         )
+        if runtime.teacher is not None:  # scored apart, while the execution goes on (`scored` awaits it)
+            scoring = runtime.teacher.score(
+                made, journal, sent[0], (p.id, p.content_hash), (self.group, self._rank(stage))
+            )
+            self._scoring[id(made)] = asyncio.ensure_future(scoring)
+        return made
 
     def _rank(self, stage: str) -> int:
         declared = self.engine.declared
@@ -370,6 +377,30 @@ class Context:
         return failure
 
     # -- the engine's side ------------------------------------------------------------------------------------
+    async def scored(self, samples: list[Sample]) -> None:
+        """Wait for the teachers' scores of `samples` (the others' are dropped). A scoring call that fails for
+        good fails the execution, as a generation would: no record is written without its teacher's scores."""
+        pending = [self._scoring.pop(id(s)) for s in samples if id(s) in self._scoring]
+        self.drop_scoring()
+        for task in pending:
+            try:
+                await task
+            except CallFailed as exc:
+                self.drop_scoring(pending)
+                raise self._failed(f"teacher call failed: {exc}") from exc
+            except BaseException:
+                self.drop_scoring(pending)
+                raise
+
+    def drop_scoring(self, tasks: list[asyncio.Task[None]] | None = None) -> None:
+        """Cancel scoring still in flight: of samples the system let go (or of `tasks`)."""
+        for task in tasks if tasks is not None else list(self._scoring.values()):
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a failure after its execution already failed says nothing more
+            task.cancel()
+        if tasks is None:
+            self._scoring.clear()
+
     def finish(self, samples: list[Sample]) -> list[Sample]:
         """Check what the system returned and set the per-execution fields: position links between turns,
         rollout size, final reward."""

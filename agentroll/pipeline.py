@@ -97,6 +97,12 @@ class AgentSystem:
         admission number, its calls' priority when slots are scarce (older groups first)."""
         ctx = Context(self.engine, problem, sample_index, attempt, group)
         try:
+            return await self._run(ctx, problem)
+        finally:
+            ctx.drop_scoring()  # a teacher's calls never outlive their execution
+
+    async def _run(self, ctx: Context, problem: Problem) -> list[Sample]:
+        try:
             samples = await self.system.run(ctx)
         except (ExecutionFailed, AgentrollError, asyncio.CancelledError):
             raise
@@ -110,4 +116,6 @@ class AgentSystem:
             raise ctx.failure
         if not isinstance(samples, list):
             raise UsageError(f"system {self.system.name} returned {type(samples).__name__}, not a list of Samples")
-        return ctx.finish(samples)
+        finished = ctx.finish(samples)
+        await ctx.scored(finished)
+        return finished

@@ -11,7 +11,8 @@ model and K): a stop loses only the scoring calls in flight, and a rerun replays
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -37,8 +38,8 @@ class Teacher:
         self.client = CompletionClient(list(settings.urls), settings.client, transport=transport)
         self.model = ""
         self.max_model_len: int | None = None
-        self.scored = 0  # calls answered by the server (not replayed), records scored without a call (empty)
-        self.replayed = 0
+        self.scored = 0  # scoring calls the server answered
+        self.replayed = 0  # scoring calls answered from the call journal of an earlier run
 
     @property
     def url(self) -> str:
@@ -84,7 +85,7 @@ class Teacher:
         found = journal.get(key + MARK, digest) if journal is not None and key is not None else None
         if found is not None:
             self.replayed += 1
-            done = Completion.from_json(found)
+            done = Completion.from_json(found, sequence)
         else:
             done = await self.client.score(sequence, start, self.model, k, key=sample.problem_hash, priority=priority)
             self.scored += 1
@@ -100,6 +101,17 @@ class Teacher:
             sample.teacher_top_logprobs = done.top_logprobs or []
         else:
             sample.teacher_top_ids = sample.teacher_top_logprobs = None
+
+    def report(self) -> dict[str, Any]:
+        """What the summary and the manifest's `last_run.teachers` say of it."""
+        return {
+            "model": self.model,
+            "endpoints": [e.url for e in self.client.endpoints],
+            "logprobs": self.settings.logprobs,
+            "scored": self.scored,
+            "replayed": self.replayed,
+            "requests": asdict(self.client.counters),
+        }
 
     async def aclose(self) -> None:
         await self.client.aclose()
