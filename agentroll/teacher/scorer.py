@@ -52,16 +52,18 @@ class Teacher:
         if self.client.adaptive:
             await follow_metrics(self.client)
 
-    def room(self, context: int | None, where: str) -> None:
-        """A sequence of `context` tokens (the longest a record can be) must fit the teacher's context with the one
-        token a scoring call generates: refused before the run starts, not on every long record."""
+    def room(self, context: int | None, what: str, student: bool = True) -> None:
+        """A sequence of `context` tokens (`what`: the records it stands for) must fit the teacher's context with
+        the one token a scoring call generates: refused before anything is scored, not on every long record.
+        `student`: the student's context can still be set (generate), not a finished folder's (distill)."""
         limit = self.max_model_len
         if context is None or limit is None or context < limit:
             return
         raise UsageError(
-            f"--teacher {self.url}: its max_model_len ({limit}) leaves no room to score {where}'s records of up to "
-            f"{context} tokens (prompt + response) plus the one token a scoring call generates: serve the teacher "
-            f"with --max-model-len {context + 1} or more, or give the student --max-context-len {limit - 1}"
+            f"--teacher {self.url}: its max_model_len ({limit}) leaves no room to score {what} of {context} tokens "
+            f"(prompt + response) plus the one token a scoring call generates: serve the teacher with "
+            f"--max-model-len {context + 1} or more"
+            + (f", or give the student --max-context-len {limit - 1}" if student else "")
         )
 
     async def score(

@@ -60,6 +60,9 @@ class TeacherOptions:
     )
     teacher_api_key: str | None = option(None, "Sent to the teacher as a Bearer token.")
 
+    def __post_init__(self) -> None:
+        self.check_teacher()
+
     def check_teacher(self) -> None:
         """Each teacher option in its range (a subclass's checks call this among its own)."""
         set_ = object.__setattr__
@@ -128,7 +131,7 @@ class TeacherOptions:
         return replace(base, urls=(str(url),), model=model)
 
 
-def retries_of(max_retries: int, request_timeout: float, connect_timeout: float) -> ClientSettings:
+def client_of(max_retries: int, request_timeout: float, connect_timeout: float) -> ClientSettings:
     """A teacher's client settings where no run's are at hand (`agentroll distill`): these three, the rest at the
     client's defaults."""
     return ClientSettings(
@@ -137,3 +140,16 @@ def retries_of(max_retries: int, request_timeout: float, connect_timeout: float)
         health=Health(),
         concurrency=Concurrency(),
     )
+
+
+def stage_teachers(items: list[str]) -> dict[str, dict[str, str]]:
+    """`--stage NAME.teacher=URL|none` and `--stage NAME.teacher_model=NAME` (`agentroll distill`, which takes no
+    other stage setting) as {stage: {key: value}}."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        head, eq, raw = item.partition("=")
+        stage, dot, key = head.strip().rpartition(".")
+        if not eq or not dot or not stage or key not in STAGE_KEYS or not raw.strip():
+            raise UsageError(f"--stage {item!r}: expected STAGE.teacher=URL|none or STAGE.teacher_model=NAME")
+        out.setdefault(stage, {})[key] = raw.strip()
+    return out

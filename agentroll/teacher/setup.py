@@ -102,7 +102,7 @@ def fit(stage: Stage, teacher: Teacher, explicit: bool, where: str) -> tuple[int
     if limit is None or (context is not None and context < limit):
         return None
     if explicit and context is not None:
-        teacher.room(context, where)
+        teacher.room(context, f"{where}'s records")
     stage.config = replace(stage.config, max_context_len=limit - 1)
     return context, limit
 

@@ -242,10 +242,12 @@ def _throughput(data: dict[str, Any]) -> str:
     derived = data.get("derived_from")
     if derived:
         source = derived.get("folder") if isinstance(derived, dict) else None
+        command = derived.get("command", "rescore") if isinstance(derived, dict) else "rescore"
+        done = "a teacher's scores were added to them" if command == "distill" else "they were scored again"
         return "".join(out) + (
             f"<p class='note'>This folder was derived from {escape(str(source or 'another folder'))} "
-            "(<code>agentroll rescore</code>): its records were scored again, not generated, so it has no "
-            "throughput of its own. The source folder's report shows how it was generated.</p>"
+            f"(<code>agentroll {escape(str(command))}</code>): its records were not generated, {done}, so it has "
+            "no throughput of its own. The source folder's report shows how it was generated.</p>"
         )
     last = data["last_run"]
     if last.get("wall_s"):
