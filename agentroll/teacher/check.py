@@ -60,10 +60,12 @@ async def check_vocabulary(teacher: Teacher, tokenizer: Any) -> None:
         theirs = await _ask(teacher, "/tokenize", {"model": teacher.model, "prompt": text, "add_special_tokens": False})
         ids = theirs.get("tokens") if isinstance(theirs, dict) else None
         if ids != ours:
+            at = _first_difference(ids, ours)
             raise UsageError(
                 f"{where} does not share the student's vocabulary: /tokenize of {text[:40]!r} gives "
-                f"{_short(ids)} there and {_short(ours)} with the student's tokenizer (a teacher must give every "
-                "token id the student samples the same meaning: another tokenizer is no teacher here)"
+                f"{_short(ids, at)} there and {_short(ours, at)} with the student's tokenizer, from token {at} on "
+                "(a teacher must give every token id the student samples the same meaning: another tokenizer is no "
+                "teacher here)"
             )
     top = largest_id(tokenizer)
     ours_text = tokenizer.decode([top], skip_special_tokens=False)
@@ -119,7 +121,16 @@ async def _ask(teacher: Teacher, path: str, body: dict[str, Any], lenient: bool 
     return answer
 
 
-def _short(ids: Any) -> str:
+def _first_difference(theirs: Any, ours: list[int]) -> int:
+    if not isinstance(theirs, list):
+        return 0
+    return next((i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b), min(len(theirs), len(ours)))
+
+
+def _short(ids: Any, at: int = 0) -> str:
+    """The ids around position `at`, where two tokenizations part."""
     if not isinstance(ids, list):
         return repr(ids)[:60]
-    return str(ids[:12])[:-1] + (", ...]" if len(ids) > 12 else "]")
+    begin = max(0, at - 2)
+    shown = ", ".join(map(str, ids[begin : begin + 8]))
+    return f"[{'..., ' if begin else ''}{shown}{', ...' if begin + 8 < len(ids) else ''}]"
