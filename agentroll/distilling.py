@@ -291,6 +291,9 @@ async def _score(group: Group, plan: Plan, journal: Any, number: int) -> Group |
     except CallFailed as exc:
         group.error = f"teacher call failed: {exc}"
         return None
+    finally:
+        for teacher in plan.teachers.values():
+            teacher.settled(number)
     return group
 
 

@@ -279,6 +279,8 @@ class Generator:
         finally:
             if self._budget is not None:
                 self._budget.finished(group)  # it wants no more room
+            for teacher in self.teachers:
+                teacher.settled(group)
 
     async def _executions(self, problem: Problem, group: int) -> Group:
         """The group's executions: K per policy, the i-th policy's numbered i*K..i*K+K-1 (one policy: 0..K-1)."""

@@ -172,3 +172,16 @@ def test_teacher_options_are_checked(sim, problems, tmp_path):
     ):
         proc = generate(problems, tmp_path / "out", sim.url, *extra)
         assert proc.returncode == 2 and message in proc.stderr.decode(), (extra, proc.stderr.decode())
+
+
+def test_the_teachers_own_slots_keep_no_trace_of_settled_groups(sim, teacher):
+    async def run() -> tuple[dict, dict, int]:
+        async with agentroll.Generator(base_url=sim.url, teacher=teacher.url, num_parallel=2) as gen:
+            for i in range(3):
+                group = await gen.run_group({"id": f"q{i}", "prompt": f"What is {i} plus 7?", "label": str(i + 7)})
+                assert group.status == "complete"
+            budget = gen.teachers[0].client.budget
+            return budget.width, budget.active, gen.teachers[0].scored
+
+    width, active, scored = asyncio.run(run())
+    assert scored > 0 and width == {} and active == {}  # a long run's bookkeeping stays flat

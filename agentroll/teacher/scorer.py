@@ -104,6 +104,10 @@ class Teacher:
         else:
             sample.teacher_top_ids = sample.teacher_top_logprobs = None
 
+    def settled(self, group: int) -> None:
+        """The group is done with: its slots' bookkeeping in the teacher's own budget goes (as the run's does)."""
+        self.client.budget.finished(group)
+
     def report(self) -> dict[str, Any]:
         """What the summary and the manifest's `last_run.teachers` say of it."""
         return {
