@@ -62,7 +62,9 @@ def test_distill_gives_the_records_of_a_run_with_that_teacher(sim, teacher, prob
     assert settings["teacher"]["stages"]["solver"] == {"model": "big", "logprobs": 2}
     assert manifest["complete"] and manifest["last_run"]["stats"]["teacher"]["solver"]["tokens"] > 0
     stats = json.loads(run_cli("stats", str(tmp_path / "new"), "--json").stdout)["all"]["teacher"]
-    assert stats == json.loads(run_cli("stats", str(tmp_path / "taught"), "--json").stdout)["all"]["teacher"]
+    theirs = json.loads(run_cli("stats", str(tmp_path / "taught"), "--json").stdout)["all"]["teacher"]
+    assert stats.keys() == theirs.keys()  # the same figures, summed in another order (groups commit as they end)
+    assert all(stats[s] == pytest.approx(theirs[s], rel=1e-12) for s in stats)
     assert run_cli("validate", str(tmp_path / "new")).returncode == 0
     again = run_cli("distill", str(tmp_path / "taught"), "-o", str(tmp_path / "again"), "--teacher", teacher.url,
                     "--stage", "rewriter.teacher=none")  # fmt: skip

@@ -16,30 +16,23 @@ from ..errors import AgentrollError, IncompleteRun
 from ..teacher.settings import TeacherOptions, client_of, stage_teachers
 from .console import err, error, run_async, setup_logging
 from .generate import _parameter
-from .help import Command, help_text
+from .help import Command, own_option, signed
 from .progress import LogLines, RichBar
 from .summary import teacher_lines, teacher_table
 
 FOLDER = typer.Argument(help="An output folder, or a merged one.", metavar="DIR", show_default=False)
 
 
-def _own(name: str, annotation: Any, default: Any, *decls: str, help: str, metavar: str = "") -> inspect.Parameter:
-    info = typer.Option(*decls, help=help_text(help), metavar=metavar, show_default=default not in (None, ...))
-    return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, info]
-    )
-
-
 def build() -> Any:
     params = [
         inspect.Parameter("folder", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[Path, FOLDER]),
-        _own("output", Path, ..., "--output", "-o", help="The new folder.", metavar="DIR"),
+        own_option("output", Path, ..., "--output", "-o", help="The new folder.", metavar="DIR"),
     ]
     hints = get_type_hints(TeacherOptions)
     for spec in fields(TeacherOptions):  # --teacher is asked for: there is nothing to do without one
         params.append(_parameter(spec.name, spec, hints[spec.name], default_of(spec)))
     params += [
-        _own(
+        own_option(
             "stage",
             list[str] | None,
             None,
@@ -48,7 +41,7 @@ def build() -> Any:
             "none (repeatable); a frozen stage is scored only when asked.",
             metavar="STAGE.KEY=VALUE",
         ),
-        _own(
+        own_option(
             "tokenizer",
             str | None,
             None,
@@ -56,11 +49,13 @@ def build() -> Any:
             help="The student's tokenizer, whose token ids the teacher must share (default: the folder's).",
             metavar="PATH|ID",
         ),
-        _own("max_retries", int, 5, "--max-retries", help="Retries per scoring call for transient failures."),
-        _own("request_timeout", float, 3600.0, "--request-timeout", help="Seconds per scoring attempt, once sent."),
-        _own("connect_timeout", float, 10.0, "--connect-timeout", help="Seconds to open a connection."),
-        _own("overwrite", bool, False, "--overwrite", help="Delete earlier rollouts in the new folder."),
-        _own("quiet", bool, False, "--quiet", "-q", help="No progress, no summary."),
+        own_option("max_retries", int, 5, "--max-retries", help="Retries per scoring call for transient failures."),
+        own_option(
+            "request_timeout", float, 3600.0, "--request-timeout", help="Seconds per scoring attempt, once sent."
+        ),
+        own_option("connect_timeout", float, 10.0, "--connect-timeout", help="Seconds to open a connection."),
+        own_option("overwrite", bool, False, "--overwrite", help="Delete earlier rollouts in the new folder."),
+        own_option("quiet", bool, False, "--quiet", "-q", help="No progress, no summary."),
     ]
 
     def distill(**kwargs: Any) -> None:
@@ -111,9 +106,7 @@ def build() -> Any:
             error(str(missing))
             raise typer.Exit(missing.exit_code)
 
-    distill.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    distill.__annotations__ = {p.name: p.annotation for p in params}
-    return distill
+    return signed(distill, params)
 
 
 distill = build()
