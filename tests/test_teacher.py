@@ -185,3 +185,37 @@ def test_the_teachers_own_slots_keep_no_trace_of_settled_groups(sim, teacher):
 
     width, active, scored = asyncio.run(run())
     assert scored > 0 and width == {} and active == {}  # a long run's bookkeeping stays flat
+
+
+def test_teacher_figures_add_up_across_runs_and_survive_the_manifest():
+    from agentroll.schema import Sample
+    from agentroll.stats import RunStats
+
+    def run(gaps: list[tuple[float, float, int]]) -> RunStats:
+        stats = RunStats()
+        n = len(gaps)
+        fields = dict(problem_id="p", problem_hash="h", rollout_id="r", sample_index=0, group_size=1, worker=0)
+        fields.update(prompt="", prompt_token_ids=[1], response="", response_token_ids=[5] * n, loss_mask=[1] * n)
+        fields.update(status="completed", finish_reason="stop", stop_reason=None, content=None, raw_reward=0.0)
+        fields.update(reward=0.0, label="", model="m", endpoint="", latency_s=0.0, attempts=1)
+        sample = Sample(
+            stage="solver",
+            response_logprobs=[s for s, _, _ in gaps],
+            teacher_logprobs=[t for _, t, _ in gaps],
+            teacher_ranks=[k for _, _, k in gaps],
+            **fields,
+        )
+        stats.add_execution([sample])
+        return stats
+
+    a, b = run([(-1.0, -2.0, 3), (-0.5, -0.5, 1)]), run([(-3.0, -0.25, 1)])
+    total = a + b
+    figures = total.teacher["solver"].figures()
+    assert total.teacher["solver"].tokens == 3 and figures["max_gap"] == 1.0
+    assert figures["mean_gap"] == pytest.approx((1.0 + 0.0 - 2.75) / 3)
+    from math import exp
+
+    assert figures["kl_k3"] == pytest.approx(sum(exp(-g) - 1 + g for g in (1.0, 0.0, -2.75)) / 3)
+    assert figures["other_top_share"] == pytest.approx(1 / 3)
+    again = RunStats.from_dict(json.loads(json.dumps(total.to_dict())))
+    assert again.teacher == total.teacher and "teacher" not in RunStats().to_dict()
