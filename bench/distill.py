@@ -3,6 +3,7 @@ scoring rate (`agentroll distill` over the same folder), and the bytes a teacher
 
     python bench/distill.py --problems 64 --latency 0.05 --decode-latency 0.002 --max-running 32 --rounds 3
     python bench/distill.py --decode-latency 0          # every call costs the same: the teacher's worst case
+    python bench/distill.py --same-server               # the student's server is its own teacher: one capacity
 
 The student and the teacher are two `agentroll serve-sim` processes of equal capacity (the same --max-running,
 --latency and --decode-latency): a generation pays the latency plus the decode latency per token it generates, a
@@ -61,6 +62,7 @@ def main() -> None:
     parser.add_argument("--decode-latency", type=float, default=0.002)
     parser.add_argument("--max-running", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--same-server", action="store_true", help="the student's server scores as the teacher")
     o = parser.parse_args()
     flags = [
         "--decode-latency",
@@ -71,8 +73,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="agentroll-distill-bench-"))
     problems = write_problems(work / "p.jsonl", o.problems)
     student, student_url = start_sim(o.latency, 150, [*flags, "--answers", str(problems)])
-    teacher, teacher_url = start_sim(
-        o.latency, 150, [*flags, "--answers", str(problems), "--model", "teacher", "--seed", "5"]
+    teacher, teacher_url = (
+        (None, student_url)
+        if o.same_server
+        else start_sim(o.latency, 150, [*flags, "--answers", str(problems), "--model", "teacher", "--seed", "5"])
     )
     common = ["--base-url", student_url, "--tokenizer", str(TOKENIZER), "--quiet", "--seed", "1"]
     common += ["--samples-per-prompt", str(o.samples), "--max-context-len", "8000"]
@@ -109,7 +113,8 @@ def main() -> None:
             sizes[f"k{k}"] = shard_facts(out)
     finally:
         stop(student)
-        stop(teacher)
+        if teacher is not None:
+            stop(teacher)
     records, tokens, plain_bytes = sizes["without"]
     print(
         f"{o.problems} problems x {o.samples}, {records} records, {tokens} response tokens; student and teacher: "

@@ -49,11 +49,20 @@ def build() -> Any:
             help="The student's tokenizer, whose token ids the teacher must share (default: the folder's).",
             metavar="PATH|ID",
         ),
-        own_option("max_retries", int, 5, "--max-retries", help="Retries per scoring call for transient failures."),
         own_option(
-            "request_timeout", float, 3600.0, "--request-timeout", help="Seconds per scoring attempt, once sent."
+            "max_retries", int, 5, "--max-retries", help="Retries per scoring call for transient failures.", metavar="N"
         ),
-        own_option("connect_timeout", float, 10.0, "--connect-timeout", help="Seconds to open a connection."),
+        own_option(
+            "request_timeout",
+            float,
+            3600.0,
+            "--request-timeout",
+            help="Seconds per scoring attempt.",
+            metavar="SECONDS",
+        ),
+        own_option(
+            "connect_timeout", float, 10.0, "--connect-timeout", help="Seconds to open a connection.", metavar="SECONDS"
+        ),
         own_option("overwrite", bool, False, "--overwrite", help="Delete earlier rollouts in the new folder."),
         own_option("quiet", bool, False, "--quiet", "-q", help="No progress, no summary."),
     ]
