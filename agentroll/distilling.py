@@ -237,7 +237,6 @@ async def _score_all(
     src: Path, plan: Plan, writer: Any, journal: Any, done: dict[str, str], stats: RunStats, progress: Progress
 ) -> None:
     """Score the groups not done, as many at once as keep the teachers' slots busy, committed in source order."""
-    capacity = max(1, sum(t.client.budget.capacity for t in plan.teachers.values()))
     pending: deque[tuple[Group, asyncio.Task[Group | None]]] = deque()
     calls = 0
     groups: Iterator[Group] = read_groups(src)
@@ -252,8 +251,9 @@ async def _score_all(
                     continue
                 pending.append((group, asyncio.ensure_future(_score(group, plan, journal, number))))
                 calls += group.num_records
-            # keep about twice the teachers' slots of calls in flight; commit what is finished at the head
-            while pending and (group is None or calls >= 2 * capacity or pending[0][1].done()):
+            # keep about twice the teachers' slots of calls in flight (under auto, as many as their caps are now);
+            # commit what is finished at the head
+            while pending and (group is None or calls >= 2 * _capacity(plan) or pending[0][1].done()):
                 head, task = pending.popleft()
                 scored = await task
                 calls -= head.num_records
@@ -266,6 +266,10 @@ async def _score_all(
         for _, task in pending:
             task.cancel()
         await asyncio.gather(ticker, *(t for _, t in pending), return_exceptions=True)
+
+
+def _capacity(plan: Plan) -> int:
+    return max(1, sum(t.client.budget.capacity for t in plan.teachers.values()))
 
 
 async def _tick(progress: Progress, stats: RunStats, plan: Plan) -> None:

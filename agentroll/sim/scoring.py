@@ -17,7 +17,7 @@ from typing import Any
 from .checks import MAX_LOGPROBS
 from .wire import bad_request
 
-MASK = (1 << 61) - 1
+MASK = (1 << 64) - 1
 
 
 def check_prompt_logprobs(request: dict[str, Any], vocab_size: int) -> int | None:
@@ -58,6 +58,7 @@ class Scorer:
 
     def __init__(self, seed: int, vocab_size: int, decoded: Sequence[str]) -> None:
         self.seed, self.vocab_size, self.decoded = seed, vocab_size, decoded
+        self.keys = [str(i) for i in range(vocab_size)]
         # strides coprime with the vocabulary: MAX_LOGPROBS consecutive steps from a base never repeat an id
         self.strides = [s for s in range(7, vocab_size, 2) if _gcd(s, vocab_size) == 1][:64] or [1]
 
@@ -65,22 +66,33 @@ class Scorer:
         """One entry per position of `ids` (the first null), as vLLM answers `prompt_logprobs: k`."""
         out: list[dict[str, Any] | None] = [None]
         context = _mix(self.seed * 7919 + 17)
+        entry = self._entry
         for i in range(1, len(ids)):
-            context = _mix(context ^ (ids[i - 1] + 1))
-            out.append(self._entry(context, ids[i], k))
+            context = hash((context, ids[i - 1])) & MASK  # an int tuple's hash: the same in every process
+            out.append(entry(context, ids[i], k))
         return out
 
     def _entry(self, context: int, token: int, k: int) -> dict[str, Any]:
         """The position's distribution: the top MAX_LOGPROBS ids (a base and a stride the context picks) with
         falling logprobs; the own token at a rank drawn from the context and itself (the top one half the time,
-        in the top list three times in ten more, else far below it)."""
-        vocab = self.vocab_size
-        base, stride = context % vocab, self.strides[(context >> 17) % len(self.strides)]
+        in the top list three times in ten more, else far below it). The list is made only when it is asked for
+        (k > 0): the own token's value and rank do not depend on it."""
         top_value = -0.02 - ((context >> 29) % 1000) / 800.0
         step = 0.05 + ((context >> 41) % 100) / 200.0
-        draw = _mix(context ^ (token * 2654435761 + 1))
+        draw = hash((token, context)) & MASK
         roll = draw % 100
         rank = 1 if roll < 50 else 2 + draw % (MAX_LOGPROBS - 1) if roll < 80 else MAX_LOGPROBS + 1 + draw % 997
+        own_value = (
+            top_value - (rank - 1) * step
+            if rank <= MAX_LOGPROBS
+            else top_value - MAX_LOGPROBS * step - 0.5 - (draw >> 20) % 1000 / 250.0
+        )
+        keys, decoded = self.keys, self.decoded
+        entry = {keys[token]: {"logprob": round(own_value, 6), "rank": rank, "decoded_token": decoded[token]}}
+        if not k:
+            return entry
+        vocab = self.vocab_size
+        base, stride = context % vocab, self.strides[(context >> 17) % len(self.strides)]
         listed = [(base + j * stride) % vocab for j in range(MAX_LOGPROBS)]
         if rank <= MAX_LOGPROBS:  # the own token takes its rank's place; the id there moves to the own token's
             if token in listed:
@@ -93,17 +105,10 @@ class Scorer:
             while other in listed:
                 other = (other + 1) % vocab
             listed[listed.index(token)] = other
-        own_value = (
-            top_value - (rank - 1) * step
-            if rank <= MAX_LOGPROBS
-            else top_value - MAX_LOGPROBS * step - 0.5 - (draw >> 20) % 1000 / 250.0
-        )
-        entry = {str(token): {"logprob": round(own_value, 6), "rank": rank, "decoded_token": self.decoded[token]}}
         for j in range(min(k, MAX_LOGPROBS)):
             other = listed[j]
             entry.setdefault(
-                str(other),
-                {"logprob": round(top_value - j * step, 6), "rank": j + 1, "decoded_token": self.decoded[other]},
+                keys[other], {"logprob": round(top_value - j * step, 6), "rank": j + 1, "decoded_token": decoded[other]}
             )
         return entry
 
