@@ -117,8 +117,9 @@ def main() -> None:
             stop(teacher)
     records, tokens, plain_bytes = sizes["without"]
     print(
-        f"{o.problems} problems x {o.samples}, {records} records, {tokens} response tokens; student and teacher: "
-        f"serve-sim --latency {o.latency} --decode-latency {o.decode_latency} --max-running {o.max_running}"
+        f"{o.problems} problems x {o.samples}, {records} records, {tokens} response tokens; student and teacher"
+        f"{' (one server)' if o.same_server else ''}: serve-sim --latency {o.latency} --decode-latency "
+        f"{o.decode_latency} --max-running {o.max_running}"
     )
     for name, runs in results.items():
         walls = [w for w, _, _ in runs]
