@@ -382,15 +382,21 @@ class Context:
         good fails the execution, as a generation would: no record is written without its teacher's scores."""
         pending = [self._scoring.pop(id(s)) for s in samples if id(s) in self._scoring]
         self.drop_scoring()
-        for task in pending:
-            try:
+        if not pending:
+            return
+        budget = self.engine.default.client.budget  # the run's slots: this execution wants none of them again,
+        budget.rest(self.group, True)  # so a new group may take the room it would keep for its next stage
+        try:
+            for task in pending:
                 await task
-            except CallFailed as exc:
-                self.drop_scoring(pending)
-                raise self._failed(f"teacher call failed: {exc}") from exc
-            except BaseException:
-                self.drop_scoring(pending)
-                raise
+        except CallFailed as exc:
+            self.drop_scoring(pending)
+            raise self._failed(f"teacher call failed: {exc}") from exc
+        except BaseException:
+            self.drop_scoring(pending)
+            raise
+        finally:
+            budget.rest(self.group, False)
 
     def drop_scoring(self, tasks: list[asyncio.Task[None]] | None = None) -> None:
         """Cancel scoring still in flight: of samples the system let go (or of `tasks`)."""
