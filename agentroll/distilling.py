@@ -79,6 +79,7 @@ class Plan:
         unknown = sorted(set(stages) - set(names))
         if unknown:
             raise UsageError(f"--stage names {', '.join(unknown)}: the folder's stages are {', '.join(names)}")
+        options.check_stage_teachers(stages)
         frozen = frozen_stages(settings)
         self.wanted = {name: options.stage_teacher(stages.get(name, {}), name not in frozen, client) for name in names}
         self.default = options.teacher_settings(client)  # a stage the system did not declare (a user's system)

@@ -220,7 +220,7 @@ class GenerateOptions(RewardOptions, TeacherOptions):
             self._policy_alone()
         elif not self.base_url:
             raise UsageError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
-        self.stage_settings()
+        self.check_stage_teachers(self.stage_settings())
         self.system_options()
 
     def policies(self) -> tuple[Policy, ...]:

@@ -169,6 +169,8 @@ def test_teacher_options_are_checked(sim, problems, tmp_path):
         (["--teacher", "ftp://x"], "http:// or https://"),
         (["--teacher", "http://127.0.0.1:9", "--teacher-concurrency", "many"], "whole number or auto"),
         (["--stage", "solver.teacher=nowhere"], "an http:// or https:// URL, or none"),
+        (["--stage", "solver.teacher_model=big"], "--stage solver.teacher_model goes with --teacher"),
+        (["--stage", "solver.teacher=none", "--stage", "solver.teacher_model=big"], "not with solver.teacher=none"),
     ):
         proc = generate(problems, tmp_path / "out", sim.url, *extra)
         assert proc.returncode == 2 and message in proc.stderr.decode(), (extra, proc.stderr.decode())

@@ -108,23 +108,28 @@ class TeacherOptions:
             affinity_slack=client.affinity_slack,
         )
 
+    def check_stage_teachers(self, stages: dict[str, dict[str, Any]]) -> None:
+        """Each stage's own teacher settings make sense (checked with the options, before any server is asked)."""
+        for name, settings in stages.items():
+            url, model = settings.get("teacher"), settings.get("teacher_model")
+            if url is not None and str(url).lower() in NONE and model is not None:
+                raise UsageError(f"--stage {name}.teacher_model goes with a teacher, not with {name}.teacher=none")
+            if url is not None and str(url).lower() not in NONE and not str(url).startswith(("http://", "https://")):
+                raise UsageError(f"--stage {name}.teacher={url!r}: an http:// or https:// URL, or none")
+            if url is None and model is not None and not self.teacher:
+                raise UsageError(f"--stage {name}.teacher_model goes with --teacher or --stage {name}.teacher=URL")
+
     def stage_teacher(
         self, settings: dict[str, Any], trainable: bool, client: ClientSettings = CLIENT
     ) -> TeacherSettings | None:
-        """A stage's teacher from its own settings (`teacher`, `teacher_model`), else the run's when the stage
-        trains (a frozen stage is scored only when its own settings ask for it)."""
+        """A stage's teacher from its own settings (`teacher`, `teacher_model`: `check_stage_teachers`), else the
+        run's when the stage trains (a frozen stage is scored only when its own settings ask for it)."""
         url, model = settings.get("teacher"), settings.get("teacher_model")
         if url is not None and str(url).lower() in NONE:
-            if model is not None:
-                raise UsageError("--stage ....teacher_model goes with a teacher, not with teacher=none")
             return None
         if url is None:
             run = self.teacher_settings(client) if trainable else None
-            if run is None and model is not None:
-                raise UsageError("--stage NAME.teacher_model goes with --teacher or --stage NAME.teacher=URL")
             return run if run is None or model is None else replace(run, model=model)
-        if not str(url).startswith(("http://", "https://")):
-            raise UsageError(f"--stage ....teacher={url!r}: an http:// or https:// URL, or none")
         base = self.teacher_settings(client) or TeacherSettings(
             urls=(), logprobs=self.teacher_logprobs, client=self._client(client)
         )
