@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--max-running", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--same-server", action="store_true", help="the student's server scores as the teacher")
+    parser.add_argument("--no-sizes", action="store_true", help="skip the runs with --teacher-logprobs 5 and 20")
     o = parser.parse_args()
     flags = [
         "--decode-latency",
@@ -95,7 +96,7 @@ def main() -> None:
                 run(["distill", str(work / f"without-{r}"), "-o", str(distilled), "--teacher", teacher_url, "-q"])
             )
             sizes["distill"] = shard_facts(distilled)
-        for k in (5, 20):
+        for k in () if o.no_sizes else (5, 20):
             out = work / f"with-k{k}"
             run(
                 [
@@ -131,7 +132,7 @@ def main() -> None:
             f"{records / wall:.1f} records/s, {tokens / wall:.0f} response tokens/s, CPU {cpu:.2f}s; "
             f"load before: {loads}"
         )
-    for name in ("with", "distill", "k5", "k20"):
+    for name in ("with", "distill", *(() if o.no_sizes else ("k5", "k20"))):
         _, _, size = sizes[name]
         print(
             f"bytes per response token added ({name}): {(size - plain_bytes) / tokens:.1f} "
