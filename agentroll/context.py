@@ -21,6 +21,7 @@ import orjson
 
 from .calls import call_key, call_seed, sample_of, sampling_record
 from .client import CallFailed, Endpoint
+from .concurrency import gather_or_cancel
 from .errors import InputError, ServerError, UsageError, first_line
 from .inputs import Problem
 from .sampling import KEYS as SAMPLING_KEYS
@@ -31,6 +32,7 @@ from .wire import Completion
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
+    from .teacher.scorer import Teacher
 
 __all__ = ["Context", "Engine", "ExecutionFailed", "Stage", "SystemConfig", "call_seed"]
 
@@ -84,7 +86,7 @@ class Context:
         self._parents: dict[int, Sample] = {}  # id(sample) -> the sample it continues
         self.failure: ExecutionFailed | None = None  # the first call that failed for good, even if caught
         self._made: dict[int, Sample] = {}  # id -> sample: the samples this execution made (kept alive)
-        self._scoring: dict[int, asyncio.Task[None]] = {}  # id(sample) -> its teacher's scoring (--teacher)
+        self._teachers: dict[int, tuple[Teacher, str]] = {}  # id(sample) -> its teacher, its call's journal key
 
     # -- prompts ----------------------------------------------------------------------------------------------
     def messages(self, template: str, solutions: list[str] | None = None, **variables: Any) -> list[dict[str, str]]:
@@ -340,11 +342,8 @@ class Context:
             response=response,
             sampled=sampling_record(sampling, seed, max_tokens),
         )
-        if runtime.teacher is not None:  # scored apart, while the execution goes on (`scored` awaits it)
-            scoring = runtime.teacher.score(
-                made, journal, sent[0], (p.id, p.content_hash), (self.group, self._rank(stage))
-            )
-            self._scoring[id(made)] = asyncio.ensure_future(scoring)
+        if runtime.teacher is not None:  # scored once the execution is done (`scored`)
+            self._teachers[id(made)] = (runtime.teacher, sent[0])
         return made
 
     def _rank(self, stage: str) -> int:
@@ -378,34 +377,32 @@ class Context:
 
     # -- the engine's side ------------------------------------------------------------------------------------
     async def scored(self, samples: list[Sample]) -> None:
-        """Wait for the teachers' scores of `samples` (the others' are dropped). A scoring call that fails for
-        good fails the execution, as a generation would: no record is written without its teacher's scores."""
-        pending = [self._scoring.pop(id(s)) for s in samples if id(s) in self._scoring]
-        self.drop_scoring()
-        if not pending:
+        """The teachers' scores of `samples` (`--teacher`), in as few requests as each teacher's batches allow: the
+        ids of every call of the execution, once they are all known. A scoring call that fails for good fails the
+        execution, as a generation would: no record is written without its teacher's scores."""
+        by_teacher: dict[int, tuple[Teacher, list[Sample], list[str]]] = {}
+        for sample in samples:
+            found = self._teachers.get(id(sample))
+            if found is not None:
+                entry = by_teacher.setdefault(id(found[0]), (found[0], [], []))
+                entry[1].append(sample)
+                entry[2].append(found[1])
+        if not by_teacher:
             return
+        p, journal = self.problem, self.engine.journal
         budget = self.engine.default.client.budget  # the run's slots: this execution wants none of them again,
         budget.rest(self.group, True)  # so a new group may take the room it would keep for its next stage
         try:
-            for task in pending:
-                await task
+            await gather_or_cancel(
+                *(
+                    teacher.score(mine, keys, journal, (p.id, p.content_hash), (self.group, 0))
+                    for teacher, mine, keys in by_teacher.values()
+                )
+            )
         except CallFailed as exc:
-            self.drop_scoring(pending)
             raise self._failed(f"teacher call failed: {exc}") from exc
-        except BaseException:
-            self.drop_scoring(pending)
-            raise
         finally:
             budget.rest(self.group, False)
-
-    def drop_scoring(self, tasks: list[asyncio.Task[None]] | None = None) -> None:
-        """Cancel scoring still in flight: of samples the system let go (or of `tasks`)."""
-        for task in tasks if tasks is not None else list(self._scoring.values()):
-            if task.done() and not task.cancelled():
-                task.exception()  # retrieved: a failure after its execution already failed says nothing more
-            task.cancel()
-        if tasks is None:
-            self._scoring.clear()
 
     def finish(self, samples: list[Sample]) -> list[Sample]:
         """Check what the system returned and set the per-execution fields: position links between turns,

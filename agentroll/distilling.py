@@ -36,6 +36,7 @@ from .group import Group
 from .handshake import discover
 from .progress import Progress
 from .rescoring import system_of_folder
+from .schema import Sample
 from .stats import RunStats
 from .systems import vocabulary_of
 from .teacher.check import check_vocabulary
@@ -251,13 +252,13 @@ async def _score_all(
                     stats.problems_skipped_done += 1
                     continue
                 pending.append((group, asyncio.ensure_future(_score(group, plan, journal, number))))
-                calls += group.num_records
-            # keep about twice the teachers' slots of calls in flight (under auto, as many as their caps are now);
-            # commit what is finished at the head
+                calls += 1  # a group's records go in one request (or a few): about a slot each
+            # keep about twice the teachers' slots of requests in flight (under auto, as many as their caps are
+            # now); commit what is finished at the head
             while pending and (group is None or calls >= 2 * _capacity(plan) or pending[0][1].done()):
                 head, task = pending.popleft()
                 scored = await task
-                calls -= head.num_records
+                calls -= 1
                 _settle(head, scored, writer, journal, stats)
                 progress.advance(stats, _counters(plan))
             if group is None and not pending:
@@ -280,19 +281,26 @@ async def _tick(progress: Progress, stats: RunStats, plan: Plan) -> None:
 
 
 async def _score(group: Group, plan: Plan, journal: Any, number: int) -> Group | None:
-    """The group with every record scored by its stage's teacher; None when a scoring call failed for good."""
+    """The group with every record scored by its stage's teacher, a problem's records in as few requests as the
+    teacher's batches take (they share their prompts' prefixes); None when a scoring call failed for good."""
     problem = group.problem
-    calls = []
+    asked: dict[int, tuple[Teacher, list[Sample], list[str]]] = {}
     for samples in group.executions:
         for i, sample in enumerate(samples):
             teacher = plan.of(sample.stage)
             if teacher is None:
                 clear(sample)
                 continue
-            key = "\x1f".join((problem.id, problem.content_hash, sample.rollout_id, str(i)))
-            calls.append(teacher.score(sample, journal, key, (problem.id, problem.content_hash), (number, 0)))
+            entry = asked.setdefault(id(teacher), (teacher, [], []))
+            entry[1].append(sample)
+            entry[2].append("\x1f".join((problem.id, problem.content_hash, sample.rollout_id, str(i))))
     try:
-        await gather_or_cancel(*calls)
+        await gather_or_cancel(
+            *(
+                teacher.score(mine, keys, journal, (problem.id, problem.content_hash), (number, 0))
+                for teacher, mine, keys in asked.values()
+            )
+        )
     except CallFailed as exc:
         group.error = f"teacher call failed: {exc}"
         return None

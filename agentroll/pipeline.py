@@ -97,12 +97,6 @@ class AgentSystem:
         admission number, its calls' priority when slots are scarce (older groups first)."""
         ctx = Context(self.engine, problem, sample_index, attempt, group)
         try:
-            return await self._run(ctx, problem)
-        finally:
-            ctx.drop_scoring()  # a teacher's calls never outlive their execution
-
-    async def _run(self, ctx: Context, problem: Problem) -> list[Sample]:
-        try:
             samples = await self.system.run(ctx)
         except (ExecutionFailed, AgentrollError, asyncio.CancelledError):
             raise

@@ -40,9 +40,12 @@ def test_every_record_carries_its_teachers_scores_of_its_own_ids(sim, teacher, p
         assert teacher_fields(record) == expected(teacher, record, 3)
         assert len(record["teacher_logprobs"]) == len(record["response_token_ids"])
     scored = [e["request"] for e in teacher.log if e["request"].get("prompt_logprobs") is not None]
+    sent = Counter(
+        tuple(p) for r in scored for p in (r["prompt"] if isinstance(r["prompt"][0], list) else [r["prompt"]])
+    )
     sequences = Counter(tuple(r["prompt_token_ids"] + r["response_token_ids"]) for r in records)
-    assert len(scored) == len(records) + 1  # and the start-up probe
-    assert sum((Counter(tuple(r["prompt"]) for r in scored) - sequences).values()) == 1
+    assert sum((sent - sequences).values()) == 1 and not sequences - sent  # every record, and the start-up probe
+    assert len(scored) == len({r["rollout_id"] for r in records}) + 1  # an execution's records in one request
     assert all(r["max_tokens"] == 1 and r["prompt_logprobs"] == 3 and r["model"] == "big" for r in scored)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["settings"]["teacher"]["stages"]["solver"] == {"model": "big", "logprobs": 3}

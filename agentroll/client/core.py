@@ -295,10 +295,10 @@ class CompletionClient:
         api = self.api
         sent = priority[0] if self.send_priority and priority[0] >= 0 else None
         payload = orjson.dumps(request_body(api, model, prompt_ids, params, alternatives, sent))
-        return await self._attempts(
+        done = await self._attempts(
             PATHS[api],
             payload,
-            lambda data: parse(api, data, prompt_ids, alternatives),
+            lambda data: [parse(api, data, prompt_ids, alternatives)],
             model,
             prompt_ids,
             prefer,
@@ -306,25 +306,27 @@ class CompletionClient:
             priority,
             reader(api, alternatives),
         )
+        return done[0]
 
     async def score(
         self,
-        sequence: list[int],
-        start: int,
+        sequences: list[list[int]],
+        starts: list[int],
         model: str,
         alternatives: int = 0,
         key: str | None = None,
         priority: Priority = FIRST,
-    ) -> Completion:
-        """A teacher's scores of `sequence[start:]`, ids another model sampled (vLLM's `prompt_logprobs` over the
-        sequence, `wire.score_body`), retried as a completion is: a `Completion` of those ids (`wire.parse_scores`)."""
-        payload = orjson.dumps(score_body(model, sequence, alternatives))
+    ) -> list[Completion]:
+        """A teacher's scores of each `sequences[i][starts[i]:]`, ids another model sampled (vLLM's
+        `prompt_logprobs` over each sequence, one request: `wire.score_body`), retried as a completion is: a
+        `Completion` of those ids per sequence (`wire.parse_scores`)."""
+        payload = orjson.dumps(score_body(model, sequences, alternatives))
         return await self._attempts(
             PATHS["completions"],
             payload,
-            lambda data: parse_scores(data, sequence, start, alternatives),
+            lambda data: parse_scores(data, sequences, starts, alternatives),
             model,
-            sequence,
+            sequences[0],
             None,
             key,
             priority,
@@ -334,16 +336,16 @@ class CompletionClient:
         self,
         path: str,
         payload: bytes,
-        read: Callable[[Any], Completion],
+        read: Callable[[Any], list[Completion]],
         model: str,
         prompt_ids: list[int],
         prefer: Endpoint | None,
         key: str | None,
         priority: Priority,
         loads: Callable[[bytes], Any] = orjson.loads,
-    ) -> Completion:
-        """The attempts of one call: `loads` decodes the answer, `read` makes it a `Completion` (a `WireError` is
-        retried)."""
+    ) -> list[Completion]:
+        """The attempts of one call: `loads` decodes the answer, `read` makes it `Completion`s, one per sequence sent
+        (a `WireError` is retried)."""
         started = time.monotonic()
         attempt = 0
         avoid: Endpoint | None = None
@@ -352,9 +354,10 @@ class CompletionClient:
             try:
                 endpoint, data = await self._post(path, payload, priority, prefer, avoid, key, loads)
                 try:
-                    done = read(data)
+                    answers = read(data)
                 except WireError as exc:  # a malformed answer (a proxy's error page?) may be passing: retried
                     raise CallFailed(f"{endpoint.url}: {exc}", 200, True, endpoint) from None
+                done = next((a for a in answers if a.finish_reason not in FINISHED), answers[0])
                 if done.finish_reason not in FINISHED:
                     # vLLM aborted it (a pause for a weight sync, a shutdown): what it holds is not what the
                     # model would have said. Asked again; never recorded as an outcome.
@@ -379,8 +382,9 @@ class CompletionClient:
                 finally:
                     self.budget.rest(priority[0], False)
                 continue
-            done.endpoint, done.latency_s, done.attempts = endpoint.url, time.monotonic() - started, attempt
-            return done
+            for done in answers:
+                done.endpoint, done.latency_s, done.attempts = endpoint.url, time.monotonic() - started, attempt
+            return answers
 
     def _keep_trial(self, api: str, model: str, prompt_ids: list[int]) -> None:
         """A one-token call like one that failed: what shows that an endpoint benched for its calls answers."""

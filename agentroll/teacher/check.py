@@ -84,7 +84,7 @@ async def check_vocabulary(teacher: Teacher, tokenizer: Any) -> None:
 async def _probe_scores(teacher: Teacher, tokenizer: Any) -> None:
     ids = _encode(tokenizer, PROBES[0])
     try:
-        done = await teacher.client.score(ids, 1, teacher.model, teacher.settings.logprobs)
+        done = (await teacher.client.score([ids], [1], teacher.model, teacher.settings.logprobs))[0]
     except CallFailed as exc:
         raise ServerError(
             f"--teacher {teacher.url} cannot score (prompt_logprobs {teacher.settings.logprobs}, one token): {exc}"

@@ -1,11 +1,12 @@
-"""A teacher scoring what a student sampled: the exact ids the student saw and sampled (prompt + response), sent
-as one token-id prompt to the teacher's vLLM (`prompt_logprobs`, one generated token: prefill only), and the
-response positions' logprobs, ranks and top k written into the record.
+"""A teacher scoring what a student sampled: the exact ids each call saw and sampled (prompt + response), each a
+token-id prompt of the teacher's vLLM (`prompt_logprobs`, one generated token: prefill only), several in one
+request (vLLM's batch of prompts: the records of an execution share their prefixes), and the response positions'
+logprobs, ranks and top k written into each record.
 
 The teacher has a client of its own (`CompletionClient`: own endpoints, own concurrency and slots, retries and
-endpoint health), apart from the run's, so its calls never take a slot a generation needs. A scored call is kept
-in the call journal like a generation (its key: the student call's, marked; its digest: the ids, the teacher's
-model and K): a stop loses only the scoring calls in flight, and a rerun replays the rest.
+endpoint health), apart from the run's, so its requests never take a slot a generation needs. Each record's scores
+are kept in the call journal like a generation (their key: the student call's, marked; their digest: the ids, the
+teacher's model and K): a stop loses only the scoring requests in flight, and a rerun replays the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..client import FIRST, CompletionClient, Priority, follow_metrics
+from ..concurrency import gather_or_cancel
 from ..errors import UsageError
 from ..schema import Sample
 from ..wire import Completion
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from ..folder.journal import Journal
 
 MARK = "\x1fteacher"  # appended to the student call's journal key
+MOST_SEQUENCES = 32  # sequences scored in one request
+MOST_TOKENS = 1 << 17  # and their tokens, added up
 
 
 class Teacher:
@@ -38,8 +42,9 @@ class Teacher:
         self.client = CompletionClient(list(settings.urls), settings.client, transport=transport)
         self.model = ""
         self.max_model_len: int | None = None
-        self.scored = 0  # scoring calls the server answered
-        self.replayed = 0  # scoring calls answered from the call journal of an earlier run
+        self.scored = 0  # records the server scored
+        self.requests = 0  # the requests they took (several records a request)
+        self.replayed = 0  # records scored from the call journal of an earlier run
 
     @property
     def url(self) -> str:
@@ -68,32 +73,61 @@ class Teacher:
 
     async def score(
         self,
-        sample: Sample,
+        samples: list[Sample],
+        keys: list[str] | None = None,
         journal: Journal | None = None,
-        key: str | None = None,
         group: tuple[str, str] = ("", ""),
         priority: Priority = FIRST,
     ) -> None:
-        """Score `sample`'s response in its own context and set its `teacher_*` fields. `key` (with `journal`):
-        the call's identity in the journal, `group` the group it belongs to. Raises `CallFailed` when the
-        teacher fails for good (the caller fails the group: a record is never written half scored)."""
-        sequence = sample.prompt_token_ids + sample.response_token_ids
-        start = len(sample.prompt_token_ids)
+        """Score each sample's response in its own context and set its `teacher_*` fields: as few requests as the
+        batch limits allow (`MOST_SEQUENCES`, `MOST_TOKENS`: a problem's calls share their prompts' prefixes, which
+        the teacher's prefix cache serves), those made in an earlier run replayed from `journal` (`keys`: each
+        call's identity there, `group` the group they belong to). Raises `CallFailed` when the teacher fails for
+        good (the caller fails the group: a record is never written half scored)."""
         k = self.settings.logprobs
-        if not sample.response_token_ids:
-            self.apply(sample, Completion(sequence, [], [], None, "length", None, ranks=[]))
-            return
-        digest = hashlib.blake2b(orjson.dumps([sequence, self.model, k]), digest_size=12).hexdigest()
-        found = journal.get(key + MARK, digest) if journal is not None and key is not None else None
-        if found is not None:
-            self.replayed += 1
-            done = Completion.from_json(found, sequence)
-        else:
-            done = await self.client.score(sequence, start, self.model, k, key=sample.problem_hash, priority=priority)
+        asked: list[tuple[Sample, str | None, str]] = []
+        for i, sample in enumerate(samples):
+            sequence = sample.prompt_token_ids + sample.response_token_ids
+            if not sample.response_token_ids:
+                self.apply(sample, Completion(sequence, [], [], None, "length", None, ranks=[]))
+                continue
+            key = keys[i] + MARK if keys is not None and journal is not None else None
+            digest = hashlib.blake2b(orjson.dumps([sequence, self.model, k]), digest_size=12).hexdigest()
+            found = journal.get(key, digest) if journal is not None and key is not None else None
+            if found is not None:
+                self.replayed += 1
+                self.apply(sample, Completion.from_json(found, sequence))
+            else:
+                asked.append((sample, key, digest))
+        batches: list[list[tuple[Sample, str | None, str]]] = []
+        tokens = 0
+        for item in asked:
+            length = len(item[0].prompt_token_ids) + len(item[0].response_token_ids)
+            if not batches or len(batches[-1]) >= MOST_SEQUENCES or tokens + length > MOST_TOKENS:
+                batches.append([])
+                tokens = 0
+            batches[-1].append(item)
+            tokens += length
+        await gather_or_cancel(*(self._batch(batch, journal, group, priority) for batch in batches))
+
+    async def _batch(
+        self,
+        batch: list[tuple[Sample, str | None, str]],
+        journal: Journal | None,
+        group: tuple[str, str],
+        priority: Priority,
+    ) -> None:
+        sequences = [s.prompt_token_ids + s.response_token_ids for s, _, _ in batch]
+        starts = [len(s.prompt_token_ids) for s, _, _ in batch]
+        answers = await self.client.score(
+            sequences, starts, self.model, self.settings.logprobs, key=batch[0][0].problem_hash, priority=priority
+        )
+        self.requests += 1
+        for (sample, key, digest), done in zip(batch, answers, strict=True):
             self.scored += 1
             if journal is not None and key is not None:
-                journal.put(key + MARK, digest, group, done.to_json())
-        self.apply(sample, done)
+                journal.put(key, digest, group, done.to_json())
+            self.apply(sample, done)
 
     def apply(self, sample: Sample, done: Completion) -> None:
         sample.teacher_logprobs = [float(x) for x in done.logprobs]
@@ -115,6 +149,7 @@ class Teacher:
             "endpoints": [e.url for e in self.client.endpoints],
             "logprobs": self.settings.logprobs,
             "scored": self.scored,
+            "scoring_requests": self.requests,
             "replayed": self.replayed,
             "requests": asdict(self.client.counters),
         }

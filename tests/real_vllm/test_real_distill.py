@@ -94,7 +94,7 @@ def test_a_scoring_call_needs_one_token_of_room(real_vllm):
     a teacher's context must exceed the student's by one."""
 
     def post(ids: list[int]) -> int:
-        body = json.dumps(score_body("tiny", ids, 0)).encode()
+        body = json.dumps(score_body("tiny", [ids], 0)).encode()
         request = urllib.request.Request(f"{real_vllm}/v1/completions", body, {"content-type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=120) as answer:
