@@ -295,18 +295,9 @@ class CompletionClient:
         api = self.api
         sent = priority[0] if self.send_priority and priority[0] >= 0 else None
         payload = orjson.dumps(request_body(api, model, prompt_ids, params, alternatives, sent))
-        done = await self._attempts(
-            PATHS[api],
-            payload,
-            lambda data: [parse(api, data, prompt_ids, alternatives)],
-            model,
-            prompt_ids,
-            prefer,
-            key,
-            priority,
-            reader(api, alternatives),
-        )
-        return done[0]
+        read = lambda data: [parse(api, data, prompt_ids, alternatives)]  # noqa: E731 - one answer, in a list
+        loads = reader(api, alternatives)
+        return (await self._attempts(PATHS[api], payload, read, model, prompt_ids, prefer, key, priority, loads))[0]
 
     async def score(
         self,
@@ -321,16 +312,8 @@ class CompletionClient:
         `prompt_logprobs` over each sequence, one request: `wire.score_body`), retried as a completion is: a
         `Completion` of those ids per sequence (`wire.parse_scores`)."""
         payload = orjson.dumps(score_body(model, sequences, alternatives))
-        return await self._attempts(
-            PATHS["completions"],
-            payload,
-            lambda data: parse_scores(data, sequences, starts, alternatives),
-            model,
-            sequences[0],
-            None,
-            key,
-            priority,
-        )
+        read = lambda data: parse_scores(data, sequences, starts, alternatives)  # noqa: E731
+        return await self._attempts(PATHS["completions"], payload, read, model, sequences[0], None, key, priority)
 
     async def _attempts(
         self,
