@@ -144,7 +144,13 @@ def test_a_teacher_down_at_the_start_ends_the_run_in_one_line(sim, problems, tmp
 def test_teacher_calls_are_journaled_and_replayed_after_a_stop(sim, teacher, problems, tmp_path):
     async def run(journal: Path) -> list[dict]:
         async with agentroll.Generator(
-            base_url=sim.url, teacher=teacher.url, samples_per_prompt=2, num_parallel=2, seed=1, journal=journal
+            base_url=sim.url,
+            teacher=teacher.url,
+            teacher_logprobs=2,
+            samples_per_prompt=2,
+            num_parallel=2,
+            seed=1,
+            journal=journal,
         ) as gen:
             group = await gen.run_group({"id": "q", "prompt": "What is 10 plus 7?", "label": "17"})
             return group.records()  # not settled: its calls stay in the journal, as after a stop
@@ -153,6 +159,7 @@ def test_teacher_calls_are_journaled_and_replayed_after_a_stop(sim, teacher, pro
     scored = len(teacher.log)
     again = asyncio.run(run(tmp_path / "journal"))
     assert [teacher_fields(r) for r in again] == [teacher_fields(r) for r in first]
+    assert all(r["teacher_top_ids"] and len(r["teacher_top_ids"][0]) == 2 for r in again if r["response_token_ids"])
     assert len(teacher.log) == scored + 1  # only the start-up probe: every score replayed
 
 

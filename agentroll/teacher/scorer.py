@@ -96,7 +96,7 @@ class Teacher:
             found = journal.get(key, digest) if journal is not None and key is not None else None
             if found is not None:
                 self.replayed += 1
-                self.apply(sample, Completion.from_json(found, sequence))
+                self.apply(sample, _unkept(found, sample))
             else:
                 asked.append((sample, key, digest))
         batches: list[list[tuple[Sample, str | None, str]]] = []
@@ -126,7 +126,7 @@ class Teacher:
         for (sample, key, digest), done in zip(batch, answers, strict=True):
             self.scored += 1
             if journal is not None and key is not None:
-                journal.put(key, digest, group, done.to_json())
+                journal.put(key, digest, group, _kept(done))
             self.apply(sample, done)
 
     def apply(self, sample: Sample, done: Completion) -> None:
@@ -156,6 +156,20 @@ class Teacher:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _kept(done: Completion) -> dict[str, Any]:
+    """What the journal keeps of a record's scores: the scores alone (the ids are the record's, and the digest)."""
+    return {"logprobs": done.logprobs, "ranks": done.ranks, "top_ids": done.top_token_ids, "top": done.top_logprobs}
+
+
+def _unkept(found: dict[str, Any], sample: Sample) -> Completion:
+    sequence = sample.prompt_token_ids + sample.response_token_ids
+    done = Completion(
+        sequence, sample.response_token_ids, found["logprobs"], None, "length", None, ranks=found["ranks"]
+    )
+    done.top_token_ids, done.top_logprobs = found.get("top_ids"), found.get("top")
+    return done
 
 
 def clear(sample: Sample) -> None:
