@@ -21,18 +21,17 @@ import orjson
 
 from .calls import call_key, call_seed, sample_of, sampling_record
 from .client import CallFailed, Endpoint
-from .concurrency import gather_or_cancel
 from .errors import InputError, ServerError, UsageError, first_line
 from .inputs import Problem
 from .sampling import KEYS as SAMPLING_KEYS
 from .schema import Sample
 from .stages import Engine, Stage, SystemConfig, same_tokens
+from .teacher.scorer import Teacher, score_each
 from .turns import continue_turn, separator
 from .wire import Completion
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
-    from .teacher.scorer import Teacher
 
 __all__ = ["Context", "Engine", "ExecutionFailed", "Stage", "SystemConfig", "call_seed"]
 
@@ -377,28 +376,15 @@ class Context:
 
     # -- the engine's side ------------------------------------------------------------------------------------
     async def scored(self, samples: list[Sample]) -> None:
-        """The teachers' scores of `samples` (`--teacher`), in as few requests as each teacher's batches allow: the
-        ids of every call of the execution, once they are all known. A scoring call that fails for good fails the
-        execution, as a generation would: no record is written without its teacher's scores."""
-        by_teacher: dict[int, tuple[Teacher, list[Sample], list[str]]] = {}
-        for sample in samples:
-            found = self._teachers.get(id(sample))
-            if found is not None:
-                entry = by_teacher.setdefault(id(found[0]), (found[0], [], []))
-                entry[1].append(sample)
-                entry[2].append(found[1])
-        if not by_teacher:
+        """The teachers' scores of `samples` (`--teacher`, `teacher.scorer`), the execution's calls all made. One
+        that fails for good fails the execution: no record is written without its teacher's scores."""
+        asked = [(self._teachers[id(s)][0], s, self._teachers[id(s)][1]) for s in samples if id(s) in self._teachers]
+        if not asked:
             return
-        p, journal = self.problem, self.engine.journal
         budget = self.engine.default.client.budget  # the run's slots: this execution wants none of them again,
         budget.rest(self.group, True)  # so a new group may take the room it would keep for its next stage
         try:
-            await gather_or_cancel(
-                *(
-                    teacher.score(mine, keys, journal, (p.id, p.content_hash), (self.group, 0))
-                    for teacher, mine, keys in by_teacher.values()
-                )
-            )
+            await score_each(asked, self.engine.journal, (self.problem.id, self.problem.content_hash), (self.group, 0))
         except CallFailed as exc:
             raise self._failed(f"teacher call failed: {exc}") from exc
         finally:

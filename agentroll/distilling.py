@@ -29,7 +29,6 @@ from typing import Any
 from . import provenance
 from .chat import load_first
 from .client import CallFailed, ClientCounters, ClientSettings, Transport
-from .concurrency import gather_or_cancel
 from .errors import UsageError
 from .folder import Layout, Manifest, read_groups
 from .group import Group
@@ -40,7 +39,7 @@ from .schema import Sample
 from .stats import RunStats
 from .systems import vocabulary_of
 from .teacher.check import check_vocabulary
-from .teacher.scorer import Teacher, clear
+from .teacher.scorer import Teacher, clear, score_each
 from .teacher.settings import TeacherOptions, TeacherSettings
 
 log = logging.getLogger("agentroll")
@@ -284,23 +283,16 @@ async def _score(group: Group, plan: Plan, journal: Any, number: int) -> Group |
     """The group with every record scored by its stage's teacher, a problem's records in as few requests as the
     teacher's batches take (they share their prompts' prefixes); None when a scoring call failed for good."""
     problem = group.problem
-    asked: dict[int, tuple[Teacher, list[Sample], list[str]]] = {}
+    asked: list[tuple[Teacher, Sample, str]] = []
     for samples in group.executions:
         for i, sample in enumerate(samples):
             teacher = plan.of(sample.stage)
             if teacher is None:
                 clear(sample)
                 continue
-            entry = asked.setdefault(id(teacher), (teacher, [], []))
-            entry[1].append(sample)
-            entry[2].append("\x1f".join((problem.id, problem.content_hash, sample.rollout_id, str(i))))
+            asked.append((teacher, sample, "\x1f".join((problem.id, problem.content_hash, sample.rollout_id, str(i)))))
     try:
-        await gather_or_cancel(
-            *(
-                teacher.score(mine, keys, journal, (problem.id, problem.content_hash), (number, 0))
-                for teacher, mine, keys in asked.values()
-            )
-        )
+        await score_each(asked, journal, (problem.id, problem.content_hash), (number, 0))
     except CallFailed as exc:
         group.error = f"teacher call failed: {exc}"
         return None

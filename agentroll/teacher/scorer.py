@@ -158,6 +158,21 @@ class Teacher:
         await self.client.aclose()
 
 
+async def score_each(
+    asked: list[tuple[Teacher, Sample, str]],
+    journal: Journal | None = None,
+    group: tuple[str, str] = ("", ""),
+    priority: Priority = FIRST,
+) -> None:
+    """Each (teacher, sample, journal key): a teacher's samples scored together (`Teacher.score`: its batches)."""
+    by_teacher: dict[int, tuple[Teacher, list[Sample], list[str]]] = {}
+    for teacher, sample, key in asked:
+        entry = by_teacher.setdefault(id(teacher), (teacher, [], []))
+        entry[1].append(sample)
+        entry[2].append(key)
+    await gather_or_cancel(*(t.score(mine, keys, journal, group, priority) for t, mine, keys in by_teacher.values()))
+
+
 def _kept(done: Completion) -> dict[str, Any]:
     """What the journal keeps of a record's scores: the scores alone (the ids are the record's, and the digest)."""
     return {"logprobs": done.logprobs, "ranks": done.ranks, "top_ids": done.top_token_ids, "top": done.top_logprobs}
