@@ -14,7 +14,7 @@ from rich.text import Text
 from ..declare import default_of
 from ..errors import AgentrollError, IncompleteRun
 from ..teacher.settings import TeacherOptions, client_of, stage_teachers
-from .console import err, error, run_async, setup_logging
+from .console import err, error, packed, run_async, setup_logging
 from .generate import _parameter
 from .help import Command, own_option, signed
 from .progress import LogLines, RichBar
@@ -102,11 +102,14 @@ def build() -> Any:
             if s.teacher:
                 err.print(teacher_table(s))
             lines = [
-                f"distilled {s.groups_written} groups ({s.problems_skipped_done} done before, {s.groups_failed} "
-                f"not written) -> {output}, {result.wall_s:.1f}s",
+                [
+                    f"distilled {s.groups_written} groups ({s.problems_skipped_done} done before, "
+                    f"{s.groups_failed} not written) -> {output}",
+                    f"{result.wall_s:.1f}s",
+                ],
                 *teacher_lines(result.teachers),
             ]
-            err.print(Text("\n".join(lines)), soft_wrap=True)
+            err.print(Text("\n".join(packed(phrases, err.width) for phrases in lines)))
         if not result.complete:
             missing = IncompleteRun(
                 f"{s.groups_failed} groups could not be scored (see the warnings above): run the same command "
