@@ -53,7 +53,7 @@ def test_every_record_carries_its_teachers_scores_of_its_own_ids(sim, teacher, p
     figures = manifest["last_run"]["stats"]["teacher"]["solver"]
     assert figures["tokens"] == sum(len(r["response_token_ids"]) for r in records if r["stage"] == "solver")
     assert manifest["last_run"]["teachers"][0]["scored"] == len(records)
-    assert b"KL k3" in proc.stderr and b"teacher big" in proc.stderr
+    assert b"KL(student || teacher), k3" in proc.stderr and b"teacher big" in proc.stderr
     assert run_cli("validate", str(tmp_path / "out")).returncode == 0
 
 

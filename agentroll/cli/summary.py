@@ -140,12 +140,14 @@ def print_summary(result: RunResult) -> None:
 def teacher_rows(table: Table, s: RunStats) -> None:
     """The teacher's figures (`--teacher`: `stats.TeacherStats`), a row each, "-" in a stage no teacher scored."""
     figures = {name: t.figures() for name, t in s.teacher.items()}
+    if table.rows:
+        table.add_section()
     for label, key in (("tokens scored by the teacher", "tokens"), *TEACHER_ROWS):
         cells = [
             "-" if name not in figures else str(s.teacher[name].tokens) if key == "tokens" else fmt(figures[name][key])
             for name in s.stages
         ]
-        table.add_row(Text(label), *map(Text, cells), end_section=key == "tokens")
+        table.add_row(Text(label), *map(Text, cells))
 
 
 def teacher_table(s: RunStats) -> Table:
