@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from ..errors import ServerError
-from ..wire import APIS, PATHS, Completion, WireError, parse, parse_scores, reader, request_body, score_body
+from ..wire import APIS, PATHS, Completion, WireError, parse, reader, request_body
 from .endpoints import FATAL_STATUS, RETRYABLE_STATUS, Endpoint, normalize_base_url
 from .rotation import Rotation
 from .settings import ClientSettings
@@ -297,25 +297,9 @@ class CompletionClient:
         payload = orjson.dumps(request_body(api, model, prompt_ids, params, alternatives, sent))
         read = lambda data: [parse(api, data, prompt_ids, alternatives)]  # noqa: E731 - one answer, in a list
         loads = reader(api, alternatives)
-        return (await self._attempts(PATHS[api], payload, read, model, prompt_ids, prefer, key, priority, loads))[0]
+        return (await self.call(PATHS[api], payload, read, model, prompt_ids, prefer, key, priority, loads))[0]
 
-    async def score(
-        self,
-        sequences: list[list[int]],
-        starts: list[int],
-        model: str,
-        alternatives: int = 0,
-        key: str | None = None,
-        priority: Priority = FIRST,
-    ) -> list[Completion]:
-        """A teacher's scores of each `sequences[i][starts[i]:]`, ids another model sampled (vLLM's
-        `prompt_logprobs` over each sequence, one request: `wire.score_body`), retried as a completion is: a
-        `Completion` of those ids per sequence (`wire.parse_scores`)."""
-        payload = orjson.dumps(score_body(model, sequences, alternatives))
-        read = lambda data: parse_scores(data, sequences, starts, alternatives)  # noqa: E731
-        return await self._attempts(PATHS["completions"], payload, read, model, sequences[0], None, key, priority)
-
-    async def _attempts(
+    async def call(
         self,
         path: str,
         payload: bytes,
@@ -327,8 +311,8 @@ class CompletionClient:
         priority: Priority,
         loads: Callable[[bytes], Any] = orjson.loads,
     ) -> list[Completion]:
-        """The attempts of one call: `loads` decodes the answer, `read` makes it `Completion`s, one per sequence sent
-        (a `WireError` is retried)."""
+        """One call's attempts, retried as `complete` says: `loads` decodes the answer, `read` makes it `Completion`s,
+        one per sequence sent (a `WireError` is retried; a teacher's scores are read so: `teacher.scorer`)."""
         started = time.monotonic()
         attempt = 0
         avoid: Endpoint | None = None

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..client import CallFailed, TransportFailure
 from ..errors import ServerError, UsageError
-from .scorer import Teacher
+from .scorer import Teacher, score
 
 PROBES = (
     "The quick brown fox jumps over the lazy dog. It's 3:45 p.m.; isn't it?",
@@ -84,7 +84,7 @@ async def check_vocabulary(teacher: Teacher, tokenizer: Any) -> None:
 async def _probe_scores(teacher: Teacher, tokenizer: Any) -> None:
     ids = _encode(tokenizer, PROBES[0])
     try:
-        done = (await teacher.client.score([ids], [1], teacher.model, teacher.settings.logprobs))[0]
+        done = (await score(teacher.client, [ids], [1], teacher.model, teacher.settings.logprobs))[0]
     except CallFailed as exc:
         raise ServerError(
             f"--teacher {teacher.url} cannot score (prompt_logprobs {teacher.settings.logprobs}, one token): {exc}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -21,7 +22,7 @@ from ..client import FIRST, CompletionClient, Priority, follow_metrics
 from ..concurrency import gather_or_cancel
 from ..errors import UsageError
 from ..schema import Sample
-from ..wire import Completion
+from ..wire import PATHS, Completion, parse_scores, score_body
 from .settings import TeacherSettings
 
 if TYPE_CHECKING:
@@ -119,8 +120,8 @@ class Teacher:
     ) -> None:
         sequences = [s.prompt_token_ids + s.response_token_ids for s, _, _ in batch]
         starts = [len(s.prompt_token_ids) for s, _, _ in batch]
-        answers = await self.client.score(
-            sequences, starts, self.model, self.settings.logprobs, key=batch[0][0].problem_hash, priority=priority
+        answers = await score(
+            self.client, sequences, starts, self.model, self.settings.logprobs, batch[0][0].problem_hash, priority
         )
         self.requests += 1
         for (sample, key, digest), done in zip(batch, answers, strict=True):
@@ -156,6 +157,22 @@ class Teacher:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+async def score(
+    client: CompletionClient,
+    sequences: list[list[int]],
+    starts: list[int],
+    model: str,
+    alternatives: int = 0,
+    key: str | None = None,
+    priority: Priority = FIRST,
+) -> list[Completion]:
+    """The scores of each `sequences[i][starts[i]:]` by the teacher `client` serves, in one request (vLLM's
+    `prompt_logprobs` over each sequence: `wire.score_body`, `wire.parse_scores`), retried as a completion is."""
+    payload = orjson.dumps(score_body(model, sequences, alternatives))
+    read = partial(parse_scores, sequences=sequences, starts=starts, alternatives=alternatives)
+    return await client.call(PATHS["completions"], payload, read, model, sequences[0], None, key, priority)
 
 
 async def score_each(
