@@ -26,12 +26,12 @@ from .inputs import Problem
 from .sampling import KEYS as SAMPLING_KEYS
 from .schema import Sample
 from .stages import Engine, Stage, SystemConfig, same_tokens
-from .teacher.scorer import Teacher, score_each
 from .turns import continue_turn, separator
 from .wire import Completion
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
+    from .teacher.scorer import Teacher
 
 __all__ = ["Context", "Engine", "ExecutionFailed", "Stage", "SystemConfig", "call_seed"]
 
@@ -85,7 +85,8 @@ class Context:
         self._parents: dict[int, Sample] = {}  # id(sample) -> the sample it continues
         self.failure: ExecutionFailed | None = None  # the first call that failed for good, even if caught
         self._made: dict[int, Sample] = {}  # id -> sample: the samples this execution made (kept alive)
-        self._teachers: dict[int, tuple[Teacher, str]] = {}  # id(sample) -> its teacher, its call's journal key
+        # --teacher: id(sample) -> (its stage's teacher, the sample, its call's journal key), scored by the pipeline
+        self.teaching: dict[int, tuple[Teacher, Sample, str]] = {}
 
     # -- prompts ----------------------------------------------------------------------------------------------
     def messages(self, template: str, solutions: list[str] | None = None, **variables: Any) -> list[dict[str, str]]:
@@ -342,7 +343,7 @@ class Context:
             sampled=sampling_record(sampling, seed, max_tokens),
         )
         if runtime.teacher is not None:  # scored once the execution is done (`scored`)
-            self._teachers[id(made)] = (runtime.teacher, sent[0])
+            self.teaching[id(made)] = (runtime.teacher, made, sent[0])
         return made
 
     def _rank(self, stage: str) -> int:
@@ -375,21 +376,6 @@ class Context:
         return failure
 
     # -- the engine's side ------------------------------------------------------------------------------------
-    async def scored(self, samples: list[Sample]) -> None:
-        """The teachers' scores of `samples` (`--teacher`, `teacher.scorer`), the execution's calls all made. One
-        that fails for good fails the execution: no record is written without its teacher's scores."""
-        asked = [(self._teachers[id(s)][0], s, self._teachers[id(s)][1]) for s in samples if id(s) in self._teachers]
-        if not asked:
-            return
-        budget = self.engine.default.client.budget  # the run's slots: this execution wants none of them again,
-        budget.rest(self.group, True)  # so a new group may take the room it would keep for its next stage
-        try:
-            await score_each(asked, self.engine.journal, (self.problem.id, self.problem.content_hash), (self.group, 0))
-        except CallFailed as exc:
-            raise self._failed(f"teacher call failed: {exc}") from exc
-        finally:
-            budget.rest(self.group, False)
-
     def finish(self, samples: list[Sample]) -> list[Sample]:
         """Check what the system returned and set the per-execution fields: position links between turns,
         rollout size, final reward."""

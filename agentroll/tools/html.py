@@ -22,7 +22,7 @@ from . import charts
 from .charts import TRUNCATED, Series, bar_chart, fmt, histogram, line_chart
 from .figures import figures
 from .headtohead import page_section
-from .report import TEACHER_ROWS
+from .teacher import page_section as teacher_section
 
 MOST_SPLITS = 12  # --by values drawn (those with the most problems); the table lists them all
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
@@ -320,32 +320,6 @@ def _throughput(data: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _teacher(data: dict[str, Any]) -> str:
-    """A teacher's scores of the sampled tokens (`--teacher`, `agentroll distill`), per stage it scored."""
-    scored = data["stats"]["all"].get("teacher") or {}
-    if not scored:
-        return ""
-    stages = list(scored)
-    svg = bar_chart(
-        "teacher-kl",
-        "KL(student || teacher), k3, per token",
-        stages,
-        [Series("k3", [scored[s]["kl_k3"] for s in stages])],
-        y_label="nats per token",
-    )
-    caption = (
-        "The k3 estimate of the reverse KL on the student's own samples: mean of r - 1 - log r, r the teacher's "
-        "probability of a sampled token over the student's (what on-policy distillation minimises)."
-    )
-    rows = [[s, fmt(scored[s]["tokens"]), *(fmt(scored[s][key]) for _, key in TEACHER_ROWS)] for s in stages]
-    return (
-        "<h2>Student against teacher</h2><div class='row'>"
-        + figure(svg, escape(caption))
-        + "</div>"
-        + table(["stage", "tokens", *(label for label, _ in TEACHER_ROWS)], rows)
-    )
-
-
 def _chart(data: dict[str, Any], chart: dict[str, Any]) -> str:
     """A section the system's vocabulary declares: its bars, the counters behind them, its caption."""
     out = [f"<h2>{escape(chart['title'])}</h2>"]
@@ -383,7 +357,7 @@ def render(data: dict[str, Any]) -> str:
     if stats.get("warning"):  # the system could not be loaded here: its own figures are left out
         head += f"<p class='note'>{escape(stats['warning'])}</p>"
     sections = [_stages(data), page_section(stats, figure, table), _lengths(data), _pass_at_k(data), _by(data)]
-    sections += [_teacher(data), _throughput(data)]
+    sections += [teacher_section(stats, figure, table), _throughput(data)]
     sections += [_chart(data, chart) for chart in data["charts"]]
     return (
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
