@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .concurrency import gather_or_cancel
     from .context import Context
+    from .distilling import distill
     from .errors import (
         AgentrollError,
         IncompleteRun,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "gather_or_cancel": "concurrency",
     "Context": "context",
+    "distill": "distilling",
     **dict.fromkeys(
         (
             "AgentrollError",
@@ -99,6 +101,7 @@ __all__ = [
     "TooManyFailures",
     "UsageError",
     "__version__",
+    "distill",
     "gather_or_cancel",
     "read_groups",
     "read_records",

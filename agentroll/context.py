@@ -31,6 +31,7 @@ from .wire import Completion
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
+    from .teacher.scorer import Teacher
 
 __all__ = ["Context", "Engine", "ExecutionFailed", "Stage", "SystemConfig", "call_seed"]
 
@@ -84,6 +85,8 @@ class Context:
         self._parents: dict[int, Sample] = {}  # id(sample) -> the sample it continues
         self.failure: ExecutionFailed | None = None  # the first call that failed for good, even if caught
         self._made: dict[int, Sample] = {}  # id -> sample: the samples this execution made (kept alive)
+        # --teacher: id(sample) -> (its stage's teacher, the sample, its call's journal key), scored by the pipeline
+        self.teaching: dict[int, tuple[Teacher, Sample, str]] = {}
 
     # -- prompts ----------------------------------------------------------------------------------------------
     def messages(self, template: str, solutions: list[str] | None = None, **variables: Any) -> list[dict[str, str]]:
@@ -327,7 +330,7 @@ class Context:
             if done.text is not None
             else runtime.encoder.decode_response(done.token_ids, done.finish_reason, done.stop_reason, ids)
         )
-        return sample_of(
+        made = sample_of(
             done,
             runtime,
             cfg,
@@ -339,6 +342,9 @@ class Context:
             response=response,
             sampled=sampling_record(sampling, seed, max_tokens),
         )
+        if runtime.teacher is not None:  # scored once the execution is done (`scored`)
+            self.teaching[id(made)] = (runtime.teacher, made, sent[0])
+        return made
 
     def _rank(self, stage: str) -> int:
         declared = self.engine.declared

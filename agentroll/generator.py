@@ -39,13 +39,16 @@ from .policies import Policy
 from .rewards import RewardSet, label_fault
 from .stats import RunStats
 from .systems import System, from_object, identity, load_system, spec_of, vocabulary_of
+from .teacher.settings import STAGE_KEYS as STAGE_TEACHER_KEYS
 from .templates import Templates
 
 if TYPE_CHECKING:
     from .folder.journal import Journal
+    from .teacher.scorer import Teacher
 
 BUILTIN_REWARDS = ("math", "exact", "remote", "code")
 log = logging.getLogger("agentroll")
+STAGE_TEACHER = frozenset(STAGE_TEACHER_KEYS)
 
 
 class Generator:
@@ -87,6 +90,7 @@ class Generator:
         self._stage_clients: list[CompletionClient] = []  # stages served elsewhere (--stage NAME.base_url=...)
         self._by_url: dict[str, CompletionClient] = {}  # ... one client per such server, whichever policy asks
         self._systems: list[AgentSystem] = []  # one per policy (`--policy`), in the order given; else one
+        self.teachers: list[Teacher] = []  # --teacher: each with a client of its own (agentroll.teacher)
         self.client_settings = self.options.client_settings()
         self._length = self.options.length_shaping()
         self._admitted = 0  # groups started: each one's number is its calls' priority (older first)
@@ -160,6 +164,17 @@ class Generator:
                 self.server = {**self.server, **facts}
                 if warning:
                     log.warning(warning)
+            if o.teacher or any(STAGE_TEACHER & set(v) for v in o.stage_settings().values()):
+                from .teacher.setup import attach
+
+                explicit, taught = o.max_context_len is not None, None
+                for each in self._systems:  # each policy's stages, scored by the same teacher(s)
+                    stages = o.stage_settings()
+                    taught = await attach(o, self.client_settings, each.engine, stages, self.teachers, explicit)
+                if taught is not None:  # a rerun with another teacher (model, K) or none is refused, as any setting
+                    self._settings["teacher"] = taught
+                    cut = self._system.engine.default.config.max_context_len
+                    self.max_context_len = self._settings["max_context_len"] = cut
             self._settings = orjson.loads(orjson.dumps(self._settings))  # as a folder's manifest will hold them
         except BaseException:
             await self.aclose()
@@ -201,11 +216,12 @@ class Generator:
         if system is not None:
             await system.system.aclose()
         clients, self._stage_clients = self._stage_clients, []
+        teachers, self.teachers = self.teachers, []
         try:
             if rewards is not None:
                 await rewards.aclose()
         finally:
-            closing = [*([client] if client is not None else []), *clients]
+            closing = [*([client] if client is not None else []), *clients, *(t.client for t in teachers)]
             results = await asyncio.gather(*(each.aclose() for each in closing), return_exceptions=True)
             failed = next((r for r in results if isinstance(r, BaseException)), None)
             if failed is not None:
@@ -221,6 +237,10 @@ class Generator:
     @property
     def counters(self) -> ClientCounters:
         return self._client.counters if self._client is not None else ClientCounters()
+
+    def teacher_report(self) -> list[dict[str, Any]]:
+        """Each teacher's model, endpoints and requests (its own counters: retries, failures, peak in flight)."""
+        return [teacher.report() for teacher in self.teachers]
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -261,6 +281,8 @@ class Generator:
         finally:
             if self._budget is not None:
                 self._budget.finished(group)  # it wants no more room
+            for teacher in self.teachers:
+                teacher.settled(group)
 
     async def _executions(self, problem: Problem, group: int) -> Group:
         """The group's executions: K per policy, the i-th policy's numbered i*K..i*K+K-1 (one policy: 0..K-1)."""

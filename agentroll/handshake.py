@@ -206,7 +206,8 @@ async def stage_setups(
             {**overrides, "model": served_model, "max_context_len": length}, f"--stage {name}"
         )
         out[name] = Stage(name, client, encoder, config, settings.get("trainable", served_model == model))
-        guard[name] = {**{k: v for k, v in settings.items() if k != "base_url"}, "model": served_model}
+        where = ("base_url", "teacher", "teacher_model")  # where it runs, and its teacher (settings.teacher)
+        guard[name] = {**{k: v for k, v in settings.items() if k not in where}, "model": served_model}
     return out, guard
 
 

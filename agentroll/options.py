@@ -24,6 +24,7 @@ from .sampling import KEYS as SAMPLING_KEYS
 from .sampling import Sampling
 from .shaping import LengthShaping
 from .stages import SystemConfig
+from .teacher.settings import TeacherOptions
 
 CLIENT = ClientSettings()
 TIMEOUTS, RETRIES, HEALTH, CONCURRENCY = CLIENT.timeouts, CLIENT.retries, CLIENT.health, CLIENT.concurrency
@@ -32,9 +33,10 @@ API = ("auto", "completions", "generate")
 
 
 @dataclass(frozen=True, kw_only=True)
-class GenerateOptions(RewardOptions):
+class GenerateOptions(RewardOptions, TeacherOptions):
     """Everything that decides how a group is generated (the reward options are `RewardOptions`', shared with
-    `agentroll rescore`). Run-level options (input, output, shards, resume, limits) belong to the CLI's runner."""
+    `agentroll rescore`; the teacher's are `TeacherOptions`', shared with `agentroll distill`). Run-level options
+    (input, output, shards, resume, limits) belong to the CLI's runner."""
 
     base_url: list[str] = option(
         [],
@@ -75,7 +77,7 @@ class GenerateOptions(RewardOptions):
     stage: list[str] = option(
         [],
         "STAGE.KEY=VALUE per-stage setting (repeatable): model, base_url, tokenizer, "
-        "max_tokens, temperature, top_p, top_k, min_p, trainable.",
+        "max_tokens, temperature, top_p, top_k, min_p, trainable, teacher (a URL, or none), teacher_model.",
     )
     num_parallel: int = option(
         4, "Parallel calls per stage where the system has them (three-stage: solvers, and rewriters, per execution)."
@@ -200,6 +202,7 @@ class GenerateOptions(RewardOptions):
         at_least(self, 0, "resample_uniform")
         positive(self, "request_timeout", "probe_interval")
         self.check_rewards()
+        self.check_teacher()
         if not (math.isfinite(self.down_timeout) and self.down_timeout >= 0):
             raise UsageError("--down-timeout must be a number of seconds, 0 or more")
         if self.max_context_len is not None and self.max_context_len < 2:
@@ -227,7 +230,7 @@ class GenerateOptions(RewardOptions):
             self._policy_alone()
         elif not self.base_url:
             raise UsageError("no server given: pass --base-url or set AGENTROLL_BASE_URL")
-        self.stage_settings()
+        self.check_stage_teachers(self.stage_settings())
         self.system_options()
 
     def policies(self) -> tuple[Policy, ...]:
@@ -328,6 +331,8 @@ STAGE_KEYS = {
     "top_k": int,
     "min_p": float,
     "trainable": bool,
+    "teacher": str,  # a URL, or none (agentroll.teacher.settings)
+    "teacher_model": str,
 }
 
 

@@ -12,7 +12,7 @@ import builtins
 from typing import TYPE_CHECKING
 
 from .chat import ChatEncoder
-from .client import CompletionClient
+from .client import CallFailed, CompletionClient
 from .concurrency import gather_or_cancel
 from .context import Context, Engine, ExecutionFailed, Stage, SystemConfig, call_seed
 from .errors import AgentrollError, UsageError
@@ -21,6 +21,7 @@ from .rewards import RewardSet
 from .schema import Sample
 from .stats import RunStats
 from .systems import System, load_system
+from .teacher.scorer import score_each
 from .templates import Templates
 
 if TYPE_CHECKING:
@@ -110,4 +111,24 @@ class AgentSystem:
             raise ctx.failure
         if not isinstance(samples, list):
             raise UsageError(f"system {self.system.name} returned {type(samples).__name__}, not a list of Samples")
-        return ctx.finish(samples)
+        finished = ctx.finish(samples)
+        await scored(ctx, finished)
+        return finished
+
+
+async def scored(ctx: Context, samples: list[Sample]) -> None:
+    """The teachers' scores of an execution's samples (`--teacher`: `ctx.teaching`), once its calls are all made. A
+    scoring call that fails for good fails the execution, as a generation would: no record is written without its
+    teacher's scores. Meanwhile the run's slots the execution would keep for its next stage go to new groups."""
+    asked = [ctx.teaching[id(s)] for s in samples if id(s) in ctx.teaching]
+    if not asked:
+        return
+    budget = ctx.engine.default.client.budget
+    budget.rest(ctx.group, True)
+    try:
+        await score_each(asked, ctx.engine.journal, (ctx.problem.id, ctx.problem.content_hash), (ctx.group, 0))
+    except CallFailed as exc:
+        ctx.failure = ExecutionFailed(f"teacher call failed: {exc}")
+        raise ctx.failure from exc
+    finally:
+        budget.rest(ctx.group, False)

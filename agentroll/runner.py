@@ -45,6 +45,7 @@ class RunResult:
     output: str
     complete: bool = False
     committed: bool = False  # the folder's manifest says complete: true (closed so)
+    teachers: list[dict[str, Any]] = field(default_factory=list)  # --teacher: each one's model and requests
     notes: list[str] = field(default_factory=list)  # lines the summary ends with (said as warnings too)
     failures: Counter[str] = field(default_factory=Counter)  # why groups were not written: reason -> groups
     startup_s: float = 0.0  # until the first row to run was in hand (servers, tokenizer, folder, done rows)
@@ -164,6 +165,7 @@ class Runner:
                         await self._ticker
                 self.progress.finish(self.stats, self.generator.counters)
                 result.wall_s = time.monotonic() - started
+                result.teachers = gen.teacher_report()
                 writer.run_info = {
                     "stats": self.stats.to_dict(),
                     "requests": asdict(gen.counters),
@@ -171,6 +173,7 @@ class Runner:
                     "started_at": round(begun, 3),
                     "finished_at": round(time.time(), 3),
                     "exit": self._exit(result),
+                    **({"teachers": result.teachers} if result.teachers else {}),
                 }
                 writer.close(complete=result.complete)
                 result.committed = result.complete  # on disk: a signal from now on changes nothing

@@ -9,6 +9,16 @@ SCHEMA_VERSION = 6  # 2: groups are whole; problem_hash. 3: sampling per record,
 # 4: pluggable systems: trainable, turn, continues, history_mask, history_logprobs. 5: tool use: tool_calls.
 # 6: problem (the row's prompt as given: what a reward saw, so that rescore gives it the same)
 
+# Fields added to schema 6 after folders were written with it (the agent system's, head to head's, a teacher's):
+# a record written before them lacks them and reads as null there (`Sample`'s default), no less valid for it
+OPTIONAL_FIELDS = frozenset(
+    {
+        *("branched_from", "rerendered", "agent_answer", "agent_reward"),
+        "policy",
+        *("teacher_logprobs", "teacher_ranks", "teacher_top_ids", "teacher_top_logprobs"),
+    }
+)
+
 STAGES = ("solver", "rewriter", "selector")  # the three-stage system's, in order; other systems name their own
 
 # vLLM's finish_reason -> our status. The client retries any other reason ("abort": vLLM stopped the request),
@@ -76,6 +86,13 @@ class Sample:
     # --logprobs K: the K most likely tokens at each response position, in rank order (ids, logprobs)
     top_token_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
+    # --teacher (distillation): a teacher model's scores of the same response ids, in the same context (vLLM's
+    # prompt_logprobs over prompt + response): each token's logprob and rank under the teacher, and with
+    # --teacher-logprobs K the teacher's K most likely tokens at each position, in rank order
+    teacher_logprobs: list[float] | None = None
+    teacher_ranks: list[int] | None = None
+    teacher_top_ids: list[list[int]] | None = None
+    teacher_top_logprobs: list[list[float]] | None = None
     # which policy version produced which response tokens: [{"version", "start", "end"}] over response indexes
     weight_versions: list[dict[str, Any]] | None = None
     # --return-routed-experts: in memory the server's .npy bytes, shape (prompt + response - 1, layers, top-k);

@@ -24,6 +24,7 @@ from .templates import Templates
 
 if TYPE_CHECKING:
     from .folder.journal import Journal
+    from .teacher.scorer import Teacher
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +70,7 @@ class Stage:
     encoder: ChatEncoder
     config: SystemConfig
     trainable: bool = True
+    teacher: Teacher | None = None  # --teacher: scores each of this stage's samples (agentroll.teacher)
 
 
 @dataclass(slots=True)

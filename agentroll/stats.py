@@ -8,6 +8,7 @@ add up and the report is recomputed from the sums: the Ray driver and `agentroll
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,64 @@ class StageStats:
     def from_dict(cls, data: dict[str, Any]) -> StageStats:
         """`to_dict`'s output (a manifest's `last_run.stats.stages[NAME]`) back as counters."""
         return cls(**{f.name: data[f.name] for f in fields(cls) if isinstance(data.get(f.name), int | float)})
+
+
+@dataclass(slots=True)
+class TeacherStats:
+    """A stage's sampled tokens against a teacher's scores of them (`--teacher`, `agentroll distill`): the gap
+    student minus teacher (mean and largest: where the student is most sure of what the teacher finds unlikely),
+    k3, the low-variance estimate of KL(student || teacher) on the student's own samples (the reverse KL that
+    on-policy distillation minimises: mean of r - 1 - log r, r = p_teacher / p_student), and the share of tokens
+    whose teacher's most likely token is another one (rank above 1). Counters that add up (the largest: its max)."""
+
+    tokens: int = 0
+    gap_sum: float = 0.0
+    gap_max: float | None = None
+    k3_sum: float = 0.0
+    other_top: int = 0
+
+    def add(self, sample: Sample) -> None:
+        teacher = sample.teacher_logprobs
+        if teacher is None:
+            return
+        most = self.gap_max
+        ranks = sample.teacher_ranks if sample.teacher_ranks is not None else [0] * len(teacher)
+        for own, theirs, rank in zip(sample.response_logprobs, teacher, ranks, strict=False):
+            gap = own - theirs
+            self.tokens += 1
+            self.gap_sum += gap
+            most = gap if most is None or gap > most else most
+            self.k3_sum += math.expm1(min(-gap, 700.0)) + gap  # r - 1 - log r, with log r = -gap
+            self.other_top += rank != 1
+        self.gap_max = most
+
+    def __add__(self, other: TeacherStats) -> TeacherStats:
+        highs = [m for m in (self.gap_max, other.gap_max) if m is not None]
+        return TeacherStats(
+            self.tokens + other.tokens,
+            self.gap_sum + other.gap_sum,
+            max(highs) if highs else None,
+            self.k3_sum + other.k3_sum,
+            self.other_top + other.other_top,
+        )
+
+    def figures(self) -> dict[str, float | None]:
+        n = self.tokens
+        return {
+            "mean_gap": self.gap_sum / n if n else None,
+            "max_gap": self.gap_max,
+            "kl_k3": self.k3_sum / n if n else None,
+            "other_top_share": self.other_top / n if n else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in self.__slots__}, **self.figures()}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TeacherStats:
+        if not isinstance(data, dict):
+            return cls()
+        return cls(**{k: data[k] for k in cls.__slots__ if k in data and (data[k] is None or _number(data[k]))})
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +180,7 @@ class RunStats:
     counters: dict[str, float] = field(default_factory=dict)  # the system's own, by name (written flat)
     figures: tuple[Figure, ...] = ()  # the system's report figures over the counters (`report`)
     stages: dict[str, StageStats] = field(default_factory=lambda: {s: StageStats() for s in STAGES})
+    teacher: dict[str, TeacherStats] = field(default_factory=dict)  # per stage, the stages a teacher scored
     vocabulary: Vocabulary | None = field(default=None, repr=False, compare=False)  # tallies each execution
     # a head-to-head run (`--policy`): each policy's own figures, and the problem-by-problem comparison
     policies: dict[str, RunStats] = field(default_factory=dict)
@@ -217,6 +277,8 @@ class RunStats:
         self.executions += 1
         for sample in samples:
             self.stage(sample.stage).add(sample)
+            if sample.teacher_logprobs is not None:
+                self.teacher.setdefault(sample.stage, TeacherStats()).add(sample)
         if samples:
             self.system_correct += samples[0].final_reward == 1.0
             self.final_reward_sum += samples[0].final_reward
@@ -241,6 +303,8 @@ class RunStats:
         if self.policies:
             out["policies"] = {name: stats.to_dict() for name, stats in self.policies.items()}
             out["head_to_head"] = self.compared.to_dict()
+        if self.teacher:  # only a run with a teacher says anything of one
+            out["teacher"] = {name: t.to_dict() for name, t in self.teacher.items()}
         return out
 
     def __add__(self, other: RunStats) -> RunStats:
@@ -263,6 +327,10 @@ class RunStats:
             for name in {**self.policies, **other.policies}
         }
         total.compared = self.compared + other.compared
+        total.teacher = {
+            name: self.teacher.get(name, TeacherStats()) + other.teacher.get(name, TeacherStats())
+            for name in {**self.teacher, **other.teacher}
+        }
         return total
 
     @classmethod
@@ -284,6 +352,8 @@ class RunStats:
                 if isinstance(figures, dict)
             }
             stats.compared = Comparison.from_dict(data.get("head_to_head"))
+        if isinstance(data.get("teacher"), dict):
+            stats.teacher = {name: TeacherStats.from_dict(t) for name, t in data["teacher"].items()}
         return stats
 
 
@@ -294,5 +364,5 @@ def _number(value: Any) -> bool:
 ENGINE = tuple(
     f.name
     for f in fields(RunStats)
-    if f.name not in ("counters", "figures", "stages", "vocabulary", "policies", "compared")
+    if f.name not in ("counters", "figures", "stages", "vocabulary", "policies", "compared", "teacher")
 )

@@ -8,9 +8,11 @@
 
 Each item is one record (one LLM call) laid out as the trainer sees it: `input_ids` is the prompt followed by the
 response, and `loss_mask` and `logprobs` are aligned with it position for position (0 on the prompt), so the
-loss of token `t` is read at the same index in all three. The unit of work split among DataLoader workers (and
-distributed ranks) is the shard, so that no record is read twice and groups stay whole and in order; a folder
-should have at least as many shards as workers times ranks (`generate --shard-size`), or some stay idle.
+loss of token `t` is read at the same index in all three (and in `teacher_logprobs`, an item's when a teacher
+scored it: `--teacher`, `agentroll distill`; 0.0 where nothing was scored). The unit of work split among
+DataLoader workers (and distributed ranks) is the shard, so that no record is read twice and groups stay whole
+and in order; a folder should have at least as many shards as workers times ranks (`generate --shard-size`), or
+some stay idle.
 
 Stages are the folder's system's (`settings.system.stages`; three-stage for a folder without one). Records
 marked `trainable: false` (a frozen stage, e.g. a judge served by another model) are left out unless
@@ -41,6 +43,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .convert.teacher import aligned
 from .convert.trajectory import Trajectory, executions, own_mask, trainable, trajectories
 from .errors import OutputError, UsageError
 from .folder import ShardFile, load_manifest, shard_files, shard_records
@@ -77,12 +80,14 @@ def to_tensors(record: dict[str, Any]) -> Item:
             f"tokens, {len(logprobs)} logprobs, {len(mask)} loss mask entries"
         )
     pad = [0] * len(prompt)
+    teacher = record.get("teacher_logprobs")
     return {
         "input_ids": torch.tensor(prompt + response, dtype=torch.long),
         "loss_mask": torch.tensor(pad + mask, dtype=torch.long),
         "logprobs": torch.tensor(pad + logprobs, dtype=torch.float32),
         "reward": torch.tensor(float(record["reward"]), dtype=torch.float32),
         **{key: str(record[key]) for key in _STRINGS},
+        **({} if teacher is None else {"teacher_logprobs": torch.tensor(pad + teacher, dtype=torch.float32)}),
     }
 
 
@@ -90,12 +95,14 @@ def trajectory_tensors(found: Trajectory) -> Item:
     """A whole conversation as a training item (see the module's docstring): the keys of `to_tensors`, over the
     last turn's prompt + response, with the history mask and logprobs on the earlier turns."""
     record = found.record
+    scores = aligned(found)
     return {
         "input_ids": torch.tensor(found.tokens, dtype=torch.long),
         "loss_mask": torch.tensor(found.mask, dtype=torch.long),
         "logprobs": torch.tensor(found.logprobs, dtype=torch.float32),
         "reward": torch.tensor(float(record["reward"]), dtype=torch.float32),
         **{key: str(record[key]) for key in _STRINGS},
+        **({} if scores is None else {"teacher_logprobs": torch.tensor(scores.logprobs, dtype=torch.float32)}),
     }
 
 
@@ -226,6 +233,7 @@ def collate(batch: Sequence[Item], pad_id: int = 0) -> Item:
     def pad(key: str, value: float) -> torch.Tensor:
         return torch.nn.utils.rnn.pad_sequence([item[key] for item in batch], batch_first=True, padding_value=value)
 
+    taught = [item.get("teacher_logprobs") for item in batch]  # an item no teacher scored: 0.0, as padding
     return {
         "input_ids": pad("input_ids", pad_id),
         "attention_mask": torch.nn.utils.rnn.pad_sequence(
@@ -235,6 +243,20 @@ def collate(batch: Sequence[Item], pad_id: int = 0) -> Item:
         "logprobs": pad("logprobs", 0.0),
         "reward": torch.stack([item["reward"] for item in batch]),
         **{key: [item[key] for item in batch] for key in _STRINGS},
+        **(
+            {
+                "teacher_logprobs": torch.nn.utils.rnn.pad_sequence(
+                    [
+                        t if t is not None else torch.zeros(len(item["input_ids"]))
+                        for t, item in zip(taught, batch, strict=True)
+                    ],
+                    batch_first=True,
+                    padding_value=0.0,
+                )
+            }
+            if any(t is not None for t in taught)
+            else {}
+        ),
     }
 
 

@@ -302,3 +302,68 @@ def parse_generate(payload: Any, sent_ids: list[int], alternatives: int = 0) -> 
                 raise WireError(f"a top_logprobs entry has no {exc}") from None
         out.top_token_ids, out.top_logprobs = ids_out, lps_out
     return _extras(choice, out)
+
+
+# -- a teacher's scores: vLLM's prompt_logprobs over ids another model sampled ------------------------------------
+
+
+def score_body(model: str, sequences: list[list[int]], alternatives: int) -> dict[str, Any]:
+    """A scoring call: each sequence (a prompt + the ids to score) as a token-id prompt, several in one request
+    (vLLM's batch of prompts: a choice each, by `index`), with `prompt_logprobs` (the sequence's own token at each
+    position, plus the k most likely when k > 0) and one generated token, the least `/v1/completions` takes. The
+    logprobs are those of the raw logits whatever the temperature (vLLM computes prompt logprobs before any
+    sampling parameter), so it is sent as 1."""
+    prompt: Any = sequences[0] if len(sequences) == 1 else sequences
+    return {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": alternatives}
+
+
+def parse_scores(payload: Any, sequences: list[list[int]], starts: list[int], alternatives: int) -> list[Completion]:
+    """The scores of each `sequences[i][starts[i]:]` from a `score_body` answer, as `Completion`s (`token_ids` the
+    scored ids, `logprobs` their logprobs, `ranks` their ranks, the top k when asked). vLLM's `prompt_logprobs` hold
+    one entry per prompt position, the first null, each other `{"<id>": {"logprob", "rank", "decoded_token"}}` for
+    the position's own token plus the top k (so k or k + 1 entries). An answer without a choice per sequence, or an
+    entry that does not hold the id sent at its position, is misaligned: a `WireError`, retried, never recorded."""
+    _first_choice(payload)
+    choices = {c.get("index"): c for c in payload["choices"] if isinstance(c, dict)}
+    if sorted(choices, key=str) != sorted(range(len(sequences)), key=str):
+        raise WireError(f"{len(payload['choices'])} choices for {len(sequences)} sequences scored")
+    return [
+        _scores(choices[i], sequence, start, alternatives)
+        for i, (sequence, start) in enumerate(zip(sequences, starts, strict=True))
+    ]
+
+
+def _scores(choice: dict[str, Any], sent_ids: list[int], start: int, alternatives: int) -> Completion:
+    entries = choice.get("prompt_logprobs")
+    if not isinstance(entries, list) or len(entries) != len(sent_ids):
+        raise WireError("response has no prompt_logprobs of one entry per prompt token (is prompt_logprobs supported?)")
+    if not 0 < start <= len(sent_ids):
+        raise ValueError(f"scores start at position {start} of {len(sent_ids)}: no logit predicts position 0")
+    scored = sent_ids[start:]
+    logprobs: list[float] = []
+    ranks: list[int | None] = []
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+    for entry, token in zip(entries[start:], scored, strict=True):
+        own = entry.get(str(token)) if isinstance(entry, dict) else None
+        if not isinstance(own, dict):
+            raise WireError(f"a prompt_logprobs entry does not hold the token sent there ({token})")
+        value: Any = own.get("logprob")
+        rank = own.get("rank")
+        if type(value) not in NUMBER or type(rank) is not int:
+            raise WireError("a prompt_logprobs entry's logprob is not a number or its rank not an integer")
+        logprobs.append(float(value))
+        ranks.append(rank)
+        if alternatives:
+            try:
+                ranked = sorted(
+                    (v["rank"], int(t), v["logprob"]) for t, v in entry.items() if 1 <= v["rank"] <= alternatives
+                )
+            except (KeyError, TypeError, ValueError):
+                raise WireError("prompt_logprobs keys are not token ids with a logprob and a rank") from None
+            top_ids.append([t for _, t, _ in ranked])
+            top_logprobs.append([v for _, _, v in ranked])
+    out = Completion(sent_ids, scored, logprobs, None, *_reasons(choice), ranks=ranks)
+    if alternatives:
+        out.top_token_ids, out.top_logprobs = top_ids, top_logprobs
+    return out

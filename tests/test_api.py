@@ -42,6 +42,7 @@ PUBLIC = [
     "TooManyFailures",
     "UsageError",
     "__version__",
+    "distill",
     "gather_or_cancel",
     "read_groups",
     "read_records",

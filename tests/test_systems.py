@@ -20,6 +20,7 @@ from agentroll import Generator
 from agentroll.chat import load_tokenizer
 from agentroll.errors import UsageError
 from agentroll.resources import samples_dir
+from agentroll.schema import OPTIONAL_FIELDS
 from agentroll.sim.script import Behavior, Script
 from agentroll.sim.server import Faults, SimServer
 from agentroll.turns import prefix_break, separator
@@ -46,6 +47,7 @@ NEW_FIELDS = {
     "agent_answer",
     "agent_reward",
     "policy",  # a head-to-head run's policy (null here)
+    *OPTIONAL_FIELDS,  # null without a teacher
 }
 
 

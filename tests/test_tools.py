@@ -23,7 +23,7 @@ from rich.console import Console
 from agentroll.errors import UsageError
 from agentroll.group import Group
 from agentroll.inputs import Problem
-from agentroll.schema import SCHEMA_VERSION, STAGES, Sample
+from agentroll.schema import OPTIONAL_FIELDS, SCHEMA_VERSION, STAGES, Sample
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 from agentroll.tools.inspect import inspect
@@ -294,13 +294,14 @@ def test_validate_passes_on_a_good_folder_and_on_merged_ones(folders):
 
 
 def test_a_folder_written_before_a_field_was_added_to_schema_6_is_still_valid(folders, tmp_path):
-    """`policy` (head to head) and `agent_answer`, `agent_reward` (the agent system) came after schema 6's
-    folders were written, with no new version: a record without them reads as null and is no fault."""
+    """`policy` (head to head), `branched_from`, `rerendered`, `agent_answer`, `agent_reward` (the agent system)
+    and a teacher's fields came after schema 6's folders were written, with no new version: a record without them
+    reads as null and is no fault."""
     out = damaged_copy(folders["out"], tmp_path)
 
     def before(records: list[dict[str, Any]]) -> None:
         for record in records:
-            for name in ("policy", "agent_answer", "agent_reward"):
+            for name in OPTIONAL_FIELDS:
                 assert record.pop(name) is None
 
     synthetic.edit(out, before)

@@ -145,6 +145,7 @@ def execution(*samples: tuple[str, float, str | None], final: float = 0.0) -> li
             listed_as=None,
             judgment=None,
             continues=None,
+            teacher_logprobs=None,  # no teacher scored it
         )
         for stage, raw, content in samples
     ]

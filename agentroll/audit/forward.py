@@ -103,8 +103,10 @@ class TeacherForcing:
         ambiguity: float,
         batch_tokens: int,
         pad_id: int = 0,
+        recorded: str = "response_logprobs",
     ) -> None:
         self.model, self.device, self.mode = model, device, mode
+        self.recorded = recorded  # the record's field compared: the sampled logprobs, or a teacher's scores
         self.cut_noise, self.ambiguity = cut_noise, ambiguity
         self.batch_tokens, self.pad_id = batch_tokens, pad_id
         self.keep = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -156,7 +158,7 @@ class TeacherForcing:
                 rows = logits[row, turn.begin - 1 - offset : turn.begin - 1 - offset + len(tokens)]
                 target = torch.tensor(tokens, dtype=torch.long, device=rows.device)
                 values, codes = self._logprobs(rows, target, Sampling.of(record))
-                on_turn(unit, i, TurnResult([float(x) for x in record["response_logprobs"]], values, codes))
+                on_turn(unit, i, TurnResult([float(x) for x in record[self.recorded]], values, codes))
 
     def _logprobs(self, rows: torch.Tensor, target: torch.Tensor, sampling: Sampling) -> tuple[list[float], list[int]]:
         step = max(1, LOGIT_ROWS // max(1, rows.shape[-1]))

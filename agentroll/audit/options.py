@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from ..errors import UsageError
 
 RAW, PROCESSED = "raw_logprobs", "processed_logprobs"
+AGAINST = ("policy", "teacher")  # what the model is compared with: the sampled logprobs, or a teacher's scores
 MODES = ("auto", RAW, PROCESSED)
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 BATCH_TOKENS = 4096  # padded tokens per forward pass: the API's and the CLI's default
@@ -62,8 +63,15 @@ class AuditOptions:
     accept_chat_template: bool = False  # a run template other than the model's (by hash): a warning, not a fault
     accept_unrendered: bool = False  # first-turn prompts the template check cannot re-render: a warning
     overrides: dict[str, float] = field(default_factory=dict)  # Tolerance fields set by flags
+    against: str = "policy"  # teacher: the records' teacher_logprobs, the model being the teacher (docs/audit.md)
 
     def __post_init__(self) -> None:
+        if self.against not in AGAINST:
+            raise UsageError(f"--against {self.against!r}: use one of {', '.join(AGAINST)}")
+        if self.against == "teacher" and self.logprobs_mode == PROCESSED:
+            raise UsageError(
+                "--against teacher: a teacher's scores are raw logprobs (prompt_logprobs), never processed"
+            )
         if self.dtype not in DTYPES:
             raise UsageError(f"--dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.logprobs_mode not in MODES:

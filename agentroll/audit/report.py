@@ -210,7 +210,8 @@ class Collector:
 def lines(report: dict[str, Any]) -> list[str]:
     """The report's verdict and lists, for a terminal (the stage table is drawn by the CLI)."""
     out = [
-        f"model {report['model']} ({report['dtype']} on {report['device']}); logprobs mode "
+        f"{'teacher ' if report.get('against') == 'teacher' else ''}model {report['model']} ({report['dtype']} on "
+        f"{report['device']}); logprobs mode "
         f"{report['logprobs_mode']} (from {report['logprobs_mode_source']}); tolerance {report['precision']}: "
         + ", ".join(f"{k} {v:g}" for k, v in report["tolerance"].items())
     ]

@@ -65,7 +65,14 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
     path = Path(folder)
     manifest = policy_view(load_manifest(path), options.policy)
     settings = manifest.settings
-    mode, source, warnings = logprobs_mode(manifest, options.logprobs_mode)
+    teacher = options.against == "teacher"  # the records' teacher scores, the model being that teacher
+    if teacher:  # vLLM computes prompt_logprobs from the raw logits, whatever it samples with
+        mode, source = RAW, "a teacher's scores (prompt_logprobs)"
+        warnings: list[str] = []
+        if not settings.get("teacher"):
+            raise UsageError(f"{path}: no teacher scored this folder (settings.teacher): nothing to compare")
+    else:
+        mode, source, warnings = logprobs_mode(manifest, options.logprobs_mode)
     system = system_of(manifest)
     known = system.stages
     if options.stages is not None and known is not None and not options.stages <= set(known):
@@ -74,7 +81,7 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
             f"stages are {', '.join(known)}"
         )
     policy = options.policy if options.policy is not None else first_policy(settings)
-    selection = Selection(options.stages, options.include_frozen, settings.get("model"), policy=policy)
+    selection = Selection(options.stages, options.include_frozen, settings.get("model"), policy=policy, teacher=teacher)
     listed = index(path, selection)
     if not listed:  # passing an audit of nothing would say the folder is fine
         why = "; ".join(
@@ -89,16 +96,22 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
     tokenizer = forward.load_tokenizer(options.tokenizer or options.model)
     dtype = str(model.dtype).removeprefix("torch.")
     tolerance = options.tolerance(dtype)
-    found, folder_faults = gates.run_provenance(manifest, tokenizer, options.accept_chat_template)
+    # a teacher shares the run's vocabulary, not its chat template: the student's prompts are what it scored
+    found, folder_faults = gates.run_provenance(manifest, tokenizer, options.accept_chat_template or teacher)
     warnings += found + gates.edited_shards(path, manifest)
     penalties = {k: v for k, v in (settings.get("sampling") or {}).items() if k in NEUTRAL and v != NEUTRAL[k]}
     if penalties and mode == PROCESSED:
         warnings.append(f"penalties {penalties}: processed logprobs are not compared")
-    check = TemplateCheck(tokenizer, settings.get("chat_template_kwargs")) if options.templates else None
-    eos, max_context = eos_ids(model, tokenizer), settings.get("max_context_len")
+    check = (
+        TemplateCheck(tokenizer, settings.get("chat_template_kwargs")) if options.templates and not teacher else None
+    )
+    # how a record ended is the student's affair (its EOS): checked against the student's model, not a teacher
+    eos = frozenset() if teacher else eos_ids(model, tokenizer)
+    max_context = settings.get("max_context_len")
     pad = tokenizer.pad_token_id if isinstance(tokenizer.pad_token_id, int) else 0
+    recorded = "teacher_logprobs" if teacher else "response_logprobs"
     forcing = forward.TeacherForcing(
-        model, device, mode, tolerance.cut_noise, tolerance.threshold / 2, options.batch_tokens, pad
+        model, device, mode, tolerance.cut_noise, tolerance.threshold / 2, options.batch_tokens, pad, recorded
     )
     collector = Collector(tolerance, options.worst)
 
@@ -106,6 +119,10 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
         turn = unit.turns[i]
         record = turn.record
         found = turn.faults + record_faults(record, eos, max_context)
+        if teacher and len(record.get("teacher_logprobs") or ()) != len(record["response_token_ids"]):
+            found.append(
+                ("lengths", f"{len(record['response_token_ids'])} response tokens but teacher_logprobs differ")
+            )
         if check is not None and record.get("continues") is None and record is unit.first:
             verdict, detail = check.check(record)
             collector.template(str(record.get("stage")), verdict)
@@ -175,6 +192,7 @@ def audit(folder: str | os.PathLike[str], options: AuditOptions, progress: Progr
     return {
         "folder": str(path),
         "model": options.model,
+        "against": options.against,
         "dtype": dtype,
         "device": str(device),
         "logprobs_mode": mode,

@@ -58,6 +58,7 @@ class Selection:
     model: str | None
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> reason -> records
     policy: str | None = None  # a head-to-head folder: only this policy's records
+    teacher: bool = False  # only records a teacher scored (`audit --against teacher`)
 
     def wants(self, record: Record, count: bool = True) -> bool:
         stage = str(record.get("stage"))
@@ -70,6 +71,8 @@ class Selection:
             reason = "frozen (trainable: false)"
         elif self.stages is None and self.model and record.get("model") not in (None, self.model):
             reason = f"another model ({record.get('model')})"
+        elif self.teacher and record.get("teacher_logprobs") is None:
+            reason = "not scored by a teacher"
         if reason is not None and count:
             bucket = self.skipped.setdefault(stage, {})
             bucket[reason] = bucket.get(reason, 0) + 1

@@ -27,6 +27,7 @@ COMMANDS = {
     "generate": "generate",
     **dict.fromkeys(("merge", "validate", "stats", "convert", "report", "inspect", "view"), "folders"),
     "rescore": "rescore",  # its own: it takes generate's reward options, and with them the rewards' imports
+    "distill": "distill",  # its own: it takes generate's teacher options
     **dict.fromkeys(("doctor", "demo", "serve-sim", "ray-partition"), "servers"),
     "audit": "audit",
 }

@@ -158,6 +158,15 @@ def audit_command(
             help="First-turn prompts the template check cannot re-render are a warning, not a failure.",
         ),
     ] = False,
+    against: Annotated[
+        str,
+        opt(
+            "--against",
+            help="policy: the sampled logprobs, --model the trainer's; teacher: a teacher's scores (--teacher, "
+            "agentroll distill), --model that teacher.",
+            metavar="policy|teacher",
+        ),
+    ] = "policy",
     json_: Annotated[bool, opt("--json", help="The report as JSON on stdout.")] = False,
     quiet: Annotated[bool, opt("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
@@ -202,6 +211,7 @@ def audit_command(
             accept_chat_template=accept_chat_template,
             accept_unrendered=accept_unrendered,
             overrides=overrides,
+            against=against,
         )
         bar = Bar(err) if err.is_terminal and not quiet else None
         report = audit(folder, options, bar)

@@ -199,6 +199,24 @@ def convert(
             "the same prompt.",
         ),
     ] = False,
+    loss: Annotated[
+        str | None,
+        opt(
+            "--loss",
+            help="prime-rl: rl (default) | ref_kl (distillation on the teacher's scores: prime-rl's opd) | rl+ref_kl.",
+            metavar="KIND",
+            show_default=False,
+        ),
+    ] = None,
+    teacher_topk: Annotated[
+        bool | None,
+        opt(
+            "--teacher-topk/--teacher-sampled",
+            help="verl: the teacher's top k per token (default when the records hold them) or the sampled "
+            "token's logprob alone.",
+            show_default=False,
+        ),
+    ] = None,
     overwrite: Annotated[bool, opt("--overwrite", help="Replace this format's files in OUT.")] = False,
 ) -> None:
     """Turn a folder into what a trainer loads: TRL DPO pairs, SFT data, TRL GRPO rollouts, slime, Megatron, verl,
@@ -222,6 +240,8 @@ def convert(
             trajectories=trajectories,
             policy=policy,
             across_policies=across_policies,
+            loss=loss,
+            teacher_topk=teacher_topk,
             overwrite=overwrite,
         )
     )

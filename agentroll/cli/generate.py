@@ -80,6 +80,7 @@ PANELS = {
         "sandbox_disk_mb",
     ),
     "Groups": ("samples_per_prompt", "filter_uniform_groups", "resample_uniform", "target_groups"),
+    "Teacher": ("teacher", "teacher_model", "teacher_logprobs", "teacher_concurrency", "teacher_api_key"),
     "Reliability": (
         "max_retries",
         "request_timeout",
@@ -97,6 +98,10 @@ METAVARS = {
     "output": "DIR",
     "base_url": "URL",
     "policy": "NAME=URL,...",
+    "teacher": "URL",
+    "teacher_model": "NAME",
+    "teacher_concurrency": "N|auto",
+    "teacher_api_key": "KEY",
     "sandbox_url": "URL",
     "sandbox": "bwrap|unsafe-local",
     "api_key": "KEY",

@@ -10,10 +10,12 @@ place of that table while our commands draw their help: names and metavars are n
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.measure import Measurement
@@ -157,3 +159,19 @@ def metavar(name: str, annotation: Any, named: dict[str, str]) -> str:
     if "float" in text:
         return "SECONDS" if name.endswith(("_timeout", "_interval")) else "NUMBER"
     return "TEXT"
+
+
+def own_option(
+    name: str, annotation: Any, default: Any, *decls: str, help: str, metavar: str = ""
+) -> inspect.Parameter:
+    """A keyword parameter of a command built from a declaration (`rescore`, `distill`): one of its own options."""
+    info = typer.Option(*decls, help=help_text(help), metavar=metavar, show_default=default not in (None, ...))
+    kind = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Parameter(name, kind, default=default, annotation=Annotated[annotation, info])
+
+
+def signed(command: Callable[..., None], params: list[inspect.Parameter]) -> Callable[..., None]:
+    """`command(**kwargs)` with the signature typer reads its options from."""
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command

@@ -15,31 +15,24 @@ from ..declare import default_of
 from ..rewards.options import RewardOptions
 from .console import err, folder_tool, packed, run_async, setup_logging
 from .generate import _parameter
-from .help import Command, help_text
+from .help import Command, own_option, signed
 
 FOLDER = typer.Argument(help="An output folder, or a merged one.", metavar="DIR", show_default=False)
-
-
-def _own(name: str, annotation: Any, default: Any, *decls: str, help: str, metavar: str = "") -> inspect.Parameter:
-    """One of rescore's own options (the reward options are `RewardOptions`')."""
-    info = typer.Option(*decls, help=help_text(help), metavar=metavar, show_default=default not in (None, ...))
-    kind = inspect.Parameter.KEYWORD_ONLY
-    return inspect.Parameter(name, kind, default=default, annotation=Annotated[annotation, info])
 
 
 def build() -> Any:
     params = [
         inspect.Parameter("folder", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Annotated[Path, FOLDER]),
-        _own("output", Path, ..., "--output", "-o", help="The new folder.", metavar="DIR"),
-        _own(
+        own_option("output", Path, ..., "--output", "-o", help="The new folder.", metavar="DIR"),
+        own_option(
             "filter_uniform_groups",
             bool | None,
             None,
             "--filter-uniform-groups/--keep-uniform-groups",
             help="Leave out groups whose new outcomes are all alike (default: as the folder was made).",
         ),
-        _own("overwrite", bool, False, "--overwrite", help="Delete earlier rollouts in the new folder."),
-        _own("quiet", bool, False, "--quiet", "-q", help="No warnings, no summary."),
+        own_option("overwrite", bool, False, "--overwrite", help="Delete earlier rollouts in the new folder."),
+        own_option("quiet", bool, False, "--quiet", "-q", help="No warnings, no summary."),
     ]
     hints = get_type_hints(RewardOptions)
     for spec in fields(RewardOptions):  # --reward is asked for: rescoring by a default would be an accident
@@ -82,9 +75,7 @@ def build() -> Any:
             for phrases in head_to_head_lines(s):  # a head-to-head folder: each policy, and who won, rescored
                 err.print(packed(phrases, err.width))
 
-    rescore.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    rescore.__annotations__ = {p.name: p.annotation for p in params}
-    return rescore
+    return signed(rescore, params)
 
 
 rescore = build()

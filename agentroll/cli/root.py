@@ -12,7 +12,7 @@ from .. import __version__, heap
 from .console import fit_to_terminal
 from .help import HELP_OPTIONS, Group
 
-MODULES = ("generate", "folders", "rescore", "servers", "audit")  # in the order `agentroll -h` lists them
+MODULES = ("generate", "folders", "rescore", "distill", "servers", "audit")  # in the order `agentroll -h` lists them
 RUNS = frozenset({"generate", "demo", "ray-partition", "serve-sim"})  # each settles the heap once it has started
 
 

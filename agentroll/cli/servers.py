@@ -192,6 +192,9 @@ def serve_sim(
     model: Annotated[str, opt("--model", help="The served model name.", metavar="NAME")] = "agentroll-sim",
     max_model_len: Annotated[int, opt("--max-model-len", help="Context length, as vLLM's flag.", metavar="N")] = 4096,
     latency: Annotated[float, opt("--latency", help="Seconds added to every completion.", metavar="SECONDS")] = 0.0,
+    decode_latency: Annotated[
+        float, opt("--decode-latency", help="And seconds per token it generates.", metavar="SECONDS")
+    ] = 0.0,
     error_rate: Annotated[
         float, opt("--error-rate", help="Share of completions answered 500/503.", metavar="SHARE")
     ] = 0.0,
@@ -258,6 +261,7 @@ def serve_sim(
             error_rate=error_rate,
             drop_rate=drop_rate,
             latency_s=latency,
+            decode_latency_s=decode_latency,
             malformed_rate=malformed_rate,
             abort_rate=abort_rate,
             tokenize_error_rate=tokenize_error_rate,

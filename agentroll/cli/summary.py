@@ -5,6 +5,7 @@ What the figures count is said where it is not what `stats` counts (groups left 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -12,6 +13,7 @@ from rich.text import Text
 from ..headtohead import Comparison
 from ..runner import RunResult
 from ..stats import RunStats, StageStats
+from ..tools.report import TEACHER_ROWS
 from .console import err, packed
 
 
@@ -50,6 +52,8 @@ def stage_table(result: RunResult) -> Table:
         table.add_column(Text(name), justify="right", overflow="fold")
     for label, cell in ROWS:
         table.add_row(Text(label), *(Text(cell(st)) for st in s.stages.values()))
+    if s.teacher:
+        teacher_rows(table, s)
     return table
 
 
@@ -95,7 +99,7 @@ def lines(result: RunResult) -> list[list[str]]:
     out += head_to_head_lines(s)
     if r.concurrency:
         out.append(["concurrency (auto, settled): " + ", ".join(f"{u} {n}" for u, n in r.concurrency.items())])
-    return out + [[note] for note in result.notes]
+    return out + teacher_lines(result.teachers) + [[note] for note in result.notes]
 
 
 def head_to_head_lines(stats: RunStats) -> list[list[str]]:
@@ -131,3 +135,40 @@ def print_summary(result: RunResult) -> None:
     err.print(stage_table(result))
     text = "\n".join(packed(phrases, err.width) for phrases in lines(result))
     err.print(Text(text))
+
+
+def teacher_rows(table: Table, s: RunStats) -> None:
+    """The teacher's figures (`--teacher`: `stats.TeacherStats`), a row each, "-" in a stage no teacher scored."""
+    figures = {name: t.figures() for name, t in s.teacher.items()}
+    if table.rows:
+        table.add_section()
+    for label, key in (("tokens scored by the teacher", "tokens"), *TEACHER_ROWS):
+        cells = [
+            "-" if name not in figures else str(s.teacher[name].tokens) if key == "tokens" else fmt(figures[name][key])
+            for name in s.stages
+        ]
+        table.add_row(Text(label), *map(Text, cells))
+
+
+def teacher_table(s: RunStats) -> Table:
+    """The teacher's figures alone, a column per stage (`agentroll distill`'s summary)."""
+    table = Table(title=Text("teacher"))
+    table.add_column(Text("stage"), overflow="fold")
+    for name in s.stages:
+        table.add_column(Text(name), justify="right", overflow="fold")
+    teacher_rows(table, s)
+    return table
+
+
+def teacher_lines(teachers: list[dict[str, Any]]) -> list[list[str]]:
+    """Each teacher's model, endpoints and requests (`Teacher.report`), as a summary line's phrases."""
+    return [
+        [
+            f"teacher {t['model']} ({', '.join(t['endpoints'])})",
+            f"records scored {t['scored']} in {t.get('scoring_requests', '-')} requests",
+            f"replayed from the journal {t['replayed']}",
+            f"requests {t['requests']['requests']}, retries {t['requests']['retries']}, failures "
+            f"{t['requests']['failures']}, peak in flight {t['requests']['peak_in_flight']}",
+        ]
+        for t in teachers
+    ]

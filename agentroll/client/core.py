@@ -295,18 +295,36 @@ class CompletionClient:
         api = self.api
         sent = priority[0] if self.send_priority and priority[0] >= 0 else None
         payload = orjson.dumps(request_body(api, model, prompt_ids, params, alternatives, sent))
+        read = lambda data: [parse(api, data, prompt_ids, alternatives)]  # noqa: E731 - one answer, in a list
         loads = reader(api, alternatives)
+        return (await self.call(PATHS[api], payload, read, model, prompt_ids, prefer, key, priority, loads))[0]
+
+    async def call(
+        self,
+        path: str,
+        payload: bytes,
+        read: Callable[[Any], list[Completion]],
+        model: str,
+        prompt_ids: list[int],
+        prefer: Endpoint | None,
+        key: str | None,
+        priority: Priority,
+        loads: Callable[[bytes], Any] = orjson.loads,
+    ) -> list[Completion]:
+        """One call's attempts, retried as `complete` says: `loads` decodes the answer, `read` makes it `Completion`s,
+        one per sequence sent (a `WireError` is retried; a teacher's scores are read so: `teacher.scorer`)."""
         started = time.monotonic()
         attempt = 0
         avoid: Endpoint | None = None
         while True:
             attempt += 1
             try:
-                endpoint, data = await self._post(PATHS[api], payload, priority, prefer, avoid, key, loads)
+                endpoint, data = await self._post(path, payload, priority, prefer, avoid, key, loads)
                 try:
-                    done = parse(api, data, prompt_ids, alternatives)
+                    answers = read(data)
                 except WireError as exc:  # a malformed answer (a proxy's error page?) may be passing: retried
                     raise CallFailed(f"{endpoint.url}: {exc}", 200, True, endpoint) from None
+                done = next((a for a in answers if a.finish_reason not in FINISHED), answers[0])
                 if done.finish_reason not in FINISHED:
                     # vLLM aborted it (a pause for a weight sync, a shutdown): what it holds is not what the
                     # model would have said. Asked again; never recorded as an outcome.
@@ -317,8 +335,8 @@ class CompletionClient:
                         endpoint,
                     )
             except CallFailed as exc:
-                if exc.retryable and (self.rotation.trial is None or self.rotation.trial[0] != PATHS[api]):
-                    self._keep_trial(api, model, prompt_ids)
+                if exc.retryable and (self.rotation.trial is None or self.rotation.trial[0] != path):
+                    self._keep_trial(self.api, model, prompt_ids)
                 if not exc.retryable or attempt > self.settings.retries.max_retries:
                     self.counters.failures += 1
                     raise
@@ -331,8 +349,9 @@ class CompletionClient:
                 finally:
                     self.budget.rest(priority[0], False)
                 continue
-            done.endpoint, done.latency_s, done.attempts = endpoint.url, time.monotonic() - started, attempt
-            return done
+            for done in answers:
+                done.endpoint, done.latency_s, done.attempts = endpoint.url, time.monotonic() - started, attempt
+            return answers
 
     def _keep_trial(self, api: str, model: str, prompt_ids: list[int]) -> None:
         """A one-token call like one that failed: what shows that an endpoint benched for its calls answers."""

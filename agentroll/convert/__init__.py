@@ -56,6 +56,8 @@ def convert(
     trajectories: bool | None = None,
     policy: str | None = None,
     across_policies: bool = False,
+    loss: str | None = None,
+    teacher_topk: bool | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Converts the folder `src` into `out` (a folder) and returns a summary: format, records read, rows
@@ -78,14 +80,18 @@ def convert(
     formats that take whole conversations; default on): a multi-turn conversation is one sample, from its last
     turn (docs/convert.md). A head-to-head folder (`generate --policy`): each policy's samples are groups of
     their own; `policy` converts one policy's records only; `across_policies` (dpo, nemo-rl-dpo) pairs a chosen
-    and a rejected response of two different policies on the same prompt (docs/head-to-head.md).
-    `overwrite`: replace this format's files.
+    and a rejected response of two different policies on the same prompt (docs/head-to-head.md). `loss`
+    (prime-rl): `rl` (default), `ref_kl` (on-policy distillation on the teacher's scores alone: prime-rl's opd) or
+    `rl+ref_kl`. `teacher_topk` (verl): the teacher's top k per row (default when the records hold them) or the
+    next token's logprob alone. `overwrite`: replace this format's files.
     """
     src_path, out_path = Path(src), Path(out)
     spec = SPECS.get(to)
     if spec is None:
         raise UsageError(f"--to takes one of {', '.join(FORMATS)}, not {to!r}")
-    advantage = spec.check(advantage, std, max_pairs_per_group, layout, tokenizer, groups_per_file, ranks, trajectories)
+    advantage = spec.check(
+        advantage, std, max_pairs_per_group, layout, tokenizer, groups_per_file, ranks, trajectories, loss, teacher_topk
+    )
     if stages is not None:
         check_stages(stages, None)  # the names' form, before anything is read
     manifest = check_source(src_path, out_path)
@@ -136,6 +142,8 @@ def convert(
         ranks or 1,
         dict(manifest.settings or {}),
         across,
+        loss or "rl",
+        teacher_topk,
     )
     try:
         rows, files, extra = spec.write(read, options)
@@ -156,6 +164,8 @@ def convert(
     }
     if advantage == "grpo":
         summary["std"] = chosen_std
+    if loss is not None:
+        summary["loss"] = loss
     left_out = ("skipped_frozen", "dropped_overlong", "folded_turns")
     summary.update({key: counts[key] for key in left_out if key in counts})
     summary.update(extra)

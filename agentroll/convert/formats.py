@@ -30,6 +30,8 @@ class Options:
     ranks: int
     settings: dict[str, Any]  # the source manifest's
     across: str | None = None  # --across-policies: pairs across policies, their prompts checked at this stage
+    loss: str = "rl"  # prime-rl: the loss components the trained tokens feed (--loss)
+    teacher_topk: bool | None = None  # verl: the teacher's top k per row, or the next token's logprob
 
 
 @dataclass(slots=True)
@@ -49,6 +51,8 @@ class Spec:
     steps: bool = False  # --groups-per-file
     ranks: bool = False  # --ranks
     routes: bool = False  # reads routed experts
+    losses: bool = False  # --loss
+    topk: bool = False  # --teacher-topk
     advantage: str | None = "none"
     needs_advantage: bool = False
     refusal: str = ""
@@ -68,19 +72,28 @@ class Spec:
         groups_per_file: int | None,
         ranks: int | None,
         trajectories: bool | None,
+        loss: str | None = None,
+        teacher_topk: bool | None = None,
     ) -> str:
         """The `--advantage` to use; a one-line `UsageError` for an option this format does not take."""
         if advantage is not None and advantage not in ADVANTAGES:
             raise UsageError(f"--advantage takes one of {', '.join(ADVANTAGES)}, not {advantage!r}")
+        if loss is not None and loss not in prime_rl.LOSSES:
+            raise UsageError(f"--loss takes one of {', '.join(prime_rl.LOSSES)}, not {loss!r}")
         if self.advantage is None:
             if advantage not in (None, "none"):
                 raise UsageError(f"--advantage is not for --to {self.name}: {self.refusal}")
+            chosen = "none"
+        elif loss == "ref_kl":  # distillation alone: no rl component, no advantage to carry
+            if advantage not in (None, "none"):
+                raise UsageError("--loss ref_kl trains the teacher's KL alone: no --advantage (or rl+ref_kl)")
             chosen = "none"
         else:
             chosen = advantage or self.advantage
             if self.needs_advantage and chosen == "none":
                 raise UsageError(
                     f"--to {self.name} needs an advantage on every trained token: --advantage grpo or mean"
+                    + (" (or --loss ref_kl: the teacher's KL alone)" if self.losses else "")
                 )
         if std is not None:
             if std not in STDS:
@@ -93,6 +106,8 @@ class Spec:
             "--tokenizer": (tokenizer, self.chat),
             "--groups-per-file": (groups_per_file, self.steps),
             "--ranks": (ranks, self.ranks),
+            "--loss": (loss, self.losses),
+            "--teacher-topk": (teacher_topk, self.topk),
         }
         for flag, (value, allowed) in only.items():
             if value is not None and not allowed:
@@ -121,6 +136,8 @@ _ATTRS = {
     "--tokenizer": ("chat",),
     "--groups-per-file": ("steps",),
     "--ranks": ("ranks",),
+    "--loss": ("losses",),
+    "--teacher-topk": ("topk",),
 }
 _REWARDS = "its rows carry rewards, not advantages"
 
@@ -148,7 +165,7 @@ def _megatron(read: Read, o: Options) -> Written:
 
 
 def _verl(read: Read, o: Options) -> Written:
-    return verl.write(read(), o.out, o.include_frozen), [o.out / verl.FILE], {}
+    return verl.write(read(), o.out, o.include_frozen, o.teacher_topk), [o.out / verl.FILE], {}
 
 
 def _openrlhf(read: Read, o: Options) -> Written:
@@ -156,7 +173,7 @@ def _openrlhf(read: Read, o: Options) -> Written:
 
 
 def _prime_rl(read: Read, o: Options) -> Written:
-    rows, files = prime_rl.write(read(), o.out, o.groups_per_file, o.ranks, o.settings)
+    rows, files = prime_rl.write(read(), o.out, o.groups_per_file, o.ranks, o.settings, o.loss)
     return rows, files, {}
 
 
@@ -214,6 +231,7 @@ SPECS: dict[str, Spec] = {
             [verl.FILE],
             whole=True,
             routes=True,
+            topk=True,
             advantage=None,
             refusal=_computes("verl", "over each uid, the (problem, stage) group"),
         ),
@@ -226,6 +244,7 @@ SPECS: dict[str, Spec] = {
             steps=True,
             ranks=True,
             routes=True,
+            losses=True,
             advantage="mean",
             needs_advantage=True,
             requires=prime_rl.require_msgspec,

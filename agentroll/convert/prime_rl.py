@@ -10,7 +10,8 @@ per token (the sampling temperature of the call that produced it), `env_names` "
 when the records have routes. Samples are not packed together (a micro batch is one sample).
 
 prime-rl's trainer takes advantages as given (its orchestrator computes them: GRPO is reward minus the group
-mean, `orchestrator/algo/grpo.py`), so `--advantage mean` is the default and `none` is refused.
+mean, `orchestrator/algo/grpo.py`), so `--advantage mean` is the default and `none` is refused, unless
+`--loss ref_kl` (on-policy distillation, its `opd`: the teacher's `ref_logprobs`, no rl credit).
 `--groups-per-file N` puts N problems in each step (default: one step); `--ranks R` writes one file per data
 rank, the samples dealt round-robin and each rank's list padded to the same length with zero-loss copies (the
 sender asserts equal lengths; prime-rl pads with such dummies too).
@@ -25,6 +26,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .common import Problem, Record
+from .teacher import aligned, covering
 from .trajectory import Trajectory
 
 DIR = "rollouts"
@@ -50,21 +52,38 @@ def _temperatures(found: Trajectory, settings: dict[str, Any]) -> list[float]:
     return out
 
 
-def micro_batch(record: Record, found: Trajectory, advantage: float, settings: dict[str, Any]) -> list[Any]:
+LOSSES = ("rl", "ref_kl", "rl+ref_kl")  # prime-rl's loss components a sample's trained tokens feed
+
+
+def micro_batch(
+    record: Record, found: Trajectory, advantage: float, settings: dict[str, Any], loss: str = "rl"
+) -> list[Any]:
     """A `MicroBatch` in its wire form: its fields in declaration order (the Struct is `array_like`), the trailing
-    defaults left out (`omit_defaults`)."""
+    defaults left out (`omit_defaults`). `ref_logprobs` are the teacher's scores (`--teacher`, `agentroll
+    distill`) where the records hold them; `loss` routes the trained tokens as prime-rl's orchestrator stamps
+    them (`algo/routing.py` `stamp_loss_routing`): `rl` (no weight streams: GRPO's wire), `ref_kl` (its `opd`: rl
+    weights 0, ref_kl weights 1 on the trained tokens), or both (ref_kl weights 1, the rl component as it is)."""
     n = len(found.tokens)
     mask = [bool(m) for m in found.mask]
+    distill = loss != "rl"
+    scores = covering(record, found, f"--loss {loss}") if distill else aligned(found)
     fields: list[Any] = [
         found.tokens,
         mask,
-        [advantage if m else 0.0 for m in mask],
+        [advantage if m and loss != "ref_kl" else 0.0 for m in mask],
         found.logprobs,
         list(range(n)),
         [n],
         _temperatures(found, settings),
         [f"agentroll/{record['stage']}"] * n,
         [n],
+        None if scores is None else scores.logprobs,  # ref_logprobs
+        None,  # routed_experts
+        None,  # mm_kwargs
+        None,  # mm_token_type_ids
+        [0.0] * n if loss == "ref_kl" else None,  # rl_weights
+        None,  # ce_weights
+        [1.0 if m else 0.0 for m in mask] if distill else None,  # ref_kl_weights
     ]
     routes = record.get("routed_experts")
     if routes is not None:
@@ -77,18 +96,26 @@ def micro_batch(record: Record, found: Trajectory, advantage: float, settings: d
                 f"{rows.shape}, where prime-rl needs ({n}, layers, topk)"
             )
         rows = np.concatenate([rows, np.zeros((n - rows.shape[0], *rows.shape[1:]), dtype=rows.dtype)])
-        fields += [None, [rows.tobytes(), list(rows.shape), str(rows.dtype)]]  # ref_logprobs, routed_experts
+        fields[10] = [rows.tobytes(), list(rows.shape), str(rows.dtype)]
+    while fields[-1] is None:  # omit_defaults: what is left out decodes as its default
+        fields.pop()
     return fields
 
 
 def _dummy(batch: list[Any]) -> list[Any]:
-    """A zero-loss copy (no trained token, advantage 0): what pads a rank's list."""
+    """A zero-loss copy (no trained token, advantage 0, no ref_kl weight): what pads a rank's list."""
     n = len(batch[0])
-    return [batch[0], [False] * n, [0.0] * n, *batch[3:]]
+    weights = [[0.0] * n] if len(batch) > 15 else []
+    return [batch[0], [False] * n, [0.0] * n, *batch[3:15], *weights]
 
 
 def write(
-    problems: Iterable[Problem], out: Path, groups_per_file: int | None, ranks: int, settings: dict[str, Any]
+    problems: Iterable[Problem],
+    out: Path,
+    groups_per_file: int | None,
+    ranks: int,
+    settings: dict[str, Any],
+    loss: str = "rl",
 ) -> tuple[int, list[Path]]:
     msgspec = require_msgspec()
     encoder = msgspec.msgpack.Encoder()
@@ -112,7 +139,7 @@ def write(
     for problem in problems:
         for group in problem.groups:
             for record, found, advantage in group.items(True):
-                step.append(micro_batch(record, found, float(advantage or 0.0), settings))
+                step.append(micro_batch(record, found, float(advantage or 0.0), settings, loss))
                 rows += 1
         step_problems += 1
         if groups_per_file is not None and step_problems == groups_per_file:

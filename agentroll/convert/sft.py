@@ -45,6 +45,11 @@ def row(record: Record, chat: ChatMessages | None) -> dict[str, Any]:
         **text,
         "input_ids": prompt_ids + response_ids,
         "labels": labels,
+        **(
+            {"teacher_logprobs": [0.0] * len(prompt_ids) + list(record["teacher_logprobs"])}
+            if record.get("teacher_logprobs") is not None
+            else {}
+        ),  # a teacher's scores over input_ids (0.0 on the prompt): a distillation column
     }
 
 

@@ -3,9 +3,10 @@
 
 TRL requires `prompt_ids`, `completion_ids` and `logprobs` (lists per completion) and reads an optional
 `env_mask` (1 on the model's own tokens); any other key it forwards to the reward functions, which is how
-`reward` (and `advantage`) reach them. `prompt` is the rendered prompt text, for the prompt column of the
-dataset the trainer iterates; the rows of one (problem, stage) group are consecutive (in a head-to-head folder,
-(problem, policy, stage), each row naming its `policy`).
+`reward` (and `advantage`) reach them, and a teacher's scores (`teacher_logprobs`, and `teacher_top_ids` /
+`teacher_top_logprobs` with --teacher-logprobs K: per completion token) for a distillation loss. `prompt` is the
+rendered prompt text, for the prompt column of the dataset the trainer iterates; the rows of one (problem, stage)
+group are consecutive (in a head-to-head folder, (problem, policy, stage), each row naming its `policy`).
 
 Records marked `trainable: false` (a frozen stage's) are left out unless `include_frozen`. A later turn of a
 multi-turn conversation is a row of its own: its `prompt_ids` hold the earlier turns (not trained on here).
@@ -37,6 +38,13 @@ def row(record: Record, advantage: float | None) -> dict[str, Any]:
     }
     if advantage is not None:
         out["advantage"] = advantage
+    if record.get("teacher_logprobs") is not None:  # a teacher's scores: columns a trainer's loss may read
+        out["teacher_logprobs"] = record["teacher_logprobs"]
+        if record.get("teacher_top_ids") is not None:
+            out["teacher_top_ids"], out["teacher_top_logprobs"] = (
+                record["teacher_top_ids"],
+                record["teacher_top_logprobs"],
+            )
     return out
 
 

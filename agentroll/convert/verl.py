@@ -11,6 +11,11 @@ known offline), `extra_fields` say where the row came from. Routed experts are c
 (rows over prompt + response, as verl pads them), as nested lists: verl reads their `.shape`, so a replay loop
 makes them an array (`np.asarray`, docs/convert.md).
 
+A teacher's scores (`--teacher`, `agentroll distill`) go where verl's distillation teacher loop puts them
+(verl-project/verl 1dda039, `verl/experimental/agent_loop/agent_loop.py`, `teacher_loop/teacher_manager.py`):
+`extra_fields.teacher_ids` / `extra_fields.teacher_logprobs`, one row per token of prompt + response, row i the
+teacher's prediction of token i + 1 (`convert.teacher.shifted`), which `AgentLoopOutput` moves into the batch.
+
 verl's GRPO groups by `non_tensor_batch["uid"]` (`core_algos.compute_grpo_outcome_advantage`, Bessel std, a
 group of one keeps its reward) and takes groups of any size, so `uid` = "problem_id/stage" is all it needs;
 verl computes the advantages itself, and `--advantage` is refused.
@@ -23,15 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from .common import JsonlWriter, Problem, Record, group_name
+from .teacher import shifted
 from .trajectory import Trajectory
 
 FILE = "verl.jsonl"
 METRICS = {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1}  # AgentLoopMetrics' defaults
 
 
-def row(record: Record, found: Trajectory) -> dict[str, Any]:
+def row(record: Record, found: Trajectory, teacher_topk: bool | None = None) -> dict[str, Any]:
     start = found.start
     routes = record.get("routed_experts")
+    scores = shifted(found, teacher_topk)
+    teacher = {} if scores is None else {"teacher_ids": scores[0], "teacher_logprobs": scores[1]}
     return {
         "uid": group_name(record),
         "prompt_ids": found.tokens[:start],
@@ -50,14 +58,15 @@ def row(record: Record, found: Trajectory) -> dict[str, Any]:
             "status": record["status"],
             "raw_reward": record["raw_reward"],
             "label": record.get("label"),
+            **teacher,  # AgentLoopOutput moves them out of extra_fields into the batch (its teacher loop's place)
         },
     }
 
 
-def write(problems: Iterable[Problem], out: Path, include_frozen: bool) -> int:
+def write(problems: Iterable[Problem], out: Path, include_frozen: bool, teacher_topk: bool | None = None) -> int:
     with JsonlWriter(out / FILE) as writer:
         for problem in problems:
             for group in problem.groups:
                 for record, found, _ in group.items(include_frozen):
-                    writer.write(row(record, found))
+                    writer.write(row(record, found, teacher_topk))
     return writer.rows

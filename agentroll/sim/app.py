@@ -143,8 +143,10 @@ async def _run(server: SimServer, request: web.BaseRequest, answer: Answer) -> w
         except Exception as exc:  # a broken script is the engine failing: vLLM answers 500
             raise HTTPFailure(500, error_body(f"{type(exc).__name__}: {exc}", "InternalServerError", 500)) from exc
         async with server.scheduler.slot(tokens, body.get("priority") or 0):
-            if server.faults.latency_s:
-                await asyncio.sleep(server.faults.latency_s)
+            generated = response["usage"]["completion_tokens"] if response is not None else 0
+            running = server.faults.latency_s + server.faults.decode_latency_s * generated
+            if running:
+                await asyncio.sleep(running)
         if fault == "drop":
             request.protocol.force_close()  # the connection goes away with no answer
             return web.Response(status=200, headers=HEADERS)

@@ -22,6 +22,7 @@ import orjson
 from .checks import check_model, check_prompt, check_stop, vllm_tools
 from .faults import Faults
 from .logprobs import Draws, completion_logprobs, generate_logprobs, routed_experts
+from .scoring import Scorer, check_prompt_logprobs
 from .validation import (
     COMPLETION,
     DETOKENIZE,
@@ -76,6 +77,7 @@ class Engine:
         self._filler = list(self.tokenizer.encode(" and so on", add_special_tokens=False).ids)
         self._id_strings = [f"token_id:{i}" for i in range(self.vocab_size)]
         self._draws = Draws(seed, max_model_len + 8192, self.vocab_size, logprobs_mode)
+        self.scorer = Scorer(seed, self.vocab_size, [self._decode_one(i) for i in range(self.vocab_size)])
         self._encoded: dict[str, list[int]] = {}
         self.rng = random.Random(seed)
         self._fault_rng = random.Random(seed + 3)  # stop tokens and abort points: faults leave the answers as they were
@@ -192,6 +194,7 @@ class Engine:
             raise bad_request(f"n must be at least 1, got {n}.")
         for ids in ids_batch:
             check_prompt(ids, request, self.vocab_size, self.max_model_len)
+        check_prompt_logprobs(request, self.vocab_size)
         return request, ids_batch
 
     def complete(self, request: dict[str, Any], ids_batch: list[list[int]], abort: bool = False) -> dict[str, Any]:
@@ -304,7 +307,7 @@ class Engine:
         self, index: int, seq: Choice, request: dict[str, Any], prompt_ids: list[int], rng: random.Random
     ) -> dict[str, Any]:
         want_ids = bool(request.get("return_token_ids"))
-        k = request.get("logprobs")
+        k, k_prompt = request.get("logprobs"), check_prompt_logprobs(request, self.vocab_size)
         logprobs = None
         if k is not None:
             values, tops, _ = self._draws(seq.ids, seq.logprobs_of or seq.ids, k, request, rng, want_ranks=False)
@@ -316,7 +319,7 @@ class Engine:
             "finish_reason": seq.finish,
             "stop_reason": seq.stop_reason,
             "token_ids": seq.ids if want_ids else None,
-            "prompt_logprobs": None,
+            "prompt_logprobs": None if k_prompt is None else self.scorer.prompt_logprobs(prompt_ids, k_prompt),
             "prompt_token_ids": prompt_ids if want_ids else None,
             "routed_experts": self.routes(prompt_ids, seq),
         }

@@ -13,6 +13,7 @@ class Faults:
     error_rate: float = 0.0  # answered 500 or 503, alternating both vLLM error shapes (nested and pre-0.10.1 flat)
     drop_rate: float = 0.0  # connection closed with no answer, after the latency (a crash or a proxy reset)
     latency_s: float = 0.0  # seconds each completion spends running, once the scheduler admits it
+    decode_latency_s: float = 0.0  # and per token it generates: decoding costs per token, a prefill barely
     malformed_rate: float = 0.0  # 200 with a body that is no completion: an HTML page, `[]`, or no `choices`
     abort_rate: float = 0.0  # 200 whose sequences end `finish_reason: "abort"`, cut short (vLLM aborted them)
     stop_token_rate: float = 0.0  # a sequence emits `<|endoftext|>` where its answer ends, before EOS
@@ -26,5 +27,5 @@ class Faults:
                 raise ValueError(f"{name} must be between 0 and 1, got {value}")
         if self.drop_rate + self.error_rate + self.malformed_rate + self.abort_rate > 1.0:
             raise ValueError("drop_rate + error_rate + malformed_rate + abort_rate must be at most 1")
-        if self.latency_s < 0 or self.tokenize_latency_s < 0:
+        if self.latency_s < 0 or self.tokenize_latency_s < 0 or self.decode_latency_s < 0:
             raise ValueError("latencies must not be negative")

@@ -22,6 +22,7 @@ from . import charts
 from .charts import TRUNCATED, Series, bar_chart, fmt, histogram, line_chart
 from .figures import figures
 from .headtohead import page_section
+from .teacher import page_section as teacher_section
 
 MOST_SPLITS = 12  # --by values drawn (those with the most problems); the table lists them all
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
@@ -242,10 +243,12 @@ def _throughput(data: dict[str, Any]) -> str:
     derived = data.get("derived_from")
     if derived:
         source = derived.get("folder") if isinstance(derived, dict) else None
+        command = derived.get("command", "rescore") if isinstance(derived, dict) else "rescore"
+        done = "a teacher's scores were added to them" if command == "distill" else "they were scored again"
         return "".join(out) + (
             f"<p class='note'>This folder was derived from {escape(str(source or 'another folder'))} "
-            "(<code>agentroll rescore</code>): its records were scored again, not generated, so it has no "
-            "throughput of its own. The source folder's report shows how it was generated.</p>"
+            f"(<code>agentroll {escape(str(command))}</code>): its records were not generated, {done}, so it has "
+            "no throughput of its own. The source folder's report shows how it was generated.</p>"
         )
     last = data["last_run"]
     if last.get("wall_s"):
@@ -354,7 +357,7 @@ def render(data: dict[str, Any]) -> str:
     if stats.get("warning"):  # the system could not be loaded here: its own figures are left out
         head += f"<p class='note'>{escape(stats['warning'])}</p>"
     sections = [_stages(data), page_section(stats, figure, table), _lengths(data), _pass_at_k(data), _by(data)]
-    sections.append(_throughput(data))
+    sections += [teacher_section(stats, figure, table), _throughput(data)]
     sections += [_chart(data, chart) for chart in data["charts"]]
     return (
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"

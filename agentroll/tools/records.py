@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Any
 
 from ..errors import json_kind as json_type
-from ..schema import SCHEMA_VERSION, Sample
+from ..schema import OPTIONAL_FIELDS, SCHEMA_VERSION, Sample
 
 WRITTEN_STATUSES = ("completed", "truncated")  # "aborted" is retried, never written (docs/schema.md)
 
@@ -100,17 +100,15 @@ def _check_for(hint: Any) -> Check:
 _HINTS = typing.get_type_hints(Sample)
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
 _CHECKS: dict[str, tuple[Check, str]] = {name: (_check_for(_HINTS[name]), _describe(_HINTS[name])) for name in FIELDS}
-# fields added to schema 6 after folders were written with it (the agent system's, head to head's): a record
-# without one is read as null (`Sample`'s default), so a folder of before is no less valid for it; a head-to-head
-# folder's records need their `policy` all the same (`executions`: each execution's policy is its index's)
-LATER = frozenset({"agent_answer", "agent_reward", "policy"})
+# a record may lack a field of schema.OPTIONAL_FIELDS (written before it was added); a head-to-head folder's
+# records need their `policy` all the same (`executions`: each execution's policy is its index's)
 
 
 def record_faults(record: dict[str, Any], stages: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
     """(kind, message) for everything wrong with one record on its own: fields, types, values, lengths.
     `stages`: the system's stage names (None: any non-empty name)."""
     faults: list[tuple[str, str]] = []
-    missing = [name for name in FIELDS if name not in record and name not in LATER]
+    missing = [name for name in FIELDS if name not in record and name not in OPTIONAL_FIELDS]
     extra = [name for name in record if name not in _CHECKS]
     if missing:
         faults.append(("schema", f"missing field{'s' * (len(missing) > 1)} {', '.join(missing)}"))
@@ -170,28 +168,14 @@ def record_faults(record: dict[str, Any], stages: tuple[str, ...] | None = None)
         wrong = [f"{name} has {len(r[name])}" for name in ("response_logprobs", "loss_mask") if len(r[name]) != n]
         wrong += [
             f"{name} has {len(r[name])}"
-            for name in ("response_ranks", "top_token_ids", "top_logprobs")
+            for name in ("response_ranks", "top_token_ids", "top_logprobs", *TEACHER)
             if name in typed and r[name] is not None and len(r[name]) != n
         ]
         if wrong:
             faults.append(("lengths", f"{' and '.join(wrong)} entries where response_token_ids has {n}"))
-        if {"top_token_ids", "top_logprobs"} <= typed and r["top_token_ids"] is not None and r["top_logprobs"]:
-            bad = next(
-                (
-                    j
-                    for j, (a, b) in enumerate(zip(r["top_token_ids"], r["top_logprobs"], strict=False))
-                    if len(a) != len(b) or any(x < y for x, y in itertools.pairwise(b))
-                ),
-                None,
-            )
-            if bad is not None:
-                faults.append(
-                    (
-                        "value",
-                        f"top_token_ids/top_logprobs at response position {bad}: not the same "
-                        "length, or not in rank order (logprobs falling)",
-                    )
-                )
+        for ids, logprobs in (("top_token_ids", "top_logprobs"), ("teacher_top_ids", "teacher_top_logprobs")):
+            _top_faults(r, typed, ids, logprobs, faults)
+        _teacher_faults(r, typed, faults)
         spans = r.get("weight_versions") if "weight_versions" in typed else None
         if spans:
             ok = (
@@ -203,6 +187,50 @@ def record_faults(record: dict[str, Any], stages: tuple[str, ...] | None = None)
             value("weight_versions", ok, f"weight_versions do not cover the {n} response tokens in order")
     _history_faults(r, typed, faults)
     return faults
+
+
+TEACHER = ("teacher_logprobs", "teacher_ranks", "teacher_top_ids", "teacher_top_logprobs")
+
+
+def _top_faults(r: dict[str, Any], typed: set[str], ids: str, logprobs: str, faults: list[tuple[str, str]]) -> None:
+    """The k most likely tokens per position: as many ids as logprobs, in rank order (logprobs falling)."""
+    if not {ids, logprobs} <= typed or r[ids] is None or not r[logprobs]:
+        return
+    bad = next(
+        (
+            j
+            for j, (a, b) in enumerate(zip(r[ids], r[logprobs], strict=False))
+            if len(a) != len(b) or any(x < y for x, y in itertools.pairwise(b))
+        ),
+        None,
+    )
+    if bad is not None:
+        faults.append(
+            (
+                "value",
+                f"{ids}/{logprobs} at response position {bad}: not the same length, or not in rank order "
+                "(logprobs falling)",
+            )
+        )
+
+
+def _teacher_faults(r: dict[str, Any], typed: set[str], faults: list[tuple[str, str]]) -> None:
+    """A teacher's scores come together (`teacher_ranks` with `teacher_logprobs`, the top k with both), as
+    logprobs (never above 0) and ranks from 1."""
+    present = [name for name in TEACHER if name in typed and r[name] is not None]
+    if not present:
+        return
+    if "teacher_logprobs" not in present or "teacher_ranks" not in present:
+        faults.append(("value", f"{', '.join(present)} without teacher_logprobs and teacher_ranks"))
+        return
+    if ("teacher_top_ids" in present) != ("teacher_top_logprobs" in present):
+        faults.append(("value", "teacher_top_ids and teacher_top_logprobs are not both null or both arrays"))
+    above = next((j for j, x in enumerate(r["teacher_logprobs"]) if x > 0), None)
+    if above is not None:
+        faults.append(("value", f"teacher_logprobs item {above} is {r['teacher_logprobs'][above]}, above 0"))
+    low = next((j for j, x in enumerate(r["teacher_ranks"]) if x < 1), None)
+    if low is not None:
+        faults.append(("value", f"teacher_ranks item {low} is {r['teacher_ranks'][low]}, below 1"))
 
 
 def _history_faults(r: dict[str, Any], typed: set[str], faults: list[tuple[str, str]]) -> None:

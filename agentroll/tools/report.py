@@ -131,6 +131,7 @@ class Section:
                 if self.policies
                 else {}
             ),
+            **({"teacher": run["teacher"]} if "teacher" in run else {}),  # stages a teacher scored
         }
 
 
@@ -312,5 +313,21 @@ def stats_table(data: dict[str, Any]) -> Table:
 
         row(f"pass@{k} (solvers)", cell, end=k == top)
     row("truncation rate", lambda c: _fmt(c["truncation_rate"]))
-    row("tokens (prompt/response)", lambda c: f"{c['tokens']['prompt']}/{c['tokens']['response']}")
+    scored = list(data["all"].get("teacher") or {})
+    row("tokens (prompt/response)", lambda c: f"{c['tokens']['prompt']}/{c['tokens']['response']}", end=bool(scored))
+    for stage in scored:
+        for label, key in TEACHER_ROWS:
+
+            def teacher(c: dict[str, Any], s: str = stage, k: str = key) -> str:
+                return _fmt((c.get("teacher") or {}).get(s, {}).get(k))
+
+            row(f"{stage} {label}", teacher, end=key == TEACHER_ROWS[-1][1] and stage != scored[-1])
     return table
+
+
+TEACHER_ROWS = (  # agentroll.stats.TeacherStats' figures, as the tables name them
+    ("student - teacher logprob, mean", "mean_gap"),
+    ("student - teacher logprob, max", "max_gap"),
+    ("KL(student || teacher), k3", "kl_k3"),
+    ("teacher's top token is another", "other_top_share"),
+)

@@ -165,6 +165,7 @@ def sample(stage: str, reward: float, final: float, content: str | None = "x \\b
         status="complete",
         prompt_token_ids=[1, 2],
         response_token_ids=[3],
+        teacher_logprobs=None,  # no teacher scored it
     )
 
 

@@ -1,0 +1,210 @@
+"""A teacher scoring what a student sampled: the exact ids each call saw and sampled (prompt + response), each a
+token-id prompt of the teacher's vLLM (`prompt_logprobs`, one generated token: prefill only), several in one
+request (vLLM's batch of prompts: the records of an execution share their prefixes), and the response positions'
+logprobs, ranks and top k written into each record.
+
+The teacher has a client of its own (`CompletionClient`: own endpoints, own concurrency and slots, retries and
+endpoint health), apart from the run's, so its requests never take a slot a generation needs. Each record's scores
+are kept in the call journal like a generation (their key: the student call's, marked; their digest: the ids, the
+teacher's model and K): a stop loses only the scoring requests in flight, and a rerun replays the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..client import FIRST, CompletionClient, Priority, follow_metrics
+from ..concurrency import gather_or_cancel
+from ..errors import UsageError
+from ..schema import Sample
+from ..wire import PATHS, Completion, parse_scores, score_body
+from .settings import TeacherSettings
+
+if TYPE_CHECKING:
+    from ..client import Transport
+    from ..folder.journal import Journal
+
+MARK = "\x1fteacher"  # appended to the student call's journal key
+MOST_SEQUENCES = 32  # sequences scored in one request
+MOST_TOKENS = 1 << 17  # and their tokens, added up
+
+
+class Teacher:
+    """One teacher: `settings`, its client, and what its server said of itself (`model`, `max_model_len`).
+    `start` (or `use`) before `score`."""
+
+    def __init__(self, settings: TeacherSettings, transport: Transport | None = None) -> None:
+        self.settings = settings
+        self.client = CompletionClient(list(settings.urls), settings.client, transport=transport)
+        self.model = ""
+        self.max_model_len: int | None = None
+        self.scored = 0  # records the server scored
+        self.requests = 0  # the requests they took (several records a request)
+        self.replayed = 0  # records scored from the call journal of an earlier run
+
+    @property
+    def url(self) -> str:
+        return ", ".join(e.url for e in self.client.endpoints)
+
+    async def start(self, model: str, max_model_len: int | None) -> None:
+        """The served model and its context as discovered (`handshake.discover`); under auto concurrency, the
+        teacher's own caps follow its /metrics."""
+        self.model, self.max_model_len = model, max_model_len
+        if self.client.adaptive:
+            await follow_metrics(self.client)
+
+    def room(self, context: int | None, what: str, student: bool = True) -> None:
+        """A sequence of `context` tokens (`what`: the records it stands for) must fit the teacher's context with
+        the one token a scoring call generates: refused before anything is scored, not on every long record.
+        `student`: the student's context can still be set (generate), not a finished folder's (distill)."""
+        limit = self.max_model_len
+        if context is None or limit is None or context < limit:
+            return
+        raise UsageError(
+            f"--teacher {self.url}: its max_model_len ({limit}) leaves no room to score {what} of {context} tokens "
+            f"(prompt + response) plus the one token a scoring call generates: serve the teacher with "
+            f"--max-model-len {context + 1} or more"
+            + (f", or give the student --max-context-len {limit - 1}" if student else "")
+        )
+
+    async def score(
+        self,
+        samples: list[Sample],
+        keys: list[str] | None = None,
+        journal: Journal | None = None,
+        group: tuple[str, str] = ("", ""),
+        priority: Priority = FIRST,
+    ) -> None:
+        """Score each sample's response in its own context and set its `teacher_*` fields: as few requests as the
+        batch limits allow (`MOST_SEQUENCES`, `MOST_TOKENS`: a problem's calls share their prompts' prefixes, which
+        the teacher's prefix cache serves), those made in an earlier run replayed from `journal` (`keys`: each
+        call's identity there, `group` the group they belong to). Raises `CallFailed` when the teacher fails for
+        good (the caller fails the group: a record is never written half scored)."""
+        k = self.settings.logprobs
+        asked: list[tuple[Sample, str | None, str]] = []
+        for i, sample in enumerate(samples):
+            sequence = sample.prompt_token_ids + sample.response_token_ids
+            if not sample.response_token_ids:
+                self.apply(sample, Completion(sequence, [], [], None, "length", None, ranks=[]))
+                continue
+            key = keys[i] + MARK if keys is not None and journal is not None else None
+            digest = hashlib.blake2b(orjson.dumps([sequence, self.model, k]), digest_size=12).hexdigest()
+            found = journal.get(key, digest) if journal is not None and key is not None else None
+            if found is not None:
+                self.replayed += 1
+                self.apply(sample, _unkept(found, sample))
+            else:
+                asked.append((sample, key, digest))
+        batches: list[list[tuple[Sample, str | None, str]]] = []
+        tokens = 0
+        for item in asked:
+            length = len(item[0].prompt_token_ids) + len(item[0].response_token_ids)
+            if not batches or len(batches[-1]) >= MOST_SEQUENCES or tokens + length > MOST_TOKENS:
+                batches.append([])
+                tokens = 0
+            batches[-1].append(item)
+            tokens += length
+        await gather_or_cancel(*(self._batch(batch, journal, group, priority) for batch in batches))
+
+    async def _batch(
+        self,
+        batch: list[tuple[Sample, str | None, str]],
+        journal: Journal | None,
+        group: tuple[str, str],
+        priority: Priority,
+    ) -> None:
+        sequences = [s.prompt_token_ids + s.response_token_ids for s, _, _ in batch]
+        starts = [len(s.prompt_token_ids) for s, _, _ in batch]
+        answers = await score(
+            self.client, sequences, starts, self.model, self.settings.logprobs, batch[0][0].problem_hash, priority
+        )
+        self.requests += 1
+        for (sample, key, digest), done in zip(batch, answers, strict=True):
+            self.scored += 1
+            if journal is not None and key is not None:
+                journal.put(key, digest, group, _kept(done))
+            self.apply(sample, done)
+
+    def apply(self, sample: Sample, done: Completion) -> None:
+        sample.teacher_logprobs = [float(x) for x in done.logprobs]
+        sample.teacher_ranks = [int(r or 0) for r in done.ranks or ()]
+        if self.settings.logprobs:
+            sample.teacher_top_ids = done.top_token_ids or []
+            sample.teacher_top_logprobs = done.top_logprobs or []
+        else:
+            sample.teacher_top_ids = sample.teacher_top_logprobs = None
+
+    def settled(self, group: int) -> None:
+        """The group is done with: its slots' bookkeeping in the teacher's own budget goes (as the run's does)."""
+        self.client.budget.finished(group)
+
+    def report(self) -> dict[str, Any]:
+        """What the summary and the manifest's `last_run.teachers` say of it."""
+        return {
+            "model": self.model,
+            "endpoints": [e.url for e in self.client.endpoints],
+            "logprobs": self.settings.logprobs,
+            "scored": self.scored,
+            "scoring_requests": self.requests,
+            "replayed": self.replayed,
+            "requests": asdict(self.client.counters),
+        }
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+async def score(
+    client: CompletionClient,
+    sequences: list[list[int]],
+    starts: list[int],
+    model: str,
+    alternatives: int = 0,
+    key: str | None = None,
+    priority: Priority = FIRST,
+) -> list[Completion]:
+    """The scores of each `sequences[i][starts[i]:]` by the teacher `client` serves, in one request (vLLM's
+    `prompt_logprobs` over each sequence: `wire.score_body`, `wire.parse_scores`), retried as a completion is."""
+    payload = orjson.dumps(score_body(model, sequences, alternatives))
+    read = partial(parse_scores, sequences=sequences, starts=starts, alternatives=alternatives)
+    return await client.call(PATHS["completions"], payload, read, model, sequences[0], None, key, priority)
+
+
+async def score_each(
+    asked: list[tuple[Teacher, Sample, str]],
+    journal: Journal | None = None,
+    group: tuple[str, str] = ("", ""),
+    priority: Priority = FIRST,
+) -> None:
+    """Each (teacher, sample, journal key): a teacher's samples scored together (`Teacher.score`: its batches)."""
+    by_teacher: dict[int, tuple[Teacher, list[Sample], list[str]]] = {}
+    for teacher, sample, key in asked:
+        entry = by_teacher.setdefault(id(teacher), (teacher, [], []))
+        entry[1].append(sample)
+        entry[2].append(key)
+    await gather_or_cancel(*(t.score(mine, keys, journal, group, priority) for t, mine, keys in by_teacher.values()))
+
+
+def _kept(done: Completion) -> dict[str, Any]:
+    """What the journal keeps of a record's scores: the scores alone (the ids are the record's, and the digest)."""
+    return {"logprobs": done.logprobs, "ranks": done.ranks, "top_ids": done.top_token_ids, "top": done.top_logprobs}
+
+
+def _unkept(found: dict[str, Any], sample: Sample) -> Completion:
+    sequence = sample.prompt_token_ids + sample.response_token_ids
+    done = Completion(
+        sequence, sample.response_token_ids, found["logprobs"], None, "length", None, ranks=found["ranks"]
+    )
+    done.top_token_ids, done.top_logprobs = found.get("top_ids"), found.get("top")
+    return done
+
+
+def clear(sample: Sample) -> None:
+    """No teacher for this record (its stage has none)."""
+    sample.teacher_logprobs = sample.teacher_ranks = None
+    sample.teacher_top_ids = sample.teacher_top_logprobs = None

@@ -1,0 +1,139 @@
+"""`agentroll distill DIR -o NEW --teacher URL`: a teacher's scores added to a finished folder, no student server,
+the same as a run with that teacher gives; checked, resumable, killed at any moment."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from agentroll.folder import Manifest
+from agentroll.sim.server import Faults
+
+from .conftest import read_records, run_cli, write_problems
+from .teacher_support import expected, other_vocabulary, teacher_fields, teacher_server
+from .test_reliability import popen
+
+KEY = ("problem_id", "sample_index", "stage", "worker", "turn")
+
+
+@pytest.fixture
+def teacher(problems):
+    server = teacher_server(problems, max_model_len=8192)  # room for the student's longest records
+    yield server
+    server.stop()
+
+
+def generate(problems: Path, out: Path, url: str, *extra: str):
+    args = ["generate", str(problems), "-o", str(out), "--base-url", url, "--samples-per-prompt", "2"]
+    return run_cli(*args, "--num-parallel", "2", "--seed", "11", "-q", *extra)
+
+
+def by_key(folder: Path) -> dict[tuple, dict]:
+    return {tuple(r[k] for k in KEY): r for r in read_records(folder)}
+
+
+def test_distill_gives_the_records_of_a_run_with_that_teacher(sim, teacher, problems, tmp_path):
+    assert (
+        generate(problems, tmp_path / "taught", sim.url, "--teacher", teacher.url, "--teacher-logprobs", "2").returncode
+        == 0
+    )
+    assert generate(problems, tmp_path / "plain", sim.url).returncode == 0
+    proc = run_cli("distill", str(tmp_path / "plain"), "-o", str(tmp_path / "new"), "--teacher", teacher.url,
+                   "--teacher-logprobs", "2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    taught, plain, new = by_key(tmp_path / "taught"), by_key(tmp_path / "plain"), by_key(tmp_path / "new")
+    assert set(taught) == set(new) == set(plain) and len(new) > 20
+    for key, record in new.items():
+        assert record["response_token_ids"] == taught[key]["response_token_ids"]  # one seed, the same samples
+        assert teacher_fields(record) == teacher_fields(taught[key]) == expected(teacher, record, 2)
+        untouched = {k: v for k, v in record.items() if not k.startswith("teacher_")}
+        assert untouched == {k: v for k, v in plain[key].items() if not k.startswith("teacher_")}
+    manifest = json.loads((tmp_path / "new" / "manifest.json").read_text())
+    source = json.loads((tmp_path / "plain" / "manifest.json").read_text())
+    settings = manifest["settings"]
+    assert settings["derived_from"] == {
+        "folder": str((tmp_path / "plain").resolve()),
+        "folder_id": source["folder_id"],
+        "command": "distill",
+    }
+    assert settings["teacher"]["stages"]["solver"] == {"model": "big", "logprobs": 2}
+    assert manifest["complete"] and manifest["last_run"]["stats"]["teacher"]["solver"]["tokens"] > 0
+    stats = json.loads(run_cli("stats", str(tmp_path / "new"), "--json").stdout)["all"]["teacher"]
+    theirs = json.loads(run_cli("stats", str(tmp_path / "taught"), "--json").stdout)["all"]["teacher"]
+    assert stats.keys() == theirs.keys()  # the same figures, summed in another order (groups commit as they end)
+    assert all(stats[s] == pytest.approx(theirs[s], rel=1e-12) for s in stats)
+    assert run_cli("validate", str(tmp_path / "new")).returncode == 0
+    again = run_cli("distill", str(tmp_path / "taught"), "-o", str(tmp_path / "again"), "--teacher", teacher.url,
+                    "--stage", "rewriter.teacher=none")  # fmt: skip
+    assert again.returncode == 0, again.stderr.decode()
+    for key, record in by_key(tmp_path / "again").items():  # scored anew: no top k now, no rewriter scores
+        if key[2] == "rewriter":
+            assert teacher_fields(record) == dict.fromkeys(teacher_fields(record))
+        else:
+            assert record["teacher_logprobs"] == taught[key]["teacher_logprobs"] and record["teacher_top_ids"] is None
+
+
+def test_distill_refuses_another_vocabulary_and_records_the_teacher_cannot_hold_before_writing(sim, problems, tmp_path):
+    assert generate(problems, tmp_path / "src", sim.url).returncode == 0
+    other = teacher_server(problems, other_vocabulary(tmp_path / "tok", "swapped"), max_model_len=8192)
+    short = teacher_server(problems)  # the student's context, 4096: its longest records leave no room
+    try:
+        refused = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "a"), "--teacher", other.url)
+        too_long = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "b"), "--teacher", short.url)
+    finally:
+        other.stop()
+        short.stop()
+    assert refused.returncode == 2 and b"does not share the student's vocabulary" in refused.stderr
+    assert too_long.returncode == 2 and b"--max-model-len 4097 or more" in too_long.stderr, too_long.stderr
+    assert b"--max-context-len" not in too_long.stderr  # nothing the student can do now
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    nothing = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "c"))
+    assert nothing.returncode == 2 and b"no stage has a teacher" in nothing.stderr
+
+
+def test_groups_a_teacher_failed_are_left_for_a_rerun_which_scores_only_them(sim, problems, tmp_path):
+    assert generate(problems, tmp_path / "src", sim.url).returncode == 0
+    flaky = teacher_server(problems, max_model_len=8192, faults=Faults(error_rate=0.3))
+    try:
+        first = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "new"), "--teacher", flaky.url,
+                        "--max-retries", "0")  # fmt: skip
+        flaky.faults.error_rate = 0.0
+        second = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "new"), "--teacher", flaky.url)
+    finally:
+        flaky.stop()
+    assert first.returncode == 8 and b"run the same command again" in first.stderr, first.stderr.decode()
+    assert second.returncode == 0, second.stderr.decode()
+    records = read_records(tmp_path / "new")
+    assert len(records) == len(read_records(tmp_path / "src"))
+    rerun = json.loads((tmp_path / "new" / "manifest.json").read_text())["last_run"]
+    written = len(records) - rerun["stats"]["records_written"]  # by the first run
+    assert 0 < written < len(records) and rerun["teachers"][0]["scored"] == len(records) - written
+    assert all(teacher_fields(r) == expected(flaky, r, 0) for r in records)
+
+
+def test_distill_killed_mid_run_resumes_to_the_records_of_a_clean_run(sim, tmp_path):
+    problems = write_problems(tmp_path / "many.jsonl", 24)
+    assert generate(problems, tmp_path / "src", sim.url, "--samples-per-prompt", "1").returncode == 0
+    slow = teacher_server(problems, max_model_len=8192, faults=Faults(latency_s=0.02), max_running=4)
+    try:
+        args = ["distill", str(tmp_path / "src"), "-o", str(tmp_path / "new"), "--teacher", slow.url,
+                "--teacher-concurrency", "4"]  # fmt: skip
+        proc = popen(*args)
+        assert slow.wait_for_completions(12, timeout=60)  # some of the 24 groups are committed, others in flight
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        assert not Manifest.load(tmp_path / "new").complete
+        again = run_cli(*args)
+        assert again.returncode == 0, again.stderr.decode()
+        teachers = json.loads((tmp_path / "new" / "manifest.json").read_text())["last_run"]["teachers"]
+        rerun = teachers[0]["scored"] + teachers[0]["replayed"]
+        clean = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "clean"), "--teacher", slow.url)
+        assert clean.returncode == 0
+    finally:
+        slow.stop()
+    new, whole = by_key(tmp_path / "new"), by_key(tmp_path / "clean")
+    assert new == whole and len(new) == len(read_records(tmp_path / "src"))
+    assert 0 < rerun < len(new)  # the rerun scored only the records not on disk (or replayed them)
