@@ -293,7 +293,8 @@ def test_the_mix_is_recorded_in_the_settings_and_a_rerun_with_other_weights_is_r
     other = run(0.5, 0.5)
     assert other.returncode == 6, other.stderr.decode()
     errors = [line for line in other.stderr.decode().splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "mix: " in errors[0] and "--overwrite to start over" in errors[0]
+    said = "mix.math.jsonl.weight: 0.75 -> 0.5, mix.code.weight: 0.25 -> 0.5"
+    assert len(errors) == 1 and said in errors[0] and "--overwrite to start over" in errors[0], errors
     assert run(0.5, 0.5, "--overwrite").returncode == 0
 
 
