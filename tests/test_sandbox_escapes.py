@@ -159,6 +159,17 @@ def test_disk_is_limited_for_the_whole_run(run: Run):
     assert int(done["stdout"]) <= 2 * 32, done  # its directory (/tmp with it) and /dev/shm, each of 32 MB
 
 
+def test_memory_the_kernel_would_hold_for_a_run_counts_or_is_refused(run: Run):
+    """System V shared memory (touched, then detached) and memfds (each under the file-size limit) are in no
+    process's address space and in no tmpfs: without a cgroup (an ordinary user) nothing else bounded them, and
+    a run of 256 MB held 512 MB of each. Refused now (the seccomp filter); with a cgroup they count anyway."""
+    done = run(hostile.stash(512), timeout_s=60.0, memory_mb=256)
+    if done["status"] == "memory":
+        return
+    assert done["status"] == "ok", done
+    assert all(mb <= 256 for mb in json.loads(done["stdout"]).values()), done
+
+
 def test_nothing_of_a_run_outlives_it(run: Run):
     mark, key = f"agentroll-left-{uuid.uuid4().hex}", 0x5A000000 + uuid.uuid4().int % 0xFFFFF
     seconds = marker()
@@ -189,6 +200,7 @@ def test_the_kernels_riskiest_calls_are_refused_and_ordinary_programs_still_run(
     column = ARCHES[platform.machine()][0]
     calls = {name: DENIED[name][column] for name in ("io_uring_setup", "keyctl", "ptrace", "bpf", "userfaultfd")}
     calls["unshare"] = DENIED["unshare"][column]
+    calls.update({name: DENIED[name][column] for name in ("shmget", "memfd_create")})
     code = f"""import ctypes, errno, json, multiprocessing, subprocess, threading
 libc = ctypes.CDLL(None, use_errno=True)
 seen = {{}}

@@ -1,12 +1,16 @@
-"""A seccomp filter for the local sandbox (bubblewrap's `--seccomp FD`): system calls model code never needs,
-which are where kernel escapes have come from, fail with EPERM.
+"""A seccomp filter for the local sandbox (bubblewrap's `--seccomp FD`): system calls model code never needs, which are
+where kernel escapes have come from, fail with EPERM.
 
-The sandbox shares the host's kernel: a bug in it is a way out. Namespaces already refuse most privileged calls
-to a process without capabilities; this narrows what stays reachable: io_uring, userfaultfd, bpf,
-perf_event_open, the keyring, ptrace, personality, the mount API, (un)sharing namespaces, modules, kexec, reboot,
-swap, accounting, the kernel log, quotas, file handles. A call made through another ABI (32-bit `int 0x80`, x32
-on x86_64), whose numbers would slip past the list, fails with ENOSYS. The filter is a classic BPF program
-written here (x86_64 and aarch64); elsewhere there is none, and the start-up log says so.
+The sandbox shares the host's kernel: a bug in it is a way out. Namespaces already refuse most privileged calls to a
+process without capabilities; this narrows what stays reachable: io_uring, userfaultfd, bpf, perf_event_open, the
+keyring, ptrace, personality, the mount API, (un)sharing namespaces, modules, kexec, reboot, swap, accounting, the
+kernel log, quotas, file handles, x86's `modify_ldt`. It also refuses the memory a program could have the kernel hold
+for it outside any process's address space and outside its tmpfs: System V shared memory, semaphore sets and message
+queues, `memfd_create` and `memfd_secret`. Where the run has no cgroup (an ordinary user, as a rule) nothing else
+would bound it: a program of a 256 MB run held 1.5 GB in SysV segments, touched and detached, and as much in memfds
+(each under the file-size limit). A call made through another ABI (32-bit `int 0x80`, x32 on x86_64), whose numbers
+would slip past the list, fails with ENOSYS. The filter is a classic BPF program written here (x86_64 and aarch64);
+elsewhere there is none, and the start-up log says so.
 """
 
 from __future__ import annotations
@@ -63,6 +67,12 @@ DENIED: dict[str, tuple[int | None, int | None]] = {
     "open_by_handle_at": (304, 265),
     "iopl": (172, None),
     "ioperm": (173, None),
+    "modify_ldt": (154, None),
+    "shmget": (29, 194),
+    "semget": (64, 190),
+    "msgget": (68, 186),
+    "memfd_create": (319, 279),
+    "memfd_secret": (447, 447),
 }
 ARCHES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}  # machine: (column in DENIED, AUDIT_ARCH_*)
 
