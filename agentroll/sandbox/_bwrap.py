@@ -102,7 +102,8 @@ class Limits:
             )
         return (
             f"per run, no cgroup can be made here: at most {self.processes} processes and threads of "
-            f"{self.address_space >> 20} MB of address space each ({mb} MB in all)"
+            f"{self.address_space >> 20} MB of address space each ({mb} MB in all; what the kernel holds for its "
+            "sockets and files' names is not bounded: docs/tool-use.md)"
         )
 
     def rlimits(self) -> dict[str, tuple[int, int]]:
