@@ -170,6 +170,25 @@ def test_memory_the_kernel_would_hold_for_a_run_counts_or_is_refused(run: Run):
     assert all(mb <= 256 for mb in json.loads(done["stdout"]).values()), done
 
 
+def test_a_run_opens_no_pseudo_terminal(run: Run):
+    """Every pty counts against the host-wide `kernel.pty.max` (4096, shared by every container on the machine):
+    a run held 400 at once, 64 processes could have held them all. /dev/ptmx is refused."""
+    code = """import os
+opened = []
+for _ in range(300):
+    try:
+        opened.append(os.openpty())
+    except OSError as exc:
+        print(len(opened), type(exc).__name__)
+        break
+else:
+    print(len(opened), "none refused")
+"""
+    done = run(code)
+    assert done["status"] == "ok", done["stderr"]
+    assert done["stdout"].split()[0] == "0", done["stdout"]
+
+
 def test_nothing_of_a_run_outlives_it(run: Run):
     mark, key = f"agentroll-left-{uuid.uuid4().hex}", 0x5A000000 + uuid.uuid4().int % 0xFFFFF
     seconds = marker()
