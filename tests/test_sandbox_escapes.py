@@ -243,6 +243,30 @@ print(json.dumps(seen))
     assert seen == {**{name: "EPERM" for name in calls}, **({"x32": "ENOSYS"} if column == 0 else {})}
 
 
+def test_a_run_opens_no_vsock_socket_which_its_network_namespace_would_not_isolate(run: Run):
+    """AF_VSOCK is not isolated by a network namespace: in a VM the sandbox could reach its hypervisor's services,
+    and a port it bound was taken on the whole VM (a listener outside held port P: the sandbox's bind of P said
+    EADDRINUSE). socket(AF_VSOCK) is refused; the families a program uses work as ever."""
+    code = """import errno, json, socket
+seen = {}
+for name, family, kind in (("vsock", 40, socket.SOCK_STREAM), ("inet", socket.AF_INET, socket.SOCK_STREAM),
+                           ("inet6", socket.AF_INET6, socket.SOCK_DGRAM), ("unix", socket.AF_UNIX, socket.SOCK_STREAM)):
+    try:
+        socket.socket(family, kind).close()
+        seen[name] = "made"
+    except OSError as exc:
+        seen[name] = errno.errorcode[exc.errno]
+a, b = socket.socketpair()
+a.sendall(b"x")
+seen["pair"] = b.recv(1).decode()
+print(json.dumps(seen))
+"""
+    done = run(code)
+    assert done["status"] == "ok", done["stderr"]
+    made = {"inet": "made", "inet6": "made", "unix": "made", "pair": "x"}
+    assert json.loads(done["stdout"]) == {"vsock": "EPERM", **made}
+
+
 def test_as_root_a_run_lives_in_a_cgroup_of_its_own_holding_its_limits():
     """Where a cgroup can be made (root here): the run's processes are in groups of their own holding the memory
     budget, the process cap (the program's and the sandbox's init) and one core's worth of CPU, as the kernel
