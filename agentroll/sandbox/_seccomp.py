@@ -6,12 +6,12 @@ process without capabilities; this narrows what stays reachable: io_uring, userf
 keyring, ptrace, personality, the mount API, (un)sharing namespaces, modules, kexec, reboot, swap, accounting, the
 kernel log, quotas, file handles, x86's `modify_ldt`. It also refuses the memory a program could have the kernel hold
 for it outside any process's address space and outside its tmpfs: System V shared memory, semaphore sets and message
-queues, `memfd_create` and `memfd_secret`. And `socket(AF_VSOCK)`: vsock is not isolated by a network namespace.
-Where the run has no cgroup (an ordinary user, as a rule) nothing else would bound it: a program of a 256 MB run held
-1.5 GB in SysV segments, touched and detached, and as much in memfds (each under the file-size limit). A call made
-through another ABI (32-bit `int 0x80`, x32 on x86_64), whose numbers would slip past the list, fails with ENOSYS.
-The filter is a classic BPF program written here (x86_64 and aarch64); elsewhere there is none, and the start-up log
-says so.
+queues, `memfd_create` and `memfd_secret`. Where the run has no cgroup (an ordinary user, as a rule) nothing else
+would bound it: a program of a 256 MB run held 1.5 GB in SysV segments, touched and detached, and as much in memfds
+(each under the file-size limit). And `socket(AF_VSOCK)`: vsock is not isolated by a network namespace (from a VM, a
+program could reach its hypervisor's services). A call made through another ABI (32-bit `int 0x80`, x32 on x86_64),
+whose numbers would slip past the list, fails with ENOSYS. The filter is a classic BPF program written here (x86_64
+and aarch64); elsewhere there is none, and the start-up log says so.
 """
 
 from __future__ import annotations
