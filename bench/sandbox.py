@@ -181,6 +181,15 @@ import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 made = libc.unshare(0x10000000)  # CLONE_NEWUSER: a kernel's attack surface, and a way past the process cap
 seen["new user namespace"] = "yes" if made == 0 else os.strerror(ctypes.get_errno())
+made = libc.shmget(0, 1 << 20, 0o1000 | 0o600)  # memory the kernel holds outside its address space
+seen["System V shared memory"] = "yes" if made >= 0 else os.strerror(ctypes.get_errno())
+for name, make in (("memfd", lambda: os.memfd_create("probe")), ("pseudo-terminal", os.openpty),
+                   ("vsock socket", lambda: socket.socket(40, socket.SOCK_STREAM))):  # AF_VSOCK: not in the netns
+    try:
+        make()
+        seen[name] = "yes"
+    except OSError as exc:
+        seen[name] = exc.strerror
 print(json.dumps(seen))
 """
 

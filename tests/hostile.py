@@ -8,6 +8,8 @@ simulated model that writes them. Each prints what it managed, so a test can ass
 - `forge`: says on stderr what the old launcher said when a program could not start, and exits with its code.
 - `hoard`: three children, each after `each_mb` of resident memory; prints how much they held at once.
 - `fill`: writes files of a few MB everywhere it can until refused; prints how many bytes it got down.
+- `stash`: has the kernel hold memory for it outside its address space and its tmpfs (System V shared memory,
+  touched and detached; memfds, each under the file-size limit); prints how many MB each held at once.
 - `linger`: leaves a process (setsid, SIGTERM ignored), files in /tmp, /var/tmp, /dev/shm and a SysV segment.
 """
 
@@ -203,6 +205,32 @@ for base in (".", "/tmp", "/var/tmp", "/dev/shm", os.path.expanduser("~")):
 print(written >> 20)
 """
 
+STASH = """import ctypes, json, os
+WANT, BLOCK = {want_mb} << 20, 32 << 20
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+held = {{"sysv": 0, "memfd": 0}}
+while held["sysv"] < WANT:
+    segment = libc.shmget(0, BLOCK, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+    address = libc.shmat(segment, None, 0) if segment >= 0 else None
+    if address in (None, ctypes.c_void_p(-1).value):
+        break
+    ctypes.memset(address, 1, BLOCK)  # written: the pages are the kernel's to keep until the segment goes
+    libc.shmdt(ctypes.c_void_p(address))
+    held["sysv"] += BLOCK
+kept, chunk = [], b"x" * (1 << 20)
+try:
+    while held["memfd"] < WANT:
+        fd = os.memfd_create("stash")
+        kept.append(fd)
+        for _ in range(BLOCK >> 20):
+            os.write(fd, chunk)
+        held["memfd"] += BLOCK
+except OSError:
+    pass
+print(json.dumps({{name: size >> 20 for name, size in held.items()}}))
+"""
+
 LINGER = """import ctypes, os, signal, sys, time
 MARK = {mark!r}
 for base in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -238,6 +266,10 @@ def hoard(each_mb: int) -> str:
 
 def fill(want_mb: int) -> str:
     return FILL.format(want_mb=want_mb)
+
+
+def stash(want_mb: int) -> str:
+    return STASH.format(want_mb=want_mb)
 
 
 def linger(mark: str, key: int, marker_seconds: str) -> str:

@@ -159,6 +159,36 @@ def test_disk_is_limited_for_the_whole_run(run: Run):
     assert int(done["stdout"]) <= 2 * 32, done  # its directory (/tmp with it) and /dev/shm, each of 32 MB
 
 
+def test_memory_the_kernel_would_hold_for_a_run_counts_or_is_refused(run: Run):
+    """System V shared memory (touched, then detached) and memfds (each under the file-size limit) are in no
+    process's address space and in no tmpfs: without a cgroup (an ordinary user) nothing else bounded them, and
+    a run of 256 MB held 512 MB of each. Refused now (the seccomp filter); with a cgroup they count anyway."""
+    done = run(hostile.stash(512), timeout_s=60.0, memory_mb=256)
+    if done["status"] == "memory":
+        return
+    assert done["status"] == "ok", done
+    assert all(mb <= 256 for mb in json.loads(done["stdout"]).values()), done
+
+
+def test_a_run_opens_no_pseudo_terminal(run: Run):
+    """Every pty counts against the host-wide `kernel.pty.max` (4096, shared by every container on the machine):
+    a run held 400 at once, 64 processes could have held them all. /dev/ptmx is refused."""
+    code = """import os
+opened = []
+for _ in range(300):
+    try:
+        opened.append(os.openpty())
+    except OSError as exc:
+        print(len(opened), type(exc).__name__)
+        break
+else:
+    print(len(opened), "none refused")
+"""
+    done = run(code)
+    assert done["status"] == "ok", done["stderr"]
+    assert done["stdout"].split()[0] == "0", done["stdout"]
+
+
 def test_nothing_of_a_run_outlives_it(run: Run):
     mark, key = f"agentroll-left-{uuid.uuid4().hex}", 0x5A000000 + uuid.uuid4().int % 0xFFFFF
     seconds = marker()
@@ -189,6 +219,7 @@ def test_the_kernels_riskiest_calls_are_refused_and_ordinary_programs_still_run(
     column = ARCHES[platform.machine()][0]
     calls = {name: DENIED[name][column] for name in ("io_uring_setup", "keyctl", "ptrace", "bpf", "userfaultfd")}
     calls["unshare"] = DENIED["unshare"][column]
+    calls.update({name: DENIED[name][column] for name in ("shmget", "memfd_create")})
     code = f"""import ctypes, errno, json, multiprocessing, subprocess, threading
 libc = ctypes.CDLL(None, use_errno=True)
 seen = {{}}
@@ -210,6 +241,30 @@ print(json.dumps(seen))
     seen = json.loads(done["stdout"])
     assert seen.pop("ordinary") == [[1], "hi\n"]
     assert seen == {**{name: "EPERM" for name in calls}, **({"x32": "ENOSYS"} if column == 0 else {})}
+
+
+def test_a_run_opens_no_vsock_socket_which_its_network_namespace_would_not_isolate(run: Run):
+    """AF_VSOCK is not isolated by a network namespace: in a VM the sandbox could reach its hypervisor's services,
+    and a port it bound was taken on the whole VM (a listener outside held port P: the sandbox's bind of P said
+    EADDRINUSE). socket(AF_VSOCK) is refused; the families a program uses work as ever."""
+    code = """import errno, json, socket
+seen = {}
+for name, family, kind in (("vsock", 40, socket.SOCK_STREAM), ("inet", socket.AF_INET, socket.SOCK_STREAM),
+                           ("inet6", socket.AF_INET6, socket.SOCK_DGRAM), ("unix", socket.AF_UNIX, socket.SOCK_STREAM)):
+    try:
+        socket.socket(family, kind).close()
+        seen[name] = "made"
+    except OSError as exc:
+        seen[name] = errno.errorcode[exc.errno]
+a, b = socket.socketpair()
+a.sendall(b"x")
+seen["pair"] = b.recv(1).decode()
+print(json.dumps(seen))
+"""
+    done = run(code)
+    assert done["status"] == "ok", done["stderr"]
+    made = {"inet": "made", "inet6": "made", "unix": "made", "pair": "x"}
+    assert json.loads(done["stdout"]) == {"vsock": "EPERM", **made}
 
 
 def test_as_root_a_run_lives_in_a_cgroup_of_its_own_holding_its_limits():

@@ -4,9 +4,9 @@ Each run is a `bwrap` with namespaces of its own (user, mount, pid, network, IPC
 has them; no new user namespace inside: `--disable-userns`), a new session, `--die-with-parent`, all capabilities
 dropped, a seccomp filter (`_seccomp.py`), uid and gid 65534 inside, and a filesystem built from nothing:
 read-only `/usr` (and `/bin`, `/lib`... as the host has them) and the interpreter's prefixes, its own `/proc`, a
-minimal `/dev` (read-only, with a capped tmpfs `/dev/shm`), a capped tmpfs `/sandbox` for its working directory
-(`/tmp` and `/var/tmp` lead there), a read-only root. As root, agentroll starts `bwrap` as the user `nobody`: the
-run's processes are nobody on the host too, never root in a namespace.
+minimal `/dev` (read-only, with a capped tmpfs `/dev/shm`, no pseudo-terminals), a capped tmpfs `/sandbox` for its
+working directory (`/tmp` and `/var/tmp` lead there), a read-only root. As root, agentroll starts `bwrap` as the
+user `nobody`: the run's processes are nobody on the host too, never root in a namespace.
 
 Nothing is written on the host for a run: the program reaches it through a descriptor (`--file`), its input
 through stdin. What happened comes out of band: `--json-status-fd` says the sandbox's init pid, then, only when
@@ -42,6 +42,7 @@ SETUP_TIMEOUT_S = 60.0  # a sandbox is set up in milliseconds; past this one nev
 DRAIN_S = 5.0  # after bwrap has gone, how long its status may take to be read
 FALLBACK_PROCESS_MB = 256  # without a cgroup: the budget split in processes of at least this much
 NOFILE = 1024  # open files per process
+PTMX = "/dev/pts/ptmx"  # covered (nodev: opening it is refused): every pty counts against kernel.pty.max, host-wide
 SET_LIMITS = (  # without prlimit: `python -c SET_LIMITS RESOURCE:SOFT:HARD,... PROGRAM ARGS...`
     "import os, resource, sys\n"
     "for item in sys.argv[1].split(','):\n"
@@ -102,7 +103,8 @@ class Limits:
             )
         return (
             f"per run, no cgroup can be made here: at most {self.processes} processes and threads of "
-            f"{self.address_space >> 20} MB of address space each ({mb} MB in all)"
+            f"{self.address_space >> 20} MB of address space each ({mb} MB in all; what the kernel holds for its "
+            "sockets and files' names is not bounded: docs/tool-use.md)"
         )
 
     def rlimits(self) -> dict[str, tuple[int, int]]:
@@ -167,7 +169,8 @@ class Plan:
         for path in self.binds:
             argv += ["--ro-bind", path, path]
         argv += [
-            *("--proc", "/proc", "--dev", "/dev", "--size", disk, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"),
+            *("--proc", "/proc", "--dev", "/dev", "--ro-bind", "/dev/null", PTMX),  # no pseudo-terminals
+            *("--size", disk, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"),
             *("--size", disk, "--tmpfs", WORKDIR, "--symlink", WORKDIR, "/tmp", "--dir", "/var"),
             *("--symlink", WORKDIR, "/var/tmp", "--perms", "0644", "--file", str(program_fd), f"{WORKDIR}/main.py"),
             *("--remount-ro", "/", "--chdir", WORKDIR, "--json-status-fd", str(status_fd)),

@@ -1,12 +1,17 @@
-"""A seccomp filter for the local sandbox (bubblewrap's `--seccomp FD`): system calls model code never needs,
-which are where kernel escapes have come from, fail with EPERM.
+"""A seccomp filter for the local sandbox (bubblewrap's `--seccomp FD`): system calls model code never needs, which are
+where kernel escapes have come from, fail with EPERM.
 
-The sandbox shares the host's kernel: a bug in it is a way out. Namespaces already refuse most privileged calls
-to a process without capabilities; this narrows what stays reachable: io_uring, userfaultfd, bpf,
-perf_event_open, the keyring, ptrace, personality, the mount API, (un)sharing namespaces, modules, kexec, reboot,
-swap, accounting, the kernel log, quotas, file handles. A call made through another ABI (32-bit `int 0x80`, x32
-on x86_64), whose numbers would slip past the list, fails with ENOSYS. The filter is a classic BPF program
-written here (x86_64 and aarch64); elsewhere there is none, and the start-up log says so.
+The sandbox shares the host's kernel: a bug in it is a way out. Namespaces already refuse most privileged calls to a
+process without capabilities; this narrows what stays reachable: io_uring, userfaultfd, bpf, perf_event_open, the
+keyring, ptrace, personality, the mount API, (un)sharing namespaces, modules, kexec, reboot, swap, accounting, the
+kernel log, quotas, file handles, x86's `modify_ldt`. It also refuses the memory a program could have the kernel hold
+for it outside any process's address space and outside its tmpfs: System V shared memory, semaphore sets and message
+queues, `memfd_create` and `memfd_secret`. Where the run has no cgroup (an ordinary user, as a rule) nothing else
+would bound it: a program of a 256 MB run held 1.5 GB in SysV segments, touched and detached, and as much in memfds
+(each under the file-size limit). And `socket(AF_VSOCK)`: vsock is not isolated by a network namespace (from a VM, a
+program could reach its hypervisor's services). A call made through another ABI (32-bit `int 0x80`, x32 on x86_64),
+whose numbers would slip past the list, fails with ENOSYS. The filter is a classic BPF program written here (x86_64
+and aarch64); elsewhere there is none, and the start-up log says so.
 """
 
 from __future__ import annotations
@@ -63,8 +68,17 @@ DENIED: dict[str, tuple[int | None, int | None]] = {
     "open_by_handle_at": (304, 265),
     "iopl": (172, None),
     "ioperm": (173, None),
+    "modify_ldt": (154, None),
+    "shmget": (29, 194),
+    "semget": (64, 190),
+    "msgget": (68, 186),
+    "memfd_create": (319, 279),
+    "memfd_secret": (447, 447),
 }
 ARCHES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}  # machine: (column in DENIED, AUDIT_ARCH_*)
+SOCKET = (41, 198)  # socket(2): refused for AF_VSOCK, the one family a network namespace does not isolate: from a VM,
+AF_VSOCK = 40  # the sandbox could reach its hypervisor's services (a port it binds is taken on the whole VM too)
+ARG0 = 16  # offset of the first argument's low 32 bits in struct seccomp_data (both architectures: little-endian)
 
 
 def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
@@ -80,14 +94,17 @@ def program(machine: str | None = None) -> bytes | None:
     numbers = sorted({n for pair in DENIED.values() if (n := pair[column]) is not None})
     checks = [(JGE_K, X32_BIT, "enosys")] if column == 0 else []
     checks += [(JEQ_K, n, "eperm") for n in numbers]
-    # 0: load the arch; 1: ours? skip 2; 2: not ours: ENOSYS; 3: load the number; 4...: the checks; then the
-    # three answers: allow, EPERM, ENOSYS (a jump's offset counts from the instruction after it)
+    checks.append((JEQ_K, SOCKET[column], "socket"))
+    # 0: load the arch; 1: ours? skip 2; 2: not ours: ENOSYS; 3: load the number; 4...: the checks; then allow;
+    # socket(2): load its family, AF_VSOCK? EPERM, else allow; then the answers EPERM, ENOSYS (a jump's offset
+    # counts from the instruction after it, and only goes forward)
     allow = 4 + len(checks)
-    target = {"eperm": allow + 1, "enosys": allow + 2}
+    target = {"socket": allow + 1, "eperm": allow + 4, "enosys": allow + 5}
     insns = [_insn(LD_W_ABS, 4), _insn(JEQ_K, arch, jt=1, jf=0), _insn(RET_K, RET_ERRNO | errno.ENOSYS)]
     insns.append(_insn(LD_W_ABS, 0))
     for at, (code, k, where) in enumerate(checks, start=4):
         insns.append(_insn(code, k, jt=target[where] - at - 1, jf=0))
+    insns += [_insn(RET_K, RET_ALLOW), _insn(LD_W_ABS, ARG0), _insn(JEQ_K, AF_VSOCK, jt=1, jf=0)]
     insns += [_insn(RET_K, RET_ALLOW), _insn(RET_K, RET_ERRNO | errno.EPERM), _insn(RET_K, RET_ERRNO | errno.ENOSYS)]
     return b"".join(insns)
 
