@@ -588,3 +588,42 @@ def test_a_start_given_up_half_way_leaves_no_process_nor_open_pipe(monkeypatch):
         asyncio.run(main(steps))
         gc.collect()
     assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()
+
+
+def test_a_run_the_machine_cannot_prepare_is_tried_again_then_the_sandbox_is_said_unavailable(monkeypatch):
+    """Where a run's cgroup or descriptors cannot be had (a process out of descriptors, a cgroup hierarchy that
+    refuses another group), that is the machine's failure, not the program's nor an OSError out of the sandbox:
+    tried once more, then SandboxUnavailable (the run ends saying so); nothing of a half-made run is left (its
+    cgroup, as root, or a descriptor)."""
+    import errno
+
+    real = os.memfd_create
+    failures = {"left": 0}
+
+    def memfd_create(name: str, flags: int = 0) -> int:
+        if name == "agentroll-program" and failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(name, flags)
+
+    monkeypatch.setattr(os, "memfd_create", memfd_create)
+
+    async def main() -> tuple[RunResult, set[str], set[str], list[Path]]:
+        sandbox = LocalSandbox(SandboxSettings())
+        try:
+            assert (await sandbox.run("print(1)")).stdout == "1\n"  # set up and probed
+            before = set(os.listdir("/proc/self/fd"))
+            failures["left"] = 1
+            again = await sandbox.run("print(2)")
+            failures["left"] = 2
+            with pytest.raises(SandboxUnavailable, match=r"could not be prepared: .*Too many open files"):
+                await sandbox.run("print(3)")
+            own = sandbox._cgroups.own if sandbox._cgroups is not None else []
+            left = [d for _, parent in own for d in parent.iterdir() if d.is_dir() and d.name.startswith("run-")]
+            return again, before, set(os.listdir("/proc/self/fd")), left
+        finally:
+            await sandbox.aclose()
+
+    again, before, after, left = asyncio.run(main())
+    assert (again.status, again.stdout) == ("ok", "2\n")
+    assert failures["left"] == 0 and left == [] and after - before == set()

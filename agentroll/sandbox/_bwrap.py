@@ -224,13 +224,28 @@ class Launch:
     workdir = WORKDIR
 
     def __init__(self, plan: Plan, code: str, limits: Limits) -> None:
+        """OSError when the machine cannot give the run what it needs (its cgroup, descriptors): nothing of it is
+        left made."""
         self.group: RunGroup | None = limits.cgroups.run() if limits.cgroups is not None else None
+        self._theirs: list[int] = []
+        self.block_w = self.status_r = -1
+        self._status: asyncio.StreamReader | None = None
+        self._transport: asyncio.ReadTransport | None = None
+        try:
+            self._prepare(plan, code, limits)
+        except OSError:
+            self.release()
+            if self.group is not None:
+                self.group.forget()
+            raise
+
+    def _prepare(self, plan: Plan, code: str, limits: Limits) -> None:
         self.program = os.memfd_create("agentroll-program", os.MFD_CLOEXEC)
+        self._theirs.append(self.program)
         os.write(self.program, code.encode("utf-8", "replace"))
         os.lseek(self.program, 0, os.SEEK_SET)
         self.status_r, status_w = os.pipe()
-        self._theirs = [status_w, self.program]
-        self.block_w = -1
+        self._theirs.append(status_w)
         block_r = None
         self.uid = plan.uid
         if self.group is not None or plan.uid is not None:  # the program waits for what `ready` does
@@ -242,8 +257,6 @@ class Launch:
         self.pass_fds = tuple(self._theirs)
         user = {"user": plan.uid, "group": plan.uid, "extra_groups": []} if plan.uid is not None else {}
         self.popen: dict[str, Any] = {"env": dict(ENV), **user}
-        self._status: asyncio.StreamReader | None = None
-        self._transport: asyncio.ReadTransport | None = None
 
     def spawned(self) -> None:
         """The child has its copies: ours go."""

@@ -105,6 +105,11 @@ class RunGroup:
             pass
         return False
 
+    def forget(self) -> None:
+        """Remove the groups of a run that never started (nothing in them)."""
+        for directory in self.dirs:
+            _remove(directory)
+
     async def remove(self, patience_s: float = 10.0) -> None:
         """Kill what is left of the run and remove its groups. A killed process leaves its group once the kernel
         has torn it down (microseconds, as a rule): until then the group is busy, and is tried again. One still

@@ -150,7 +150,7 @@ class LocalSandbox:
         """None when `plan` sets up and runs its interpreter here, else why not."""
         try:
             outcome, _, err, _, _ = await self._attempt(plan.launch("pass", 30.0), b"", 30.0)
-        except SandboxUnavailable as exc:
+        except (SandboxUnavailable, OSError) as exc:
             return str(exc)
         if outcome == {"exit": 0}:
             return None
@@ -161,13 +161,17 @@ class LocalSandbox:
     async def _run(self, plan: Plan, code: str, stdin: str | None, timeout_s: float) -> RunResult:
         data = (stdin or "").encode("utf-8", "replace")
         for attempt in range(SETUP_ATTEMPTS):
-            launch = plan.launch(code, timeout_s)
-            start = time.monotonic()
-            outcome, out, err, ended, over = await self._attempt(launch, data, timeout_s)
-            duration = round(time.monotonic() - start, 4)
-            if "setup" not in outcome:
-                break
-            why = outcome["setup"] or err.decode("utf-8", "replace").strip()[-300:] or "it said nothing"
+            try:
+                launch = plan.launch(code, timeout_s)
+            except OSError as exc:  # the machine's (no cgroup or descriptor to be had), never the program's
+                why = f"the run could not be prepared: {exc}"
+            else:
+                start = time.monotonic()
+                outcome, out, err, ended, over = await self._attempt(launch, data, timeout_s)
+                duration = round(time.monotonic() - start, 4)
+                if "setup" not in outcome:
+                    break
+                why = outcome["setup"] or err.decode("utf-8", "replace").strip()[-300:] or "it said nothing"
             if attempt + 1 == SETUP_ATTEMPTS:
                 raise SandboxUnavailable(f"the local sandbox could not be set up: {why}")
             log.warning("sandbox: a run could not be set up (%s); trying it again", why)
