@@ -304,3 +304,39 @@ def test_as_root_a_run_lives_in_a_cgroup_of_its_own_holding_its_limits():
     assert found.get("cpu.cfs_quota_us", found.get("cpu.max", "").split(" ")[0]) == "100000", found
     groups = [v for k, v in found.items() if k.endswith(" in")]
     assert all("/agentroll-" in g and "/run-" in g for g in groups) and not any(Path(g).exists() for g in groups)
+
+
+def test_as_root_a_run_is_a_user_of_its_own_that_a_hosts_nobody_cannot_reach():
+    """As root, the run's processes are a host uid of no account and no other process (not `nobody`, whom a
+    host gives to a server's workers or another tool's jobs): such a process, as nobody, could otherwise open
+    the run's stdout through the host's /proc and forge its output (it did: the attack review's)."""
+    import pwd
+    import subprocess
+
+    if not unprivileged.is_root() or unprivileged.SETPRIV is None:
+        pytest.skip("agentroll picks the runs' user as root (setpriv plays the host's nobody)")
+    mark = marker()
+
+    async def main() -> tuple[RunResult, int, subprocess.CompletedProcess[bytes]]:
+        sandbox = LocalSandbox(SandboxSettings())
+        try:
+            task = asyncio.ensure_future(sandbox.run(f"import os\nos.system('sleep {mark}')\nprint('done')", None, 60))
+            while not sleepers(mark):  # polling the host's process table for the run's sleep
+                await asyncio.sleep(0.02)
+                assert not task.done(), task.result()
+            proc = sleepers(mark)[0]
+            nobody = [unprivileged.SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups"]
+            forge = ["/bin/sh", "-c", f"echo FORGED > /proc/{proc.pid}/fd/1"]
+            forged = await asyncio.to_thread(subprocess.run, [*nobody, *forge], capture_output=True)
+            uid = proc.uids().real
+            proc.kill()
+            return await task, uid, forged
+        finally:
+            await sandbox.aclose()
+
+    result, uid, forged = asyncio.run(main())
+    assert uid not in (0, 65534), uid
+    with pytest.raises(KeyError):
+        pwd.getpwuid(uid)
+    assert forged.returncode != 0 and b"Permission denied" in forged.stderr, forged
+    assert result.stdout == "done\n", result

@@ -6,7 +6,8 @@ dropped, a seccomp filter (`_seccomp.py`), uid and gid 65534 inside, and a files
 read-only `/usr` (and `/bin`, `/lib`... as the host has them) and the interpreter's prefixes, its own `/proc`, a
 minimal `/dev` (read-only, with a capped tmpfs `/dev/shm`, no pseudo-terminals), a capped tmpfs `/sandbox` for its
 working directory (`/tmp` and `/var/tmp` lead there), a read-only root. As root, agentroll starts `bwrap` as the
-user `nobody`: the run's processes are nobody on the host too, never root in a namespace.
+user of its own (`run_uids`: a uid of no account and no running process; else `nobody`): the run's processes are
+that user on the host too, never root in a namespace, and no other host process shares their user.
 
 Nothing is written on the host for a run: the program reaches it through a descriptor (`--file`), its input
 through stdin. What happened comes out of band: `--json-status-fd` says the sandbox's init pid, then, only when
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import math
 import os
+import pwd
 import resource
 import shutil
 import subprocess
@@ -135,13 +137,14 @@ class Plan:
     prlimit: str | None  # util-linux's, under /usr (so in the sandbox too); None: SET_LIMITS does it
     python: str
     binds: tuple[str, ...]  # besides /usr: host directories bound read-only at the same place
-    uid: int | None  # the host user bwrap runs as (agentroll is root: nobody); None: agentroll's own
+    uid: int | None  # the host user bwrap runs as (agentroll is root: `run_uids`); None: agentroll's own
     cgroups: Cgroups | None
     settings: SandboxSettings
     seccomp: bytes | None = None  # the filter (`_seccomp.py`); None: this architecture has none
 
     def describe(self) -> str:
-        who = "nobody (uid 65534)" if self.uid is not None else "agentroll's user"
+        who = "agentroll's user" if self.uid is None else "nobody (uid 65534)" if self.uid == NOBODY else None
+        who = who or f"uid {self.uid} (the runs' own: no account's)"
         limits = Limits.of(self.settings, self.cgroups, 1).describe()
         calls = "a seccomp filter" if self.seccomp is not None else "no seccomp filter on this architecture"
         return (
@@ -336,7 +339,55 @@ class Launch:
             await self.group.remove()
 
 
-def plan_for(bwrap: str, python: str, binds: list[str], settings: SandboxSettings, cgroups: Cgroups | None) -> Plan:
-    uid = NOBODY if os.geteuid() == 0 else None
+def run_uids() -> list[int | None]:
+    """The host users a run may be, most wanted first. As root: a uid of the runs' own (mapped in this user
+    namespace, no account's, no running process's: near the top of the mapped ids), then `nobody`, for a
+    machine that will not switch to it. Runs as `nobody` share that user with whatever else the host runs as
+    nobody (a server's workers, another tool's jobs), which may open their pipes through /proc/PID/fd or trace
+    them. Not root: agentroll's own user (None)."""
+    if os.geteuid() != 0:
+        return [None]
+    try:
+        with open("/proc/self/uid_map") as mapping:
+            ranges = [tuple(map(int, line.split())) for line in mapping.read().splitlines()]
+    except (OSError, ValueError):
+        ranges = []
+    own = own_uid(ranges, {NOBODY, NOBODY + 1, *_running_uids()})
+    return [NOBODY] if own is None else [own, NOBODY]
+
+
+def own_uid(ranges: list[tuple[int, ...]], taken: set[int]) -> int | None:
+    """Near the top of the ids `ranges` map (uid_map's lines: first id here, first outside, count), below 2**31,
+    one that is not `taken` and no account's; None when the 64 highest of each range all are."""
+    for first, _, count in sorted(ranges, key=lambda r: r[0] + r[2], reverse=True):
+        top = min(first + count, (1 << 31) - 1) - 1
+        for uid in range(top, max(first, top - 64) - 1, -1):
+            if uid not in taken and not _has_account(uid):
+                return uid
+    return None
+
+
+def _running_uids() -> set[int]:
+    found: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry.name}/status", "rb") as status:
+                    line = next(x for x in status if x.startswith(b"Uid:"))
+                found.update(map(int, line.split()[1:]))
+    return found
+
+
+def _has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def plan_for(
+    bwrap: str, python: str, binds: list[str], settings: SandboxSettings, cgroups: Cgroups | None, uid: int | None
+) -> Plan:
     prlimit = shutil.which("prlimit", path="/usr/bin:/usr/sbin")  # under /usr: bound into the sandbox
     return Plan(bwrap, prlimit, python, tuple(binds), uid, cgroups, settings, seccomp.program())

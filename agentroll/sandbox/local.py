@@ -136,6 +136,7 @@ class LocalSandbox:
             self._cgroups = Cgroups.make(s.memory_mb << 20, s.processes + 1)
         plans: list[Plan] = []
         why = []
+        uids = await asyncio.to_thread(bwrap.run_uids)  # as root, reads every process's status
         for python in dict.fromkeys([s.python, *unsafe.SYSTEM_PYTHONS]):
             if python != s.python and not os.path.exists(python):
                 continue
@@ -143,7 +144,7 @@ class LocalSandbox:
             if failure is not None:
                 why.append(f"{python}: {failure}")
                 continue
-            plans.append(bwrap.plan_for(self.bwrap, python, binds, s, self._cgroups))
+            plans.extend(bwrap.plan_for(self.bwrap, python, binds, s, self._cgroups, uid) for uid in uids)
         return plans, why
 
     async def _probe(self, plan: Plan) -> str | None:
