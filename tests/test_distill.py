@@ -12,7 +12,7 @@ import pytest
 from agentroll.folder import Manifest
 from agentroll.sim.server import Faults
 
-from .conftest import read_records, run_cli, write_problems
+from .conftest import TOKENIZER, read_records, run_cli, write_problems
 from .teacher_support import expected, other_vocabulary, teacher_fields, teacher_server
 from .test_reliability import popen
 
@@ -137,3 +137,26 @@ def test_distill_killed_mid_run_resumes_to_the_records_of_a_clean_run(sim, tmp_p
     new, whole = by_key(tmp_path / "new"), by_key(tmp_path / "clean")
     assert new == whole and len(new) == len(read_records(tmp_path / "src"))
     assert 0 < rerun < len(new)  # the rerun scored only the records not on disk (or replayed them)
+
+
+def test_distill_checks_the_teacher_against_every_policys_tokenizer(sim, teacher, problems, tmp_path):
+    """A head-to-head folder whose second policy has another vocabulary (one token more): `generate --teacher`
+    refuses that teacher for it, and so must `distill` over the same samples; before, distill checked only the
+    folder's `settings.tokenizer` (the first policy's) and scored the other policy's ids with a teacher that gives
+    them no meaning."""
+    larger = teacher_server(problems, other_vocabulary(tmp_path / "tok", "larger"))
+    try:
+        policies = ["--policy", f"old={sim.url},tokenizer={TOKENIZER}",
+                    "--policy", f"new={larger.url},tokenizer={tmp_path / 'tok'}"]  # fmt: skip
+        args = ["generate", str(problems), "-o", str(tmp_path / "src"), *policies, "--samples-per-prompt", "1", "-q"]
+        assert run_cli(*args).returncode == 0
+        taught = run_cli(*args[:3], str(tmp_path / "taught"), *args[4:], "--teacher", teacher.url)
+        refused = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "new"), "--teacher", teacher.url)
+    finally:
+        larger.stop()
+    assert taught.returncode == 2 and b"does not share the student's vocabulary" in taught.stderr
+    lines = refused.stderr.decode().strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr.decode()
+    assert "does not share the student's vocabulary" in lines[0]
+    assert lines[0] == taught.stderr.decode().strip().splitlines()[-1]  # the very line generate refuses it with
+    assert not (tmp_path / "new").exists()
