@@ -100,7 +100,7 @@
     const e = g.executions[k];
     const rec = e.records[at];
     const where = `${g.where.file}:${rec.line}`;
-    const command = g.where.zstd ? `zstdcat '${g.where.path}' | sed -n '${rec.line}p'` : `sed -n '${rec.line}p' '${g.where.path}'`;
+    const command = g.where.zstd ? `zstdcat ${shellWord(g.where.path)} | sed -n '${rec.line}p'` : `sed -n '${rec.line}p' ${shellWord(g.where.path)}`;
     const prev = rec.continues !== null && rec.continues !== undefined ? e.records[rec.continues] : null;
     const n = rec.prompt.n;
     const head = prev ? Math.min(n, prev.prompt.n + prev.tokens.id.length) : 0;
