@@ -464,7 +464,8 @@ def test_the_copied_command_prints_the_record_from_a_folder_whose_path_has_quote
             page = await opened(browser, out.as_uri() + "#g=0&r=0.1")
             await page.until("!!document.querySelector('.record')")
             return await page.evaluate(
-                "[...document.querySelectorAll('.record .copy')].map(b => b.dataset.copy).filter(c => c.includes('sed'))"
+                "[...document.querySelectorAll('.record .copy')].map(b => b.dataset.copy)"
+                ".filter(c => c.includes('sed'))"
             )
 
     (command,) = run(go())
