@@ -303,7 +303,7 @@ async def _tick(progress: Progress, stats: RunStats, plan: Plan) -> None:
 
 async def _score(group: Group, plan: Plan, journal: Any, number: int) -> Group | None:
     """The group with every record scored by its stage's teacher, a problem's records in as few requests as the
-    teacher's batches take (they share their prompts' prefixes); None when a scoring call failed for good."""
+    teacher's batches take; None when a scoring call failed for good."""
     problem = group.problem
     asked: list[tuple[Teacher, Sample, str]] = []
     for samples in group.executions:
