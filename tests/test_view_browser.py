@@ -294,8 +294,8 @@ def test_a_page_written_once_works_offline_with_teacher_colours_and_policies_sid
     piece = {i: json.dumps(tokenizer.decode([i])) for i in (7, 8, 9)}
     tl = solver["teacher_logprobs"][1]
     assert (
-        f"teacher logprob {tl} · |student − teacher| {round(abs(solver['response_logprobs'][1] - tl), 4):g}"
-        in seen["tip"]
+        f"teacher logprob {tl} · rank {solver['teacher_ranks'][1]} · |student − teacher| "
+        f"{round(abs(solver['response_logprobs'][1] - tl), 4):g}" in seen["tip"]
     )
     assert f"top: {piece[9]} -0.2 · {piece[7]} -1.9" in seen["tip"]  # --logprobs K's alternatives, decoded
     assert f"teacher top: {piece[7]} -0.1 · {piece[8]} -2.5" in seen["tip"]
