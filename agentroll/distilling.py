@@ -153,10 +153,17 @@ def student_tokenizers(manifest: Manifest, tokenizer: str | None) -> dict[str, l
 
 def check_lengths(source: Path, plan: Plan, settings: dict[str, Any]) -> None:
     """Every record a teacher scores must fit its context with the one token a scoring call generates: checked
-    over the folder before NEW is touched, when the run's context could have made a longer one."""
+    over the folder before NEW is touched, when the run's context could have made a longer one: the run's, each
+    policy's of a head-to-head folder, and a stage's own."""
     limits = [t.max_model_len for t in plan.teachers.values() if t.max_model_len is not None]
-    context = settings.get("max_context_len")
-    if not limits or (isinstance(context, int) and context < min(limits)):
+    runs = [settings, *(r for r in settings.get("policies") or () if isinstance(r, dict))]
+    contexts = [run.get("max_context_len") for run in runs] + [
+        own.get("max_context_len")
+        for run in runs
+        for own in (run.get("stage_settings") or {}).values()
+        if isinstance(own, dict) and "max_context_len" in own
+    ]
+    if not limits or all(isinstance(c, int) and c < min(limits) for c in contexts):
         return
     for group in read_groups(source):
         for samples in group.executions:

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from agentroll.folder import Manifest
-from agentroll.sim.server import Faults
+from agentroll.sim.script import Script
+from agentroll.sim.server import Faults, SimServer
 
+from . import synthetic
 from .conftest import TOKENIZER, read_records, run_cli, write_problems
 from .teacher_support import expected, other_vocabulary, teacher_fields, teacher_server
 from .test_reliability import popen
@@ -159,4 +161,32 @@ def test_distill_checks_the_teacher_against_every_policys_tokenizer(sim, teacher
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr.decode()
     assert "does not share the student's vocabulary" in lines[0]
     assert lines[0] == taught.stderr.decode().strip().splitlines()[-1]  # the very line generate refuses it with
+    assert not (tmp_path / "new").exists()
+
+
+def test_distill_refuses_a_record_longer_than_the_teacher_holds_in_any_policys_context(
+    sim, teacher, problems, tmp_path
+):
+    """The check of lengths before writing reads each policy's context, not only the folder's `max_context_len`
+    (the first policy's): a head-to-head folder's second policy, served with a longer context, may hold a record
+    the teacher cannot score. Before, the check was skipped, the teacher refused that record's call (400) and its
+    group failed on every rerun (exit 8) instead of one line before anything was written."""
+    longer = SimServer(script=Script.from_jsonl(problems), max_model_len=16384, model="long")
+    longer.start()
+    try:
+        policies = ["--policy", f"old={sim.url},tokenizer={TOKENIZER}",
+                    "--policy", f"new={longer.url},tokenizer={TOKENIZER}"]  # fmt: skip
+        made = run_cli("generate", str(problems), "-o", str(tmp_path / "src"), *policies, "--samples-per-prompt", "1")
+    finally:
+        longer.stop()
+    assert made.returncode == 0, made.stderr.decode()
+
+    def lengthen(records: list[dict]) -> None:  # a record of the long policy, as its 16,384 tokens allowed
+        record = next(r for r in records if r["policy"] == "new")
+        record["prompt_token_ids"] = record["prompt_token_ids"] * (9000 // len(record["prompt_token_ids"]) + 1)
+
+    synthetic.edit(tmp_path / "src", lengthen)
+    refused = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "new"), "--teacher", teacher.url)
+    assert refused.returncode == 2, refused.stderr.decode()
+    assert "serve the teacher with --max-model-len" in refused.stderr.decode().strip().splitlines()[-1]
     assert not (tmp_path / "new").exists()
