@@ -91,7 +91,10 @@ class Plan:
     def of(self, stage: str) -> Teacher | None:
         return self.by_stage.get(stage, self.by_stage.get("", None))
 
-    async def start(self, tokenizer: Any, transport: Transport | None) -> None:
+    async def start(self, tokenizers: dict[str, list[Any]], transport: Transport | None) -> None:
+        """Reach each teacher once and check its vocabulary against every tokenizer the records of a stage it
+        scores were made with (`student_tokenizers`: each policy's of a head-to-head folder, a stage's own)."""
+        checked: set[tuple[int, int]] = set()
         for name, wanted in [*self.wanted.items(), ("", self.default)]:
             if wanted is None:
                 self.by_stage[name] = None
@@ -101,7 +104,10 @@ class Plan:
                 teacher = self.teachers[wanted] = Teacher(wanted, transport)
                 model, length, _ = await discover(teacher.client, wanted.model)
                 await teacher.start(model, length)
-                await check_vocabulary(teacher, tokenizer)
+            for tokenizer in tokenizers.get(name) or tokenizers[""]:
+                if (id(teacher), id(tokenizer)) not in checked:
+                    await check_vocabulary(teacher, tokenizer)
+                    checked.add((id(teacher), id(tokenizer)))
             self.by_stage[name] = teacher
 
     def recorded(self) -> dict[str, Any]:
@@ -116,25 +122,48 @@ class Plan:
         await asyncio.gather(*(t.aclose() for t in self.teachers.values()), return_exceptions=True)
 
 
-def student_tokenizer(manifest: Manifest, tokenizer: str | None) -> Any:
-    """The tokenizer the folder's run rendered its prompts with (`--tokenizer` overrides); another one than the
-    run's (by its hash in the manifest) is said."""
-    name = tokenizer or manifest.settings.get("tokenizer")
-    if not name:
+def student_tokenizers(manifest: Manifest, tokenizer: str | None) -> dict[str, list[Any]]:
+    """Per stage ("" for the run's own), the tokenizers its records were made with: the run's, or each policy's in
+    a head-to-head folder (`settings.policies`: policies of different models may tokenize apart, and generate
+    checks a teacher against each), a stage's own where it had one (`--stage NAME.tokenizer`). `--tokenizer`
+    stands for the run's (each policy's); one not the run's (by its hash in the manifest) is said."""
+    settings = manifest.settings
+    runs = [r for r in settings.get("policies") or () if isinstance(r, dict)] or [settings]
+    stages = [*((settings.get("system") or {}).get("stages") or ()), *(settings.get("stage_settings") or {})]
+    names: dict[str, list[str]] = {}
+    for run in runs:
+        own = run.get("stage_settings") or {}
+        base = tokenizer or run.get("tokenizer") or settings.get("tokenizer")
+        for stage in ["", *stages]:
+            name = (own.get(stage) or {}).get("tokenizer") if stage else None
+            name = name or base
+            if name and str(name) not in names.setdefault(stage, []):
+                names[stage].append(str(name))
+    if not names.get(""):
         raise UsageError("the folder's settings name no tokenizer: pass --tokenizer (the student's)")
-    _, loaded = load_first([str(name)], True, False)
-    hashes = {s.get("tokenizer_sha256") for s in manifest.servers} - {None}
-    if hashes and provenance.tokenizer_sha256(loaded) not in hashes:
-        log.warning("the tokenizer %s is not the one the run used (its hash differs from the manifest's)", name)
-    return loaded
+    servers = [*manifest.servers, *(p for s in manifest.servers for p in (s.get("policies") or {}).values())]
+    hashes = {s.get("tokenizer_sha256") for s in servers if isinstance(s, dict)} - {None}
+    loaded: dict[str, Any] = {}
+    for name in dict.fromkeys(n for found in names.values() for n in found):
+        loaded[name] = load_first([name], True, False)[1]
+        if hashes and provenance.tokenizer_sha256(loaded[name]) not in hashes:
+            log.warning("the tokenizer %s is not the one the run used (its hash differs from the manifest's)", name)
+    return {stage: [loaded[n] for n in found] for stage, found in names.items()}
 
 
 def check_lengths(source: Path, plan: Plan, settings: dict[str, Any]) -> None:
     """Every record a teacher scores must fit its context with the one token a scoring call generates: checked
-    over the folder before NEW is touched, when the run's context could have made a longer one."""
+    over the folder before NEW is touched, when the run's context could have made a longer one: the run's, each
+    policy's of a head-to-head folder, and a stage's own."""
     limits = [t.max_model_len for t in plan.teachers.values() if t.max_model_len is not None]
-    context = settings.get("max_context_len")
-    if not limits or (isinstance(context, int) and context < min(limits)):
+    runs = [settings, *(r for r in settings.get("policies") or () if isinstance(r, dict))]
+    contexts = [run.get("max_context_len") for run in runs] + [
+        own.get("max_context_len")
+        for run in runs
+        for own in (run.get("stage_settings") or {}).values()
+        if isinstance(own, dict) and "max_context_len" in own
+    ]
+    if not limits or all(isinstance(c, int) and c < min(limits) for c in contexts):
         return
     for group in read_groups(source):
         for samples in group.executions:
@@ -182,7 +211,7 @@ async def distill(
     stats.use_stages(tuple((settings.get("system") or {}).get("stages") or ()) or system.stages, vocabulary_of(system))
     started = time.monotonic()
     try:
-        await plan.start(await asyncio.to_thread(student_tokenizer, manifest, tokenizer), transport)
+        await plan.start(await asyncio.to_thread(student_tokenizers, manifest, tokenizer), transport)
         await asyncio.to_thread(check_lengths, src, plan, settings)
         new_settings = {
             **settings,
@@ -281,7 +310,7 @@ async def _tick(progress: Progress, stats: RunStats, plan: Plan) -> None:
 
 async def _score(group: Group, plan: Plan, journal: Any, number: int) -> Group | None:
     """The group with every record scored by its stage's teacher, a problem's records in as few requests as the
-    teacher's batches take (they share their prompts' prefixes); None when a scoring call failed for good."""
+    teacher's batches take; None when a scoring call failed for good."""
     problem = group.problem
     asked: list[tuple[Teacher, Sample, str]] = []
     for samples in group.executions:

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from agentroll.folder import Manifest
-from agentroll.sim.server import Faults
+from agentroll.sim.script import Script
+from agentroll.sim.server import Faults, SimServer
 
-from .conftest import read_records, run_cli, write_problems
+from . import synthetic
+from .conftest import TOKENIZER, read_records, run_cli, write_problems
 from .teacher_support import expected, other_vocabulary, teacher_fields, teacher_server
 from .test_reliability import popen
 
@@ -137,3 +139,54 @@ def test_distill_killed_mid_run_resumes_to_the_records_of_a_clean_run(sim, tmp_p
     new, whole = by_key(tmp_path / "new"), by_key(tmp_path / "clean")
     assert new == whole and len(new) == len(read_records(tmp_path / "src"))
     assert 0 < rerun < len(new)  # the rerun scored only the records not on disk (or replayed them)
+
+
+def test_distill_checks_the_teacher_against_every_policys_tokenizer(sim, teacher, problems, tmp_path):
+    """A head-to-head folder whose second policy has another vocabulary (one token more): `generate --teacher`
+    refuses that teacher for it, and so must `distill` over the same samples; before, distill checked only the
+    folder's `settings.tokenizer` (the first policy's) and scored the other policy's ids with a teacher that gives
+    them no meaning."""
+    larger = teacher_server(problems, other_vocabulary(tmp_path / "tok", "larger"))
+    try:
+        policies = ["--policy", f"old={sim.url},tokenizer={TOKENIZER}",
+                    "--policy", f"new={larger.url},tokenizer={tmp_path / 'tok'}"]  # fmt: skip
+        args = ["generate", str(problems), "-o", str(tmp_path / "src"), *policies, "--samples-per-prompt", "1", "-q"]
+        assert run_cli(*args).returncode == 0
+        taught = run_cli(*args[:3], str(tmp_path / "taught"), *args[4:], "--teacher", teacher.url)
+        refused = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "new"), "--teacher", teacher.url)
+    finally:
+        larger.stop()
+    assert taught.returncode == 2 and b"does not share the student's vocabulary" in taught.stderr
+    lines = refused.stderr.decode().strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr.decode()
+    assert "does not share the student's vocabulary" in lines[0]
+    assert lines[0] == taught.stderr.decode().strip().splitlines()[-1]  # the very line generate refuses it with
+    assert not (tmp_path / "new").exists()
+
+
+def test_distill_refuses_a_record_longer_than_the_teacher_holds_in_any_policys_context(
+    sim, teacher, problems, tmp_path
+):
+    """The check of lengths before writing reads each policy's context, not only the folder's `max_context_len`
+    (the first policy's): a head-to-head folder's second policy, served with a longer context, may hold a record
+    the teacher cannot score. Before, the check was skipped, the teacher refused that record's call (400) and its
+    group failed on every rerun (exit 8) instead of one line before anything was written."""
+    longer = SimServer(script=Script.from_jsonl(problems), max_model_len=16384, model="long")
+    longer.start()
+    try:
+        policies = ["--policy", f"old={sim.url},tokenizer={TOKENIZER}",
+                    "--policy", f"new={longer.url},tokenizer={TOKENIZER}"]  # fmt: skip
+        made = run_cli("generate", str(problems), "-o", str(tmp_path / "src"), *policies, "--samples-per-prompt", "1")
+    finally:
+        longer.stop()
+    assert made.returncode == 0, made.stderr.decode()
+
+    def lengthen(records: list[dict]) -> None:  # a record of the long policy, as its 16,384 tokens allowed
+        record = next(r for r in records if r["policy"] == "new")
+        record["prompt_token_ids"] = record["prompt_token_ids"] * (9000 // len(record["prompt_token_ids"]) + 1)
+
+    synthetic.edit(tmp_path / "src", lengthen)
+    refused = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "new"), "--teacher", teacher.url)
+    assert refused.returncode == 2, refused.stderr.decode()
+    assert "serve the teacher with --max-model-len" in refused.stderr.decode().strip().splitlines()[-1]
+    assert not (tmp_path / "new").exists()

@@ -252,6 +252,8 @@ def test_teacher_logprobs_and_policies_are_carried_to_rows_and_tokens(tmp_path):
     first = data["executions"][0]["records"][0]
     assert first["tokens"]["tl"] == records[0]["teacher_logprobs"]
     assert first["tokens"]["ttop"] == [records[0]["teacher_top_ids"], records[0]["teacher_top_logprobs"]]
+    assert first["tokens"]["trank"] == records[0]["teacher_ranks"]  # beside each token, not a raw list of facts
+    assert all("teacher_ranks" not in r["extra"] for e in data["executions"] for r in e["records"])
     tokenizer = load_by_class(TOKENIZER)
     assert data["vocab"] == {str(i): tokenizer.decode([i]) for i in (7, 8, 9)}  # the alternatives, decoded
 

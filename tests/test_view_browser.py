@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -293,8 +294,8 @@ def test_a_page_written_once_works_offline_with_teacher_colours_and_policies_sid
     piece = {i: json.dumps(tokenizer.decode([i])) for i in (7, 8, 9)}
     tl = solver["teacher_logprobs"][1]
     assert (
-        f"teacher logprob {tl} · |student − teacher| {round(abs(solver['response_logprobs'][1] - tl), 4):g}"
-        in seen["tip"]
+        f"teacher logprob {tl} · rank {solver['teacher_ranks'][1]} · |student − teacher| "
+        f"{round(abs(solver['response_logprobs'][1] - tl), 4):g}" in seen["tip"]
     )
     assert f"top: {piece[9]} -0.2 · {piece[7]} -1.9" in seen["tip"]  # --logprobs K's alternatives, decoded
     assert f"teacher top: {piece[7]} -0.1 · {piece[8]} -2.5" in seen["tip"]
@@ -448,3 +449,28 @@ def test_a_head_to_head_runs_policies_side_by_side_with_their_own_figures(tmp_pa
             assert float(cells[column]) == pytest.approx(
                 sum(finals.values()) / len(finals), abs=5e-4
             )  # shown to 3 places
+
+
+def test_the_copied_command_prints_the_record_from_a_folder_whose_path_has_quotes(tmp_path):
+    """The record's "command" copy button is pasted into a shell: the shard's path must be one shell word whatever
+    it holds (a folder named by a colleague, an unpacked artifact). Before, the path sat between single quotes
+    as it was, so a path holding a quote broke the command, or ran what followed it."""
+    folder = synthetic.three_stage(tmp_path / "bob's runs $(touch pwned)" / "out")
+    out = tmp_path / "page.html"
+    write_page(index_of(folder, follow=False), out)
+
+    async def go() -> list[str]:
+        async with Browser() as browser:
+            page = await opened(browser, out.as_uri() + "#g=0&r=0.1")
+            await page.until("!!document.querySelector('.record')")
+            return await page.evaluate(
+                "[...document.querySelectorAll('.record .copy')].map(b => b.dataset.copy)"
+                ".filter(c => c.includes('sed'))"
+            )
+
+    (command,) = run(go())
+    printed = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, check=False)
+    shard = folder / "rollouts-00000.jsonl"
+    assert printed.returncode == 0, printed.stderr.decode()
+    assert printed.stdout.decode() == shard.read_text().splitlines(keepends=True)[1]  # record 1 of execution 0
+    assert not (tmp_path / "pwned").exists()

@@ -40,8 +40,8 @@ def sim_run(root: Path, system: str, *extra: str) -> Path:
 
 def with_teacher_and_policies(folder: Path) -> Path:
     """A three-stage folder made by hand, its records given what `--teacher` and `--policy` add: a teacher
-    logprob per response token (the student's minus a known gap), the teacher's top 2, and each execution's
-    policy ("old" for execution 0, "new" for 1)."""
+    logprob and rank per response token (the student's logprob minus a known gap), the teacher's top 2, and each
+    execution's policy ("old" for execution 0, "new" for 1)."""
     synthetic.three_stage(folder)
 
     def add(records: list[dict[str, Any]]) -> None:
@@ -50,6 +50,7 @@ def with_teacher_and_policies(folder: Path) -> Path:
             r["teacher_logprobs"] = [
                 lp - 0.05 * (i + 1) * (r["worker"] + 1) for i, lp in enumerate(r["response_logprobs"])
             ]
+            r["teacher_ranks"] = [1 + i % 3 for i in range(n)]  # what --teacher writes beside its logprobs
             r["teacher_top_ids"] = [[7, 8] for _ in range(n)]
             r["teacher_top_logprobs"] = [[-0.1, -2.5] for _ in range(n)]
             r["top_token_ids"] = [[9, 7] for _ in range(n)]  # --logprobs 2

@@ -1,7 +1,7 @@
 """A teacher scoring what a student sampled: the exact ids each call saw and sampled (prompt + response), each a
-token-id prompt of the teacher's vLLM (`prompt_logprobs`, one generated token: prefill only), several in one
-request (vLLM's batch of prompts: the records of an execution share their prefixes), and the response positions'
-logprobs, ranks and top k written into each record.
+token-id prompt of the teacher's vLLM (`prompt_logprobs`, one generated token: prefill only, of the whole
+sequence: vLLM reads no cached prefix for a `prompt_logprobs` request), several in one request (vLLM's batch of
+prompts), and the response positions' logprobs, ranks and top k written into each record.
 
 The teacher has a client of its own (`CompletionClient`: own endpoints, own concurrency and slots, retries and
 endpoint health), apart from the run's, so its requests never take a slot a generation needs. Each record's scores
@@ -81,10 +81,9 @@ class Teacher:
         priority: Priority = FIRST,
     ) -> None:
         """Score each sample's response in its own context and set its `teacher_*` fields: as few requests as the
-        batch limits allow (`MOST_SEQUENCES`, `MOST_TOKENS`: a problem's calls share their prompts' prefixes, which
-        the teacher's prefix cache serves), those made in an earlier run replayed from `journal` (`keys`: each
-        call's identity there, `group` the group they belong to). Raises `CallFailed` when the teacher fails for
-        good (the caller fails the group: a record is never written half scored)."""
+        batch limits allow (`MOST_SEQUENCES`, `MOST_TOKENS`), those made in an earlier run replayed from `journal`
+        (`keys`: each call's identity there, `group` the group they belong to). Raises `CallFailed` when the teacher
+        fails for good (the caller fails the group: a record is never written half scored)."""
         k = self.settings.logprobs
         asked: list[tuple[Sample, str | None, str]] = []
         for i, sample in enumerate(samples):

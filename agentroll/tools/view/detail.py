@@ -56,7 +56,7 @@ KNOWN = frozenset(  # fields shown otherwise (tokens, prompts, the group's figur
     (
         *SHOWN,
         *("prompt", "prompt_token_ids", "response_token_ids", "response_logprobs", "loss_mask", "history_mask"),
-        *("history_logprobs", "top_token_ids", "top_logprobs", "teacher_logprobs", "teacher_top_ids"),
+        *("history_logprobs", "top_token_ids", "top_logprobs", "teacher_logprobs", "teacher_ranks", "teacher_top_ids"),
         *("teacher_top_logprobs", "response_ranks", "routed_experts", "problem_id", "problem_hash", "group_size"),
         *("rollout_size", "final_reward", "group_reward_mean", "group_reward_std", "group_pass_at_k"),
         *("stage_group_size", "stage_group_reward_mean", "stage_group_reward_std", "label", "problem", "metadata"),
@@ -99,7 +99,7 @@ def _tokens(record: dict[str, Any], decoder: Decoder, alternatives: set[int]) ->
         "lp": record.get("response_logprobs"),
         "m": record.get("loss_mask"),
     }
-    for name, short in (("teacher_logprobs", "tl"), ("response_ranks", "rank")):
+    for name, short in (("teacher_logprobs", "tl"), ("teacher_ranks", "trank"), ("response_ranks", "rank")):
         if isinstance(record.get(name), list):
             out[short] = record[name]
     for ids_name, lps_name, short in (

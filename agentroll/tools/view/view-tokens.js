@@ -62,7 +62,8 @@
     const lines = [`response token ${i}: id ${t.id[i]} ${t.t ? JSON.stringify(t.t[i]) : ""}`];
     lines.push(`logprob ${t.lp[i]} (p ${fmt(Math.exp(t.lp[i]), 4)})` + (t.rank ? ` · rank ${t.rank[i] ?? "-"}` : ""));
     lines.push(t.m && t.m[i] === 0 ? "outside the loss mask (0): not trained on" : "loss mask 1");
-    if (t.tl) lines.push(`teacher logprob ${t.tl[i]} · |student − teacher| ${fmt(Math.abs(t.lp[i] - t.tl[i]), 4)}`);
+    if (t.tl) lines.push(`teacher logprob ${t.tl[i]}` + (t.trank ? ` · rank ${t.trank[i] ?? "-"}` : "") +
+      ` · |student − teacher| ${fmt(Math.abs(t.lp[i] - t.tl[i]), 4)}`);
     const top = alternatives(g, t.top, i);
     if (top) lines.push(`top: ${top}`);
     const ttop = alternatives(g, t.ttop, i);
@@ -100,7 +101,7 @@
     const e = g.executions[k];
     const rec = e.records[at];
     const where = `${g.where.file}:${rec.line}`;
-    const command = g.where.zstd ? `zstdcat '${g.where.path}' | sed -n '${rec.line}p'` : `sed -n '${rec.line}p' '${g.where.path}'`;
+    const command = g.where.zstd ? `zstdcat ${shellWord(g.where.path)} | sed -n '${rec.line}p'` : `sed -n '${rec.line}p' ${shellWord(g.where.path)}`;
     const prev = rec.continues !== null && rec.continues !== undefined ? e.records[rec.continues] : null;
     const n = rec.prompt.n;
     const head = prev ? Math.min(n, prev.prompt.n + prev.tokens.id.length) : 0;

@@ -45,6 +45,8 @@
     const flat = String(text ?? "").replace(/\s+/g, " ").trim();
     return flat.length <= most ? flat : flat.slice(0, most - 1) + "…";
   }
+  // one POSIX shell word, whatever the text holds (a path with a quote, a space, a $): a pasted command runs as shown
+  function shellWord(text) { return `'${String(text).replace(/'/g, `'\\''`)}'`; }
   function groups(n) { return `${fmt(n)} group${n === 1 ? "" : "s"}`; }
   function json(value) { return typeof value === "string" ? value : JSON.stringify(value, null, 1); }
   function rewardColour(value) {
