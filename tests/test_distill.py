@@ -190,3 +190,28 @@ def test_distill_refuses_a_record_longer_than_the_teacher_holds_in_any_policys_c
     assert refused.returncode == 2, refused.stderr.decode()
     assert "serve the teacher with --max-model-len" in refused.stderr.decode().strip().splitlines()[-1]
     assert not (tmp_path / "new").exists()
+
+
+def test_a_head_to_head_run_with_a_teacher_says_each_policys_figures_against_it(sim, teacher, problems, tmp_path):
+    """With --policy, the teacher's figures per stage mix both policies' tokens: the summary's line of each policy
+    and `stats`' table of each policy say that policy's own (k3 and the share of tokens whose teacher's top token
+    is another), as `stats --json` holds them."""
+    out = tmp_path / "duel"
+    policies = ["--policy", f"old={sim.url}", "--policy", f"new={sim.url}"]
+    args = ["generate", str(problems), "-o", str(out), *policies, "--samples-per-prompt", "1", "--seed", "3"]
+    proc = run_cli(*args, "--teacher", teacher.url, "--limit", "4")
+    assert proc.returncode == 0, proc.stderr.decode()
+    data = json.loads(run_cli("stats", str(out), "--json").stdout)
+    said = " ".join(proc.stderr.decode().split())
+    table = run_cli("stats", str(out)).stdout.decode()
+    for name in ("old", "new"):
+        figures = data["all"]["policies"][name]["teacher"]
+        assert set(figures) == {"solver", "rewriter", "selector"}
+        k3 = ", ".join(f"{stage} {f['kl_k3']:.3f}" for stage, f in figures.items())
+        top = ", ".join(f"{stage} {f['other_top_share']:.3f}" for stage, f in figures.items())
+        line = said[said.index(f"policy {name}: ") :]
+        assert line.index(f"KL(student || teacher) k3 {k3}") < line.index(f"top token another {top}"), said
+    per_policy = table[table.index("each policy") :].splitlines()
+    row = next(line for line in per_policy if "solver KL(student || teacher), k3" in line)
+    shown = [cell.strip() for cell in row.split("│")[2:-1]]
+    assert shown == [f"{data['all']['policies'][n]['teacher']['solver']['kl_k3']:.3f}" for n in ("old", "new")]

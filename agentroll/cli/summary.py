@@ -108,10 +108,26 @@ def head_to_head_lines(stats: RunStats) -> list[list[str]]:
     if not stats.policies:
         return []
     out = [
-        [f"policy {name}: executions {p.executions}, mean reward {fmt(p.mean_final_reward)}", f"accuracy: {figures(p)}"]
+        [
+            f"policy {name}: executions {p.executions}, mean reward {fmt(p.mean_final_reward)}",
+            f"accuracy: {figures(p)}",
+            *teacher_phrases(p),
+        ]
         for name, p in stats.policies.items()
     ]
     return out + pair_lines(stats.compared)
+
+
+def teacher_phrases(stats: RunStats) -> list[str]:
+    """A policy's tokens against the teacher (--teacher): the k3 KL and the share of tokens whose teacher's top
+    token is another, per stage scored."""
+    shown = {name: t.figures() for name, t in stats.teacher.items() if t.tokens}
+    if not shown:
+        return []
+    return [
+        label + ", ".join(f"{name} {fmt(f[key])}" for name, f in shown.items())
+        for label, key in (("KL(student || teacher) k3 ", "kl_k3"), ("top token another ", "other_top_share"))
+    ]
 
 
 def pair_lines(compared: Comparison) -> list[list[str]]:

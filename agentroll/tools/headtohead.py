@@ -22,6 +22,7 @@ from rich.text import Text
 
 from ..headtohead import TIE, decisive, policy_means
 from .charts import Series, bar_chart, line_chart
+from .report import TEACHER_ROWS
 
 
 def compare(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
@@ -145,6 +146,10 @@ def tables(data: dict[str, Any]) -> list[Table]:
     ks = sorted({e["k"] for f in policies.values() for e in f["pass_at_k"]})
     for k in [k for k in ks if k in (1, ks[-1])]:
         row(f"pass@{k} (solvers)", lambda f, k=k: fmt(next((e["value"] for e in f["pass_at_k"] if e["k"] == k), None)))
+    scored = list(dict.fromkeys(stage for f in policies.values() for stage in f.get("teacher") or {}))
+    for stage in scored:  # a teacher's figures over each policy's own tokens (--teacher, distill)
+        for label, key in TEACHER_ROWS:
+            row(f"{stage} {label}", lambda f, s=stage, k=key: fmt((f.get("teacher") or {}).get(s, {}).get(k)))
     boot = whole["head_to_head"]["bootstrap"]
     pairs = Table(
         title=Text(
