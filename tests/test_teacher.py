@@ -231,3 +231,49 @@ def test_teacher_figures_add_up_across_runs_and_survive_the_manifest():
     assert figures["other_top_share"] == pytest.approx(1 / 3)
     again = RunStats.from_dict(json.loads(json.dumps(total.to_dict())))
     assert again.teacher == total.teacher and "teacher" not in RunStats().to_dict()
+
+
+def test_a_record_whose_sequence_begins_anothers_is_read_from_that_ones_scores(teacher):
+    """A conversation's earlier turn (continued by ids) and a call made twice are not prefilled again: one sequence
+    sent for each that no other begins, every record's scores the same as if it had been sent alone."""
+    from agentroll.client.transport import AiohttpTransport
+    from agentroll.schema import Sample
+    from agentroll.teacher.scorer import Teacher
+    from agentroll.teacher.settings import TeacherSettings
+
+    sent: list[list[list[int]]] = []
+
+    class Recording(AiohttpTransport):
+        async def request(self, method: str, url: str, body: bytes | None, timeout_s: float) -> tuple[int, bytes]:
+            if body is not None and b"prompt_logprobs" in body:
+                sent.append(json.loads(body)["prompt"])
+            return await super().request(method, url, body, timeout_s)
+
+    def sample(prompt: list[int], response: list[int]) -> Sample:
+        fields: dict = {name: None for name in Sample.__dataclass_fields__}
+        fields.update(prompt_token_ids=prompt, response_token_ids=response, response_logprobs=[-1.0] * len(response))
+        return Sample(**fields)
+
+    first = sample([11, 12, 13, 14], [21, 22, 23])
+    later = sample([11, 12, 13, 14, 21, 22, 23, 31, 32], [41, 42])  # the first turn, a tool result, then more
+    again = sample([11, 12, 13, 14], [21, 22, 23])
+    other = sample([11, 12, 15], [21])  # shares a prefix only: its own sequence
+    records = [first, later, again, other]
+
+    async def main() -> None:
+        settings = TeacherSettings(urls=(teacher.url,), logprobs=2)
+        scorer = Teacher(settings, Recording(8, 5.0))
+        try:
+            await scorer.start("big", None)
+            await scorer.score(records)
+        finally:
+            await scorer.aclose()
+
+    asyncio.run(main())
+    assert sorted(len(s) for request in sent for s in request) == [4, 11]
+    for record in records:
+        fields = {"prompt_token_ids": record.prompt_token_ids, "response_token_ids": record.response_token_ids}
+        got = {k: getattr(record, k) for k in ("teacher_logprobs", "teacher_ranks", "teacher_top_ids")}
+        want = expected(teacher, fields, 2)
+        assert got == {k: want[k] for k in got} and len(got["teacher_logprobs"]) == len(record.response_token_ids)
+        assert record.teacher_top_logprobs == want["teacher_top_logprobs"]

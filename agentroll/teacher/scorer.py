@@ -1,7 +1,10 @@
 """A teacher scoring what a student sampled: the exact ids each call saw and sampled (prompt + response), each a
 token-id prompt of the teacher's vLLM (`prompt_logprobs`, one generated token: prefill only, of the whole
 sequence: vLLM reads no cached prefix for a `prompt_logprobs` request), several in one request (vLLM's batch of
-prompts), and the response positions' logprobs, ranks and top k written into each record.
+prompts), and the response positions' logprobs, ranks and top k written into each record. A record whose whole
+sequence begins another's (an earlier turn of a conversation continued by ids, or the same call twice) is read
+from that one's scores, not prefilled again: a conversation of T turns costs one prefill of its last turn, not T of
+a growing prefix (each position's logprob depends only on the ids before it).
 
 The teacher has a client of its own (`CompletionClient`: own endpoints, own concurrency and slots, retries and
 endpoint health), apart from the run's, so its requests never take a slot a generation needs. Each record's scores
@@ -99,35 +102,31 @@ class Teacher:
                 self.apply(sample, _unkept(found, sample))
             else:
                 asked.append((sample, key, digest))
-        batches: list[list[tuple[Sample, str | None, str]]] = []
+        batches: list[list[Cover]] = []
         tokens = 0
-        for item in asked:
-            length = len(item[0].prompt_token_ids) + len(item[0].response_token_ids)
-            if not batches or len(batches[-1]) >= MOST_SEQUENCES or tokens + length > MOST_TOKENS:
+        for cover in covers(asked):
+            if not batches or len(batches[-1]) >= MOST_SEQUENCES or tokens + len(cover.sequence) > MOST_TOKENS:
                 batches.append([])
                 tokens = 0
-            batches[-1].append(item)
-            tokens += length
+            batches[-1].append(cover)
+            tokens += len(cover.sequence)
         await gather_or_cancel(*(self._batch(batch, journal, group, priority) for batch in batches))
 
     async def _batch(
-        self,
-        batch: list[tuple[Sample, str | None, str]],
-        journal: Journal | None,
-        group: tuple[str, str],
-        priority: Priority,
+        self, batch: list[Cover], journal: Journal | None, group: tuple[str, str], priority: Priority
     ) -> None:
-        sequences = [s.prompt_token_ids + s.response_token_ids for s, _, _ in batch]
-        starts = [len(s.prompt_token_ids) for s, _, _ in batch]
-        answers = await score(
-            self.client, sequences, starts, self.model, self.settings.logprobs, batch[0][0].problem_hash, priority
-        )
+        sequences = [c.sequence for c in batch]
+        starts = [c.start for c in batch]
+        hash_of = batch[0].members[0][0].problem_hash
+        answers = await score(self.client, sequences, starts, self.model, self.settings.logprobs, hash_of, priority)
         self.requests += 1
-        for (sample, key, digest), done in zip(batch, answers, strict=True):
-            self.scored += 1
-            if journal is not None and key is not None:
-                journal.put(key, digest, group, _kept(done))
-            self.apply(sample, done)
+        for cover, answer in zip(batch, answers, strict=True):
+            for sample, key, digest in cover.members:
+                done = cover.cut(answer, sample)
+                self.scored += 1
+                if journal is not None and key is not None:
+                    journal.put(key, digest, group, _kept(done))
+                self.apply(sample, done)
 
     def apply(self, sample: Sample, done: Completion) -> None:
         sample.teacher_logprobs = [float(x) for x in done.logprobs]
@@ -156,6 +155,51 @@ class Teacher:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+class Cover:
+    """One sequence sent to the teacher and the records whose whole sequence begins it (itself among them)."""
+
+    __slots__ = ("members", "sequence", "start")
+
+    def __init__(self, sequence: list[int], member: tuple[Sample, str | None, str]) -> None:
+        self.sequence = sequence
+        self.members = [member]
+        self.start = len(member[0].prompt_token_ids)  # the first position any member's response holds
+
+    def take(self, member: tuple[Sample, str | None, str], sequence: list[int]) -> bool:
+        if len(sequence) > len(self.sequence) or self.sequence[: len(sequence)] != sequence:
+            return False
+        self.members.append(member)
+        self.start = min(self.start, len(member[0].prompt_token_ids))
+        return True
+
+    def cut(self, answer: Completion, sample: Sample) -> Completion:
+        """`sample`'s response positions of the scores of `sequence[start:]`."""
+        begin = len(sample.prompt_token_ids) - self.start
+        end = begin + len(sample.response_token_ids)
+        done = Completion(
+            sample.prompt_token_ids + sample.response_token_ids,
+            answer.token_ids[begin:end],
+            answer.logprobs[begin:end],
+            None,
+            answer.finish_reason,
+            answer.stop_reason,
+            ranks=None if answer.ranks is None else answer.ranks[begin:end],
+        )
+        if answer.top_token_ids is not None and answer.top_logprobs is not None:
+            done.top_token_ids, done.top_logprobs = answer.top_token_ids[begin:end], answer.top_logprobs[begin:end]
+        return done
+
+
+def covers(asked: list[tuple[Sample, str | None, str]]) -> list[Cover]:
+    """The sequences to send: the longest first, each later one taken by a sequence it begins, where there is."""
+    sequences = [s.prompt_token_ids + s.response_token_ids for s, _, _ in asked]
+    found: list[Cover] = []
+    for i in sorted(range(len(asked)), key=lambda i: -len(sequences[i])):
+        if not any(cover.take(asked[i], sequences[i]) for cover in found):
+            found.append(Cover(sequences[i], asked[i]))
+    return found
 
 
 async def score(
