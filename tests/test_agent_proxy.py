@@ -96,6 +96,11 @@ REFUSED = [
     ({"n": 0}, "`n` must be a whole number of at least 1"),
     ({"messages": []}, "`messages` must be a non-empty list"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "agentroll's proxy serves text only"),
+    (  # a message given as a content part (a row's chat prompt put in a user message's content): no image
+        {"messages": [{"role": "user", "content": [{"role": "user", "content": "hi"}]}]},
+        'messages.0: content part 0 is no text part {"type": "text", "text": "..."} (its keys: '
+        "['content', 'role'])",
+    ),
 ]
 
 

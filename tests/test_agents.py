@@ -326,6 +326,19 @@ def test_a_crash_is_counted_as_a_crash_whatever_its_stderr_says(problems, server
     assert (stats["agents_failed"], stats["agents_timed_out"]) == (1, 0)
 
 
+def test_the_exit_8_line_of_a_crashed_agent_blames_no_call(problems, server, tmp_path):
+    """The line that ends a run whose agent crashed says why (its agent), not "calls failed for good": no call
+    failed (a newcomer's trial read it so)."""
+    crash = "import sys\nsys.exit(1)\n"
+    for quiet in ([], ["-q"]):
+        out = tmp_path / f"out{len(quiet)}"
+        code, output = generate(problems, out, server.url, "--system-option", program(tmp_path, crash), *quiet)
+        line = next(line for line in output.splitlines() if line.startswith("error: "))
+        assert code == 8 and line.startswith("error: 2 of 2 groups could not be produced"), output
+        assert "call" not in line, line
+    assert "(2x the agent exited with code 1 (nothing on its stderr))" in line, line
+
+
 def test_the_timeout_runs_while_the_row_is_handed_over(server, tmp_path):
     """A row larger than a pipe holds, to an agent that never reads its standard input: the timeout still ends it
     (the row is not written to the end first)."""

@@ -166,3 +166,17 @@ def test_figures_that_count_per_execution_are_not_said_as_accuracies():
     accuracy = next(line for line in said if line.startswith("accuracy:"))
     assert "calls per execution" not in accuracy and "system 0.500" in accuracy
     assert "calls per execution 3.50" in said
+
+
+def test_the_accuracy_phrase_holds_only_accuracies_and_a_systems_other_shares_follow_apart():
+    """An agent run's summary read "accuracy: agent 0.469, calls continued by ids 0.425, calls with history
+    re-rendered 0.000, system 0.469" (a tool-use run's "tool calls ok" too): shares that are no accuracy, under
+    that word (a newcomer's trial)."""
+    from agentroll.cli import summary
+    from agentroll.systems.agent_words import AgentWords
+
+    stats = RunStats(executions=4, system_correct=3)
+    stats.use_stages(("agent",), AgentWords())
+    result = RunResult(stats, ClientCounters(), 1.0, "m", "out")
+    (said,) = [phrases for phrases in summary.lines(result) if phrases[0].startswith("accuracy")]
+    assert said == ["accuracy: agent 0.000, system 0.750", "calls continued by ids -, calls with history re-rendered -"]

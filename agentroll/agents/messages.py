@@ -39,11 +39,14 @@ def _text(content: Any, where: str) -> str:
         return content
     if isinstance(content, list):
         texts = []
-        for part in content:
+        for n, part in enumerate(content):
             if isinstance(part, str):
                 texts.append(part)
             elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
+            elif isinstance(part, dict) and part.get("type") in (None, "text"):  # not another kind: a malformed one
+                text = '{"type": "text", "text": "..."}'
+                raise BadRequest(f"{where}: content part {n} is no text part {text} (its keys: {sorted(part)})", where)
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise BadRequest(f"{where}: a {kind!r} content part: agentroll's proxy serves text only", where)

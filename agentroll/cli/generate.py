@@ -355,8 +355,8 @@ def incomplete(result: RunResult, said: bool) -> IncompleteRun:
     elif not said:
         why = "the run stopped before they were produced"
     return IncompleteRun(
-        f"{result.missing_groups} of {result.stats.problems} groups could not be produced (calls failed for good: "
-        f"{why}): run the same command again to redo them"
+        f"{result.missing_groups} of {result.stats.problems} groups could not be produced ({why}): run the same "
+        "command again to redo them"
     )
 
 

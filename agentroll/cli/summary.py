@@ -21,12 +21,21 @@ def fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def figures(stats: RunStats, counts: bool = False) -> str:
+def figures(stats: RunStats, counts: bool = False, accuracies: bool = True) -> str:
     """The system's report figures under its names, "-" where one does not apply (a majority vote over
-    programs, which box no answer): its shares, or (`counts`) those that count something per unit (the agent
-    system's calls per execution), to two places."""
+    programs, which box no answer): its accuracies, its other shares (`accuracies=False`: tool calls that ran
+    fine, calls continued by ids), or (`counts`) those that count something per unit (the agent system's calls
+    per execution), to two places."""
     shown = [f for f in stats.report_figures() if (f.unit is not None) is counts]
+    if not counts:
+        shown = [f for f in shown if f.key.endswith("_accuracy") is accuracies]
     return ", ".join(f"{f.label} {fmt(stats.figure(f), 2 if counts else 3)}" for f in shown)
+
+
+def shares(stats: RunStats, heading: str = "accuracy") -> list[str]:
+    """The accuracies under `heading`, then the system's other shares, which are no accuracy, as a phrase of
+    their own."""
+    return [f"{heading}: {figures(stats)}", *filter(None, [figures(stats, accuracies=False)])]
 
 
 ROWS: tuple[tuple[str, Callable[[StageStats], str]], ...] = (
@@ -82,7 +91,7 @@ def lines(result: RunResult) -> list[list[str]]:
             f"problems {s.problems} (already done {s.problems_skipped_done})",
             f"executions{generated} {s.executions}, records written {s.records_written}, invalid rows {s.invalid_rows}",
         ],
-        [f"accuracy{' over the groups generated' if generated else ''}: {figures(s)}"],
+        shares(s, f"accuracy{' over the groups generated' if generated else ''}"),
         *([[figures(s, counts=True)]] if figures(s, counts=True) else []),
         [
             f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}, "
@@ -110,7 +119,7 @@ def head_to_head_lines(stats: RunStats) -> list[list[str]]:
     out = [
         [
             f"policy {name}: executions {p.executions}, mean reward {fmt(p.mean_final_reward)}",
-            f"accuracy: {figures(p)}",
+            *shares(p),
             *teacher_phrases(p),
         ]
         for name, p in stats.policies.items()
