@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from .client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts
+from .client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts, read_key
 from .declare import KIND_NAMES, at_least, check_types, default_of, flag, option, positive
 from .errors import UsageError
 from .policies import Policy, parse_policies
@@ -355,15 +355,3 @@ def _stage_value(item: str, key: str, raw: str) -> Any:
 
 
 __all__ = ["GenerateOptions", "RewardOptions", "at_least", "check_types", "default_of", "flag", "option", "positive"]
-
-
-def read_key(path: str) -> str:
-    """The API key in a file (its first line, white space around it dropped); `UsageError` naming the file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            key = f.readline().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--api-key-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
-    if not key:
-        raise UsageError(f"--api-key-file {path}: its first line is empty")
-    return key

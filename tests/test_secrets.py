@@ -63,3 +63,62 @@ def test_a_missing_or_doubly_given_key_file_is_a_one_line_error(keyed, tmp_path)
     both = generate(problems, tmp_path / "b", url, "--api-key", key, "--api-key-file", str(tmp_path / "key.txt"))
     said = both.stderr.decode().strip().splitlines()
     assert both.returncode == 2 and len(said) == 1 and "--api-key-file" in said[0], said
+
+
+TEACHER_WARNING = "--teacher-api-key on the command line is visible to every process on this machine"
+
+
+@pytest.fixture
+def keyed_teacher(tmp_path):
+    """An open student and a teacher (the same simulated model) that answers only with its key."""
+    problems = write_problems(tmp_path / "problems.jsonl", 2)
+    key = f"sk-{uuid.uuid4().hex}"
+    student = SimServer(script=Script.from_jsonl(problems), record=False)
+    teacher = SimServer(script=Script.from_jsonl(problems), api_key=key, record=False, max_model_len=8192)
+    student.start()
+    teacher.start()
+    yield problems, key, student.url, teacher.url
+    teacher.stop()
+    student.stop()
+
+
+def test_the_teachers_key_is_read_from_a_file_by_generate_and_distill_and_warned_about_on_the_command_line(
+    keyed_teacher, tmp_path
+):
+    problems, key, url, teacher = keyed_teacher
+    secret = tmp_path / "teacher-key.txt"
+    secret.write_text(key + "\n")
+    taught = generate(problems, tmp_path / "taught", url, "--teacher", teacher, "--teacher-api-key-file", str(secret))
+    assert taught.returncode == 0, taught.stderr.decode()[-2000:]
+    assert TEACHER_WARNING not in taught.stderr.decode()
+    assert all(r["teacher_logprobs"] for r in read_records(tmp_path / "taught"))
+    typed = generate(problems, tmp_path / "typed", url, "--teacher", teacher, "--teacher-api-key", key)
+    assert typed.returncode == 0 and typed.stderr.decode().count(TEACHER_WARNING) == 1, typed.stderr.decode()
+    assert key not in typed.stderr.decode()
+    plain = generate(problems, tmp_path / "plain", url)
+    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
+    distilled = run_process(
+        "distill", str(tmp_path / "plain"), "-o", str(tmp_path / "new"), "--teacher", teacher,
+        "--teacher-api-key-file", str(secret),
+    )  # fmt: skip
+    assert distilled.returncode == 0 and TEACHER_WARNING not in distilled.stderr.decode(), distilled.stderr.decode()
+    new = read_records(tmp_path / "new")
+    assert new and all(len(r["teacher_logprobs"]) == len(r["response_token_ids"]) for r in new)
+    unkeyed = generate(problems, tmp_path / "unkeyed", url, "--teacher", teacher)
+    assert unkeyed.returncode == 4, unkeyed.stderr.decode()[-2000:]  # the teacher refuses a call without its key
+
+
+def test_a_missing_or_doubly_given_teacher_key_file_is_a_one_line_error(keyed_teacher, tmp_path):
+    problems, key, url, teacher = keyed_teacher
+    for command in ("generate", "distill"):
+        missing = ["--teacher", teacher, "--teacher-api-key-file", str(tmp_path / "nope.txt")]
+        (tmp_path / "key.txt").write_text(key)
+        both = ["--teacher", teacher, "--teacher-api-key", key, "--teacher-api-key-file", str(tmp_path / "key.txt")]
+        for args, named in ((missing, "nope.txt"), (both, "--teacher-api-key-file")):
+            if command == "generate":
+                done = generate(problems, tmp_path / "a", url, *args)
+            else:
+                done = run_process("distill", str(tmp_path), "-o", str(tmp_path / "b"), *args)
+            said = done.stderr.decode().strip().splitlines()
+            assert done.returncode == 2 and len(said) == 1 and named in said[0], (command, said)
+            assert key not in said[0]

@@ -14,9 +14,10 @@ from rich.text import Text
 from ..declare import default_of
 from ..errors import AgentrollError, IncompleteRun
 from ..teacher.settings import TeacherOptions, client_of, stage_teachers
-from .console import err, error, packed, run_async, setup_logging
+from .console import err, error, log, packed, run_async, setup_logging
 from .generate import _parameter
 from .help import Command, own_option, signed
+from .keys import TEACHER_KEY_WARNING
 from .progress import LogLines, RichBar
 from .summary import teacher_lines, teacher_table
 
@@ -75,6 +76,8 @@ def build() -> Any:
         stage, tokenizer, overwrite = kwargs.pop("stage"), kwargs.pop("tokenizer"), kwargs.pop("overwrite")
         retries = (kwargs.pop("max_retries"), kwargs.pop("request_timeout"), kwargs.pop("connect_timeout"))
         restore = setup_logging(quiet, False)
+        if kwargs.get("teacher_api_key") and kwargs.get("teacher_api_key_file") is None:  # both: refused
+            log.warning(TEACHER_KEY_WARNING)
         progress = None if quiet else RichBar() if err.is_terminal else LogLines()
         try:
             options = TeacherOptions(**{k: v for k, v in kwargs.items() if v is not None})

@@ -20,7 +20,7 @@ from .console import REPEATS, err, error, failed, log, run_async, setup_logging
 from .folds import Folds
 from .help import Command, help_text, metavar
 from .interrupts import Interrupts
-from .keys import KEY_WARNING, given_key
+from .keys import KEY_WARNING, TEACHER_KEY_WARNING, given_key
 from .progress import LogLines, RichBar
 from .summary import print_summary
 
@@ -80,7 +80,14 @@ PANELS = {
         "sandbox_disk_mb",
     ),
     "Groups": ("samples_per_prompt", "filter_uniform_groups", "resample_uniform", "target_groups"),
-    "Teacher": ("teacher", "teacher_model", "teacher_logprobs", "teacher_concurrency", "teacher_api_key"),
+    "Teacher": (
+        "teacher",
+        "teacher_model",
+        "teacher_logprobs",
+        "teacher_concurrency",
+        "teacher_api_key",
+        "teacher_api_key_file",
+    ),
     "Reliability": (
         "max_retries",
         "request_timeout",
@@ -102,6 +109,7 @@ METAVARS = {
     "teacher_model": "NAME",
     "teacher_concurrency": "N|auto",
     "teacher_api_key": "KEY",
+    "teacher_api_key_file": "FILE",
     "sandbox_url": "URL",
     "sandbox": "bwrap|unsafe-local",
     "api_key": "KEY",
@@ -195,7 +203,9 @@ def build() -> Any:
             run["mix"] = []
         kwargs["api_key"], on_command_line = given_key(kwargs["api_key"], kwargs["api_key_file"])
         options = {k: v for k, v in kwargs.items() if v is not None}
-        raise typer.Exit(run_generate(run, options, quiet, debug, verbose=verbose, warn_key=on_command_line))
+        typed = bool(kwargs.get("teacher_api_key")) and kwargs.get("teacher_api_key_file") is None  # both: refused
+        said = [KEY_WARNING] * on_command_line + [TEACHER_KEY_WARNING] * typed
+        raise typer.Exit(run_generate(run, options, quiet, debug, verbose=verbose, warn_keys=said))
 
     generate.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     generate.__annotations__ = {p.name: p.annotation for p in params}
@@ -265,13 +275,13 @@ def run_generate(
     progress: ProgressHook | None = None,
     demo: bool = False,
     verbose: bool = False,
-    warn_key: bool = False,
+    warn_keys: list[str] | None = None,
 ) -> int:
-    """The exit code of a whole run (README: exit codes). `warn_key`: the API key was given on the command
-    line (said once, at start)."""
+    """The exit code of a whole run (README: exit codes). `warn_keys`: what to say once, at start, of API keys
+    given on the command line."""
     restore = setup_logging(quiet, debug, verbose)
-    if warn_key:
-        log.warning(KEY_WARNING)
+    for warning in warn_keys or []:
+        log.warning(warning)
     folds = Folds()
     for handler in log.handlers:
         handler.addFilter(folds)

@@ -11,6 +11,10 @@ KEY_WARNING = (
     "--api-key on the command line is visible to every process on this machine (ps, /proc): "
     f"pass --api-key-file FILE or set {ENVVAR} instead"
 )
+TEACHER_KEY_WARNING = (
+    "--teacher-api-key on the command line is visible to every process on this machine (ps, /proc): "
+    "pass --teacher-api-key-file FILE instead"
+)
 
 
 def given_key(key: str | None, key_file: str | None) -> tuple[str | None, bool]:

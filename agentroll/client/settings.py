@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import UsageError
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Timeouts:
@@ -65,3 +67,16 @@ class ClientSettings:
     concurrency: Concurrency = Concurrency()  # auto, as --concurrency defaults to
     api_key: str | None = None
     affinity_slack: int = 8  # room for one group's first stage above a fair share (client.affine)
+
+
+def read_key(path: str, flag: str = "--api-key-file") -> str:
+    """An API key kept in a file (its first line, white space around it dropped): never on a command line, where
+    every process of the machine sees it. `UsageError` naming the file and `flag`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{flag} {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    if not key:
+        raise UsageError(f"{flag} {path}: its first line is empty")
+    return key

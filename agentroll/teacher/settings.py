@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts
+from ..client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts, read_key
 from ..declare import at_least, option
 from ..errors import UsageError
 
@@ -59,6 +59,7 @@ class TeacherOptions:
         cli_type=str,
     )
     teacher_api_key: str | None = option(None, "Sent to the teacher as a Bearer token.")
+    teacher_api_key_file: str | None = option(None, "A file holding the teacher's API key (its first line).")
 
     def __post_init__(self) -> None:
         self.check_teacher()
@@ -66,6 +67,11 @@ class TeacherOptions:
     def check_teacher(self) -> None:
         """Each teacher option in its range (a subclass's checks call this among its own)."""
         set_ = object.__setattr__
+        if self.teacher_api_key_file is not None:  # read once: the options then carry the key (a Ray task's too)
+            if self.teacher_api_key:
+                raise UsageError("--teacher-api-key and --teacher-api-key-file both give the key: give one")
+            set_(self, "teacher_api_key", read_key(str(self.teacher_api_key_file), "--teacher-api-key-file"))
+            set_(self, "teacher_api_key_file", None)
         urls = [self.teacher] if isinstance(self.teacher, str) else list(self.teacher or [])
         set_(self, "teacher", [u for v in urls for u in str(v).replace(",", " ").split() if u])
         for url in self.teacher:
