@@ -18,7 +18,7 @@ from . import provenance
 from .chat import ChatEncoder, load_first, load_tokenizer, tokenizer_candidates
 from .client import CompletionClient, detect_api, detect_priority, follow_metrics
 from .context import Stage
-from .errors import ServerError, UsageError
+from .errors import AgentrollError, ServerError, UsageError
 from .options import GenerateOptions
 from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages, server_renderer
 from .pipeline import SystemConfig
@@ -131,8 +131,8 @@ async def server_facts(
             "(a MoE model), or drop --return-routed-experts"
         )
     warning = provenance.mode_warning(mode, config.sampling.params())
-    if warning:
-        log.warning(warning)
+    if warning:  # which server: a head-to-head run's policies, or a stage's own, may be served otherwise
+        log.warning("%s: %s", ", ".join(e.url for e in client.endpoints), warning)
     try:
         version = (await client.get_json("/version")).get("version")
     except (ServerError, AttributeError):
@@ -246,7 +246,12 @@ async def reach(o: GenerateOptions, served: Served) -> None:
     """The policy's served model, its context length and its tokenizer (loaded by its class name under
     --chat-render auto: the parity check compares it)."""
     p = served.policy
-    served.model, length, served.root = await discover(served.client, p.model)
+    try:
+        served.model, length, served.root = await discover(served.client, p.model)
+    except AgentrollError as exc:  # in a head-to-head run, say whose server
+        if served.name is not None:
+            exc.args = (f"--policy {served.name}: {exc}", *exc.args[1:])
+        raise
     served.max_context_len = o.max_context_len or length
     candidates = tokenizer_candidates(p.tokenizer, served.model, served.root)
     served.tokenizer_name, served.tokenizer = await asyncio.to_thread(

@@ -436,6 +436,22 @@ def test_bad_policy_flags_are_one_line_usage_errors(duel, tmp_path, policies, ex
     assert not generations(strong) and not generations(weak) and not (tmp_path / "out").exists()
 
 
+def test_a_policys_server_problem_names_that_policy_or_its_server(duel, tmp_path):
+    """A model a policy's server does not serve is said of that policy (exit 4, one line); a server whose recorded
+    logprobs are not those sampled from is named in the warning, not said of "the server" as if there were one."""
+    problems, strong, weak = duel
+    flags = ["--policy", f"new={strong.url}", "--policy", f"old={weak.url},model=nosuch"]
+    proc = run_cli("generate", str(problems), "-o", str(tmp_path / "out"), *flags)
+    said = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 4 and len(said) == 1 and "--policy old: model 'nosuch' is not served" in said[0], said
+    proc = run_cli(
+        *policy_args(problems, tmp_path / "warm", strong.url, weak.url, "--temperature", "0.7", "--limit", "2")
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    warned = [line for line in proc.stderr.decode().splitlines() if "returns raw_logprobs" in line]
+    assert len(warned) == 2 and any(strong.url in w for w in warned) and any(weak.url in w for w in warned), warned
+
+
 def test_a_policy_samples_otherwise_when_told_and_a_rerun_with_other_policies_is_refused(duel, tmp_path):
     problems, strong, weak = duel
     out = tmp_path / "out"
