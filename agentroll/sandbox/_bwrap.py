@@ -368,13 +368,15 @@ def own_uid(ranges: list[tuple[int, ...]], taken: set[int]) -> int | None:
 
 
 def _running_uids() -> set[int]:
+    """The real, effective, saved and filesystem uids of every process this agentroll can see."""
     found: set[int] = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/{entry.name}/status", "rb") as status:
-                    line = next(x for x in status if x.startswith(b"Uid:"))
-                found.update(map(int, line.split()[1:]))
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, StopIteration):  # a process gone meanwhile
+                    with open(f"/proc/{entry.name}/status", "rb") as status:
+                        line = next(x for x in status if x.startswith(b"Uid:"))
+                    found.update(map(int, line.split()[1:]))
     return found
 
 
