@@ -15,6 +15,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -345,9 +346,11 @@ def test_runs_are_bounded_and_waiting_ones_do_not_block_the_loop():
 # -- SandboxFusion ---------------------------------------------------------------------------------------------
 class FakeFusion:
     """A SandboxFusion `/run_code` on loopback that runs code in a local sandbox; `faults` are answered first,
-    one per request: an HTTP status, or "sandbox-error" for `{"status": "SandboxError"}`."""
+    one per request: an HTTP status, or "sandbox-error" for `{"status": "SandboxError"}`. `answer`: a handler
+    of its own instead (a reply of a given shape)."""
 
-    def __init__(self, faults: list[int | str] | None = None) -> None:
+    def __init__(self, faults: list[int | str] | None = None, answer: Any = None) -> None:
+        self.answer = answer
         self.faults = list(faults or [])
         self.bodies: list[dict] = []
         self.local = LocalSandbox()
@@ -383,7 +386,7 @@ class FakeFusion:
 
     async def __aenter__(self) -> str:
         app = web.Application()
-        app.router.add_post("/run_code", self.handle)
+        app.router.add_post("/run_code", self.answer or self.handle)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -498,23 +501,16 @@ def test_a_sandboxfusion_reply_is_read_with_the_output_cap():
         return web.json_response({"status": "Success", "message": "", "run_result": run_result})
 
     async def main(handler) -> tuple[RunResult, int]:
-        app = web.Application()
-        app.router.add_post("/run_code", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        sandbox = make_sandbox(SandboxSettings(url=f"http://127.0.0.1:{port}", max_output_bytes=cap, max_retries=0))
-        try:
-            tracemalloc.start()
-            result = await sandbox.run("print('x' * 10**9)", None, 5.0)
-            peak = tracemalloc.get_traced_memory()[1]
-            tracemalloc.stop()
-            return result, peak
-        finally:
-            await sandbox.aclose()
-            await runner.cleanup()
+        async with FakeFusion(answer=handler) as url:
+            sandbox = make_sandbox(SandboxSettings(url=url, max_output_bytes=cap, max_retries=0))
+            try:
+                tracemalloc.start()
+                result = await sandbox.run("print('x' * 10**9)", None, 5.0)
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                return result, peak
+            finally:
+                await sandbox.aclose()
 
     result, peak = asyncio.run(main(huge))
     assert result.status == "output_limit" and len(result.stdout) <= cap
