@@ -11,9 +11,9 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .concurrency import gather_or_cancel
     from .context import Context
-    from .distilling import distill
+    from .engine.generator import Generator
+    from .engine.options import GenerateOptions
     from .errors import (
         AgentrollError,
         IncompleteRun,
@@ -26,19 +26,19 @@ if TYPE_CHECKING:
         UsageError,
     )
     from .folder import read_groups, read_records, shard_paths
-    from .generator import Generator
-    from .group import Group
-    from .options import GenerateOptions
-    from .rescoring import rescore
-    from .schema import Sample
+    from .process.concurrency import gather_or_cancel
+    from .record.group import Group
+    from .record.schema import Sample
     from .systems import System
+    from .tools.distilling import distill
+    from .tools.rescoring import rescore
 
 # Each name is imported from its module when first asked for: `agentroll convert` need not load the HTTP client,
 # and the command line starts its run without loading what the run does not use (docs/performance.md).
 _HOMES = {
-    "gather_or_cancel": "concurrency",
+    "gather_or_cancel": "process.concurrency",
     "Context": "context",
-    "distill": "distilling",
+    "distill": "tools.distilling",
     **dict.fromkeys(
         (
             "AgentrollError",
@@ -56,11 +56,11 @@ _HOMES = {
     "read_groups": "folder",
     "read_records": "folder",
     "shard_paths": "folder",
-    "Generator": "generator",
-    "Group": "group",
-    "GenerateOptions": "options",
-    "rescore": "rescoring",
-    "Sample": "schema",
+    "Generator": "engine.generator",
+    "Group": "record.group",
+    "GenerateOptions": "engine.options",
+    "rescore": "tools.rescoring",
+    "Sample": "record.schema",
     "System": "systems",
 }
 

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agentroll import children
+from agentroll.process import children
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "agentroll" / "sim" / "tokenizer"
@@ -20,7 +20,7 @@ STARTED: list[subprocess.Popen] = []
 
 
 def spawn(args: list[str], **kwargs) -> subprocess.Popen:
-    """A child that cannot outlive the benchmark (see agentroll.children); stopped at exit in any case."""
+    """A child that cannot outlive the benchmark (see agentroll.process.children); stopped at exit in any case."""
     proc = children.spawn(args, **kwargs)
     STARTED.append(proc)
     return proc

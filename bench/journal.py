@@ -17,10 +17,10 @@ import resource
 import tempfile
 from pathlib import Path
 
-from agentroll.calls import call_key
+from agentroll.client.wire import Completion
+from agentroll.context.calls import call_key
 from agentroll.folder.journal import Journal
 from agentroll.inputs import Problem
-from agentroll.wire import Completion
 
 
 def main() -> None:

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agentroll.folder import ShardWriter  # noqa: E402
-from agentroll.group import Group, annotate  # noqa: E402
 from agentroll.inputs import Problem  # noqa: E402
-from agentroll.schema import Sample  # noqa: E402
+from agentroll.record.group import Group, annotate  # noqa: E402
+from agentroll.record.schema import Sample  # noqa: E402
 from bench.common import TOKENIZER, spawn, stop  # noqa: E402
 
 K = 8

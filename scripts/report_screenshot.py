@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agentroll.cli import run_generate  # noqa: E402
-from agentroll.resources import sim_tokenizer_dir  # noqa: E402
+from agentroll.process.resources import sim_tokenizer_dir  # noqa: E402
 from agentroll.sim.script import Script  # noqa: E402
 from agentroll.sim.server import SimServer  # noqa: E402
 from agentroll.tools.html import report  # noqa: E402

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from report_screenshot import make_folder  # noqa: E402
 
-from agentroll.resources import sim_tokenizer_dir  # noqa: E402
+from agentroll.process.resources import sim_tokenizer_dir  # noqa: E402
 from agentroll.tools.view import open_folder  # noqa: E402
 from agentroll.tools.view.server import ViewServer  # noqa: E402
 from tests.browser import Browser  # noqa: E402

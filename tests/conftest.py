@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentroll.resources import sim_tokenizer_dir
+from agentroll.process.resources import sim_tokenizer_dir
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agentroll.folder import read_records
-from agentroll.schema import STAGES
+from agentroll.record.schema import STAGES
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
@@ -141,8 +141,8 @@ def edited_copy(folder: Path, dest: Path, edit: Any) -> Path:
 
 
 def as_generated(found: list[dict[str, Any]]) -> None:
-    """Frozen records as the generator writes them (agentroll/context.py): `loss_mask` 0 throughout, and a later
-    turn's history 0 (logprob 0.0) over a frozen turn's tokens. tests/synthetic.py leaves both at 1."""
+    """Frozen records as the generator writes them (agentroll/context/__init__.py): `loss_mask` 0 throughout, and a
+    later turn's history 0 (logprob 0.0) over a frozen turn's tokens. tests/synthetic.py leaves both at 1."""
     by_execution: dict[str, list[dict[str, Any]]] = {}
     for r in found:
         by_execution.setdefault(r["rollout_id"], []).append(r)

@@ -2,7 +2,7 @@
 multi-turn conversations (`turn`, `continues`, `history_mask`, `history_logprobs`), frozen stages
 (`trainable: false`), user systems with their own stage names, a folder made before systems (no `system`).
 
-Every record is an `agentroll.schema.Sample` (so exactly its fields), the figures are computed here from the
+Every record is an `agentroll.record.schema.Sample` (so exactly its fields), the figures are computed here from the
 definitions in docs/schema.md, and the manifest's sizes and hashes are the bytes written. `edit` lets a test
 damage records and keep the manifest true, so that only the damage is reported.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentroll.schema import SCHEMA_VERSION, STAGES, Sample
+from agentroll.record.schema import SCHEMA_VERSION, STAGES, Sample
 
 Record = dict[str, Any]
 

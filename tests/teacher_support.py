@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from agentroll.resources import sim_tokenizer_dir
+from agentroll.process.resources import sim_tokenizer_dir
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
-from agentroll.admission import depth_first
 from agentroll.client import CompletionClient, FunctionTransport
+from agentroll.engine.admission import depth_first
 
 from .conftest import settings
 

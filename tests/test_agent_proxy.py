@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from agentroll import Generator
-from agentroll.chat import load_tokenizer
+from agentroll.render.chat import load_tokenizer
 from agentroll.sim.script import Behavior, Script
 from agentroll.sim.server import SimServer
 

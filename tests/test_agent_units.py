@@ -11,7 +11,7 @@ from agentroll.agents.launch import AgentFailed, Outcome, outcome_of, tail_line
 from agentroll.agents.messages import BadRequest, canonical, for_server, for_template
 from agentroll.agents.replies import answer_of
 from agentroll.agents.requests import chat_request
-from agentroll.schema import Sample
+from agentroll.record.schema import Sample
 from agentroll.toolcalls import parser_for
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "python", "arguments": '{"code": "print(1)"}'}}

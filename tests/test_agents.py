@@ -17,8 +17,8 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from agentroll.chat import ChatEncoder, load_tokenizer
 from agentroll.cli import app
+from agentroll.render.chat import ChatEncoder, load_tokenizer
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 from agentroll.tools.validate import validate as validate_folder

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from agentroll.wire import WireError, parse, reader
+from agentroll.client.wire import WireError, parse, reader
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CAPTURED = [

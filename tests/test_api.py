@@ -15,8 +15,8 @@ import pytest
 from rich.markup import escape
 
 import agentroll
+from agentroll.engine.options import GenerateOptions
 from agentroll.folder import ShardWriter
-from agentroll.options import GenerateOptions
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
 
@@ -62,7 +62,7 @@ def test_all_is_exactly_the_public_surface():
 
 def test_importing_the_package_loads_its_names_on_first_use_and_its_submodules_stay_reachable():
     probe = (
-        "import sys, agentroll; print('aiohttp' in sys.modules, 'agentroll.generator' in sys.modules); "
+        "import sys, agentroll; print('aiohttp' in sys.modules, 'agentroll.engine.generator' in sys.modules); "
         "print(agentroll.errors.InputError is agentroll.InputError, "
         "agentroll.folder.read_groups is agentroll.read_groups)"
     )

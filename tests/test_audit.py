@@ -11,8 +11,8 @@ import pytest
 from agentroll.audit.options import AuditOptions
 from agentroll.audit.template import MATCH, MISMATCH, UNRECOVERABLE, TemplateCheck
 from agentroll.audit.units import Selection, build, index, record_faults, stratified
-from agentroll.chat import ChatEncoder
 from agentroll.errors import UsageError
+from agentroll.render.chat import ChatEncoder
 
 from . import synthetic
 from .conftest import TOKENIZER

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agentroll.chat import ChatEncoder
 from agentroll.cli import app
+from agentroll.render.chat import ChatEncoder
 
 from . import synthetic
 from .conftest import TOKENIZER

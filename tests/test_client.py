@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from agentroll.client import CallFailed, CompletionClient, FunctionTransport, error_message, normalize_base_url
+from agentroll.client.wire import WireError, parse_completions, parse_generate, request_body
 from agentroll.errors import ServerError, UsageError
-from agentroll.wire import WireError, parse_completions, parse_generate, request_body
 
 from .conftest import settings
 

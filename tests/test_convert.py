@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agentroll.convert import convert
 from agentroll.errors import OutputError, UsageError
-from agentroll.schema import STAGES
+from agentroll.record.schema import STAGES
 
 from . import convert_support, synthetic
 from .conftest import TOKENIZER

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from agentroll.folder import Manifest, read_groups, read_records
-from agentroll.shaping import LengthShaping
+from agentroll.settings.shaping import LengthShaping
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from agentroll.engine.options import GenerateOptions
 from agentroll.errors import InputError
-from agentroll.options import GenerateOptions
-from agentroll.partitions import check_options, plan_tasks
-from agentroll.run_options import RunOptions
+from agentroll.run.partitions import check_options, plan_tasks
+from agentroll.run.run_options import RunOptions
 
 URLS = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
 

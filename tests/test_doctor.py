@@ -6,8 +6,8 @@ import json
 import shutil
 import urllib.request
 
-from agentroll.resources import sim_tokenizer_dir
-from agentroll.templates import Templates
+from agentroll.process.resources import sim_tokenizer_dir
+from agentroll.render.templates import Templates
 
 from .conftest import TOKENIZER, read_records, run_cli
 

@@ -22,9 +22,9 @@ from agentroll.cli import REPEATS, LogLines, RichBar, app
 from agentroll.client import CallFailed, CompletionClient, FunctionTransport, TransportFailure
 from agentroll.client.slots import ClientCounters
 from agentroll.folder import Manifest
+from agentroll.record.stats import RunStats
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
-from agentroll.stats import RunStats
 
 from .conftest import TOKENIZER, read_records, settings, write_problems
 
@@ -300,7 +300,7 @@ def test_the_runner_reports_progress_before_any_group_is_done(problems, tmp_path
     server.start()
     early: list[tuple[int, int]] = []
 
-    class Seen(agentroll.progress.Progress):  # type: ignore[name-defined]
+    class Seen(agentroll.run.progress.Progress):  # type: ignore[name-defined]
         interval_s = 0.02
 
         def advance(self, stats, requests):
@@ -413,7 +413,7 @@ def test_an_endpoint_failing_most_calls_is_benched_while_another_serves_the_last
 
 
 def test_a_signal_after_the_folder_is_complete_leaves_the_exit_at_0(problems, tmp_path, sim, monkeypatch):
-    from agentroll.generator import Generator
+    from agentroll.engine.generator import Generator
 
     closing = Generator.aclose
 
@@ -505,7 +505,7 @@ def test_two_interrupts_within_a_second_are_one(tmp_path):
 
 def test_under_ray_two_interrupts_within_a_second_are_one(monkeypatch, tmp_path):
     """`--ray`: the job's own handlers debounce too; a second interrupt would kill the tasks and exit."""
-    import agentroll.cluster
+    import agentroll.run.cluster
     from agentroll.cli import run_generate
 
     seen: list[str] = []
@@ -534,7 +534,7 @@ def test_under_ray_two_interrupts_within_a_second_are_one(monkeypatch, tmp_path)
     def exit_at_once(code: int) -> None:
         raise AssertionError(f"os._exit({code})")
 
-    monkeypatch.setattr(agentroll.cluster, "RayJob", Job)
+    monkeypatch.setattr(agentroll.run.cluster, "RayJob", Job)
     monkeypatch.setattr(os, "_exit", exit_at_once)
     code = run_generate({"input": "x.jsonl", "output": str(tmp_path), "ray": "local"}, {}, quiet=True, debug=False)
     assert seen == ["stop"] and code == 130

@@ -15,7 +15,7 @@ import agentroll
 from agentroll.cli import app
 from agentroll.errors import OutputError
 from agentroll.folder import Layout, Manifest, ShardWriter, consumed, merge, read_groups, read_records
-from agentroll.group import Group
+from agentroll.record.group import Group
 
 from .conftest import TOKENIZER
 from .test_routes import SETTINGS, Model, assert_same, crash, group, write

@@ -338,7 +338,7 @@ def test_a_tokenizer_named_but_unusable_is_told_in_our_words_without_advice_to_n
 
 
 def test_a_guessed_tokenizer_that_cannot_load_says_to_name_one(tmp_path):
-    from agentroll.chat import HINT, load_first
+    from agentroll.render.chat import HINT, load_first
 
     with pytest.raises(UsageError, match=re.escape(f"'{tmp_path}/absent': no such folder ({HINT})")):
         load_first([str(tmp_path / "absent")])

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from agentroll.calls import call_key
+from agentroll.context.calls import call_key
+from agentroll.engine.options import GenerateOptions
 from agentroll.errors import UsageError
-from agentroll.headtohead import Comparison, Tally, bootstrap, problem_key
 from agentroll.inputs import Problem
-from agentroll.options import GenerateOptions
-from agentroll.partitions import plan_tasks
-from agentroll.policies import parse_policies, parse_policy
-from agentroll.run_options import RunOptions
-from agentroll.schema import Sample
-from agentroll.stats import RunStats
+from agentroll.record.headtohead import Comparison, Tally, bootstrap, problem_key
+from agentroll.record.schema import Sample
+from agentroll.record.stats import RunStats
+from agentroll.run.partitions import plan_tasks
+from agentroll.run.run_options import RunOptions
+from agentroll.settings.policies import parse_policies, parse_policy
 
 
 def test_a_policy_value_reads_back_as_given():

@@ -1,4 +1,4 @@
-"""The garbage collector is set only in a process the command line owns (agentroll.heap): off through start-up,
+"""The garbage collector is set only in a process the command line owns (agentroll.process.heap): off through start-up,
 then on again, frozen, once the run has started (or at once for a command with no run)."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from agentroll import heap
+from agentroll.process import heap
 
 from .conftest import TOKENIZER, cli_at_exit, run_cli
 
 PROBE = """
 import gc
-from agentroll import heap
+from agentroll.process import heap
 heap.settle()
 print(gc.isenabled(), gc.get_freeze_count(), gc.get_threshold()[0])
 heap.own()

@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 
 from agentroll.client.slots import ClientCounters
-from agentroll.runner import RunResult
-from agentroll.stats import RunStats
+from agentroll.record.stats import RunStats
+from agentroll.run.runner import RunResult
 
 from .conftest import TOKENIZER, run_cli, write_problems
 
@@ -157,7 +157,7 @@ def test_an_error_line_is_one_line_in_a_file_and_wrapped_between_words_on_a_term
 
 def test_figures_that_count_per_execution_are_not_said_as_accuracies():
     from agentroll.cli.summary import lines
-    from agentroll.stats import Figure
+    from agentroll.record.stats import Figure
 
     stats = RunStats(problems=2, executions=4, system_correct=2, groups_written=2)
     stats.figures = (Figure("calls_per_execution", "calls per execution", "calls", unit="per execution"),)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agentroll import children
 from agentroll.client import CompletionClient
+from agentroll.process import children
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
 

@@ -1,4 +1,4 @@
-from agentroll.parsing import answer_content, last_boxed, parse_judgment
+from agentroll.record.parsing import answer_content, last_boxed, parse_judgment
 
 
 def test_answer_is_the_stripped_text_after_the_closing_think_tag():

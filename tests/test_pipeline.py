@@ -6,17 +6,17 @@ import asyncio
 
 import pytest
 
-from agentroll.chat import ChatEncoder, load_tokenizer
 from agentroll.client import CompletionClient
+from agentroll.engine.pipeline import AgentSystem, ExecutionFailed, SystemConfig, call_seed
 from agentroll.errors import InputError
 from agentroll.inputs import Problem
-from agentroll.pipeline import AgentSystem, ExecutionFailed, SystemConfig, call_seed
+from agentroll.record.stats import RunStats
+from agentroll.render.chat import ChatEncoder, load_tokenizer
+from agentroll.render.templates import Templates
 from agentroll.rewards import RewardSet, RewardSettings
-from agentroll.sampling import Sampling
+from agentroll.settings.sampling import Sampling
 from agentroll.sim.script import Scripted
 from agentroll.sim.server import HTTPFailure, SimServer, error_body
-from agentroll.stats import RunStats
-from agentroll.templates import Templates
 
 from .conftest import TOKENIZER, settings
 

@@ -223,7 +223,7 @@ def test_weight_versions_become_megatron_policy_epochs():
 
 def test_a_trailing_incomplete_character_is_held_back_as_vllms_detokenizer_does():
     """Found against real vLLM: these ids end inside a UTF-8 character; vLLM's text leaves it out."""
-    from agentroll.chat import ChatEncoder, load_tokenizer
+    from agentroll.render.chat import ChatEncoder, load_tokenizer
 
     encoder = ChatEncoder(load_tokenizer(TOKENIZER))
     ids = [492, 167, 48, 156, 864, 128, 883, 148, 408, 37, 1065, 749, 831, 145, 424, 251]

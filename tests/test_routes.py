@@ -21,9 +21,9 @@ from rich.console import Console
 from agentroll.errors import OutputError, UsageError
 from agentroll.folder import ShardWriter, StdoutWriter, merge, read_groups, read_records
 from agentroll.folder.layout import MANIFEST
-from agentroll.group import Group, annotate
 from agentroll.inputs import Problem
-from agentroll.schema import Sample
+from agentroll.record.group import Group, annotate
+from agentroll.record.schema import Sample
 from agentroll.tools.inspect import inspect
 from agentroll.tools.validate import validate
 

@@ -2,7 +2,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from agentroll.schema import Sample
+from agentroll.record.schema import Sample
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "schema.md"
 

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 import agentroll
 from agentroll.cli import app
 from agentroll.client.settings import Concurrency, Health, Retries, Timeouts
-from agentroll.options import GenerateOptions
+from agentroll.engine.options import GenerateOptions
 from agentroll.rewards import RewardSettings
-from agentroll.sampling import Sampling
+from agentroll.settings.sampling import Sampling
 from agentroll.sim.script import Script
 from agentroll.sim.server import Faults, SimServer
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from agentroll.render.templates import Templates
 from agentroll.sim.script import REWRITER_SAYS, SOLVER_SAYS, Behavior, Script
 from agentroll.sim.server import SimServer
-from agentroll.templates import Templates
 
 from .conftest import TOKENIZER, read_records, run_cli, write_problems
 

@@ -82,8 +82,8 @@ def test_near_the_context_limit_max_tokens_is_cut_silently_as_vllm_does(sim):
 
 def test_models_root_is_the_tokenizer_folder_a_client_can_load(sim):
     """vLLM names the model's path in `root`; clients load the tokenizer from there."""
-    from agentroll.chat import load_tokenizer
-    from agentroll.resources import sim_tokenizer_dir
+    from agentroll.process.resources import sim_tokenizer_dir
+    from agentroll.render.chat import load_tokenizer
 
     (model,) = json.loads(urllib.request.urlopen(f"{sim.url}/v1/models", timeout=10).read())["data"]
     assert model["id"] == sim.model and Path(model["root"]).is_absolute()

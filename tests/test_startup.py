@@ -7,7 +7,7 @@ from .conftest import TOKENIZER, cli_at_exit, run_cli
 
 # which of the heavy modules the command had imported as it ended
 LOADED = (
-    '"loaded", *[m for m in ("aiohttp", "agentroll.client", "agentroll.runner", "agentroll.generator", '
+    '"loaded", *[m for m in ("aiohttp", "agentroll.client", "agentroll.run.runner", "agentroll.engine.generator", '
     '"transformers") if m in sys.modules]'
 )
 

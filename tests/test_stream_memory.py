@@ -6,7 +6,7 @@ import asyncio
 import gc
 
 import agentroll
-from agentroll.group import Group
+from agentroll.record.group import Group
 
 from .conftest import TOKENIZER
 

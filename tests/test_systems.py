@@ -17,13 +17,13 @@ from typing import ClassVar
 import pytest
 
 from agentroll import Generator
-from agentroll.chat import load_tokenizer
+from agentroll.context.turns import prefix_break, separator
 from agentroll.errors import UsageError
-from agentroll.resources import samples_dir
-from agentroll.schema import OPTIONAL_FIELDS
+from agentroll.process.resources import samples_dir
+from agentroll.record.schema import OPTIONAL_FIELDS
+from agentroll.render.chat import load_tokenizer
 from agentroll.sim.script import Behavior, Script
 from agentroll.sim.server import Faults, SimServer
-from agentroll.turns import prefix_break, separator
 
 from .conftest import TOKENIZER, generations, read_records, run_cli, write_problems
 from .test_reliability import popen

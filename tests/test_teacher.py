@@ -200,8 +200,8 @@ def test_the_teachers_own_slots_keep_no_trace_of_settled_groups(sim, teacher):
 
 
 def test_teacher_figures_add_up_across_runs_and_survive_the_manifest():
-    from agentroll.schema import Sample
-    from agentroll.stats import RunStats
+    from agentroll.record.schema import Sample
+    from agentroll.record.stats import RunStats
 
     def run(gaps: list[tuple[float, float, int]]) -> RunStats:
         stats = RunStats()
@@ -237,7 +237,7 @@ def test_a_record_whose_sequence_begins_anothers_is_read_from_that_ones_scores(t
     """A conversation's earlier turn (continued by ids) and a call made twice are not prefilled again: one sequence
     sent for each that no other begins, every record's scores the same as if it had been sent alone."""
     from agentroll.client.transport import AiohttpTransport
-    from agentroll.schema import Sample
+    from agentroll.record.schema import Sample
     from agentroll.teacher.scorer import Teacher
     from agentroll.teacher.settings import TeacherSettings
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentroll.wire import WireError, parse_scores, score_body
+from agentroll.client.wire import WireError, parse_scores, score_body
 
 from .test_sim_wire import captured, post, shape
 

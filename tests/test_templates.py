@@ -1,7 +1,7 @@
 import pytest
 
 from agentroll.errors import UsageError
-from agentroll.templates import Templates
+from agentroll.render.templates import Templates
 
 
 def test_default_templates_list_every_solution_numbered_in_order():

@@ -17,12 +17,12 @@ import pytest
 import transformers
 
 import agentroll
-from agentroll.chat import AUTO_DECIDES, ChatEncoder, load_by_class, load_first, load_tokenizer
+from agentroll.engine.parity import check_parity
 from agentroll.errors import UsageError
-from agentroll.parity import check_parity
-from agentroll.resources import sim_tokenizer_dir
+from agentroll.process.resources import sim_tokenizer_dir
+from agentroll.render.chat import AUTO_DECIDES, ChatEncoder, load_by_class, load_first, load_tokenizer
+from agentroll.render.templates import Templates
 from agentroll.sim.server import SimServer
-from agentroll.templates import Templates
 
 SIM = sim_tokenizer_dir()
 
@@ -274,7 +274,7 @@ FAKE_TORCH = "raise ImportError('torch is switched off for this test')\n"
 
 CHILD = """
 import json, sys
-from agentroll.chat import ChatEncoder, load_first
+from agentroll.render.chat import ChatEncoder, load_first
 loaded = [load_first([name], by_class=True) for name in sys.argv[1:]]
 ids = [ChatEncoder(t).encode([{"role": "user", "content": "What is 17 + 25?"}])[1] for _, t in loaded]
 torch = "torch" in sys.modules
@@ -449,7 +449,7 @@ def test_auto_tokenizer_under_a_torch_that_fails_on_import_is_a_one_line_usage_e
     fake.mkdir()
     (fake / "torch.py").write_text(FAKE_TORCH)
     child = (
-        "import sys\nfrom agentroll.chat import load_tokenizer\nfrom agentroll.errors import UsageError\n"
+        "import sys\nfrom agentroll.render.chat import load_tokenizer\nfrom agentroll.errors import UsageError\n"
         "try:\n    load_tokenizer(sys.argv[1])\nexcept UsageError as exc:\n    print(exc)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "HF_"))}

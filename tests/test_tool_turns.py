@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from agentroll.chat import load_tokenizer
+from agentroll.context.turns import separator
+from agentroll.render.chat import load_tokenizer
 from agentroll.sim.script import Script, Scripted
 from agentroll.sim.server import SimServer
 from agentroll.toolcalls import PYTHON, call_id
 from agentroll.tools.validate import validate
-from agentroll.turns import separator
 
 from .conftest import TOKENIZER, read_records, write_problems
 from .test_tool_use import behavior, executions, manifest, tool_use

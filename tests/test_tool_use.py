@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from agentroll import Generator
-from agentroll.chat import ChatEncoder, load_tokenizer
 from agentroll.cli import app
+from agentroll.render.chat import ChatEncoder, load_tokenizer
 from agentroll.sim.programs import CRASH, HOG, LOOP
 from agentroll.sim.script import Behavior, Script
 from agentroll.sim.server import SimServer

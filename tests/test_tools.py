@@ -21,9 +21,9 @@ import zstandard
 from rich.console import Console
 
 from agentroll.errors import UsageError
-from agentroll.group import Group
 from agentroll.inputs import Problem
-from agentroll.schema import OPTIONAL_FIELDS, SCHEMA_VERSION, STAGES, Sample
+from agentroll.record.group import Group
+from agentroll.record.schema import OPTIONAL_FIELDS, SCHEMA_VERSION, STAGES, Sample
 from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 from agentroll.tools.inspect import inspect

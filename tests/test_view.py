@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agentroll.chat import load_by_class
 from agentroll.cli import app
 from agentroll.folder import ShardWriter
 from agentroll.folder.follow import placed
 from agentroll.folder.places import Moved, Shelf
 from agentroll.folder.shards import read_lines
-from agentroll.parsing import last_boxed
+from agentroll.record.parsing import last_boxed
+from agentroll.render.chat import load_by_class
 from agentroll.tools.view import static
 from agentroll.tools.view.tokens import Decoder
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agentroll.chat import load_by_class
+from agentroll.render.chat import load_by_class
 from agentroll.tools.view.static import write_page
 
 from . import synthetic

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agentroll.cli.summary import figures as summary_figures
-from agentroll.stats import RunStats
+from agentroll.record.stats import RunStats
 from agentroll.systems import vocabulary_of
 from agentroll.systems.three_stage import ThreeStageWords
 from agentroll.systems.votes import Votes

@@ -13,9 +13,9 @@ from agentroll.errors import OutputError
 from agentroll.folder import ShardWriter
 from agentroll.folder.layout import MANIFEST
 from agentroll.folder.shards import scan_groups
-from agentroll.group import Group, annotate
 from agentroll.inputs import Problem
-from agentroll.schema import Sample
+from agentroll.record.group import Group, annotate
+from agentroll.record.schema import Sample
 
 SETTINGS = {"model": "m", "samples_per_prompt": 2}
 

@@ -34,9 +34,9 @@ from typing import Any
 
 import orjson
 
-from ..children import die_with, spawn, stop_group
 from ..errors import UsageError
-from ..loading import load_object
+from ..process.children import die_with, spawn, stop_group
+from ..process.loading import load_object
 
 __all__ = ["AgentFailed", "Outcome", "Watchdog", "direct", "outcome_of", "run_function", "run_program"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..chat import vllm_tools
+from ..render.chat import vllm_tools
 
 __all__ = ["BadRequest", "canonical", "for_server", "for_template", "tools_of"]
 

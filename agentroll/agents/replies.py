@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..schema import Sample
+from ..record.schema import Sample
 from ..toolcalls import ParsedCall, Parser, call_id
 
 __all__ = ["Answer", "answer_of", "chat_body", "chat_chunks", "text_body", "text_chunks"]

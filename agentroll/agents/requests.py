@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..sampling import RULES
+from ..settings.sampling import RULES
 from .messages import BadRequest, tools_of
 
 __all__ = ["ChatRequest", "TextRequest", "chat_request", "text_request"]

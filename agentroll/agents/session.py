@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..concurrency import gather_or_cancel
 from ..context import Context, ExecutionFailed
+from ..process.concurrency import gather_or_cancel
 from ..toolcalls import Parser
 from . import messages as forms
 from .history import Chat, Found, History, Text
@@ -28,7 +28,7 @@ from .replies import Answer, answer_of
 from .requests import ChatRequest, TextRequest
 
 if TYPE_CHECKING:
-    from ..schema import Sample
+    from ..record.schema import Sample
 
 STAGE = "agent"
 NO_ROOM = "This model's maximum context length is {limit} tokens: the prompt leaves no room to generate"

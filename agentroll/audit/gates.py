@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .. import provenance
+from ..context import provenance
 from ..errors import UsageError
 from ..folder import Manifest, shard_files
 from .report import Figures

@@ -4,7 +4,7 @@ exit code (agentroll.errors); the library below never exits the process.
 `agentroll NAME ...` imports and builds only the module of command NAME (`main`): a run does not pay for the
 others' imports, nor typer's reading of their signatures. `app`, the whole command line, is built when asked for
 (help, tests). Importing this package loads nothing else: `main` sets the process's garbage collector
-(agentroll.heap) before typer, rich and the command's modules are imported.
+(agentroll.process.heap) before typer, rich and the command's modules are imported.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ COMMANDS = {
 
 
 def main() -> Any:
-    from ..heap import own
+    from ..process.heap import own
 
-    own()  # this process is the command's: its collector is set before the imports (agentroll.heap)
+    own()  # this process is the command's: its collector is set before the imports (agentroll.process.heap)
     from .console import hush_transformers
     from .root import MODULES, build
 

@@ -11,8 +11,8 @@ from typing import Annotated, Any, get_type_hints
 import typer
 from rich.text import Text
 
-from ..declare import default_of
 from ..errors import AgentrollError, IncompleteRun
+from ..settings.declare import default_of
 from ..teacher.settings import TeacherOptions, client_of, stage_teachers
 from .console import err, error, log, packed, run_async, setup_logging
 from .generate import _parameter
@@ -70,7 +70,7 @@ def build() -> Any:
 
     def distill(**kwargs: Any) -> None:
         """Add a teacher's logprobs on every sampled token to a finished folder: a new folder, token for token."""
-        from ..distilling import distill as distill_folder
+        from ..tools.distilling import distill as distill_folder
 
         folder, output, quiet = kwargs.pop("folder"), kwargs.pop("output"), kwargs.pop("quiet")
         stage, tokenizer, overwrite = kwargs.pop("stage"), kwargs.pop("tokenizer"), kwargs.pop("overwrite")

@@ -11,11 +11,11 @@ from typing import Annotated, Any, get_type_hints
 import typer
 from rich.text import Text
 
+from ..engine.options import GenerateOptions, default_of
 from ..errors import AgentrollError, IncompleteRun, PipeClosed
-from ..options import GenerateOptions, default_of
-from ..progress import Progress as ProgressHook
-from ..run_options import RUN_OPTION_NAMES, RunOptions
-from ..runner import Runner, RunResult
+from ..run.progress import Progress as ProgressHook
+from ..run.run_options import RUN_OPTION_NAMES, RunOptions
+from ..run.runner import Runner, RunResult
 from .console import REPEATS, err, error, failed, log, run_async, setup_logging
 from .folds import Folds
 from .help import Command, help_text, metavar
@@ -373,10 +373,10 @@ def incomplete(result: RunResult, said: bool) -> IncompleteRun:
 def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool) -> int:
     """`generate --ray`: the job on a Ray cluster (docs/ray.md). A first SIGINT/SIGTERM stops every partition
     cleanly (each folder stays resumable); a second one kills the tasks and exits at once."""
-    from .. import heap
-    from ..cluster import RayJob
+    from ..process import heap
+    from ..run.cluster import RayJob
 
-    heap.settle()  # the driver's start-up is over: its partitions run elsewhere (agentroll.heap)
+    heap.settle()  # the driver's start-up is over: its partitions run elsewhere (agentroll.process.heap)
     job: RayJob | None = None
     interrupts = Interrupts()
 

@@ -12,9 +12,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
 
 from ..client import ClientCounters
-from ..progress import Progress as ProgressHook
-from ..progress import Rates, count_parts, counts, done_line, duration, rates_line, worked
-from ..stats import RunStats
+from ..record.stats import RunStats
+from ..run.progress import Progress as ProgressHook
+from ..run.progress import Rates, count_parts, counts, done_line, duration, rates_line, worked
 from .console import err, log, packed
 
 

@@ -11,8 +11,8 @@ from typing import Annotated, Any, get_type_hints
 import typer
 from rich.text import Text
 
-from ..declare import default_of
 from ..rewards.options import RewardOptions
+from ..settings.declare import default_of
 from .console import err, folder_tool, packed, run_async, setup_logging
 from .generate import _parameter
 from .help import Command, own_option, signed
@@ -40,7 +40,7 @@ def build() -> Any:
 
     def rescore(**kwargs: Any) -> None:
         """Score a folder's records again with another reward, no model called: a new folder, token for token."""
-        from ..rescoring import rescore as rescore_folder
+        from ..tools.rescoring import rescore as rescore_folder
         from .summary import head_to_head_lines
 
         folder, output, quiet = kwargs.pop("folder"), kwargs.pop("output"), kwargs.pop("quiet")

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from .. import __version__, heap
+from .. import __version__
+from ..process import heap
 from .console import fit_to_terminal
 from .help import HELP_OPTIONS, Group
 
@@ -31,7 +32,7 @@ def _root(
     """Rewarded, token-exact multi-agent rollouts from a vLLM server."""
     fit_to_terminal()
     if ctx.invoked_subcommand not in RUNS:
-        heap.settle()  # no run to start: the collector is on again now (agentroll.heap)
+        heap.settle()  # no run to start: the collector is on again now (agentroll.process.heap)
 
 
 def build(modules: Iterable[str] = MODULES) -> typer.Typer:

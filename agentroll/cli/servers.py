@@ -15,8 +15,8 @@ import typer
 from rich.text import Text
 
 from ..errors import OutputError
-from ..resources import samples_dir, sim_tokenizer_dir
-from ..sampling import DEFAULT as SAMPLING
+from ..process.resources import samples_dir, sim_tokenizer_dir
+from ..settings.sampling import DEFAULT as SAMPLING
 from .console import err, error, out, run_async
 from .folders import opt
 from .generate import run_generate
@@ -74,8 +74,8 @@ def doctor(
     """Check a server before a long job: token ids, APIs, logprobs mode, chat-template parity, context length.
 
     The verdicts go to stdout (`doctor > file` keeps them); exit 1 when any check fails."""
-    from ..doctor import diagnose, doctor_options
     from ..errors import UsageError
+    from ..tools.doctor import diagnose, doctor_options
     from .keys import KEY_WARNING, given_key
 
     api_key, on_command_line = given_key(api_key, api_key_file)
@@ -114,7 +114,7 @@ def doctor(
 
 def ray_partition() -> None:
     """One partition of a `generate --ray` job: its Ray task starts it and sends the spec on stdin."""
-    from ..partitions import JsonProgress, partition_spec
+    from ..run.partitions import JsonProgress, partition_spec
 
     spec = partition_spec(sys.stdin.buffer.read())
     raise typer.Exit(
@@ -290,10 +290,10 @@ def serve_sim(
         raise typer.Exit(2) from None
 
     async def main() -> None:
-        from ..heap import settle
+        from ..process.heap import settle
 
         server.engine.warm()
-        settle()  # the process is the server's for its whole life (agentroll.heap)
+        settle()  # the process is the server's for its whole life (agentroll.process.heap)
         try:
             url = await server.serve(host, port)
         except OSError as exc:

@@ -10,9 +10,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from ..headtohead import Comparison
-from ..runner import RunResult
-from ..stats import RunStats, StageStats
+from ..record.headtohead import Comparison
+from ..record.stats import RunStats, StageStats
+from ..run.runner import RunResult
 from ..tools.report import TEACHER_ROWS
 from .console import err, packed
 

@@ -20,12 +20,12 @@ from typing import Any
 import orjson
 
 from ..errors import ServerError
-from ..wire import APIS, PATHS, Completion, WireError, parse, reader, request_body
 from .endpoints import FATAL_STATUS, RETRYABLE_STATUS, Endpoint, normalize_base_url
 from .rotation import Rotation
 from .settings import ClientSettings
 from .slots import FIRST, Budget, ClientCounters, Priority, Queue, Waiter
 from .transport import AiohttpTransport, Transport, TransportFailure
+from .wire import APIS, PATHS, Completion, WireError, parse, reader, request_body
 
 FINISHED = frozenset({"stop", "length"})  # what a finished generation ends with; "abort" and the rest are retried
 

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ..errors import ServerError
-from ..wire import PATHS, request_body
 from .core import error_message
 from .transport import TransportFailure
+from .wire import PATHS, request_body
 
 if TYPE_CHECKING:
     from .core import CompletionClient

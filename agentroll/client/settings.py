@@ -1,6 +1,6 @@
 """How a client talks to its servers, as small value objects with their defaults declared once.
 
-`generate`'s options are built from these defaults (agentroll.options), the `Generator` turns its options into
+`generate`'s options are built from these defaults (agentroll.engine.options), the `Generator` turns its options into
 them once, and every client of a run (the main one, a stage's own server, `doctor`) is made from them.
 """
 

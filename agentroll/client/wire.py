@@ -201,7 +201,7 @@ def _extras(choice: dict[str, Any], out: Completion) -> Completion:
             out.routed_experts = base64.b64decode(routes, validate=True)
         except (binascii.Error, ValueError):
             raise WireError("routed_experts is not valid base64") from None
-        from .folder.routes import checked, decode
+        from agentroll.folder.routes import checked, decode
 
         try:
             checked(decode(out.routed_experts))  # an integer (tokens, layers, k) .npy, or the call is retried

@@ -5,8 +5,9 @@ budget, retries and routing through the client, server-exact ids and logprobs) a
 trainer relies on (which call continues which, which tokens the model sampled). A call that fails for good raises
 `ExecutionFailed`, which fails the whole group: an infrastructure failure is never recorded as a model outcome.
 
-The run's wiring (stages, their clients and sampling, what executions share) is `agentroll.stages`; what one call
-derives and makes (seed, journal key, the record) is `agentroll.calls`: this module is the API a system calls.
+The run's wiring (stages, their clients and sampling, what executions share) is `agentroll.context.stages`; what one
+call derives and makes (seed, journal key, the record) is `agentroll.context.calls`: this module is the API a system
+calls.
 """
 
 from __future__ import annotations
@@ -19,19 +20,19 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .calls import call_key, call_seed, sample_of, sampling_record
-from .client import CallFailed, Endpoint
-from .errors import InputError, ServerError, UsageError, first_line
-from .inputs import Problem
-from .sampling import KEYS as SAMPLING_KEYS
-from .schema import Sample
-from .stages import Engine, Stage, SystemConfig, same_tokens
-from .turns import continue_turn, separator
-from .wire import Completion
+from agentroll.client import CallFailed, Endpoint
+from agentroll.client.wire import Completion
+from agentroll.context.calls import call_key, call_seed, sample_of, sampling_record
+from agentroll.context.stages import Engine, Stage, SystemConfig, same_tokens
+from agentroll.context.turns import continue_turn, separator
+from agentroll.errors import InputError, ServerError, UsageError, first_line
+from agentroll.inputs import Problem
+from agentroll.record.schema import Sample
+from agentroll.settings.sampling import KEYS as SAMPLING_KEYS
 
 if TYPE_CHECKING:
-    from .sandbox import Sandbox
-    from .teacher.scorer import Teacher
+    from agentroll.sandbox import Sandbox
+    from agentroll.teacher.scorer import Teacher
 
 __all__ = ["Context", "Engine", "ExecutionFailed", "Stage", "SystemConfig", "call_seed"]
 

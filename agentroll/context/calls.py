@@ -13,12 +13,12 @@ from typing import Any
 
 import orjson
 
-from .inputs import Problem
-from .parsing import answer_content
-from .sampling import Sampling
-from .schema import Sample, status_for
-from .stages import Stage, SystemConfig
-from .wire import Completion
+from agentroll.client.wire import Completion
+from agentroll.context.stages import Stage, SystemConfig
+from agentroll.inputs import Problem
+from agentroll.record.parsing import answer_content
+from agentroll.record.schema import Sample, status_for
+from agentroll.settings.sampling import Sampling
 
 
 def call_seed(seed: int, *parts: object) -> int:

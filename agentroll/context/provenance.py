@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 
-from .client import CallFailed, CompletionClient
-from .errors import ServerError
-from .wire import Completion
+from agentroll.client import CallFailed, CompletionClient
+from agentroll.client.wire import Completion
+from agentroll.errors import ServerError
 
 log = logging.getLogger("agentroll")
 

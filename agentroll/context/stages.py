@@ -12,19 +12,19 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .chat import ChatEncoder
-from .client import CompletionClient
-from .provenance import chat_template_sha256, tokenizer_sha256
-from .rewards import RewardSet
-from .sampling import DEFAULT as DEFAULT_SAMPLING
-from .sampling import KEYS as SAMPLING_KEYS
-from .sampling import Sampling
-from .stats import RunStats
-from .templates import Templates
+from agentroll.client import CompletionClient
+from agentroll.context.provenance import chat_template_sha256, tokenizer_sha256
+from agentroll.record.stats import RunStats
+from agentroll.render.chat import ChatEncoder
+from agentroll.render.templates import Templates
+from agentroll.rewards import RewardSet
+from agentroll.settings.sampling import DEFAULT as DEFAULT_SAMPLING
+from agentroll.settings.sampling import KEYS as SAMPLING_KEYS
+from agentroll.settings.sampling import Sampling
 
 if TYPE_CHECKING:
-    from .folder.journal import Journal
-    from .teacher.scorer import Teacher
+    from agentroll.folder.journal import Journal
+    from agentroll.teacher.scorer import Teacher
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +91,9 @@ class Engine:
     )
     separators: OrderedDict[tuple[int, bytes, int | None], list[int]] = field(default_factory=OrderedDict)
     journal: Journal | None = None  # finished calls of earlier runs, replayed; this run's, kept
-    policy: str | None = None  # a head-to-head run's policy whose model these stages run (`agentroll.policies`)
+    policy: str | None = (
+        None  # a head-to-head run's policy whose model these stages run (`agentroll.settings.policies`)
+    )
 
     def stage(self, name: str) -> Stage:
         found = self.stages.get(name)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UsageError
+from agentroll.errors import UsageError
 
 MARKER = "AGENTROLLTURNMARKER"  # plain letters: no template trims, escapes or splits it
 

@@ -17,8 +17,8 @@ import orjson
 
 from ..errors import UsageError
 from ..folder.manifest import Manifest
-from ..schema import STAGES
-from ..shaping import dropped
+from ..record.schema import STAGES
+from ..settings.shaping import dropped
 from .trajectory import Trajectory, executions, kept, single, trajectories
 
 ADVANTAGES = ("none", "grpo", "mean")

@@ -119,7 +119,7 @@ def _split(text: str, sentinels: tuple[str, ...]) -> list[str] | None:
 def load_messages(manifest: Manifest, tokenizer: str | None, way_out: str | None = None) -> ChatMessages:
     """`ChatMessages` with --tokenizer, else the tokenizer and chat-template arguments the run used. `way_out`:
     what a refusal suggests, for a format without `--layout standard`."""
-    from ..chat import load_tokenizer
+    from ..render.chat import load_tokenizer
 
     settings = manifest.settings
     run = settings.get("tokenizer")

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..shaping import dropped
+from ..settings.shaping import dropped
 
 Record = dict[str, Any]
 

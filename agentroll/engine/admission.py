@@ -12,10 +12,10 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterable, Iterable
 from typing import Any, Protocol
 
-from .client import Budget
-from .errors import UsageError
-from .group import Group
-from .inputs import Problem
+from agentroll.client import Budget
+from agentroll.errors import UsageError
+from agentroll.inputs import Problem
+from agentroll.record.group import Group
 
 
 class GroupRunner(Protocol):

@@ -17,12 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .admission import depth_first
-from .client import Budget, ClientCounters, CompletionClient, follow_metrics
-from .context import Stage
-from .errors import InputError, UsageError
-from .group import Group, annotate
-from .handshake import (
+from agentroll.client import Budget, ClientCounters, CompletionClient, follow_metrics
+from agentroll.context import Stage
+from agentroll.engine.admission import depth_first
+from agentroll.engine.handshake import (
     Served,
     choose_rendering,
     policy_facts,
@@ -32,19 +30,21 @@ from .handshake import (
     settle,
     settle_stage_api,
 )
-from .inputs import InputKeys, Problem, problem_from_row
-from .options import GenerateOptions
-from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
-from .policies import Policy
-from .rewards import RewardSet, label_fault
-from .stats import RunStats
-from .systems import System, from_object, identity, load_system, spec_of, vocabulary_of
-from .teacher.settings import STAGE_KEYS as STAGE_TEACHER_KEYS
-from .templates import Templates
+from agentroll.engine.options import GenerateOptions
+from agentroll.engine.pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
+from agentroll.errors import InputError, UsageError
+from agentroll.inputs import InputKeys, Problem, problem_from_row
+from agentroll.record.group import Group, annotate
+from agentroll.record.stats import RunStats
+from agentroll.render.templates import Templates
+from agentroll.rewards import RewardSet, label_fault
+from agentroll.settings.policies import Policy
+from agentroll.systems import System, from_object, identity, load_system, spec_of, vocabulary_of
+from agentroll.teacher.settings import STAGE_KEYS as STAGE_TEACHER_KEYS
 
 if TYPE_CHECKING:
-    from .folder.journal import Journal
-    from .teacher.scorer import Teacher
+    from agentroll.folder.journal import Journal
+    from agentroll.teacher.scorer import Teacher
 
 BUILTIN_REWARDS = ("math", "exact", "remote", "code")
 log = logging.getLogger("agentroll")
@@ -55,7 +55,7 @@ class Generator:
     """Rewarded, token-exact groups of executions from a vLLM server.
 
     Keyword arguments are `agentroll generate`'s options in snake_case, with the same defaults
-    (`agentroll.options.GenerateOptions`). Use it as an async context manager::
+    (`agentroll.engine.options.GenerateOptions`). Use it as an async context manager::
 
         async with agentroll.Generator(base_url="http://127.0.0.1:8000", samples_per_prompt=8) as gen:
             group = await gen.run_group({"id": "q1", "prompt": "What is 6 x 7?", "label": "42"})
@@ -112,7 +112,7 @@ class Generator:
 
     async def start(self) -> None:
         """Reach the servers, pick the model, load the tokenizer, check chat-template parity, set up rewards; in a
-        head-to-head run (`--policy`), each policy's (`agentroll.policies`)."""
+        head-to-head run (`--policy`), each policy's (`agentroll.settings.policies`)."""
         o = self.options
         system = self._load_system()
         policies = o.policies() or (Policy("", tuple(o.base_url), o.model, o.tokenizer),)
@@ -165,7 +165,7 @@ class Generator:
                 if warning:
                     log.warning(warning)
             if o.teacher or any(STAGE_TEACHER & set(v) for v in o.stage_settings().values()):
-                from .teacher.setup import attach
+                from agentroll.engine.teacher import attach
 
                 explicit, taught = o.max_context_len is not None, None
                 for each in self._systems:  # each policy's stages, scored by the same teacher(s)
@@ -186,7 +186,7 @@ class Generator:
         may use a journal at a time: `generate` opens it once it holds the output folder's lock."""
         self._require()
         if self.journal is None and self._journal_path is not None:
-            from .folder.journal import Journal
+            from agentroll.folder.journal import Journal
 
             fingerprint = journal_fingerprint(self.model, self.server, self.options.return_routed_experts)
             self.journal = Journal(self._journal_path, fingerprint=fingerprint)
@@ -331,7 +331,7 @@ class Generator:
         self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int | None = None, ordered: bool = False
     ) -> AsyncGenerator[Group, None]:
         """Groups of `rows` as they finish, or in input order with `ordered`, each settled (`settle`) when the
-        next one is asked for; admitted depth first (`agentroll.admission`), at most `max_ahead` in flight or
+        next one is asked for; admitted depth first (`agentroll.engine.admission`), at most `max_ahead` in flight or
         waiting to be taken."""
         self._require()
         assert self._budget is not None

@@ -14,16 +14,15 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from . import provenance
-from .chat import ChatEncoder, load_first, load_tokenizer, tokenizer_candidates
-from .client import CompletionClient, detect_api, detect_priority, follow_metrics
-from .context import Stage
-from .errors import AgentrollError, ServerError, UsageError
-from .options import GenerateOptions
-from .parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages, server_renderer
-from .pipeline import SystemConfig
-from .policies import Policy
-from .templates import Templates
+from agentroll.client import CompletionClient, detect_api, detect_priority, follow_metrics
+from agentroll.context import Stage, provenance
+from agentroll.engine.options import GenerateOptions
+from agentroll.engine.parity import PROBE_PROBLEM, check_parity, local_ids, probe_messages, server_renderer
+from agentroll.engine.pipeline import SystemConfig
+from agentroll.errors import AgentrollError, ServerError, UsageError
+from agentroll.render.chat import ChatEncoder, load_first, load_tokenizer, tokenizer_candidates
+from agentroll.render.templates import Templates
+from agentroll.settings.policies import Policy
 
 log = logging.getLogger("agentroll")
 

@@ -14,17 +14,17 @@ from typing import Any
 
 import orjson
 
-from .client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts, read_key
-from .declare import KIND_NAMES, at_least, check_types, default_of, flag, option, positive
-from .errors import UsageError
-from .policies import Policy, parse_policies
-from .rewards.options import RewardOptions
-from .sampling import DEFAULT as DEFAULT_SAMPLING
-from .sampling import KEYS as SAMPLING_KEYS
-from .sampling import Sampling
-from .shaping import LengthShaping
-from .stages import SystemConfig
-from .teacher.settings import TeacherOptions
+from agentroll.client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts, read_key
+from agentroll.context.stages import SystemConfig
+from agentroll.errors import UsageError
+from agentroll.rewards.options import RewardOptions
+from agentroll.settings.declare import KIND_NAMES, at_least, check_types, default_of, flag, option, positive
+from agentroll.settings.policies import Policy, parse_policies
+from agentroll.settings.sampling import DEFAULT as DEFAULT_SAMPLING
+from agentroll.settings.sampling import KEYS as SAMPLING_KEYS
+from agentroll.settings.sampling import Sampling
+from agentroll.settings.shaping import LengthShaping
+from agentroll.teacher.settings import TeacherOptions
 
 CLIENT = ClientSettings()
 TIMEOUTS, RETRIES, HEALTH, CONCURRENCY = CLIENT.timeouts, CLIENT.retries, CLIENT.health, CLIENT.concurrency

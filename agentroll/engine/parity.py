@@ -11,10 +11,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .chat import ChatEncoder
-from .client import CallFailed, CompletionClient
-from .errors import ServerError, UsageError, first_line
-from .templates import Templates
+from agentroll.client import CallFailed, CompletionClient
+from agentroll.errors import ServerError, UsageError, first_line
+from agentroll.render.chat import ChatEncoder
+from agentroll.render.templates import Templates
 
 PROBE_PROBLEM = "What is 17 + 25?"
 PROBE_ANSWERS = ["The sum is \\boxed{42}.", "It is \\boxed{\\frac{84}{2}}."]

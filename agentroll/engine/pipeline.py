@@ -11,21 +11,21 @@ import asyncio
 import builtins
 from typing import TYPE_CHECKING
 
-from .chat import ChatEncoder
-from .client import CallFailed, CompletionClient
-from .concurrency import gather_or_cancel
-from .context import Context, Engine, ExecutionFailed, Stage, SystemConfig, call_seed
-from .errors import AgentrollError, UsageError
-from .inputs import Problem
-from .rewards import RewardSet
-from .schema import Sample
-from .stats import RunStats
-from .systems import System, load_system
-from .teacher.scorer import score_each
-from .templates import Templates
+from agentroll.client import CallFailed, CompletionClient
+from agentroll.context import Context, Engine, ExecutionFailed, Stage, SystemConfig, call_seed
+from agentroll.errors import AgentrollError, UsageError
+from agentroll.inputs import Problem
+from agentroll.process.concurrency import gather_or_cancel
+from agentroll.record.schema import Sample
+from agentroll.record.stats import RunStats
+from agentroll.render.chat import ChatEncoder
+from agentroll.render.templates import Templates
+from agentroll.rewards import RewardSet
+from agentroll.systems import System, load_system
+from agentroll.teacher.scorer import score_each
 
 if TYPE_CHECKING:
-    from .folder.journal import Journal
+    from agentroll.folder.journal import Journal
 
 __all__ = ["AgentSystem", "ExecutionFailed", "SystemConfig", "call_seed", "final_reward", "gather_or_cancel"]
 

@@ -9,15 +9,15 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..client.settings import ClientSettings
-from ..handshake import discover
-from .check import check_vocabulary
-from .scorer import Teacher
-from .settings import TeacherOptions, TeacherSettings
+from agentroll.client.settings import ClientSettings
+from agentroll.engine.handshake import discover
+from agentroll.teacher.check import check_vocabulary
+from agentroll.teacher.scorer import Teacher
+from agentroll.teacher.settings import TeacherOptions, TeacherSettings
 
 if TYPE_CHECKING:
-    from ..client import Transport
-    from ..stages import Engine, Stage
+    from agentroll.client import Transport
+    from agentroll.context.stages import Engine, Stage
 
 log = logging.getLogger("agentroll")
 

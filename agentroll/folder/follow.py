@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 
 from ..errors import OutputError, RunEnded, UsageError
-from ..group import Group
+from ..record.group import Group
 from . import lock
 from .files import atomic_write
 from .layout import MANIFEST, PARTIAL, Layout, is_zstd, routes_name, routes_path

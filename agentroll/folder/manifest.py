@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ..errors import OutputError, json_kind
-from ..schema import SCHEMA_VERSION
+from ..record.schema import SCHEMA_VERSION
 from .files import atomic_write
 from .layout import MANIFEST, Layout
 

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from ..errors import OutputError
-from ..stats import RunStats
+from ..record.stats import RunStats
 from .files import file_sha256, prepare
 from .keys import read_keys
 from .layout import Layout, is_zstd, routes_name, shard_name

@@ -19,9 +19,9 @@ from typing import Any
 import orjson
 
 from ..errors import OutputError, json_kind
-from ..group import Group
 from ..inputs import Problem
-from ..schema import Sample
+from ..record.group import Group
+from ..record.schema import Sample
 from .layout import is_zstd
 from .manifest import Manifest, ShardEntry
 from .routes import Sidecar

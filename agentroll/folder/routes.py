@@ -27,7 +27,7 @@ from ..errors import OutputError
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..group import Group
+    from ..record.group import Group
 
 Span = tuple[int, int]  # (offset, nbytes) in the sidecar
 PROMPT_CACHE = 64  # decoded prompt parts a reader keeps (records of one group share their prompts)
@@ -161,7 +161,7 @@ class Placement:
     def block(self, group: Group) -> bytes:
         """The group's JSONL block with each routed sample's routes as its reference (the group's own samples
         keep what they hold)."""
-        from ..group import Group
+        from ..record.group import Group
 
         executions = [
             [replace(s, routed_experts=self.refs[(i, j)]) if (i, j) in self.refs else s for j, s in enumerate(samples)]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from ..errors import OutputError, PipeClosed, UsageError
-from ..group import Group
+from ..record.group import Group
 
 
 class StdoutWriter:

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 
 from ..errors import OutputError
-from ..group import Group
-from ..schema import SCHEMA_VERSION
+from ..record.group import Group
+from ..record.schema import SCHEMA_VERSION
 from . import lock
 from .files import prepare, write_all
 from .layout import PARTIAL, Layout, routes_path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent  # agentroll/, this module being agentroll/process/resources.py
 
 
 def _bundled(name: str) -> Path:

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 import orjson
 
-from .inputs import Problem
-from .schema import Sample
+from agentroll.inputs import Problem
+from agentroll.record.schema import Sample
 
 GroupStatus = Literal["complete", "filtered", "failed", "invalid"]
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .schema import Sample
+from agentroll.record.schema import Sample
 
 TIE = 1e-9  # two means this close are a tie (float sums of the same rewards in another order)
 RESAMPLES = 2000

@@ -12,11 +12,11 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from .headtohead import Comparison
-from .schema import STAGES, Sample
+from agentroll.record.headtohead import Comparison
+from agentroll.record.schema import STAGES, Sample
 
 if TYPE_CHECKING:
-    from .systems.vocabulary import Vocabulary
+    from agentroll.systems.vocabulary import Vocabulary
 
 
 @dataclass(slots=True)

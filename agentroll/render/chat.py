@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from .errors import UsageError
+from agentroll.errors import UsageError
 
 # AutoTokenizer overrides these names (a byte-level tokenizer.json declared as Llama's gets the generic backend,
 # while the class itself builds a pipeline of its own): AutoTokenizer decides.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import jinja2
 
-from .errors import UsageError
-from .resources import prompts_dir
+from agentroll.errors import UsageError
+from agentroll.process.resources import prompts_dir
 
 THREE_STAGE = ("solver", "rewriter", "selector")
 SYSTEM_FILE = "system.jinja"

@@ -20,8 +20,8 @@ from .rules import AgentReported, ExactReward, MathReward
 
 if TYPE_CHECKING:
     from ..inputs import Problem
-    from ..schema import Sample
-    from ..stats import RunStats
+    from ..record.schema import Sample
+    from ..record.stats import RunStats
 
 __all__ = [
     "NO_CONTENT",

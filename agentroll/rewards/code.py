@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..concurrency import gather_or_cancel
 from ..errors import RewardError, json_kind
+from ..process.concurrency import gather_or_cancel
 from ..sandbox import RunResult, Sandbox, SandboxUnavailable
 from .base import NO_CONTENT, RewardRequest, RewardResult
 

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from ..errors import RewardError
-from ..loading import load_object
+from ..process.loading import load_object
 from ._pool import CheckFailed, CheckTimeout, WorkerPool, WorkerUnavailable
 from .base import RewardRequest, RewardResult, finite
 

@@ -8,9 +8,9 @@ import os
 from dataclasses import dataclass
 
 from ..client.settings import Retries, Timeouts
-from ..declare import at_least, check_types, option, positive
 from ..errors import UsageError
 from ..sandbox import SandboxSettings
+from ..settings.declare import at_least, check_types, option, positive
 from . import RewardSettings
 
 REWARDS, RETRIES, TIMEOUTS = RewardSettings(), Retries(), Timeouts()

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from fractions import Fraction
 
 from ..errors import RewardError
-from ..parsing import last_boxed
+from ..record.parsing import last_boxed
 from ._pool import CheckFailed, CheckPool, CheckTimeout, WorkerUnavailable
 from ._worker import math_equal
 from .base import NO_CONTENT, RewardRequest, RewardResult

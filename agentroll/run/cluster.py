@@ -30,16 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .client import ClientCounters
-from .cluster_task import GRACE_S, POLL_S, Board, PartitionLost, import_ray, run_partition
-from .errors import AgentrollError, ClusterError, OutputError
-from .folder import job as folder_job
-from .folder.layout import Layout
-from .folder.manifest import Manifest
-from .folder.merge import merge
-from .inputs import rows_to_read
-from .options import GenerateOptions
-from .partitions import (
+from agentroll.client import ClientCounters
+from agentroll.engine.options import GenerateOptions
+from agentroll.errors import AgentrollError, ClusterError, OutputError
+from agentroll.folder import job as folder_job
+from agentroll.folder.layout import Layout
+from agentroll.folder.manifest import Manifest
+from agentroll.folder.merge import merge
+from agentroll.inputs import rows_to_read
+from agentroll.record.stats import RunStats
+from agentroll.run.cluster_task import GRACE_S, POLL_S, Board, PartitionLost, import_ray, run_partition
+from agentroll.run.partitions import (
     RAY_RETRIES,
     Outcome,
     add_requests,
@@ -52,10 +53,9 @@ from .partitions import (
     tasks_at_once,
     unseen_parts,
 )
-from .progress import Progress
-from .run_options import RunOptions
-from .runner import RunResult
-from .stats import RunStats
+from agentroll.run.progress import Progress
+from agentroll.run.run_options import RunOptions
+from agentroll.run.runner import RunResult
 
 log = logging.getLogger("agentroll")
 

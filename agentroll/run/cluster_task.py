@@ -19,12 +19,12 @@ from typing import IO, Any
 
 import orjson
 
-from .children import stop_group
-from .errors import OutputError, UsageError
-from .folder import job as folder_job
-from .folder import lock as folder_lock
-from .folder.layout import Layout
-from .folder.manifest import Manifest
+from agentroll.errors import OutputError, UsageError
+from agentroll.folder import job as folder_job
+from agentroll.folder import lock as folder_lock
+from agentroll.folder.layout import Layout
+from agentroll.folder.manifest import Manifest
+from agentroll.process.children import stop_group
 
 log = logging.getLogger("agentroll")
 

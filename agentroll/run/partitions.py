@@ -19,16 +19,16 @@ from typing import IO, Any
 
 import orjson
 
-from .children import die_with
-from .client import ClientCounters
-from .errors import InputError, OutputError, UsageError
-from .folder.job import log_path, part_dir
-from .folder.layout import Layout
-from .folder.manifest import Manifest
-from .options import GenerateOptions
-from .progress import Progress
-from .run_options import RunOptions
-from .stats import RunStats
+from agentroll.client import ClientCounters
+from agentroll.engine.options import GenerateOptions
+from agentroll.errors import InputError, OutputError, UsageError
+from agentroll.folder.job import log_path, part_dir
+from agentroll.folder.layout import Layout
+from agentroll.folder.manifest import Manifest
+from agentroll.process.children import die_with
+from agentroll.record.stats import RunStats
+from agentroll.run.progress import Progress
+from agentroll.run.run_options import RunOptions
 
 RAY_RETRIES = 3  # --ray-retries when not given
 DEFAULT_PORTS = {"": 6379, "ray://": 10001}  # Ray's own: a GCS address, a Ray Client server

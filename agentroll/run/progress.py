@@ -12,8 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .client import ClientCounters
-from .stats import RunStats
+from agentroll.client import ClientCounters
+from agentroll.record.stats import RunStats
 
 
 class Progress:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .declare import at_least, option
-from .errors import UsageError
-from .folder import COMPRESSIONS
-from .inputs import parse_partition
-from .inputs.mix import Source, parse_mix
+from agentroll.errors import UsageError
+from agentroll.folder import COMPRESSIONS
+from agentroll.inputs import parse_partition
+from agentroll.inputs.mix import Source, parse_mix
+from agentroll.settings.declare import at_least, option
 
 
 @dataclass(frozen=True, kw_only=True)

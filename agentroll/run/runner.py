@@ -20,18 +20,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import heap
-from .client import ClientCounters
-from .errors import AgentrollError, IncompleteRun, InputError, TooManyFailures, UsageError, first_line
-from .folder import Layout, ShardWriter, StdoutWriter, consumed
-from .generator import Generator
-from .group import Group
-from .inputs import Problem, aread_problems, in_partition, rows_to_read, source_name
-from .inputs import check as check_input
-from .inputs.mix import amix, check_mix
-from .progress import Progress
-from .run_options import RunOptions
-from .stats import RunStats
+from agentroll.client import ClientCounters
+from agentroll.engine.generator import Generator
+from agentroll.errors import AgentrollError, IncompleteRun, InputError, TooManyFailures, UsageError, first_line
+from agentroll.folder import Layout, ShardWriter, StdoutWriter, consumed
+from agentroll.inputs import Problem, aread_problems, in_partition, rows_to_read, source_name
+from agentroll.inputs import check as check_input
+from agentroll.inputs.mix import amix, check_mix
+from agentroll.process import heap
+from agentroll.record.group import Group
+from agentroll.record.stats import RunStats
+from agentroll.run.progress import Progress
+from agentroll.run.run_options import RunOptions
 
 log = logging.getLogger("agentroll")
 
@@ -107,7 +107,7 @@ class Runner:
         gen = self.generator
         async with gen:
             checked = await self._checked(self._rows())
-            heap.settle()  # what is loaded now lives as long as the run (agentroll.heap)
+            heap.settle()  # what is loaded now lives as long as the run (agentroll.process.heap)
             settings = {
                 **gen.settings,
                 "partition": list(opts.slice) if opts.slice else None,

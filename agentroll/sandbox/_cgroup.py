@@ -23,7 +23,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..children import alive
+from ..process.children import alive
 
 PREFIX = "agentroll-"
 CPU_PERIOD_US = 100_000

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from ..children import alive
+from ..process.children import alive
 from . import SandboxSettings
 
 LAUNCHER = str(Path(__file__).with_name("_launch.py"))

@@ -7,7 +7,7 @@ import math
 from dataclasses import MISSING, field, fields
 from typing import Any
 
-from .errors import UsageError
+from agentroll.errors import UsageError
 
 
 def option(default: Any, help: str, **cli: Any) -> Any:

@@ -2,7 +2,7 @@
 
 A policy is a model on its own servers, named by the user: every problem's group then holds K executions per
 policy (`--samples-per-prompt` K), each record naming its policy (`policy`), so that the policies are compared
-on the same prompts, problem by problem (`agentroll.headtohead`), and paired across (`convert --to dpo
+on the same prompts, problem by problem (`agentroll.record.headtohead`), and paired across (`convert --to dpo
 --across-policies`). A policy's own settings are its served `model`, its `tokenizer` and its sampling
 (`max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`); everything else (the system, the reward, the stage
 templates, the run's other sampling) is the run's, the same for every policy, so that what differs between two
@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UsageError
-from .sampling import DEFAULT as DEFAULT_SAMPLING
-from .sampling import KEYS as SAMPLING_KEYS
+from agentroll.errors import UsageError
+from agentroll.settings.sampling import DEFAULT as DEFAULT_SAMPLING
+from agentroll.settings.sampling import KEYS as SAMPLING_KEYS
 
 KEYS = ("model", "tokenizer", *SAMPLING_KEYS)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .errors import UsageError
+from agentroll.errors import UsageError
 
 KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p")
 # what vLLM would otherwise fill in from the model's generation_config.json: sent as neutral values on every call

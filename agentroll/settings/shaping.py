@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import UsageError
-from .schema import Sample
+from agentroll.errors import UsageError
+from agentroll.record.schema import Sample
 
 FILTERS = ("none", "mask", "drop")
 DROP_NOTE = "overlong filter: drop"  # the `reward_info` note of a sample `drop` took out of training

@@ -1,6 +1,6 @@
 """What vLLM checks before it schedules a request, with its own messages: the model's name, a completion's
 `stop`, each prompt's ids, logprobs, max_tokens and the context; and `tools` as it hands them to a chat template
-(`agentroll.chat.vllm_tools`, which the recording proxy of `--system agent` shares).
+(`agentroll.render.chat.vllm_tools`, which the recording proxy of `--system agent` shares).
 
 Apart from the engine because these are vLLM's refusals (a client is tested against each, message for message),
 while the engine is what an accepted request makes.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..chat import vllm_tools
+from ..render.chat import vllm_tools
 from .wire import HTTPFailure, bad_request, error_body, sanitize, validation_failure
 
 __all__ = ["check_model", "check_prompt", "check_stop", "vllm_tools"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..resources import sim_tokenizer_dir
+from ..process.resources import sim_tokenizer_dir
 from .app import handler
 from .engine import Engine
 from .faults import Faults

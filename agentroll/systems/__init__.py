@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import UsageError
-from ..loading import load_object
+from ..process.loading import load_object
 from .vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     from ..context import Context
-    from ..rescoring import Rescoring
-    from ..schema import Sample
+    from ..record.schema import Sample
+    from ..tools.rescoring import Rescoring
 
 
 class System:

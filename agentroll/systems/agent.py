@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from ..agents.proxy import Proxy
     from ..context import Context
     from ..inputs import Problem
-    from ..rescoring import Rescoring
-    from ..schema import Sample
+    from ..record.schema import Sample
+    from ..tools.rescoring import Rescoring
 
 OWN = "agent"  # --reward agent: the reward the agent reports
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..schema import Sample
+from ..record.schema import Sample
 from . import System
 from .vocabulary import Finding, Vocabulary, outcome_is
 
 if TYPE_CHECKING:
     from ..context import Context
-    from ..rescoring import Rescoring
+    from ..tools.rescoring import Rescoring
 
 
 class CritiqueReviseWords(Vocabulary):

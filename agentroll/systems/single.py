@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..schema import Sample
+from ..record.schema import Sample
 from . import System
 from .vocabulary import Finding, Vocabulary, outcome_is
 

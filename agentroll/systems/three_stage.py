@@ -16,16 +16,16 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from ..concurrency import gather_or_cancel
-from ..parsing import parse_judgment
-from ..schema import Sample
+from ..process.concurrency import gather_or_cancel
+from ..record.parsing import parse_judgment
+from ..record.schema import Sample
 from . import System
 from .vocabulary import SYSTEM_ACCURACY, Chart, Figure, Finding, Label, accuracy
 from .votes import BEST_OF_N, MAJORITY_VOTE, Votes
 
 if TYPE_CHECKING:
     from ..context import Context
-    from ..rescoring import Rescoring
+    from ..tools.rescoring import Rescoring
 
 PICK = Figure(
     "selector_pick_accuracy", "selector (its pick)", "selector.raw_reward_sum", "selections", stage="selector"

@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..concurrency import gather_or_cancel
 from ..context import ExecutionFailed
 from ..errors import UsageError
+from ..process.concurrency import gather_or_cancel
 from ..sandbox import SandboxUnavailable
 from ..toolcalls import PYTHON, ParsedCall, Toolbox, ToolResult, call_id, parser_for, tool_text
 from . import System
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ..context import Context
-    from ..rescoring import Rescoring
-    from ..schema import Sample
+    from ..record.schema import Sample
+    from ..tools.rescoring import Rescoring
 
 NO_TOOLS = (
     "the chat template renders nothing of the `tools` argument, so the model would never see its tools: use "

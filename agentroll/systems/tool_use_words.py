@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from ..schema import Sample
+from ..record.schema import Sample
 from .vocabulary import Figure, Finding, Label, Vocabulary, outcome_is
 from .votes import answers
 

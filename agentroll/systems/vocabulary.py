@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..schema import Sample
-from ..stats import SYSTEM_ACCURACY, Figure, accuracy
+from ..record.schema import Sample
+from ..record.stats import SYSTEM_ACCURACY, Figure, accuracy
 
 __all__ = ["SYSTEM_ACCURACY", "Chart", "Figure", "Finding", "Label", "Vocabulary", "accuracy"]
 
@@ -62,7 +62,7 @@ class Label:
 class Vocabulary:
     """A system's words, each with a default. Subclass it and set `vocabulary = MyWords()` on the system.
 
-    `figures`: report figures (`agentroll.stats.Figure`: a counter over a counter), in report order; each stage
+    `figures`: report figures (`agentroll.record.stats.Figure`: a counter over a counter), in report order; each stage
     no figure stands for reports its mean raw reward after them, and the system's accuracy comes last.
     `charts`: sections of the report page. `counters`: the names the system counts while it runs
     (`ctx.engine.stats.count`), so a run that never counted one still reports it as 0. `tally`: the counters one

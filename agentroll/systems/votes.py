@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import ClassVar
 
-from ..parsing import last_boxed
-from ..schema import Sample
+from ..record.parsing import last_boxed
+from ..record.schema import Sample
 from .vocabulary import Figure, Vocabulary, accuracy
 
 MAJORITY_VOTE = Figure("majority_vote_accuracy", "majority vote", "majority_correct", needs="majority_votes")

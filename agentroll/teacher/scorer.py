@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..client import FIRST, CompletionClient, Priority, follow_metrics
-from ..concurrency import gather_or_cancel
+from ..client.wire import PATHS, Completion, parse_scores, score_body
 from ..errors import UsageError
-from ..schema import Sample
-from ..wire import PATHS, Completion, parse_scores, score_body
+from ..process.concurrency import gather_or_cancel
+from ..record.schema import Sample
 from .settings import TeacherSettings
 
 if TYPE_CHECKING:

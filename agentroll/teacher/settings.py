@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..client.settings import ClientSettings, Concurrency, Health, Retries, Timeouts, read_key
-from ..declare import at_least, option
 from ..errors import UsageError
+from ..settings.declare import at_least, option
 
 CLIENT = ClientSettings()
 MOST_LOGPROBS = 100  # --teacher-logprobs: what a vLLM started with a larger --max-logprobs might list

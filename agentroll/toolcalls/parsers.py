@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from ..errors import UsageError
-from ..loading import load_object
+from ..process.loading import load_object
 
 __all__ = ["PARSERS", "ParsedCall", "Parser", "call_id", "parser_for", "tool_text"]
 
@@ -54,7 +54,7 @@ Parser = Callable[[str], list[ParsedCall]]
 
 def tool_text(response: str, think: bool = True) -> str:
     """The part of a response calls are read from: with thinking, the text after its one `</think>` (as the
-    answer is read: `agentroll.parsing.answer_content`), none when the block never closes (or closes twice), so
+    answer is read: `agentroll.record.parsing.answer_content`), none when the block never closes (or closes twice), so
     call-like text in unfinished reasoning is never run; without thinking (`--no-think`), all of it."""
     if not think:
         return response

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..errors import RewardError, UsageError, first_line
-from ..loading import load_object
+from ..process.loading import load_object
 from ..rewards._threads import CallThreads, PoolExhausted
 from ..sandbox import SandboxUnavailable
 from .parsers import ParsedCall

@@ -26,21 +26,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import provenance
-from .chat import load_first
-from .client import CallFailed, ClientCounters, ClientSettings, Transport
-from .errors import UsageError
-from .folder import Layout, Manifest, read_groups
-from .group import Group
-from .handshake import discover
-from .progress import Progress
-from .rescoring import system_of_folder
-from .schema import Sample
-from .stats import RunStats
-from .systems import vocabulary_of
-from .teacher.check import check_vocabulary
-from .teacher.scorer import Teacher, clear, score_each
-from .teacher.settings import TeacherOptions, TeacherSettings
+from agentroll.client import CallFailed, ClientCounters, ClientSettings, Transport
+from agentroll.context import provenance
+from agentroll.engine.handshake import discover
+from agentroll.errors import UsageError
+from agentroll.folder import Layout, Manifest, read_groups
+from agentroll.record.group import Group
+from agentroll.record.schema import Sample
+from agentroll.record.stats import RunStats
+from agentroll.render.chat import load_first
+from agentroll.run.progress import Progress
+from agentroll.systems import vocabulary_of
+from agentroll.teacher.check import check_vocabulary
+from agentroll.teacher.scorer import Teacher, clear, score_each
+from agentroll.teacher.settings import TeacherOptions, TeacherSettings
+from agentroll.tools.rescoring import system_of_folder
 
 log = logging.getLogger("agentroll")
 
@@ -218,8 +218,8 @@ async def distill(
             "teacher": plan.recorded(),
             "derived_from": {"folder": str(src.resolve()), "folder_id": manifest.folder_id, "command": "distill"},
         }
-        from .folder import ShardWriter  # the writer only for a command that writes: `import agentroll` reads
-        from .folder.journal import Journal
+        from agentroll.folder import ShardWriter  # the writer only for a command that writes: `import agentroll` reads
+        from agentroll.folder.journal import Journal
 
         compression = str(settings.get("compression") or "none")
         writer = ShardWriter(out, new_settings, shard_size, overwrite=overwrite, compression=compression)

@@ -6,15 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .chat import ChatEncoder, load_first, tokenizer_candidates
-from .client import CompletionClient, detect_api
-from .errors import AgentrollError
-from .options import GenerateOptions
-from .parity import check_parity, probe_messages
-from .provenance import logprobs_mode, mode_warning
-from .templates import Templates
-from .turns import SAMPLE_TURNS, prefix_break
-from .wire import WireError, parse_completions
+from agentroll.client import CompletionClient, detect_api
+from agentroll.client.wire import WireError, parse_completions
+from agentroll.context.provenance import logprobs_mode, mode_warning
+from agentroll.context.turns import SAMPLE_TURNS, prefix_break
+from agentroll.engine.options import GenerateOptions
+from agentroll.engine.parity import check_parity, probe_messages
+from agentroll.errors import AgentrollError
+from agentroll.render.chat import ChatEncoder, load_first, tokenizer_candidates
+from agentroll.render.templates import Templates
 
 # a few short calls that should fail fast: the run's settings otherwise
 PROBE: dict[str, Any] = {"concurrency": 4, "request_timeout": 120.0, "max_retries": 1}

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..schema import Sample
+from ..record.schema import Sample
 from ..systems.vocabulary import Vocabulary
 from .system import LEGACY, SystemInfo
 
@@ -180,7 +180,8 @@ def _check_figures(execs: list[list[Row]], add: Add, system: SystemInfo) -> None
     mean = sum(fs) / len(fs)
     std = (sum((f - mean) ** 2 for f in fs) / len(fs)) ** 0.5
     passed = float(any(r.stage == "solver" and r.raw_reward == 1.0 for r in rows))
-    # group_pass_at_k is over the "solver" stage's samples (agentroll.group): a system without one says what it likes
+    # group_pass_at_k is over the "solver" stage's samples (agentroll.record.group): a system without one says what
+    # it likes
     solvers = "solver" in (system.stages or ())
     for r in rows:
         for name, got, want in zip(

@@ -25,8 +25,8 @@ from pathlib import Path
 from string import Formatter
 from typing import Any
 
-from ..group import Group
-from ..stats import RunStats
+from ..record.group import Group
+from ..record.stats import RunStats
 from ..systems.vocabulary import Chart
 from .report import folder_sections, folder_state
 

@@ -2,7 +2,7 @@
 viewer shows side by side.
 
 The figures are `agentroll.tools.report.stats`' own (each section's `policies` and `head_to_head`, computed by
-`agentroll.headtohead` from the same records), so the table, the page and the viewer never disagree:
+`agentroll.record.headtohead` from the same records), so the table, the page and the viewer never disagree:
 
 - `compare(folder, by=None)`: each policy's figures and the head-to-head table, for the folder and per `--by`
   value;
@@ -20,7 +20,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from ..headtohead import TIE, decisive, policy_means
+from ..record.headtohead import TIE, decisive, policy_means
 from .charts import Series, bar_chart, line_chart
 from .report import TEACHER_ROWS
 
@@ -28,7 +28,7 @@ from .report import TEACHER_ROWS
 def compare(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
     """{"folder", "by", "policies": {name: figures}, "head_to_head": table, "split": {value: {"policies",
     "head_to_head"}}} (`figures` as `stats` gives them for a folder, over one policy's executions; `table` as
-    `agentroll.headtohead.Comparison.table`). A folder of one model has no policies: both are empty."""
+    `agentroll.record.headtohead.Comparison.table`). A folder of one model has no policies: both are empty."""
     from .report import stats
 
     data = stats(folder, by)

@@ -22,9 +22,9 @@ from rich.tree import Tree
 
 from ..errors import OutputError, UsageError
 from ..folder import routes
-from ..group import Group
-from ..parsing import last_boxed
-from ..schema import Sample
+from ..record.group import Group
+from ..record.parsing import last_boxed
+from ..record.schema import Sample
 from ..systems.vocabulary import Label, Vocabulary
 from .system import LEGACY, SystemInfo, coerce, words
 

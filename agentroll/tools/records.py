@@ -1,4 +1,4 @@
-"""One record on its own, for `validate`: exactly the fields of `agentroll.schema.Sample`, each of its JSON type
+"""One record on its own, for `validate`: exactly the fields of `agentroll.record.schema.Sample`, each of its JSON type
 (derived from `Sample`, so a new field is checked without touching this file), values the writer can write,
 aligned lengths, and a multi-turn record's history mask and logprobs."""
 
@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Any
 
 from ..errors import json_kind as json_type
-from ..schema import OPTIONAL_FIELDS, SCHEMA_VERSION, Sample
+from ..record.schema import OPTIONAL_FIELDS, SCHEMA_VERSION, Sample
 
 WRITTEN_STATUSES = ("completed", "truncated")  # "aborted" is retried, never written (docs/schema.md)
 

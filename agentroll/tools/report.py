@@ -2,7 +2,7 @@
 on disk (a merged folder, several resumed runs) rather than the last run, which is all `manifest.last_run` knows.
 
 The stages are the folder's system's (`settings.system.stages` in the manifest; a folder without one is
-three-stage), in its order. The figures are `agentroll.stats.RunStats`'s own, fed the folder's executions: the
+three-stage), in its order. The figures are `agentroll.record.stats.RunStats`'s own, fed the folder's executions: the
 same accuracy definitions as the run summary, by construction. Two differences from a run's report: only
 written groups count (a run also counts the groups it filtered out), and calls that failed or were never made
 leave no record, so `failed_calls` and `skipped_calls` are not known here. Each stage also says whether it is
@@ -16,7 +16,7 @@ every problem has its N * K samples); a system without a "solver" stage has none
 records' `group_pass_at_k`.
 
 A head-to-head folder (`generate --policy`): each section also has each policy's figures (a section of its own
-over that policy's executions) and the problem-by-problem table (`agentroll.headtohead`).
+over that policy's executions) and the problem-by-problem table (`agentroll.record.headtohead`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import orjson
 from rich.table import Table
 from rich.text import Text
 
-from ..group import Group
-from ..headtohead import Comparison
-from ..schema import STAGES, Sample
-from ..stats import RunStats
+from ..record.group import Group
+from ..record.headtohead import Comparison
+from ..record.schema import STAGES, Sample
+from ..record.stats import RunStats
 from ..systems.vocabulary import Vocabulary
 from ..systems.votes import answers
 from .system import LEGACY, SystemInfo, coerce, system_of, words
@@ -325,7 +325,7 @@ def stats_table(data: dict[str, Any]) -> Table:
     return table
 
 
-TEACHER_ROWS = (  # agentroll.stats.TeacherStats' figures, as the tables name them
+TEACHER_ROWS = (  # agentroll.record.stats.TeacherStats' figures, as the tables name them
     ("student - teacher logprob, mean", "mean_gap"),
     ("student - teacher logprob, max", "max_gap"),
     ("KL(student || teacher), k3", "kl_k3"),

@@ -20,16 +20,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, UsageError
-from .folder import Manifest, read_groups
-from .group import Group, annotate
-from .inputs import Problem
-from .rewards import RewardSet, RewardSettings, label_fault
-from .rewards.options import RewardOptions
-from .schema import Sample
-from .shaping import LengthShaping
-from .stats import RunStats
-from .systems import System, builtin, load_system, vocabulary_of
+from agentroll.errors import InputError, UsageError
+from agentroll.folder import Manifest, read_groups
+from agentroll.inputs import Problem
+from agentroll.record.group import Group, annotate
+from agentroll.record.schema import Sample
+from agentroll.record.stats import RunStats
+from agentroll.rewards import RewardSet, RewardSettings, label_fault
+from agentroll.rewards.options import RewardOptions
+from agentroll.settings.shaping import LengthShaping
+from agentroll.systems import System, builtin, load_system, vocabulary_of
 
 log = logging.getLogger("agentroll")
 
@@ -145,7 +145,7 @@ async def rescore(
         _check_label(src, first, settings_of_rewards.default)
     rewards = RewardSet(settings_of_rewards)
     compression = str(settings.get("compression") or "none")
-    from .folder import ShardWriter  # the writer only for a rescore: `import agentroll` reads, never writes
+    from agentroll.folder import ShardWriter  # the writer only for a rescore: `import agentroll` reads, never writes
 
     writer = ShardWriter(out, new_settings, shard_size, overwrite=overwrite, compression=compression)
     result = RescoreResult(str(src), str(out))

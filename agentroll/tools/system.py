@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..folder.manifest import Manifest
-from ..schema import STAGES
+from ..record.schema import STAGES
 from ..systems import vocabulary_of
 from ..systems.vocabulary import Vocabulary
 

@@ -13,7 +13,7 @@ What is checked, and where (each module says the details):
 - each shard (`tools.shards`): present, its byte size and sha256 as the manifest says, whole lines; a
   compressed one (`.jsonl.zst`) decompresses, its frames holding whole groups; its counts and keys file
   (a resume trusts a readable one) against what it holds;
-- each record (`tools.records`): exactly the fields of `agentroll.schema.Sample`, each of its JSON type;
+- each record (`tools.records`): exactly the fields of `agentroll.record.schema.Sample`, each of its JSON type;
   values the writer can write (a stage of the system, status, 0/1 masks, schema_version); aligned lengths;
 - conversations (`tools.conversations`): a record that `continues` another continues an earlier record of
   its execution by one turn, token for token, its history mask and logprobs exactly that record's tokens;
@@ -40,7 +40,7 @@ import orjson
 from ..folder import raw as folder_files
 from ..folder.layout import MANIFEST, Layout
 from ..folder.manifest import unfinished
-from ..schema import SCHEMA_VERSION
+from ..record.schema import SCHEMA_VERSION
 from .faults import MAX_FAULTS, Fault, ValidationReport
 from .records import FIELDS, record_faults
 from .shards import read_shard

@@ -17,16 +17,17 @@ from typing import Any
 import orjson
 import pytest
 
-from agentroll import cluster, cluster_task
 from agentroll.client import ClientCounters
-from agentroll.cluster import RayJob
-from agentroll.cluster_task import import_ray, run_partition
+from agentroll.engine.options import GenerateOptions
 from agentroll.errors import ClusterError, InputError, OutputError, UsageError
 from agentroll.folder import lock as folder_lock
 from agentroll.folder.job import lock_job, prepare_output
 from agentroll.folder.manifest import Manifest
-from agentroll.options import GenerateOptions
-from agentroll.partitions import (
+from agentroll.record.stats import RunStats, StageStats
+from agentroll.run import cluster, cluster_task
+from agentroll.run.cluster import RayJob
+from agentroll.run.cluster_task import import_ray, run_partition
+from agentroll.run.partitions import (
     JsonProgress,
     Outcome,
     add_requests,
@@ -41,9 +42,8 @@ from agentroll.partitions import (
     tasks_at_once,
     unseen_parts,
 )
-from agentroll.run_options import RunOptions
-from agentroll.runner import RunResult
-from agentroll.stats import RunStats, StageStats
+from agentroll.run.run_options import RunOptions
+from agentroll.run.runner import RunResult
 
 from ..conftest import TOKENIZER, run_cli
 

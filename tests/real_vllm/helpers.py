@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from agentroll.resources import sim_tokenizer_dir
+from agentroll.process.resources import sim_tokenizer_dir
 
 from ..conftest import run_cli
 

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from agentroll.agents.messages import for_template
-from agentroll.chat import ChatEncoder, load_first, vllm_tools
-from agentroll.turns import separator
+from agentroll.context.turns import separator
+from agentroll.render.chat import ChatEncoder, load_first, vllm_tools
 
 from .. import agents_support as support
 from ..conftest import read_records, run_cli

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentroll.wire import score_body
+from agentroll.client.wire import score_body
 
 from ..conftest import read_records, run_cli
 from .conftest import SUMMARY

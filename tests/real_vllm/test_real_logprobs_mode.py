@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from agentroll.provenance import PROCESSED, RAW, mode_warning
+from agentroll.context.provenance import PROCESSED, RAW, mode_warning
 
 from ..conftest import read_records, run_cli
 from .conftest import SUMMARY

@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 
 from agentroll.folder import read_records
-from agentroll.resources import sim_tokenizer_dir
+from agentroll.process.resources import sim_tokenizer_dir
 
 from ..conftest import run_cli
 from .conftest import SUMMARY, start_server, stop

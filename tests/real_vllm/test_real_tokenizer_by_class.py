@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agentroll.chat import ChatEncoder, load_by_class
 from agentroll.client import CompletionClient
-from agentroll.parity import check_parity, probe_messages
-from agentroll.templates import Templates
+from agentroll.engine.parity import check_parity, probe_messages
+from agentroll.render.chat import ChatEncoder, load_by_class
+from agentroll.render.templates import Templates
 
 from .conftest import SUMMARY
 from .helpers import TOKENIZER

@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agentroll.chat import ChatEncoder, load_first
+from agentroll.context.turns import separator
+from agentroll.render.chat import ChatEncoder, load_first
 from agentroll.toolcalls import PYTHON
-from agentroll.turns import separator
 
 from ..conftest import read_records, run_cli
 from .conftest import SUMMARY

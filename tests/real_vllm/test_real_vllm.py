@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from agentroll.chat import ChatEncoder, load_tokenizer
-from agentroll.templates import Templates
+from agentroll.render.chat import ChatEncoder, load_tokenizer
+from agentroll.render.templates import Templates
 
 from ..conftest import read_records, run_cli
 from .conftest import SUMMARY

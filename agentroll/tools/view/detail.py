@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...folder.places import Place
-from ...group import Group
-from ...parsing import last_boxed
-from ...schema import Sample
+from ...record.group import Group
+from ...record.parsing import last_boxed
+from ...record.schema import Sample
 from .audit import Audit
 from .rows import Words, execution_policies, gap
 from .tokens import Decoder

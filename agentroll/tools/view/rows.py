@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...folder.places import Place
-from ...group import Group
-from ...schema import Sample
-from ...stats import Figure, RunStats
+from ...record.group import Group
+from ...record.schema import Sample
+from ...record.stats import Figure, RunStats
 from ...systems.vocabulary import Finding, Vocabulary
 from ...systems.votes import answers
 from ..system import SystemInfo, system_of, words

@@ -58,8 +58,8 @@ class Decoder:
                 self._load()
 
     def _load(self) -> None:
-        from ...chat import load_by_class, load_tokenizer
         from ...errors import UsageError
+        from ...render.chat import load_by_class, load_tokenizer
 
         assert self.name is not None
         try:

@@ -1,0 +1,1 @@
+"""Local rendering: chat templates and the bundled prompts."""
