@@ -2,21 +2,20 @@
 
 Three kinds of counter, all of which add up: the engine's (rows, groups, rewards: fields of `RunStats`), each
 stage's (`StageStats`), and the system's own, which its vocabulary (`agentroll.systems.vocabulary`) tallies
-per execution into `counters`. A report figure (`Figure`) is one counter over another, so two runs' counters
-add up and the report is recomputed from the sums: the Ray driver and `agentroll merge` need nothing but them.
+per execution into `counters` (through `Tally`, what the counters ask of it). A report figure (`Figure`) is one
+counter over another, so two runs' counters add up and the report is recomputed from the sums: the Ray driver and
+`agentroll merge` need nothing but them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from agentroll.record.headtohead import Comparison
 from agentroll.record.schema import STAGES, Sample
-
-if TYPE_CHECKING:
-    from agentroll.systems.vocabulary import Vocabulary
 
 
 @dataclass(slots=True)
@@ -157,6 +156,20 @@ SYSTEM_ACCURACY = Figure("system_accuracy", "system", "system_correct")  # final
 DERIVED = frozenset({"truncation_rate", "selector_accuracy"})
 
 
+class Tally(Protocol):
+    """What the counters ask of a system's vocabulary (`agentroll.systems.vocabulary.Vocabulary` is one): its
+    figures, the counters it shows at 0, and what one execution adds. Declared here, below the systems, so the
+    record's counters never import the systems that count into them."""
+
+    @property
+    def figures(self) -> tuple[Figure, ...]: ...
+
+    @property
+    def counters(self) -> tuple[str, ...]: ...
+
+    def tally(self, samples: list[Sample]) -> Mapping[str, float]: ...
+
+
 @dataclass(slots=True)
 class RunStats:
     problems: int = 0  # rows read (after --partition and --limit), valid or not
@@ -181,7 +194,7 @@ class RunStats:
     figures: tuple[Figure, ...] = ()  # the system's report figures over the counters (`report`)
     stages: dict[str, StageStats] = field(default_factory=lambda: {s: StageStats() for s in STAGES})
     teacher: dict[str, TeacherStats] = field(default_factory=dict)  # per stage, the stages a teacher scored
-    vocabulary: Vocabulary | None = field(default=None, repr=False, compare=False)  # tallies each execution
+    vocabulary: Tally | None = field(default=None, repr=False, compare=False)  # tallies each execution
     # a head-to-head run (`--policy`): each policy's own figures, and the problem-by-problem comparison
     policies: dict[str, RunStats] = field(default_factory=dict)
     compared: Comparison = field(default_factory=Comparison, repr=False, compare=False)
@@ -193,7 +206,7 @@ class RunStats:
             found = self.stages[name] = StageStats()
         return found
 
-    def use_stages(self, names: tuple[str, ...], vocabulary: Vocabulary | None = None) -> None:
+    def use_stages(self, names: tuple[str, ...], vocabulary: Tally | None = None) -> None:
         """Report the system's stages, in its order, and (given its vocabulary) its figures, tallied per
         execution. Without it, the stages' accuracies and the system's."""
         self.stages = {name: self.stages.get(name) or StageStats() for name in names}
