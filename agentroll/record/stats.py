@@ -10,8 +10,8 @@ counter over another, so two runs' counters add up and the report is recomputed 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 from agentroll.record.headtohead import Comparison

@@ -23,7 +23,7 @@ from .vocabulary import Vocabulary
 if TYPE_CHECKING:
     from ..context import Context
     from ..record.schema import Sample
-    from ..tools.rescoring import Rescoring
+    from .recorded import Rescoring
 
 
 class System:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ..context import Context
     from ..inputs import Problem
     from ..record.schema import Sample
-    from ..tools.rescoring import Rescoring
+    from .recorded import Rescoring
 
 OWN = "agent"  # --reward agent: the reward the agent reports
 

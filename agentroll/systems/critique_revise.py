@@ -17,7 +17,7 @@ from .vocabulary import Finding, Vocabulary, outcome_is
 
 if TYPE_CHECKING:
     from ..context import Context
-    from ..tools.rescoring import Rescoring
+    from .recorded import Rescoring
 
 
 class CritiqueReviseWords(Vocabulary):

@@ -25,7 +25,7 @@ from .votes import BEST_OF_N, MAJORITY_VOTE, Votes
 
 if TYPE_CHECKING:
     from ..context import Context
-    from ..tools.rescoring import Rescoring
+    from .recorded import Rescoring
 
 PICK = Figure(
     "selector_pick_accuracy", "selector (its pick)", "selector.raw_reward_sum", "selections", stage="selector"

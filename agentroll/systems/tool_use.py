@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from ..context import Context
     from ..record.schema import Sample
-    from ..tools.rescoring import Rescoring
+    from .recorded import Rescoring
 
 NO_TOOLS = (
     "the chat template renders nothing of the `tools` argument, so the model would never see its tools: use "

@@ -24,38 +24,14 @@ from agentroll.errors import InputError, UsageError
 from agentroll.folder import Manifest, read_groups
 from agentroll.inputs import Problem
 from agentroll.record.group import Group, annotate
-from agentroll.record.schema import Sample
 from agentroll.record.stats import RunStats
 from agentroll.rewards import RewardSet, RewardSettings, label_fault
 from agentroll.rewards.options import RewardOptions
 from agentroll.settings.shaping import LengthShaping
 from agentroll.systems import System, builtin, load_system, vocabulary_of
+from agentroll.systems.recorded import Rescoring
 
 log = logging.getLogger("agentroll")
-
-
-@dataclass
-class Rescoring:
-    """One recorded execution as its system's `rescore` sees it: the samples, and the reward and shaping
-    calls a `Context` offers (`reward`, `shape`, `final_reward`)."""
-
-    samples: list[Sample]
-    rewards: RewardSet
-    stats: RunStats
-    problem: Problem  # the row as the run's rewards saw it (`asked`), as `Context.problem` is
-    weights: tuple[float, float] = (1.0, 1.0)  # --correct-reward-weight, --incorrect-reward-weight of the run
-    final_reward: float | None = None
-
-    async def reward(self, samples: list[Sample]) -> None:
-        """Score samples with the new reward through `RewardSet.score`, the request generate's `Context.reward` gave."""
-        if not samples:
-            return
-        await self.rewards.score(samples, self.problem, self.stats)
-
-    def shape(self, samples: list[Sample], won: bool) -> None:
-        weight = self.weights[0] if won else self.weights[1]
-        for sample in samples:
-            sample.reward = sample.raw_reward * weight
 
 
 @dataclass
