@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -31,9 +31,42 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .server import SimServer
+    import random
 
-Handler = Callable[["SimServer", web.BaseRequest], Awaitable[web.StreamResponse]]
+    from .engine import Engine
+    from .faults import Faults
+    from .metrics import Counters
+    from .scheduler import Scheduler
+
+
+class Served(Protocol):
+    """What the routes use of the server they answer for (`SimServer` is one): its settings, its parts, its
+    counters. Declared here, below the server, so the routes never import the server that mounts them."""
+
+    model: str
+    api_key: str | None
+    enable_scale_out: bool
+    scheduling_policy: str
+    faults: Faults
+    engine: Engine
+    scheduler: Scheduler
+    counters: Counters
+    rng: random.Random
+    malformed_sent: int
+    first_request_at: float | None
+
+    def arrived(self) -> None: ...
+
+    def departed(self) -> None: ...
+
+    def client_left(self) -> None: ...
+
+    def draw_fault(self) -> str | None: ...
+
+    def finished(self, request: dict[str, Any], response: dict[str, Any]) -> None: ...
+
+
+Handler = Callable[["Served", web.BaseRequest], Awaitable[web.StreamResponse]]
 HEADERS = {"server": "uvicorn", "vary": "Origin"}
 UNSUPPORTED_MEDIA = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
 
@@ -51,19 +84,19 @@ async def json_body(request: web.BaseRequest) -> Any:
     return parse_body(await request.read())
 
 
-async def health(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
+async def health(server: Served, request: web.BaseRequest) -> web.StreamResponse:
     return web.Response(status=200, headers=HEADERS)
 
 
-async def version(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
+async def version(server: Served, request: web.BaseRequest) -> web.StreamResponse:
     return json_response(200, {"version": VLLM_VERSION})
 
 
-async def models(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
+async def models(server: Served, request: web.BaseRequest) -> web.StreamResponse:
     return json_response(200, server.engine.models())
 
 
-async def prometheus(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
+async def prometheus(server: Served, request: web.BaseRequest) -> web.StreamResponse:
     scheduler = server.scheduler
     body = metrics.render(
         server.model, scheduler.running, scheduler.waiting, scheduler.kv_usage, server.counters, server.first_request_at
@@ -71,7 +104,7 @@ async def prometheus(server: SimServer, request: web.BaseRequest) -> web.StreamR
     return web.Response(status=200, body=body, headers={**HEADERS, "content-type": metrics.CONTENT_TYPE})
 
 
-async def tokenize(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
+async def tokenize(server: Served, request: web.BaseRequest) -> web.StreamResponse:
     answer = server.engine.tokenize(await json_body(request))
     if server.faults.tokenize_latency_s:
         await asyncio.sleep(server.faults.tokenize_latency_s)
@@ -80,18 +113,18 @@ async def tokenize(server: SimServer, request: web.BaseRequest) -> web.StreamRes
     return json_response(200, answer)
 
 
-async def detokenize(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
+async def detokenize(server: Served, request: web.BaseRequest) -> web.StreamResponse:
     return json_response(200, server.engine.detokenize(await json_body(request)))
 
 
-async def generate(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
+async def generate(server: Served, request: web.BaseRequest) -> web.StreamResponse:
     """Token-in/token-out generation exists only with `vllm serve --enable-scale-out` (`enable_scale_out`)."""
     if not server.enable_scale_out:
         raise HTTPFailure(403, error_body(SCALE_OUT_DISABLED, "PermissionDeniedError", 403))
     return await _run(server, request, generated)
 
 
-def check_priority(server: SimServer, body: dict[str, Any]) -> None:
+def check_priority(server: Served, body: dict[str, Any]) -> None:
     """A non-zero `priority` needs `--scheduling-policy priority` (vLLM's documented contract: "Any priority other
     than 0 will raise an error if the served model does not use priority scheduling")."""
     priority = body.get("priority") or 0
@@ -99,7 +132,7 @@ def check_priority(server: SimServer, body: dict[str, Any]) -> None:
         raise bad_request(f"Got priority {priority} but Priority scheduling is not enabled.")
 
 
-def generated(server: SimServer, data: Any, abort: bool | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+def generated(server: Served, data: Any, abort: bool | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
     body = server.engine.parse_generate(data)
     check_priority(server, body)
     response = None if abort is None else server.engine.generate(body, abort=abort)
@@ -107,17 +140,17 @@ def generated(server: SimServer, data: Any, abort: bool | None) -> tuple[dict[st
     return body, response, tokens
 
 
-def engine_failure(server: SimServer, legacy: bool = False) -> HTTPFailure:
+def engine_failure(server: Served, legacy: bool = False) -> HTTPFailure:
     status = 500 if server.rng.random() < 0.5 else 503
     kind = "InternalServerError" if status == 500 else "ServiceUnavailableError"
     return HTTPFailure(status, error_body("simulated engine failure", kind, status, legacy=legacy))
 
 
-async def completions(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
+async def completions(server: Served, request: web.BaseRequest) -> web.StreamResponse:
     return await _run(server, request, completed)
 
 
-def completed(server: SimServer, data: Any, abort: bool | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+def completed(server: Served, data: Any, abort: bool | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
     body, ids_batch = server.engine.prompts(data)
     check_priority(server, body)
     response = None if abort is None else server.engine.complete(body, ids_batch, abort=abort)
@@ -125,10 +158,10 @@ def completed(server: SimServer, data: Any, abort: bool | None) -> tuple[dict[st
     return body, response, tokens + (response["usage"]["completion_tokens"] if response else 0)
 
 
-Answer = Callable[["SimServer", Any, "bool | None"], tuple[dict[str, Any], "dict[str, Any] | None", int]]
+Answer = Callable[["Served", Any, "bool | None"], tuple[dict[str, Any], "dict[str, Any] | None", int]]
 
 
-async def _run(server: SimServer, request: web.BaseRequest, answer: Answer) -> web.StreamResponse:
+async def _run(server: Served, request: web.BaseRequest, answer: Answer) -> web.StreamResponse:
     """Validate at once (vLLM's API layer answers 400s before scheduling), then queue for a running slot, run
     for `latency_s`, and answer; faults are drawn once per request. `answer(server, body, abort)` validates and
     (unless abort is None: a request that gets no answer) builds the 200 body."""
@@ -164,7 +197,7 @@ async def _run(server: SimServer, request: web.BaseRequest, answer: Answer) -> w
         server.departed()
 
 
-def malformed(server: SimServer, response: dict[str, Any]) -> web.StreamResponse:
+def malformed(server: Served, response: dict[str, Any]) -> web.StreamResponse:
     """A 200 that is no completion, as a proxy, a captive portal or a broken build sends: cycles three kinds."""
     kind = MALFORMED_KINDS[server.malformed_sent % len(MALFORMED_KINDS)]
     server.malformed_sent += 1
@@ -195,7 +228,7 @@ def authorized(header: str | None, key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(digest, hashlib.sha256(key.encode()).digest())
 
 
-def handler(server: SimServer) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+def handler(server: Served) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         if (
