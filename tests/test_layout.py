@@ -1,105 +1,52 @@
-"""The layout shows the data flow: cli -> runner -> generator -> systems -> context -> client / rewards, and
-runner -> folder (the only code that touches the output files). No module reaches back up; no import cycle, not
-even through an import inside a function."""
+"""The layout shows the data flow: a few packages, each named for a part of it, in one order from the command line
+down (`FLOW`); no part imports one above it, no import cycle anywhere (not through an import inside a function, not
+through one under TYPE_CHECKING), and the top level holds at most ten modules: the rest lives in the packages."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "agentroll"
 
-# a module's imports may not reach these (upward in the flow)
-ABOVE = {
-    "agentroll.folder": (
-        "agentroll.cli",
-        "agentroll.run.runner",
-        "agentroll.engine.generator",
-        "agentroll.context",
-        "agentroll.context.stages",
-        "agentroll.context.calls",
-        "agentroll.client",
-        "agentroll.systems",
-        "agentroll.engine.pipeline",
-        "agentroll.run.cluster",
-    ),
-    "agentroll.client": (
-        "agentroll.cli",
-        "agentroll.run.runner",
-        "agentroll.engine.generator",
-        "agentroll.context",
-        "agentroll.context.stages",
-        "agentroll.context.calls",
-        "agentroll.systems",
-        "agentroll.engine.pipeline",
-        "agentroll.folder",
-    ),
-    "agentroll.context": (
-        "agentroll.cli",
-        "agentroll.run.runner",
-        "agentroll.engine.generator",
-        "agentroll.systems",
-        "agentroll.engine.pipeline",
-        "agentroll.folder",
-    ),
-    "agentroll.context.stages": (
-        "agentroll.context",
-        "agentroll.context.calls",
-        "agentroll.cli",
-        "agentroll.run.runner",
-        "agentroll.engine.generator",
-        "agentroll.systems",
-        "agentroll.engine.pipeline",
-        "agentroll.folder",
-    ),
-    "agentroll.context.calls": (
-        "agentroll.cli",
-        "agentroll.run.runner",
-        "agentroll.engine.generator",
-        "agentroll.systems",
-        "agentroll.engine.pipeline",
-        "agentroll.folder",
-        "agentroll.context",
-    ),
-    "agentroll.systems": (
-        "agentroll.cli",
-        "agentroll.run.runner",
-        "agentroll.engine.generator",
-        "agentroll.engine.pipeline",
-        "agentroll.folder",
-    ),
-    "agentroll.agents": (
-        "agentroll.cli",
-        "agentroll.run.runner",
-        "agentroll.engine.generator",
-        "agentroll.systems",
-        "agentroll.engine.pipeline",
-        "agentroll.folder",
-    ),
-    "agentroll.rewards": (
-        "agentroll.cli",
-        "agentroll.run.runner",
-        "agentroll.engine.generator",
-        "agentroll.context",
-        "agentroll.context.stages",
-        "agentroll.context.calls",
-        "agentroll.folder",
-    ),
-    "agentroll.engine.generator": ("agentroll.cli", "agentroll.run.runner"),
-    "agentroll.engine.admission": (
-        "agentroll.cli",
-        "agentroll.run.runner",
-        "agentroll.engine.generator",
-        "agentroll.folder",
-    ),
-    "agentroll.engine.handshake": (
-        "agentroll.cli",
-        "agentroll.run.runner",
-        "agentroll.engine.generator",
-        "agentroll.folder",
-    ),
-    "agentroll.run.runner": ("agentroll.cli",),
+# The parts of agentroll/ (its packages and top-level modules), from the command line down: each may import only
+# parts below it. `agentroll` itself (the public names, each imported when asked for) and `__main__` stand above.
+FLOW = (
+    "cli",  # the `agentroll` command
+    "sim",  # the simulated vLLM server (a command of its own)
+    "audit",  # the logprob audit
+    "torch",  # a folder as a PyTorch dataset
+    "convert",  # trainer formats
+    "tools",  # commands over a folder or a server: validate, report, view, doctor, rescore, distill
+    "run",  # one `generate` run: runner, Ray driver, partitions, progress
+    "engine",  # Generator, admission, pipeline, handshake, the options
+    "systems",  # the agent systems
+    "agents",  # bring your own agent: the recording proxy
+    "context",  # what a system sees: token-exact calls, stages, turns, provenance
+    "teacher",  # the teacher's client and scorer
+    "toolcalls",  # the model's tool calls
+    "rewards",  # scoring
+    "sandbox",  # running untrusted code
+    "client",  # the vLLM client and its wire format
+    "folder",  # the output folder (the only code that touches its files)
+    "settings",  # value objects every part shares
+    "record",  # the sample, the group, the counters
+    "inputs",  # prompt rows
+    "render",  # chat templates, prompts
+    "process",  # small process helpers
+    "errors",  # exit codes
+)
+ENTRY = ("agentroll", "agentroll.__main__")
+TOP_LIMIT = 10  # modules at the top of agentroll/, __init__ and __main__ included
+
+# inside a part, what a module may not import (it is what imports it)
+INSIDE = {
+    "agentroll.context.stages": ("agentroll.context", "agentroll.context.calls"),
+    "agentroll.context.calls": ("agentroll.context",),
+    "agentroll.engine.admission": ("agentroll.engine.generator",),
+    "agentroll.engine.handshake": ("agentroll.engine.generator",),
 }
 
 
@@ -108,16 +55,17 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path, lazy: bool) -> set[str]:
-    """The agentroll modules `path` imports: at module level (outside `if TYPE_CHECKING:`), or anywhere."""
-    tree = ast.parse(path.read_text())
+def imports(path: Path, lazy: bool, typing: bool = False, source: str | None = None) -> set[str]:
+    """The agentroll modules `path` imports (or `source`, as if it were there): at module level outside
+    `if TYPE_CHECKING:`; `lazy`: inside functions too; `typing`: under TYPE_CHECKING too."""
+    tree = ast.parse(path.read_text() if source is None else source)
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST, top: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test) and not typing:
                 continue
             inner = top and not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
             if isinstance(child, ast.Import | ast.ImportFrom) and (inner or lazy):
@@ -147,8 +95,9 @@ def imports(path: Path, lazy: bool) -> set[str]:
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py") if "_data" not in p.parts}
 
 
-def graph(lazy: bool) -> dict[str, set[str]]:
-    return {name: {m for m in imports(path, lazy) if m in MODULES} for name, path in MODULES.items()}
+@functools.cache
+def graph(lazy: bool, typing: bool = False) -> dict[str, set[str]]:
+    return {name: {m for m in imports(path, lazy, typing) if m in MODULES} for name, path in MODULES.items()}
 
 
 def cycles_of(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -170,29 +119,65 @@ def cycles_of(edges: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-def test_there_is_no_import_cycle():
-    for lazy in (False, True):  # at module level, and counting the imports inside functions too
-        cycles = cycles_of(graph(lazy))
-        assert not cycles, (lazy, cycles[:5])
+def test_there_is_no_import_cycle_not_even_through_a_type_only_import():
+    for lazy, typing in ((False, False), (True, False), (True, True)):  # module level; in functions; TYPE_CHECKING
+        cycles = cycles_of(graph(lazy, typing))
+        assert not cycles, (lazy, typing, cycles[:5])
 
 
-def test_no_module_reaches_back_up_the_flow():
-    edges = graph(lazy=True)
+def test_the_cycle_check_sees_a_circle_through_type_checking():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles_of(edges) == [["a", "b", "c", "a"]]
+    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..record.stats import RunStats\n"
+    where = PACKAGE / "systems" / "probe.py"
+    assert imports(where, lazy=True, source=code) == set()
+    assert imports(where, lazy=True, typing=True, source=code) == {"agentroll.record.stats"}
+
+
+def part_of(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_the_top_level_holds_at_most_ten_modules():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= TOP_LIMIT, top  # put a new module in the package of its part of the flow
+
+
+def test_every_part_of_the_top_level_has_its_place_in_the_flow():
+    parts = {p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    parts |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert sorted(parts - set(FLOW)) == []  # a new package: place it in FLOW, below what imports it
+    assert sorted(set(FLOW) - parts) == []
+
+
+def test_no_part_reaches_back_up_the_flow():
+    rank = {part: i for i, part in enumerate(FLOW)}
     wrong = []
-    for name, targets in edges.items():
-        for layer, forbidden in ABOVE.items():
-            if name == layer or name.startswith(layer + "."):
-                wrong += [(name, t) for t in targets if any(t == f or t.startswith(f + ".") for f in forbidden)]
+    for name, targets in graph(lazy=True, typing=True).items():
+        if name in ENTRY:
+            continue
+        for target in targets:
+            if target in ENTRY:
+                if target != "agentroll" or not name.startswith("agentroll.cli"):  # cli: `__version__`
+                    wrong.append((name, target))
+            elif rank[part_of(target)] < rank[part_of(name)]:
+                wrong.append((name, target))
     assert not wrong, wrong
 
 
-def test_the_readme_development_section_names_every_module_and_package_of_the_top_level():
+def test_inside_a_part_no_module_imports_what_imports_it():
+    edges = graph(lazy=True, typing=True)
+    wrong = [(name, t) for name, forbidden in INSIDE.items() for t in edges[name] if t in forbidden]
+    assert not wrong, wrong
+
+
+def test_the_readme_development_section_names_every_package_and_module_of_the_top_level():
     readme = (PACKAGE.parent / "README.md").read_text()
     section = readme[readme.index("## Development") :]
     named = set(re.findall(r"`([a-z_]+)/?`", section))
     top = {p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")}
     top |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
-    assert sorted(top - named) == []  # a module the layout table does not place
+    assert sorted(top - named) == []  # a part the layout table does not place
 
 
 # -- the output folder has one owner (agentroll/folder) -------------------------------------------------------------
