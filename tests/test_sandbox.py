@@ -626,7 +626,8 @@ def test_a_run_the_machine_cannot_prepare_is_tried_again_then_the_sandbox_is_sai
 
 
 def test_the_runs_own_uid_is_near_the_top_of_the_mapped_ids_and_nobodys_or_a_taken_one_never():
-    from agentroll.sandbox._bwrap import NOBODY, own_uid
+    from agentroll.sandbox._bwrap import NOBODY
+    from agentroll.sandbox._lease import own_uid
 
     assert own_uid([(0, 0, 4294967295)], set()) == (1 << 31) - 2  # the whole range: below 2**31
     assert own_uid([(0, 100000, 65536)], {NOBODY, NOBODY + 1}) == 65533  # a container's 65,536 ids
