@@ -347,19 +347,24 @@ def test_runs_are_bounded_and_waiting_ones_do_not_block_the_loop():
 class FakeFusion:
     """A SandboxFusion `/run_code` on loopback that runs code in a local sandbox; `faults` are answered first,
     one per request: an HTTP status, or "sandbox-error" for `{"status": "SandboxError"}`. `answer`: a handler
-    of its own instead (a reply of a given shape)."""
+    of its own instead (a reply of a given shape). `poison`: a program holding one of its keys is answered that
+    fault every time (a program that makes the server fail)."""
 
-    def __init__(self, faults: list[int | str] | None = None, answer: Any = None) -> None:
+    def __init__(
+        self, faults: list[int | str] | None = None, answer: Any = None, poison: dict[str, int | str] | None = None
+    ) -> None:
         self.answer = answer
         self.faults = list(faults or [])
+        self.poison = dict(poison or {})
         self.bodies: list[dict] = []
         self.local = LocalSandbox()
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
-        if self.faults:
-            fault = self.faults.pop(0)
+        poisoned = [fault for key, fault in self.poison.items() if key in body["code"]]
+        if self.faults or poisoned:
+            fault = poisoned[0] if poisoned else self.faults.pop(0)
             if fault == "sandbox-error":
                 return web.json_response({"status": "SandboxError", "message": "worker pod lost", "run_result": None})
             return web.Response(status=int(fault), text="overloaded")
@@ -442,11 +447,63 @@ def test_sandboxfusion_failures_are_retried_then_answered():
 
 
 def test_a_sandboxfusion_that_stays_down_or_refuses_is_unavailable():
-    fake = FakeFusion([503] * 3)
+    """Down for good: the program's 3 attempts fail, and so do those of the trivial program that would have
+    told its failure from the server's."""
+    fake = FakeFusion([503] * 6)
     with pytest.raises(SandboxUnavailable, match="failed 3 times; last: HTTP 503"):
         remote(fake, "print(1)", max_retries=2)
+    assert [b["code"] for b in fake.bodies] == ["print(1)"] * 3 + ["pass"] * 3
     with pytest.raises(SandboxUnavailable, match="answered HTTP 422"):
         remote(FakeFusion([422]), "print(1)")
+
+
+@pytest.mark.parametrize("fault", ["sandbox-error", 500, 502])
+def test_a_program_that_makes_sandboxfusion_fail_costs_only_its_own_sample(fault):
+    """A program the server fails on every time (a SandboxError, a 5xx: a worker it crashes) ended the run (exit
+    5) once its retries were spent, as a server that is down does. The server still runs a trivial program, so
+    the failure is that program's own: a `sandbox_error` outcome, scored 0 as a failed check (counted in
+    reward_errors), while the other answers are scored as ever."""
+    from agentroll.rewards import RewardRequest, RewardSet, RewardSettings
+
+    poison = "import crash_the_worker"
+    label = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    fake = FakeFusion(poison={poison: fault})
+
+    async def main() -> tuple[RunResult, list]:
+        async with fake as url:
+            sandbox = make_sandbox(SandboxSettings(url=url, max_retries=1))
+            rewards = RewardSet(RewardSettings("code", sandbox=SandboxSettings(url=url, max_retries=1)))
+            try:
+                alone = await sandbox.run(poison, None, 5.0)
+                answers = [f"```python\n{poison}\n```", "```python\nprint(sum(map(int, input().split())))\n```"]
+                scored = await rewards.get("code").score([RewardRequest(a, label, "p", "solver") for a in answers])
+                return alone, scored
+            finally:
+                await sandbox.aclose()
+                await rewards.aclose()
+
+    alone, (poisoned, fine) = asyncio.run(main())
+    assert alone.status == "sandbox_error" and alone.stderr.startswith("the sandbox failed on this program: ")
+    assert (poisoned.value, poisoned.failed) == (0.0, "error")
+    assert poisoned.info is not None and "test 1: the sandbox failed on this program" in poisoned.info
+    assert (fine.value, fine.failed) == (1.0, None)
+
+
+def test_a_python_tool_call_the_sandbox_fails_on_is_a_failed_call():
+    from agentroll.toolcalls.tools import ToolFailed, _run_python
+
+    async def main() -> str:
+        async with FakeFusion(poison={"boom": 503}) as url:
+            sandbox = make_sandbox(SandboxSettings(url=url, max_retries=0))
+            try:
+                await _run_python({"code": "boom"}, 5.0, sandbox)
+            except ToolFailed as exc:
+                return str(exc.output)
+            finally:
+                await sandbox.aclose()
+        return "not failed"
+
+    assert asyncio.run(main()) == "[the sandbox failed on this program: HTTP 503: overloaded]"
 
 
 def test_sandboxfusion_answers_are_classified():
