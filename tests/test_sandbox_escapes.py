@@ -319,8 +319,9 @@ def test_a_run_opens_no_vsock_nor_netlink_socket(run: Run):
     program uses (Unix, IPv4, IPv6) work as ever."""
     code = """import errno, json, socket
 seen = {}
-for name, family, kind in (("vsock", 40, socket.SOCK_STREAM), ("netlink", 16, socket.SOCK_RAW), ("inet", socket.AF_INET, socket.SOCK_STREAM),
-                           ("inet6", socket.AF_INET6, socket.SOCK_DGRAM), ("unix", socket.AF_UNIX, socket.SOCK_STREAM)):
+for name, family, kind in (("vsock", 40, socket.SOCK_STREAM), ("netlink", 16, socket.SOCK_RAW),
+                           ("inet", socket.AF_INET, socket.SOCK_STREAM), ("inet6", socket.AF_INET6, socket.SOCK_DGRAM),
+                           ("unix", socket.AF_UNIX, socket.SOCK_STREAM)):
     try:
         socket.socket(family, kind).close()
         seen[name] = "made"
