@@ -225,7 +225,7 @@ def test_the_calls_the_filter_does_not_allow_are_refused_and_ordinary_programs_s
     code = f"""import ctypes, errno, json, multiprocessing, subprocess, threading
 libc = ctypes.CDLL(None, use_errno=True)
 seen = {{}}
-for name, number in {({**calls, **enosys})!r}.items():
+for name, number in { ({**calls, **enosys})!r}.items():
     seen[name] = "allowed" if libc.syscall(number, 0, 0, 0, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
 if {column} == 0:  # x86_64's x32 ABI: getpid's number with the x32 bit
     seen["x32"] = "allowed" if libc.syscall(39 | 0x40000000) >= 0 else errno.errorcode[ctypes.get_errno()]
