@@ -691,3 +691,32 @@ def test_the_runs_own_uid_is_near_the_top_of_the_mapped_ids_and_nobodys_or_a_tak
     assert own_uid([(0, 100000, 65536)], {NOBODY, NOBODY + 1, 65533}) == 65532
     assert own_uid([(0, 0, 1)], {0}) is None  # a user namespace mapping root alone
     assert own_uid([(0, 0, 4294967295)], set(range((1 << 31) - 70, 1 << 31))) is None
+
+
+def test_a_uid_leased_is_not_leased_again_until_let_go_and_a_place_others_may_write_is_not_used(tmp_path, monkeypatch):
+    """The lease is an flock on the uid's file: a second sandbox (in this process too) skips to the next uid;
+    closing the first's descriptor frees it. A directory someone else may write, or not root's, is refused: its
+    leases could be faked or taken away."""
+    from agentroll.sandbox import _lease
+
+    place = tmp_path / "uids"
+    place.mkdir(mode=0o700)
+    first = _lease.take([7, 8], str(place))
+    second = _lease.take([7, 8], str(place))
+    assert first is not None and second is not None and (first[0], second[0]) == (7, 8)
+    assert _lease.take([7, 8], str(place)) is None
+    os.close(first[1])
+    again = _lease.take([7, 8], str(place))
+    assert again is not None and again[0] == 7
+    for fd in (second[1], again[1]):
+        os.close(fd)
+    if os.geteuid() == 0:
+        open_to_all = tmp_path / "open"
+        open_to_all.mkdir()
+        open_to_all.chmod(0o777)
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 4242, 4242)
+        for wrong in (open_to_all, theirs):
+            monkeypatch.setattr(_lease, "PLACES", (str(wrong),))
+            assert _lease.directory() != str(wrong)
