@@ -2,13 +2,13 @@
 
 Each run is a `bwrap` with namespaces of its own (user, mount, pid, network, IPC, UTS, cgroup where the kernel has
 them; no new user namespace inside: `--disable-userns`), a new session, `--die-with-parent`, all capabilities
-dropped, a seccomp allow-list (`_seccomp.py`), uid and gid 65534 inside, and a filesystem built from nothing: read-
-only `/usr` (and `/bin`, `/lib`... as the host has them) and the interpreter's prefixes, its own `/proc` (its init's
-`/proc/1` covered), a minimal `/dev` (read-only, with a capped tmpfs `/dev/shm`, no pseudo-terminals), a capped
-tmpfs `/sandbox` for its working directory (`/tmp` and `/var/tmp` lead there), a read-only root. As root, agentroll
-starts `bwrap` as the user of its own (`run_uids`: a uid of no account and no running process, leased while the run
-lives so that no other live run is that uid, `_lease.py`; else `nobody`): the run's processes are that user on the
-host too, never root in a namespace, and no other host process shares their user.
+dropped, a seccomp allow-list (`_seccomp.py`), uid and gid 65534 inside, and a filesystem built from nothing:
+read-only `/usr` (and `/bin`, `/lib`... as the host has them) and the interpreter's prefixes, its own `/proc` (its
+init's `/proc/1` covered), a minimal `/dev` (read-only, with a capped tmpfs `/dev/shm`, no pseudo-terminals), a
+capped tmpfs `/sandbox` for its working directory (`/tmp` and `/var/tmp` lead there), a read-only root. As root,
+agentroll starts `bwrap` as the user of its own (`run_uids`: a uid of no account and no running process, leased
+while the run lives so that no other live run is that uid, `_lease.py`; else `nobody`): the run's processes are that
+user on the host too, never root in a namespace, and no other host process shares their user.
 
 Nothing is written on the host for a run: the program reaches it through a descriptor (`--file`), its input
 through stdin. What happened comes out of band: `--json-status-fd` says the sandbox's init pid, then, only when
