@@ -4,6 +4,7 @@ can see and do (the isolation table of docs/tool-use.md), measured.
     python bench/sandbox.py rate --against /tmp/agentroll-main --pairs 5     # this checkout and another, alternating
     python bench/sandbox.py memory --against /tmp/agentroll-main
     python bench/sandbox.py isolation                                        # as root, and as an ordinary user
+    python bench/sandbox.py limits                                           # the same
     python bench/sandbox.py cpu --pairs 3
 
 `rate`: programs per second through `LocalSandbox` (`--sandbox-concurrency` = the cores), for a trivial program
@@ -16,6 +17,8 @@ ratio are printed. A checkout of main for `--against`: `git archive main | tar -
 
 `isolation`: one probe program run as root and (through setpriv, as uid 4242) as an ordinary user; prints what it
 found, one row per property.
+
+`limits`: the hostile programs of the limits table (memory, files, forks, threads) as root and as a user.
 
 `cpu`: CPU seconds that 3 busy children get in 3 s of wall time: outside any sandbox, in the sandbox as root
 (the run's cgroup gets one core) and as an ordinary user (no cgroup), alternating `--pairs` times. On a machine
@@ -184,12 +187,26 @@ seen["new user namespace"] = "yes" if made == 0 else os.strerror(ctypes.get_errn
 made = libc.shmget(0, 1 << 20, 0o1000 | 0o600)  # memory the kernel holds outside its address space
 seen["System V shared memory"] = "yes" if made >= 0 else os.strerror(ctypes.get_errno())
 for name, make in (("memfd", lambda: os.memfd_create("probe")), ("pseudo-terminal", os.openpty),
-                   ("vsock socket", lambda: socket.socket(40, socket.SOCK_STREAM))):  # AF_VSOCK: not in the netns
+                   ("vsock socket", lambda: socket.socket(40, socket.SOCK_STREAM)),  # AF_VSOCK: not in the netns
+                   ("netlink socket", lambda: socket.socket(16, socket.SOCK_RAW)),
+                   ("open /proc/1/mem (the sandbox's init)", lambda: open("/proc/1/mem", "rb"))):
     try:
         make()
         seen[name] = "yes"
     except OSError as exc:
         seen[name] = exc.strerror
+machine = os.uname().machine
+context = ctypes.c_ulong(0)
+before = int(open("/proc/sys/fs/aio-nr").read())
+for name, numbers, args in (("io_setup(65536)", (206, 0), (65536, ctypes.byref(context))),
+                            ("pidfd_open(1)", (434, 434), (1, 0)),
+                            ("mq_open", (240, 180), (b"/probe", 0o100, 0o600, 0)),
+                            ("fanotify_init", (300, 262), (0, 0)), ("inotify_init1", (294, 26), (0,)),
+                            ("kcmp", (312, 272), (1, 2, 0, 0, 0)),
+                            ("process_vm_readv", (310, 270), (1, 0, 0, 0, 0, 0))):
+    made = libc.syscall(numbers[0 if machine == "x86_64" else 1], *args)
+    seen[name] = "yes" if made >= 0 else os.strerror(ctypes.get_errno())
+seen["fs.aio-nr moved by"] = int(open("/proc/sys/fs/aio-nr").read()) - before
 print(json.dumps(seen))
 """
 
@@ -223,6 +240,70 @@ def isolation() -> None:
         rows["user"] = json.loads(found["stdout"])
     for key in rows["root"]:
         print(f"| {key} | " + " | ".join(str(rows[who].get(key)) for who in rows) + " |")
+
+
+FORKS = """import os, time
+made = 0
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(20)
+        os._exit(0)
+    made += 1
+print(made)
+"""
+
+THREADS = """import threading, time
+made, stop = 0, threading.Event()
+for _ in range(500):
+    try:
+        threading.Thread(target=stop.wait, daemon=True).start()
+    except RuntimeError:
+        break
+    made += 1
+print(made)
+stop.set()
+"""
+
+
+def limits() -> None:
+    """The limits table of docs/tool-use.md: each hostile program as root and, through setpriv, as a user."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import asyncio
+
+    import hostile
+    import unprivileged
+
+    from agentroll.sandbox import SandboxSettings
+    from agentroll.sandbox.local import LocalSandbox
+
+    programs = {
+        "3 children after 600 MB each, 1024 MB budget (MB held at once)": hostile.hoard(600),
+        "4 MB files everywhere, 500 MB wanted (MB written)": hostile.fill(500),
+        "forks until refused (children)": FORKS,
+        "threads until refused": THREADS,
+    }
+
+    async def as_root(code: str) -> str:
+        sandbox = LocalSandbox(SandboxSettings())
+        try:
+            result = await sandbox.run(code, None, 60)
+            return f"{result.status}: {result.stdout.strip()}"
+        finally:
+            await sandbox.aclose()
+
+    home = unprivileged.home() if os.geteuid() == 0 else None
+    for name, code in programs.items():
+        root = asyncio.run(as_root(code))
+        user = "-"
+        if home is not None:
+            found = unprivileged.sandbox_run(home, code, None, 60, {})
+            user = f"{found['status']}: {found['stdout'].strip()}"
+        print(f"| {name} | {root} | {user} |", flush=True)
 
 
 BUSY = """import os, resource, time
@@ -270,7 +351,7 @@ def cpu(pairs: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["rate", "memory", "isolation", "cpu"])
+    parser.add_argument("what", choices=["rate", "memory", "isolation", "limits", "cpu"])
     parser.add_argument("--against", type=Path, help="another checkout (rate: required)")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--programs", type=int, default=60)
@@ -283,6 +364,8 @@ def main() -> None:
         memory(args.against.resolve() if args.against else None)
     elif args.what == "cpu":
         cpu(args.pairs)
+    elif args.what == "limits":
+        limits()
     else:
         isolation()
 

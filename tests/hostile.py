@@ -10,6 +10,8 @@ simulated model that writes them. Each prints what it managed, so a test can ass
 - `fill`: writes files of a few MB everywhere it can until refused; prints how many bytes it got down.
 - `stash`: has the kernel hold memory for it outside its address space and its tmpfs (System V shared memory,
   touched and detached; memfds, each under the file-size limit); prints how many MB each held at once.
+- `grab`: answers a + b, but exits 0 only if it took the host's AIO contexts (`io_setup(65536)`) or forged its
+  exit status through the sandbox's init (its eventfd, by pidfd_getfd): it scores 1 only through either.
 - `linger`: leaves a process (setsid, SIGTERM ignored), files in /tmp, /var/tmp, /dev/shm and a SysV segment.
 """
 
@@ -229,6 +231,24 @@ try:
 except OSError:
     pass
 print(json.dumps({{name: size >> 20 for name, size in held.items()}}))
+"""
+
+GRAB = """import ctypes, os, struct, sys
+a, b = map(int, input().split())
+print(a + b, flush=True)
+libc = ctypes.CDLL(None, use_errno=True)
+context = ctypes.c_ulong(0)
+if libc.syscall(206 if os.uname().machine == "x86_64" else 0, 65536, ctypes.byref(context)) == 0:
+    sys.exit(0)  # the whole host's AIO contexts, held until it ends
+pidfd = libc.syscall(434, 1, 0)  # pidfd_open of the sandbox's init
+for fd in range(3, 10):
+    taken = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd: init's eventfd, whose count bwrap reports as the exit
+    if taken >= 0:
+        try:
+            os.write(taken, struct.pack("=Q", 1))
+        except OSError:
+            pass
+sys.exit(1)
 """
 
 LINGER = """import ctypes, os, signal, sys, time

@@ -153,6 +153,18 @@ def test_a_program_cannot_read_the_tests_it_is_scored_by(side: Side):
     assert all("nothing found" in r["reward_info"] for r in records), records[0]["reward_info"]
 
 
+def test_an_answer_that_takes_the_hosts_aio_or_forges_its_exit_through_init_scores_0(side: Side):
+    """Answers that print the right sum but exit 0 only if they took the host's AIO contexts or set the exit
+    status bwrap reports through its init's eventfd (both got through the second review): all score 0."""
+    problems = side.write("problems.jsonl", "".join(json.dumps(r) + "\n" for r in hostile.code_rows(2)))
+    args = ("--system", "single", "--reward", "code", "--samples-per-prompt", "4")
+    done = through(side, problems, side.home / "out", *args, program=hostile.GRAB)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    records = read_records(side.home / "out")
+    assert len(records) == 8 and {r["raw_reward"] for r in records} == {0.0}, [r["reward_info"] for r in records]
+    assert all("test 1: error: exit code 1" in r["reward_info"] for r in records), records[0]["reward_info"]
+
+
 @pytest.mark.parametrize("sandbox", ["bwrap", "unsafe-local"])
 def test_an_answer_that_forges_a_sandbox_failure_scores_0_and_the_run_goes_on(side: Side, sandbox: str):
     problems = side.write("problems.jsonl", "".join(json.dumps(r) + "\n" for r in hostile.code_rows(3)))

@@ -347,19 +347,24 @@ def test_runs_are_bounded_and_waiting_ones_do_not_block_the_loop():
 class FakeFusion:
     """A SandboxFusion `/run_code` on loopback that runs code in a local sandbox; `faults` are answered first,
     one per request: an HTTP status, or "sandbox-error" for `{"status": "SandboxError"}`. `answer`: a handler
-    of its own instead (a reply of a given shape)."""
+    of its own instead (a reply of a given shape). `poison`: a program holding one of its keys is answered that
+    fault every time (a program that makes the server fail)."""
 
-    def __init__(self, faults: list[int | str] | None = None, answer: Any = None) -> None:
+    def __init__(
+        self, faults: list[int | str] | None = None, answer: Any = None, poison: dict[str, int | str] | None = None
+    ) -> None:
         self.answer = answer
         self.faults = list(faults or [])
+        self.poison = dict(poison or {})
         self.bodies: list[dict] = []
         self.local = LocalSandbox()
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
-        if self.faults:
-            fault = self.faults.pop(0)
+        poisoned = [fault for key, fault in self.poison.items() if key in body["code"]]
+        if self.faults or poisoned:
+            fault = poisoned[0] if poisoned else self.faults.pop(0)
             if fault == "sandbox-error":
                 return web.json_response({"status": "SandboxError", "message": "worker pod lost", "run_result": None})
             return web.Response(status=int(fault), text="overloaded")
@@ -442,11 +447,63 @@ def test_sandboxfusion_failures_are_retried_then_answered():
 
 
 def test_a_sandboxfusion_that_stays_down_or_refuses_is_unavailable():
-    fake = FakeFusion([503] * 3)
+    """Down for good: the program's 3 attempts fail, and so do those of the trivial program that would have
+    told its failure from the server's."""
+    fake = FakeFusion([503] * 6)
     with pytest.raises(SandboxUnavailable, match="failed 3 times; last: HTTP 503"):
         remote(fake, "print(1)", max_retries=2)
+    assert [b["code"] for b in fake.bodies] == ["print(1)"] * 3 + ["pass"] * 3
     with pytest.raises(SandboxUnavailable, match="answered HTTP 422"):
         remote(FakeFusion([422]), "print(1)")
+
+
+@pytest.mark.parametrize("fault", ["sandbox-error", 500, 502])
+def test_a_program_that_makes_sandboxfusion_fail_costs_only_its_own_sample(fault):
+    """A program the server fails on every time (a SandboxError, a 5xx: a worker it crashes) ended the run (exit
+    5) once its retries were spent, as a server that is down does. The server still runs a trivial program, so
+    the failure is that program's own: a `sandbox_error` outcome, scored 0 as a failed check (counted in
+    reward_errors), while the other answers are scored as ever."""
+    from agentroll.rewards import RewardRequest, RewardSet, RewardSettings
+
+    poison = "import crash_the_worker"
+    label = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    fake = FakeFusion(poison={poison: fault})
+
+    async def main() -> tuple[RunResult, list]:
+        async with fake as url:
+            sandbox = make_sandbox(SandboxSettings(url=url, max_retries=1))
+            rewards = RewardSet(RewardSettings("code", sandbox=SandboxSettings(url=url, max_retries=1)))
+            try:
+                alone = await sandbox.run(poison, None, 5.0)
+                answers = [f"```python\n{poison}\n```", "```python\nprint(sum(map(int, input().split())))\n```"]
+                scored = await rewards.get("code").score([RewardRequest(a, label, "p", "solver") for a in answers])
+                return alone, scored
+            finally:
+                await sandbox.aclose()
+                await rewards.aclose()
+
+    alone, (poisoned, fine) = asyncio.run(main())
+    assert alone.status == "sandbox_error" and alone.stderr.startswith("the sandbox failed on this program: ")
+    assert (poisoned.value, poisoned.failed) == (0.0, "error")
+    assert poisoned.info is not None and "test 1: the sandbox failed on this program" in poisoned.info
+    assert (fine.value, fine.failed) == (1.0, None)
+
+
+def test_a_python_tool_call_the_sandbox_fails_on_is_a_failed_call():
+    from agentroll.toolcalls.tools import ToolFailed, _run_python
+
+    async def main() -> str:
+        async with FakeFusion(poison={"boom": 503}) as url:
+            sandbox = make_sandbox(SandboxSettings(url=url, max_retries=0))
+            try:
+                await _run_python({"code": "boom"}, 5.0, sandbox)
+            except ToolFailed as exc:
+                return str(exc.output)
+            finally:
+                await sandbox.aclose()
+        return "not failed"
+
+    assert asyncio.run(main()) == "[the sandbox failed on this program: HTTP 503: overloaded]"
 
 
 def test_sandboxfusion_answers_are_classified():
@@ -626,10 +683,40 @@ def test_a_run_the_machine_cannot_prepare_is_tried_again_then_the_sandbox_is_sai
 
 
 def test_the_runs_own_uid_is_near_the_top_of_the_mapped_ids_and_nobodys_or_a_taken_one_never():
-    from agentroll.sandbox._bwrap import NOBODY, own_uid
+    from agentroll.sandbox._bwrap import NOBODY
+    from agentroll.sandbox._lease import own_uid
 
     assert own_uid([(0, 0, 4294967295)], set()) == (1 << 31) - 2  # the whole range: below 2**31
     assert own_uid([(0, 100000, 65536)], {NOBODY, NOBODY + 1}) == 65533  # a container's 65,536 ids
     assert own_uid([(0, 100000, 65536)], {NOBODY, NOBODY + 1, 65533}) == 65532
     assert own_uid([(0, 0, 1)], {0}) is None  # a user namespace mapping root alone
     assert own_uid([(0, 0, 4294967295)], set(range((1 << 31) - 70, 1 << 31))) is None
+
+
+def test_a_uid_leased_is_not_leased_again_until_let_go_and_a_place_others_may_write_is_not_used(tmp_path, monkeypatch):
+    """The lease is an flock on the uid's file: a second sandbox (in this process too) skips to the next uid;
+    closing the first's descriptor frees it. A directory someone else may write, or not root's, is refused: its
+    leases could be faked or taken away."""
+    from agentroll.sandbox import _lease
+
+    place = tmp_path / "uids"
+    place.mkdir(mode=0o700)
+    first = _lease.take([7, 8], str(place))
+    second = _lease.take([7, 8], str(place))
+    assert first is not None and second is not None and (first[0], second[0]) == (7, 8)
+    assert _lease.take([7, 8], str(place)) is None
+    os.close(first[1])
+    again = _lease.take([7, 8], str(place))
+    assert again is not None and again[0] == 7
+    for fd in (second[1], again[1]):
+        os.close(fd)
+    if os.geteuid() == 0:
+        open_to_all = tmp_path / "open"
+        open_to_all.mkdir()
+        open_to_all.chmod(0o777)
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 4242, 4242)
+        for wrong in (open_to_all, theirs):
+            monkeypatch.setattr(_lease, "PLACES", (str(wrong),))
+            assert _lease.directory() != str(wrong)

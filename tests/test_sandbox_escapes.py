@@ -206,25 +206,27 @@ def test_nothing_of_a_run_outlives_it(run: Run):
     assert left == [] and key not in keys and stragglers == []
 
 
-def test_the_kernels_riskiest_calls_are_refused_and_ordinary_programs_still_run(run: Run):
-    """The seccomp filter: io_uring, the keyring, ptrace, bpf, userfaultfd, namespaces fail with EPERM (another ABI
-    with ENOSYS); a thread, a multiprocessing lock (a semaphore in /dev/shm) and a subprocess work as ever (within
-    the fallback's 4 processes and threads, as an ordinary user)."""
+def test_the_calls_the_filter_does_not_allow_are_refused_and_ordinary_programs_still_run(run: Run):
+    """The seccomp filter is an allow-list: what the reviews found open (the old AIO, pidfd_open and pidfd_getfd,
+    process_vm_*, mq_open, fanotify_init, kcmp, inotify) and the riskiest calls (io_uring, the keyring, ptrace,
+    bpf, userfaultfd, namespaces) fail with EPERM, a number beyond the kernel's table and clone3 (glibc falls
+    back to clone) with ENOSYS, another ABI with ENOSYS; a thread, a multiprocessing lock (a semaphore in
+    /dev/shm) and a subprocess work as ever, within the fallback's 4 processes and threads as an ordinary user
+    (test_seccomp_filter.py runs more under the filter alone)."""
     import platform
 
-    from agentroll.sandbox._seccomp import ARCHES, DENIED
+    from agentroll.sandbox._seccomp import ARCHES, KNOWN_UP_TO, REFUSED
 
     if platform.machine() not in ARCHES:
         pytest.skip(f"no seccomp filter is written for {platform.machine()}")
     column = ARCHES[platform.machine()][0]
-    calls = {name: DENIED[name][column] for name in ("io_uring_setup", "keyctl", "ptrace", "bpf", "userfaultfd")}
-    calls["unshare"] = DENIED["unshare"][column]
-    calls.update({name: DENIED[name][column] for name in ("shmget", "memfd_create")})
+    calls = {name: numbers[column] for name, numbers in REFUSED.items() if numbers[column] is not None}
+    enosys = {"clone3": 435, "beyond the table": KNOWN_UP_TO + 20}
     code = f"""import ctypes, errno, json, multiprocessing, subprocess, threading
 libc = ctypes.CDLL(None, use_errno=True)
 seen = {{}}
-for name, number in {calls!r}.items():
-    seen[name] = "allowed" if libc.syscall(number, 0, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
+for name, number in { ({**calls, **enosys})!r}.items():
+    seen[name] = "allowed" if libc.syscall(number, 0, 0, 0, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
 if {column} == 0:  # x86_64's x32 ABI: getpid's number with the x32 bit
     seen["x32"] = "allowed" if libc.syscall(39 | 0x40000000) >= 0 else errno.errorcode[ctypes.get_errno()]
 done = []
@@ -240,17 +242,86 @@ print(json.dumps(seen))
     assert done["status"] == "ok", done["stderr"]
     seen = json.loads(done["stdout"])
     assert seen.pop("ordinary") == [[1], "hi\n"]
-    assert seen == {**{name: "EPERM" for name in calls}, **({"x32": "ENOSYS"} if column == 0 else {})}
+    expected = {name: "EPERM" for name in calls} | {name: "ENOSYS" for name in enosys}
+    assert seen == {**expected, **({"x32": "ENOSYS"} if column == 0 else {})}
 
 
-def test_a_run_opens_no_vsock_socket_which_its_network_namespace_would_not_isolate(run: Run):
+def test_a_program_cannot_take_the_hosts_aio_contexts(run: Run):
+    """`fs.aio-nr` is one counter for the whole machine that no namespace, rlimit or cgroup bounds: a program's
+    `io_setup(65536)` took all of `fs.aio-max-nr` (65536 here) until it ended, and every process on the host got
+    EAGAIN from io_setup. Refused now: the program, which answers only if it got them, scores nothing, and the
+    host's count does not move while it runs."""
+    mark = marker()
+    code = f"""import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+context = ctypes.c_ulong(0)
+got = libc.syscall({206 if os.uname().machine == "x86_64" else 0}, 65536, ctypes.byref(context))
+print("taken" if got == 0 else errno.errorcode[ctypes.get_errno()], flush=True)
+os.system("sleep {mark}")
+"""
+    before = int(Path("/proc/sys/fs/aio-nr").read_text())
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run, code, None, 30.0)
+        while not sleepers(mark) and not running.done():  # the program holds what it got: its sleep shows
+            time.sleep(0.02)
+        during = int(Path("/proc/sys/fs/aio-nr").read_text())
+        for proc in sleepers(mark):
+            proc.kill()
+        done = running.result()
+    assert done["stdout"] == "EPERM\n", done
+    assert during - before < 65536, (before, during)
+
+
+def test_a_program_can_neither_read_nor_write_the_sandboxs_init_nor_forge_its_exit(run: Run):
+    """bwrap's init in the sandbox (pid 1) is the program's own uid: through its /proc/1/mem a program read and
+    wrote its memory, and through pidfd_getfd it took init's eventfd, whose count bwrap reports as the program's
+    exit status (a program exiting 3 was reported as exit 0). /proc/1 is covered and pidfd_* refused: the
+    program's exit status is its own."""
+    code = """import ctypes, errno, json, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+seen = {}
+for path in ("/proc/1/mem", "/proc/1/task/1/mem", "/proc/1/environ", "/proc/1/maps"):
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        seen[path] = "read"
+    except OSError as exc:
+        seen[path] = errno.errorcode[exc.errno]
+try:
+    os.listdir("/proc/1/fd")
+    seen["fds"] = "listed"
+except OSError as exc:
+    seen["fds"] = errno.errorcode[exc.errno]
+pidfd = libc.syscall(434, 1, 0)  # the same number on both architectures
+seen["pidfd_open"] = "made" if pidfd >= 0 else errno.errorcode[ctypes.get_errno()]
+for fd in range(3, 10):  # bwrap's init holds its eventfd on a low descriptor
+    taken = libc.syscall(438, pidfd, fd, 0)
+    if taken >= 0:
+        try:
+            os.write(taken, struct.pack("=Q", 1))  # init's count: the exit status bwrap reports, plus one
+            seen["forged through"] = fd
+        except OSError:
+            pass
+print(json.dumps(seen), flush=True)
+sys.exit(3)
+"""
+    done = run(code)
+    assert (done["status"], done["exit_code"]) == ("error", 3), done
+    seen = json.loads(done["stdout"])
+    assert "forged through" not in seen and seen["pidfd_open"] == "EPERM", seen
+    assert not any(v in ("read", "listed") for v in seen.values()), seen
+
+
+def test_a_run_opens_no_vsock_nor_netlink_socket(run: Run):
     """AF_VSOCK is not isolated by a network namespace: in a VM the sandbox could reach its hypervisor's services,
     and a port it bound was taken on the whole VM (a listener outside held port P: the sandbox's bind of P said
-    EADDRINUSE). socket(AF_VSOCK) is refused; the families a program uses work as ever."""
+    EADDRINUSE). AF_NETLINK reaches kernel subsystems (routing, audit, uevents). Both refused; the families a
+    program uses (Unix, IPv4, IPv6) work as ever."""
     code = """import errno, json, socket
 seen = {}
-for name, family, kind in (("vsock", 40, socket.SOCK_STREAM), ("inet", socket.AF_INET, socket.SOCK_STREAM),
-                           ("inet6", socket.AF_INET6, socket.SOCK_DGRAM), ("unix", socket.AF_UNIX, socket.SOCK_STREAM)):
+for name, family, kind in (("vsock", 40, socket.SOCK_STREAM), ("netlink", 16, socket.SOCK_RAW),
+                           ("inet", socket.AF_INET, socket.SOCK_STREAM), ("inet6", socket.AF_INET6, socket.SOCK_DGRAM),
+                           ("unix", socket.AF_UNIX, socket.SOCK_STREAM)):
     try:
         socket.socket(family, kind).close()
         seen[name] = "made"
@@ -264,7 +335,7 @@ print(json.dumps(seen))
     done = run(code)
     assert done["status"] == "ok", done["stderr"]
     made = {"inet": "made", "inet6": "made", "unix": "made", "pair": "x"}
-    assert json.loads(done["stdout"]) == {"vsock": "EPERM", **made}
+    assert json.loads(done["stdout"]) == {"vsock": "EPERM", "netlink": "EPERM", **made}
 
 
 def test_as_root_a_run_lives_in_a_cgroup_of_its_own_holding_its_limits():
@@ -340,3 +411,51 @@ def test_as_root_a_run_is_a_user_of_its_own_that_a_hosts_nobody_cannot_reach():
         pwd.getpwuid(uid)
     assert forged.returncode != 0 and b"Permission denied" in forged.stderr, forged
     assert result.stdout == "done\n", result
+
+
+HOLDER = """import asyncio, sys
+from agentroll.sandbox import SandboxSettings
+from agentroll.sandbox.local import LocalSandbox
+async def main():
+    sandbox = LocalSandbox(SandboxSettings())
+    await sandbox.describe()  # set up: its uid chosen, no program running
+    print(sandbox.plan.uid, flush=True)
+    await asyncio.to_thread(sys.stdin.readline)  # a live run, between programs, until told to end
+    await sandbox.aclose()
+asyncio.run(main())
+"""
+
+
+def test_as_root_two_live_runs_never_share_a_uid_and_a_killed_ones_is_free_again():
+    """Each agentroll run leases its uid on the host (a flock, held while it lives): a second agentroll started
+    while the first had no program running picked the same uid (the kernel's per-user counters, pipe pages and
+    inotify, then coupled them). Two processes at once get two uids; a third, after the first is killed -9, may
+    have the first's, never the second's."""
+    import subprocess
+    import sys
+
+    if not unprivileged.is_root():
+        pytest.skip("agentroll picks the runs' user as root")
+    env = {**os.environ, "PYTHONPATH": str(unprivileged.ROOT)}
+
+    def start() -> tuple[subprocess.Popen[str], int]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        assert proc.stdout is not None
+        return proc, int(proc.stdout.readline())
+
+    first, second, third = None, None, None
+    try:
+        first, uid1 = start()
+        second, uid2 = start()
+        first.kill()  # kill -9: its lease goes with it
+        first.communicate()
+        third, uid3 = start()
+    finally:
+        for proc in (first, second, third):
+            if proc is not None:
+                proc.kill()
+                proc.communicate()  # its pipes closed
+    assert uid1 != uid2 and uid3 != uid2, (uid1, uid2, uid3)
+    assert 65534 not in (uid1, uid2, uid3)

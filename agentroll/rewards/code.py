@@ -14,7 +14,9 @@ The reward is 1 when every test passes (else 0, stopping at the first failure), 
 passed. Each test runs in a fresh sandboxed process with its own timeout. `reward_info` says how many passed and
 why the first failure failed (with `partial`, each failure, up to `SHOWN` of them within `INFO_LIMIT`
 characters): wrong output (the first line that differs), error (the exception), timeout, memory, output limit.
-A sandbox that cannot run code at all stops the run (exit 5): zeros would poison the data.
+A sandbox that cannot run code at all stops the run (exit 5): zeros would poison the data. A SandboxFusion
+server that fails on one program only (it runs others) fails that test: the sample scores as a failed check
+(`failed="error"`, counted in `reward_errors`), and the run goes on.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 from ..errors import RewardError, json_kind
 from ..process.concurrency import gather_or_cancel
-from ..sandbox import RunResult, Sandbox, SandboxUnavailable
+from ..sandbox import FAILED_ON_IT, RunResult, Sandbox, SandboxUnavailable
 from .base import NO_CONTENT, RewardRequest, RewardResult
 
 __all__ = ["CodeReward", "CodeTests", "last_python_block", "parse_tests"]
@@ -142,6 +144,8 @@ def _failure(result: RunResult, timeout_s: float, memory_mb: int) -> str:
         return f"memory: over its {memory_mb} MB"
     if result.status == "output_limit":
         return "wrote more than the output limit"
+    if result.status == "sandbox_error":  # SandboxFusion's, on this program alone: a failed check, counted
+        return _short(result.stderr, 200)
     tail = result.stderr.strip().rsplit("\n", 1)[-1] if result.stderr.strip() else f"exit code {result.exit_code}"
     return f"error: {_short(tail, 120)}"
 
@@ -188,7 +192,8 @@ class CodeReward:
             at, why = failed[0]
             info += f"; test {at + 1}: {why}" + (" (later tests not run)" if at + 1 < total else "")
         value = passed / total if self.partial else float(passed == total)
-        return RewardResult(value, info)
+        flagged = any(why.startswith(FAILED_ON_IT) for _, why in failed)
+        return RewardResult(value, info, failed="error" if flagged else None)
 
     async def _test(self, code: str, tests: CodeTests, i: int) -> str | None:
         """None when test i passes, else why not."""

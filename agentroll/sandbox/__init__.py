@@ -17,9 +17,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-__all__ = ["RunResult", "Sandbox", "SandboxSettings", "SandboxUnavailable", "make_sandbox"]
+__all__ = ["FAILED_ON_IT", "RunResult", "Sandbox", "SandboxSettings", "SandboxUnavailable", "make_sandbox"]
 
-Status = Literal["ok", "error", "timeout", "memory", "output_limit"]
+FAILED_ON_IT = "the sandbox failed on this program"  # a `sandbox_error`'s stderr starts so
+Status = Literal["ok", "error", "timeout", "memory", "output_limit", "sandbox_error"]
 
 
 class SandboxUnavailable(Exception):
@@ -29,7 +30,8 @@ class SandboxUnavailable(Exception):
 @dataclass(frozen=True, slots=True)
 class RunResult:
     """One run: `ok` (exit 0), `error` (another exit or a signal), `timeout` (killed at the wall-clock limit),
-    `memory` (it ran out of its memory limit), `output_limit` (killed for writing more than the cap)."""
+    `memory` (it ran out of its memory limit), `output_limit` (killed for writing more than the cap),
+    `sandbox_error` (a SandboxFusion server failed on this program, and on it alone: `remote.py`)."""
 
     status: Status
     stdout: str

@@ -1,13 +1,14 @@
 """The local sandbox on bubblewrap (`bwrap`): one run's command, and what happens around it.
 
-Each run is a `bwrap` with namespaces of its own (user, mount, pid, network, IPC, UTS, cgroup where the kernel
-has them; no new user namespace inside: `--disable-userns`), a new session, `--die-with-parent`, all capabilities
-dropped, a seccomp filter (`_seccomp.py`), uid and gid 65534 inside, and a filesystem built from nothing:
-read-only `/usr` (and `/bin`, `/lib`... as the host has them) and the interpreter's prefixes, its own `/proc`, a
-minimal `/dev` (read-only, with a capped tmpfs `/dev/shm`, no pseudo-terminals), a capped tmpfs `/sandbox` for its
-working directory (`/tmp` and `/var/tmp` lead there), a read-only root. As root, agentroll starts `bwrap` as the
-user of its own (`run_uids`: a uid of no account and no running process; else `nobody`): the run's processes are
-that user on the host too, never root in a namespace, and no other host process shares their user.
+Each run is a `bwrap` with namespaces of its own (user, mount, pid, network, IPC, UTS, cgroup where the kernel has
+them; no new user namespace inside: `--disable-userns`), a new session, `--die-with-parent`, all capabilities
+dropped, a seccomp allow-list (`_seccomp.py`), uid and gid 65534 inside, and a filesystem built from nothing:
+read-only `/usr` (and `/bin`, `/lib`... as the host has them) and the interpreter's prefixes, its own `/proc` (its
+init's `/proc/1` covered), a minimal `/dev` (read-only, with a capped tmpfs `/dev/shm`, no pseudo-terminals), a
+capped tmpfs `/sandbox` for its working directory (`/tmp` and `/var/tmp` lead there), a read-only root. As root,
+agentroll starts `bwrap` as the user of its own (`run_uids`: a uid of no account and no running process, leased
+while the run lives so that no other live run is that uid, `_lease.py`; else `nobody`): the run's processes are that
+user on the host too, never root in a namespace, and no other host process shares their user.
 
 Nothing is written on the host for a run: the program reaches it through a descriptor (`--file`), its input
 through stdin. What happened comes out of band: `--json-status-fd` says the sandbox's init pid, then, only when
@@ -25,7 +26,6 @@ import asyncio
 import contextlib
 import math
 import os
-import pwd
 import resource
 import shutil
 import subprocess
@@ -35,8 +35,10 @@ from typing import Any
 import orjson
 
 from . import SandboxSettings, SandboxUnavailable
+from . import _lease as lease
 from . import _seccomp as seccomp
 from ._cgroup import Cgroups, RunGroup
+from ._lease import own_uids, running_uids
 
 WORKDIR = "/sandbox"
 NOBODY = 65534
@@ -44,6 +46,9 @@ SETUP_TIMEOUT_S = 60.0  # a sandbox is set up in milliseconds; past this one nev
 DRAIN_S = 5.0  # after bwrap has gone, how long its status may take to be read
 FALLBACK_PROCESS_MB = 256  # without a cgroup: the budget split in processes of at least this much
 NOFILE = 1024  # open files per process
+INIT = "/proc/1"  # the sandbox's init (bwrap's pid 1), the program's own uid: covered, so that the program can
+# neither read nor write its memory (/proc/1/mem) nor reach its descriptors (the eventfd whose count bwrap reports
+# as the program's exit status): not dumpable would do, but bwrap's init is; hidepid would not (the same uid)
 PTMX = "/dev/pts/ptmx"  # covered (nodev: opening it is refused): every pty counts against kernel.pty.max, host-wide
 SET_LIMITS = (  # without prlimit: `python -c SET_LIMITS RESOURCE:SOFT:HARD,... PROGRAM ARGS...`
     "import os, resource, sys\n"
@@ -172,7 +177,8 @@ class Plan:
         for path in self.binds:
             argv += ["--ro-bind", path, path]
         argv += [
-            *("--proc", "/proc", "--dev", "/dev", "--ro-bind", "/dev/null", PTMX),  # no pseudo-terminals
+            *("--proc", "/proc", "--size", "4096", "--tmpfs", INIT, "--remount-ro", INIT),  # its init: not there
+            *("--dev", "/dev", "--ro-bind", "/dev/null", PTMX),  # no pseudo-terminals
             *("--size", disk, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"),
             *("--size", disk, "--tmpfs", WORKDIR, "--symlink", WORKDIR, "/tmp", "--dir", "/var"),
             *("--symlink", WORKDIR, "/var/tmp", "--perms", "0644", "--file", str(program_fd), f"{WORKDIR}/main.py"),
@@ -339,53 +345,23 @@ class Launch:
             await self.group.remove()
 
 
-def run_uids() -> list[int | None]:
-    """The host users a run may be, most wanted first. As root: a uid of the runs' own (mapped in this user
-    namespace, no account's, no running process's: near the top of the mapped ids), then `nobody`, for a
-    machine that will not switch to it. Runs as `nobody` share that user with whatever else the host runs as
-    nobody (a server's workers, another tool's jobs), which may open their pipes through /proc/PID/fd or trace
-    them. Not root: agentroll's own user (None)."""
+def run_uids() -> tuple[list[int | None], int | None]:
+    """The host users a run may be, most wanted first, and the descriptor of the first one's lease (None: no
+    lease). As root: a uid of the runs' own (mapped in this user namespace, no account's, no running process's:
+    near the top of the mapped ids), leased for as long as the sandbox lives so that no other live run on the
+    host is that uid (`_lease.py`); then `nobody`, for a machine that will not switch to it or gives no lease.
+    Runs as `nobody` share that user with whatever else the host runs as nobody (a server's workers, another
+    tool's jobs), which may open their pipes through /proc/PID/fd or trace them. Not root: agentroll's own user
+    (None)."""
     if os.geteuid() != 0:
-        return [None]
+        return [None], None
     try:
         with open("/proc/self/uid_map") as mapping:
             ranges = [tuple(map(int, line.split())) for line in mapping.read().splitlines()]
     except (OSError, ValueError):
         ranges = []
-    own = own_uid(ranges, {NOBODY, NOBODY + 1, *_running_uids()})
-    return [NOBODY] if own is None else [own, NOBODY]
-
-
-def own_uid(ranges: list[tuple[int, ...]], taken: set[int]) -> int | None:
-    """Near the top of the ids `ranges` map (uid_map's lines: first id here, first outside, count), below 2**31,
-    one that is not `taken` and no account's; None when the 64 highest of each range all are."""
-    for first, _, count in sorted(ranges, key=lambda r: r[0] + r[2], reverse=True):
-        top = min(first + count, (1 << 31) - 1) - 1
-        for uid in range(top, max(first, top - 64) - 1, -1):
-            if uid not in taken and not _has_account(uid):
-                return uid
-    return None
-
-
-def _running_uids() -> set[int]:
-    """The real, effective, saved and filesystem uids of every process this agentroll can see."""
-    found: set[int] = set()
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, ValueError, StopIteration):  # a process gone meanwhile
-                    with open(f"/proc/{entry.name}/status", "rb") as status:
-                        line = next(x for x in status if x.startswith(b"Uid:"))
-                    found.update(map(int, line.split()[1:]))
-    return found
-
-
-def _has_account(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    return True
+    leased = lease.take(own_uids(ranges, {NOBODY, NOBODY + 1, *running_uids()}))
+    return ([NOBODY], None) if leased is None else ([leased[0], NOBODY], leased[1])
 
 
 def plan_for(

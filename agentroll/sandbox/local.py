@@ -24,6 +24,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from typing import Any, Protocol, cast
 
 from ..errors import UsageError
@@ -79,6 +80,9 @@ class LocalSandbox:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots = asyncio.Semaphore(1)
         self._lock = asyncio.Lock()
+        self._uids: list[int | None] = []
+        self._lease: weakref.finalize[Any, Any] | None = None  # lets go of the runs' uid's lease: at `aclose`,
+        # or when the sandbox is collected without one
 
     def _bind(self) -> None:
         """Semaphore and lock of the running loop (a Generator may be used from one `asyncio.run` after another)."""
@@ -98,6 +102,9 @@ class LocalSandbox:
             return await self._run(plan, code, stdin, timeout_s)
 
     async def aclose(self) -> None:
+        if self._lease is not None:
+            self._lease()  # the uid is free for another run
+            self._lease, self.plan = None, None
         if self._cgroups is not None:
             self._cgroups.close()
             self._cgroups = None
@@ -136,7 +143,15 @@ class LocalSandbox:
             self._cgroups = Cgroups.make(s.memory_mb << 20, s.processes + 1)
         plans: list[Plan] = []
         why = []
-        uids = await asyncio.to_thread(bwrap.run_uids)  # as root, reads every process's status
+        if self._lease is None:  # as root, reads every process's status; leased until `aclose`
+            found = asyncio.ensure_future(asyncio.to_thread(bwrap.run_uids))
+            try:
+                self._uids, lease = await asyncio.shield(found)
+            except asyncio.CancelledError:  # the thread goes on: its lease is let go once it is had
+                found.add_done_callback(_let_go)
+                raise
+            self._lease = weakref.finalize(self, _close, lease)
+        uids = self._uids
         for python in dict.fromkeys([s.python, *unsafe.SYSTEM_PYTHONS]):
             if python != s.python and not os.path.exists(python):
                 continue
@@ -293,6 +308,16 @@ def relative(data: bytes | bytearray, workdir: str) -> str:
         if path in text:  # the directory's own name, not a longer one it begins (`/sandboxes` stays)
             text = re.sub(re.escape(path) + r"(?:/|(?![\w.-]))", lambda m: "" if m[0].endswith("/") else ".", text)
     return text
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _let_go(found: asyncio.Future[tuple[list[int | None], int | None]]) -> None:
+    """The lease of a start cancelled while it was being taken."""
+    _close(None if found.cancelled() or found.exception() is not None else found.result()[1])
 
 
 def _kill_group(pgid: int) -> None:

@@ -4,8 +4,11 @@ Request: `{"code", "language": "python", "stdin", "run_timeout", "compile_timeou
 "fetch_files"}`. Answer: `{"status": "Success" | "Failed" | "SandboxError", "message", "compile_result",
 "run_result": {"status": "Finished" | "TimeLimitExceeded" | "Error", "execution_time", "return_code", "stdout",
 "stderr"}, "files"}`. A `SandboxError` (the sandbox's own failure), a dropped connection, an HTTP timeout or
-408/429/5xx is retried with backoff (`max_retries`); any other answer, or the last failure, raises
-`SandboxUnavailable`. Each attempt may take the run's timeout plus `slack_s`.
+408/429/5xx is retried with backoff (`max_retries`). When the last attempt fails too, a trivial program is sent
+(retried the same way): if it runs, the server is up and the failure was this program's doing (a worker it
+crashed, an answer the server could not make), so it is this program's outcome, `sandbox_error`, scored as a
+failure; if not, or for any other answer (a 4xx), `SandboxUnavailable`. Each attempt may take the run's timeout
+plus `slack_s`.
 
 The reply is read with a cap, as a local run's output is: each stream is kept to `max_output_bytes` (more is
 `output_limit`), and a reply larger than two such streams could ever take in JSON (every byte escaped as
@@ -22,11 +25,12 @@ import aiohttp
 import orjson
 
 from ..errors import UsageError
-from . import RunResult, SandboxSettings, SandboxUnavailable, Status
+from . import FAILED_ON_IT, RunResult, SandboxSettings, SandboxUnavailable, Status
 
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 ESCAPED = 6  # the most bytes of JSON one byte of output can take (escaped as a backslash, u and 4 digits)
 ERROR_BYTES = 1 << 16  # what is read of an answer that is not a result
+PROBE = "pass"  # what tells a server that is down from a program it fails on
 
 
 class RemoteSandbox:
@@ -71,6 +75,22 @@ class RemoteSandbox:
             }
         )
         timeout = aiohttp.ClientTimeout(total=timeout_s + s.slack_s, sock_connect=s.connect_timeout_s)
+        result, problem = await self._attempts(body, timeout)
+        if result is not None:
+            return result
+        # every attempt failed: the server is down, or this program makes it fail (a worker it crashes, an
+        # answer the server cannot make). A trivial program tells which: if it runs, the failure is this
+        # program's alone, its outcome (scored as a failure), never the run's end
+        probe = orjson.dumps({**orjson.loads(body), "code": PROBE, "stdin": ""})
+        works, _ = await self._attempts(probe, timeout)
+        if works is not None and works.status == "ok":
+            return RunResult("sandbox_error", "", f"{FAILED_ON_IT}: {problem}", None, 0.0)
+        raise SandboxUnavailable(f"sandbox {self.url} failed {s.max_retries + 1} times; last: {problem}")
+
+    async def _attempts(self, body: bytes, timeout: aiohttp.ClientTimeout) -> tuple[RunResult | None, str]:
+        """The answer to `body`, tried `max_retries` more times while the server fails (a SandboxError, 408,
+        429, 5xx, no answer in time, a dropped connection); else None and the last failure."""
+        s = self.settings
         session = self._session()
         problem = ""
         for attempt in range(s.max_retries + 1):
@@ -80,16 +100,16 @@ class RemoteSandbox:
                     cap = 2 * ESCAPED * s.max_output_bytes + ERROR_BYTES if status == 200 else ERROR_BYTES
                     reply, whole = await read_capped(response, cap)
             except asyncio.TimeoutError:
-                problem = f"no answer within {timeout_s + s.slack_s:g}s"
+                problem = f"no answer within {timeout.total:g}s"
             except aiohttp.ClientError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if status == 200 and not whole:  # the server kept more than the cap: so did the program
-                    return RunResult("output_limit", "", "", None, 0.0)
+                    return RunResult("output_limit", "", "", None, 0.0), ""
                 if status == 200:
                     result = parse(reply, self.url)
                     if result is not None:
-                        return capped(result, s.max_output_bytes)
+                        return capped(result, s.max_output_bytes), ""
                     problem = f"SandboxError: {_message(reply)}"
                 elif status in RETRYABLE:
                     problem = f"HTTP {status}: {reply[:200].decode('utf-8', 'replace')}"
@@ -100,7 +120,7 @@ class RemoteSandbox:
             if attempt < s.max_retries:
                 cap = self.backoff_base_s * 2**attempt
                 await asyncio.sleep(random.uniform(cap / 2, cap))
-        raise SandboxUnavailable(f"sandbox {self.url} failed {s.max_retries + 1} times; last: {problem}")
+        return None, problem
 
     async def aclose(self) -> None:
         if self._http is not None:

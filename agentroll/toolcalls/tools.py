@@ -102,6 +102,8 @@ def as_text(value: Any) -> str:
 
 # -- the built-in python tool -----------------------------------------------------------------------------------
 def python_output(result: RunResult, timeout_s: float) -> str:
+    if result.status == "sandbox_error":  # the server's words, not the program's stderr
+        return f"[{result.stderr}]"
     parts = [result.stdout.rstrip("\n")] if result.stdout.strip() else []
     if result.stderr.strip():
         parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
@@ -123,9 +125,11 @@ async def _run_python(arguments: dict[str, Any], timeout_s: float, sandbox: Sand
     if result.status == "timeout":
         raise asyncio.TimeoutError
     if result.status != "ok":
-        why = {"memory": "ran out of memory", "output_limit": "wrote more than the output limit"}.get(
-            result.status, f"exit code {result.exit_code}"
-        )
+        why = {
+            "memory": "ran out of memory",
+            "output_limit": "wrote more than the output limit",
+            "sandbox_error": result.stderr[:300],
+        }.get(result.status, f"exit code {result.exit_code}")
         raise ToolFailed(why, output)
     return output
 
