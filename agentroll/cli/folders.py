@@ -1,8 +1,9 @@
-"""The folder tools: merge, validate, stats, inspect, convert. Each error is one line and exit 6 on a broken
+"""The folder tools: merge, validate, stats, inspect, convert, follow. Each error is one line and exit 6 on a broken
 folder (the folder package says what is wrong)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -27,6 +28,7 @@ def register(app: typer.Typer) -> None:
     for command in (merge, validate, stats, convert, report, view):
         app.command(cls=Command)(command)
     app.command("inspect", cls=Command)(inspect_command)
+    app.command(cls=Command)(follow)
 
 
 def merge(
@@ -324,3 +326,45 @@ def view(
 
 
 DEFAULT_PORT = 8377
+
+
+def follow(
+    folder: Annotated[Path, FOLDER],
+    consumer: Annotated[
+        str | None,
+        opt(
+            "--consumer",
+            help="A durable position (.agentroll/consumers/NAME): a rerun starts after the groups it took, and "
+            "generate --consumer NAME --max-ahead G waits for it.",
+            metavar="NAME",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        opt("--timeout", help="Give up after this many seconds without the run completing (exit 8).", metavar="S"),
+    ] = None,
+) -> None:
+    """Print a live run's groups as JSONL on stdout as they commit, one line each, until the run completes."""
+    from ..errors import IncompleteRun, PipeClosed
+    from ..folder import read_groups
+
+    stdout = sys.stdout.buffer
+
+    def stream() -> bool:
+        """True when the reader closed the pipe."""
+        try:
+            for group in read_groups(folder, follow=True, timeout_s=timeout, consumer=consumer):
+                records = b",".join(orjson.dumps(s) for samples in group.executions for s in samples)
+                # the write blocks while the reader is behind: the next group is asked for (and this one counts
+                # as consumed) only once this one is taken
+                stdout.write(b'{"problem_id":%s,"records":[%s]}\n' % (orjson.dumps(group.problem_id), records))
+                stdout.flush()
+        except TimeoutError:
+            raise IncompleteRun(f"{folder}: the run did not complete within --timeout {timeout:g}s") from None
+        except BrokenPipeError:  # the reader (head, a loader) is gone: nothing more to say to it, nor to flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+            return True
+        return False
+
+    if folder_tool(stream):
+        raise typer.Exit(PipeClosed.exit_code)  # as SIGPIPE would end it, and as generate -o - does

@@ -192,8 +192,19 @@ def teacher_lines(teachers: list[dict[str, Any]]) -> list[list[str]]:
             f"teacher {t['model']} ({', '.join(t['endpoints'])})",
             f"records scored {t['scored']} in {t.get('scoring_requests', '-')} requests",
             f"replayed from the journal {t['replayed']}",
+            *_unscored(t),
             f"requests {t['requests']['requests']}, retries {t['requests']['retries']}, failures "
             f"{t['requests']['failures']}, peak in flight {t['requests']['peak_in_flight']}",
         ]
         for t in teachers
     ]
+
+
+def _unscored(teacher: dict[str, Any]) -> list[str]:
+    """The records the teacher had no room for (kept without teacher fields), counted and the first named."""
+    count = teacher.get("unscored") or 0
+    if not count:
+        return []
+    names = list(teacher.get("unscored_records") or ())
+    more = f", and {count - len(names)} more" if count > len(names) else ""
+    return [f"unscored {count} (they fill its context, kept without teacher fields: {', '.join(names)}{more})"]
