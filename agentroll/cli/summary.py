@@ -88,8 +88,10 @@ def lines(result: RunResult) -> list[list[str]]:
     generated = " generated" if s.groups_filtered else ""
     out = [
         [
-            f"problems {s.problems} (already done {s.problems_skipped_done})",
-            f"executions{generated} {s.executions}, records written {s.records_written}, invalid rows {s.invalid_rows}",
+            # the rows read are the problems and the invalid rows, each counted once (`problems` counts both)
+            f"problems {s.problems - s.invalid_rows} (already done {s.problems_skipped_done}), "
+            f"invalid rows {s.invalid_rows}",
+            f"executions{generated} {s.executions}, records written {s.records_written}",
         ],
         shares(s, f"accuracy{' over the groups generated' if generated else ''}"),
         *([[figures(s, counts=True)]] if figures(s, counts=True) else []),
