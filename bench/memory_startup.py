@@ -14,7 +14,8 @@ clock measures their load as much as ours). The last row loads the tokenizer wit
 another checkout (its own package, imported from its folder), against the simulator of this one; `--limit N`
 runs N problems instead of 3000 (start-up rows in seconds rather than minutes on a busy machine). `--against`
 runs the start-up row only, alternating this checkout and another `--pairs` times (one fresh simulator per run),
-and prints each pair and the medians: on a shared machine only runs side by side compare.
+and prints each pair (seconds to the first request, CPU by then, CPU of the whole command) and the medians: on a
+shared machine only runs side by side compare.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def cpu_seconds(pid: int) -> float | None:
 
 def run(
     problems: Path, url: str, out: Path, limit: int, extra: tuple[str, ...] = (), source: Path | None = None
-) -> tuple[float, float, float | None]:
-    """(peak RSS in MB, seconds from launch to the first request the server saw, CPU seconds used by then)."""
+) -> tuple[float, float, float | None, float]:
+    """(peak RSS in MB, seconds from launch to the first request the server saw, CPU seconds used by then, CPU
+    seconds of the whole command: user + system, from its rusage)."""
     launched = time.time()
     proc = spawn(
         [
@@ -85,7 +87,7 @@ def run(
     sampler.join()
     first = metrics(url)["agentroll_sim_first_request_unix"]
     before = [used for at, used in samples if at <= first]
-    return usage.ru_maxrss / 1024, first - launched, before[-1] if before else None
+    return usage.ru_maxrss / 1024, first - launched, before[-1] if before else None, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -111,7 +113,7 @@ def main() -> None:
         problems = write_problems(tmp / f"p{lines}.jsonl", lines)
         sim, url = start_sim(0.0, 150)
         try:
-            rss, startup, cpu = run(problems, url, tmp / f"out{lines}", args.limit, extra, source)
+            rss, startup, cpu, _ = run(problems, url, tmp / f"out{lines}", args.limit, extra, source)
         finally:
             stop(sim)
         name = f"input_{lines}_lines" + ("_transformers" if extra else "")
@@ -128,22 +130,24 @@ def side_by_side(other: Path, pairs: int, limit: int) -> None:
     tmp = Path(tempfile.mkdtemp())
     problems = write_problems(tmp / "p.jsonl", 10_000)
     trees = {"this": ROOT, "other": other}
-    seen: dict[str, list[tuple[float, float | None]]] = {name: [] for name in trees}
+    seen: dict[str, list[tuple[float, float | None, float]]] = {name: [] for name in trees}
     for pair in range(pairs):
         for name, tree in trees.items():
             sim, url = start_sim(0.0, 150)
             try:
-                _, startup, cpu = run(problems, url, tmp / f"out-{name}", limit, (), tree)
+                _, startup, cpu, total = run(problems, url, tmp / f"out-{name}", limit, (), tree)
             finally:
                 stop(sim)
-            seen[name].append((startup, cpu))
+            seen[name].append((startup, cpu, total))
         print(json.dumps({"pair": pair, **{n: [round(v, 2) if v else v for v in seen[n][-1]] for n in trees}}))
     summary = {
         name: {
             "source": str(tree),
-            "startup_s_median": round(statistics.median(s for s, _ in seen[name]), 3),
-            "startup_s_range": [round(min(s for s, _ in seen[name]), 2), round(max(s for s, _ in seen[name]), 2)],
-            "startup_cpu_s_median": round(statistics.median(c for _, c in seen[name] if c is not None), 3),
+            "startup_s_median": round(statistics.median(s for s, _, _ in seen[name]), 3),
+            "startup_s_range": [round(min(s for s, _, _ in seen[name]), 2), round(max(s for s, _, _ in seen[name]), 2)],
+            "startup_cpu_s_median": round(statistics.median(c for _, c, _ in seen[name] if c is not None), 3),
+            "command_cpu_s_median": round(statistics.median(t for _, _, t in seen[name]), 3),
+            "command_cpu_s_range": [round(min(t for *_, t in seen[name]), 2), round(max(t for *_, t in seen[name]), 2)],
         }
         for name, tree in trees.items()
     }

@@ -2,6 +2,7 @@
 fast it answers, and how the page in headless Chromium keeps up.
 
     python bench/view_scale.py [--records 100000] [--folder /tmp/agentroll-view-bench] [--groups-opened 30]
+    python bench/view_scale.py --records 5000 --page   # the single page (`view -o`): its size against the folder's
 
 The folder is written once by the real writer (`ShardWriter`), kept and reused: `single` system records, K = 8
 per problem, prompts of 120-200 tokens and responses of 200-800 (one in ten cut at max tokens), a metadata
@@ -108,12 +109,32 @@ async def browse(url: str, groups: int) -> dict[str, float]:
     return {"ready_s": ready, "js_heap_mb": heap / 2**20, "filter_ms": filtered, "sort_ms": sorted_ms, "open_s": opened}
 
 
+def page(folder: Path, size: int) -> None:
+    """`agentroll view DIR -o page.html` as a user runs it: its wall and CPU seconds, peak RSS, the page's bytes."""
+    import resource
+    import subprocess
+
+    out = folder.parent / f"{folder.name}.html"
+    started = time.perf_counter()
+    cmd = [sys.executable, "-m", "agentroll", "view", str(folder), "-o", str(out), "--tokenizer", str(TOKENIZER)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    wall = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    written = out.stat().st_size
+    print(
+        f"page: {written / 2**20:.1f} MiB against the folder's {size / 2**20:.1f} MiB ({written / size:.2f} of it); "
+        f"written in {wall:.1f}s wall, {usage.ru_utime + usage.ru_stime:.1f}s CPU, "
+        f"peak RSS {usage.ru_maxrss / 1024:.0f} MiB"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/agentroll-view-bench"))
     parser.add_argument("--groups-opened", type=int, default=30)
     parser.add_argument("--no-browser", action="store_true")
+    parser.add_argument("--page", action="store_true", help="write the single page (view -o) and measure it instead")
     args = parser.parse_args()
     folder = args.folder / str(args.records)
     if not (folder / "manifest.json").exists():
@@ -123,6 +144,8 @@ def main() -> None:
     size = sum(p.stat().st_size for p in folder.glob("rollouts-*"))
     groups = args.records // K
     print(f"folder: {args.records:,} records, {groups:,} groups, {size / 2**30:.2f} GiB; load {os.getloadavg()}")
+    if args.page:
+        return page(folder, size)
     cmd = [sys.executable, "-m", "agentroll", "view", str(folder), "--port", "0", "--tokenizer", str(TOKENIZER)]
     proc = spawn(cmd, stderr=__import__("subprocess").PIPE, text=True)
     try:

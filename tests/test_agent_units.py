@@ -4,15 +4,23 @@ answer and reward."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from agentroll import Generator
 from agentroll.agents.history import Chat, History, Text
 from agentroll.agents.launch import AgentFailed, Outcome, outcome_of, tail_line
 from agentroll.agents.messages import BadRequest, canonical, for_server, for_template
 from agentroll.agents.replies import answer_of
 from agentroll.agents.requests import chat_request
 from agentroll.record.schema import Sample
+from agentroll.sim.script import Script
+from agentroll.sim.server import SimServer
 from agentroll.toolcalls import parser_for
+
+from . import agents_support as support
+from .conftest import TOKENIZER, write_problems
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "python", "arguments": '{"code": "print(1)"}'}}
 ANSWER = {"role": "assistant", "content": None, "tool_calls": [CALL], "reasoning_content": "think"}
@@ -157,3 +165,35 @@ def test_a_function_returns_its_answer_and_a_bad_reward_fails_it():
     with pytest.raises(AgentFailed, match='without "answer"'):
         outcome_of({"result": "x"})
     assert tail_line(b"a\n\nb\nc\nd\ne\n") == "b | c | d | e"
+
+
+def test_an_agent_gets_the_rows_prompt_as_messages_whichever_form_it_came_in(tmp_path):
+    """`row["messages"]`: a text prompt as one user message, a row of chat messages as given, so an agent sends
+    them as they are; `prompt` stays the row's own."""
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 plus 2?"}]
+    rows = [{"id": "text", "prompt": "What is 10 plus 7?", "label": "17"}, {"id": "chat", "prompt": chat, "label": "4"}]
+    seen: dict[str, dict] = {}
+
+    async def plan(client, problem):
+        seen[problem["id"]] = problem
+        reply = await client.chat.completions.create(model="m", messages=problem["messages"])
+        return reply.choices[0].message.content
+
+    server = SimServer(script=Script.from_jsonl(write_problems(tmp_path / "p.jsonl", 1)))
+    server.start()
+
+    async def go():
+        support.PLAN = plan
+        options = {"seed": 3, "max_tokens": 64, "reward": "exact", "samples_per_prompt": 1}
+        async with Generator(base_url=server.url, tokenizer=TOKENIZER, system="agent",
+                             system_option=["agent=tests.agents_support:probe"], **options) as gen:  # fmt: skip
+            return [await gen.run_group(row) for row in rows]
+
+    try:
+        groups = asyncio.run(go())
+    finally:
+        server.stop()
+    assert [g.status for g in groups] == ["complete", "complete"]
+    assert seen["text"]["messages"] == [{"role": "user", "content": "What is 10 plus 7?"}]
+    assert seen["text"]["prompt"] == "What is 10 plus 7?"
+    assert seen["chat"]["messages"] == chat and seen["chat"]["prompt"] == chat

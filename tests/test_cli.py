@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import socket
@@ -264,3 +265,19 @@ def test_a_log_line_on_a_terminal_is_not_refitted_as_a_table():
     handler.emit(record)
     lines = console.file.getvalue().splitlines()
     assert lines[0].startswith("WARNING ") and all(len(line) <= 40 for line in lines)
+
+
+@pytest.mark.parametrize("columns", [100, 160])
+def test_the_command_list_fills_each_line_and_breaks_only_where_it_is_full(columns):
+    """`agentroll -h` lists each command's first paragraph rewrapped to the terminal: a docstring's own line breaks
+    (convert's list of trainers, view's modes, audit's exit codes) no longer break a line half-full."""
+    text = help_of(columns=columns)
+    panel = text[text.index("Commands") :]
+    rows = [line.strip("│ ").rstrip() for line in panel.splitlines()[1:] if line.startswith("│")]
+    width = max(len(line) for line in panel.splitlines() if line.startswith("│")) - 4
+    for first, after in itertools.pairwise(rows):
+        if not re.match(r"[a-z-]+ {2,}", after):  # a continued description
+            words = after.split()
+            assert len(first) + 1 + len(words[0]) > width - 12, (first, after)  # the next word did not fit
+    flat = re.sub(r"[\s│]+", " ", panel)
+    assert "slime, Megatron, verl, OpenRLHF, prime-rl" in flat and "(following a live run), or written" in flat

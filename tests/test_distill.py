@@ -84,7 +84,8 @@ def test_distill_refuses_another_vocabulary_and_records_the_teacher_cannot_hold_
     short = teacher_server(problems)  # the student's context, 4096: its longest records leave no room
     try:
         refused = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "a"), "--teacher", other.url)
-        too_long = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "b"), "--teacher", short.url)
+        too_long = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "b"), "--teacher", short.url,
+                           "--teacher-all-or-nothing")  # fmt: skip
     finally:
         other.stop()
         short.stop()
@@ -186,10 +187,19 @@ def test_distill_refuses_a_record_longer_than_the_teacher_holds_in_any_policys_c
         record["prompt_token_ids"] = record["prompt_token_ids"] * (9000 // len(record["prompt_token_ids"]) + 1)
 
     synthetic.edit(tmp_path / "src", lengthen)
-    refused = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "new"), "--teacher", teacher.url)
+    refused = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "new"), "--teacher", teacher.url,
+                      "--teacher-all-or-nothing")  # fmt: skip
     assert refused.returncode == 2, refused.stderr.decode()
     assert "serve the teacher with --max-model-len" in refused.stderr.decode().strip().splitlines()[-1]
     assert not (tmp_path / "new").exists()
+    kept = run_cli("distill", str(tmp_path / "src"), "-o", str(tmp_path / "new"), "--teacher", teacher.url, "-q")
+    assert kept.returncode == 0, kept.stderr.decode()  # by default the rest is scored, that record kept unscored
+    unscored = [r for r in read_records(tmp_path / "new") if r["teacher_logprobs"] is None]
+    assert [len(r["prompt_token_ids"]) >= 8192 and r["policy"] for r in unscored] == ["new"]
+    (report,) = Manifest.load(tmp_path / "new").last_run["teachers"]
+    assert report["unscored"] == 1 and report["unscored_records"] == [
+        f"{unscored[0]['problem_id']}/{unscored[0]['sample_index']} solver"
+    ]
 
 
 def test_a_head_to_head_run_with_a_teacher_says_each_policys_figures_against_it(sim, teacher, problems, tmp_path):
@@ -215,3 +225,52 @@ def test_a_head_to_head_run_with_a_teacher_says_each_policys_figures_against_it(
     row = next(line for line in per_policy if "solver KL(student || teacher), k3" in line)
     shown = [cell.strip() for cell in row.split("│")[2:-1]]
     assert shown == [f"{data['all']['policies'][n]['teacher']['solver']['kl_k3']:.3f}" for n in ("old", "new")]
+
+
+def test_the_simulator_scoring_a_folder_it_wrote_differs_from_it_by_nothing(sim, problems, tmp_path):
+    """A model as its own teacher: the scores of its samples are its sampling logprobs (KL 0, every teacher's top
+    list the student's own), as a real vLLM's prompt_logprobs of its own samples are (raw logprobs)."""
+    assert generate(problems, tmp_path / "own", sim.url, "--logprobs", "3").returncode == 0
+    proc = run_cli("distill", str(tmp_path / "own"), "-o", str(tmp_path / "self"), "--teacher", sim.url,
+                   "--teacher-logprobs", "3")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = read_records(tmp_path / "self")
+    full = [r for r in records if len(r["prompt_token_ids"]) + len(r["response_token_ids"]) >= 4096]
+    assert len(records) > 20 and full  # the simulator's rambling answers fill its context: kept, not scored
+    assert all(teacher_fields(r) == dict.fromkeys(teacher_fields(r)) for r in full)
+    ranks = []
+    for record in (r for r in records if r not in full):
+        assert record["teacher_logprobs"] == record["response_logprobs"]
+        assert record["teacher_top_ids"] == record["top_token_ids"]  # the top token the same at every position
+        assert record["teacher_top_logprobs"] == record["top_logprobs"]
+        # the completions API says a rank where the sampled token is in the top list: the teacher's the same
+        pairs = zip(record["response_ranks"], record["teacher_ranks"], strict=True)
+        assert all(own == theirs for own, theirs in pairs if own is not None)
+        ranks += record["teacher_ranks"]
+    assert 0 < ranks.count(1) < len(ranks)  # the samples are not all the top token: the check sees ranks
+    figures = json.loads(run_cli("stats", str(tmp_path / "self"), "--json").stdout)["all"]["teacher"]
+    assert figures and all(s["mean_gap"] == s["max_gap"] == s["kl_k3"] == 0 for s in figures.values())
+    manifest = Manifest.load(tmp_path / "self")
+    (report,) = manifest.last_run["teachers"]
+    assert report["unscored"] == len(full) and len(report["unscored_records"]) == min(len(full), 20)
+    assert f"unscored {len(full)} (they fill its context" in proc.stderr.decode()
+
+
+def test_generate_with_a_context_it_was_given_keeps_what_fills_the_teachers_unscored(sim, problems, tmp_path):
+    """The same rule as distill's: a --max-context-len asked for is kept, the records that fill the teacher's
+    context are written without teacher fields and counted; --teacher-all-or-nothing refuses the run instead."""
+    same = teacher_server(problems)  # max_model_len 4096, as the student's
+    try:
+        args = ("--teacher", same.url, "--max-context-len", "4096")
+        refused = generate(problems, tmp_path / "a", sim.url, *args, "--teacher-all-or-nothing")
+        kept = generate(problems, tmp_path / "b", sim.url, *args)
+    finally:
+        same.stop()
+    assert refused.returncode == 2 and b"--max-model-len 4097 or more" in refused.stderr
+    assert kept.returncode == 0, kept.stderr.decode()
+    records = read_records(tmp_path / "b")
+    full = [r for r in records if len(r["prompt_token_ids"]) + len(r["response_token_ids"]) >= 4096]
+    assert full and all(r["teacher_logprobs"] is None for r in full)
+    assert all(r["teacher_logprobs"] is not None for r in records if r not in full)
+    (report,) = Manifest.load(tmp_path / "b").last_run["teachers"]
+    assert report["unscored"] == len(full)

@@ -17,7 +17,7 @@ from agentroll.errors import OutputError
 from agentroll.folder import Layout, Manifest, ShardWriter, consumed, merge, read_groups, read_records
 from agentroll.record.group import Group
 
-from .conftest import TOKENIZER
+from .conftest import TOKENIZER, run_cli
 from .test_routes import SETTINGS, Model, assert_same, crash, group, write
 
 runner = CliRunner()
@@ -393,3 +393,17 @@ def test_a_first_row_clashing_with_a_done_id_leaves_a_complete_folder_as_it_was(
     code, output = generated(sim, clash, out)
     assert code == 3 and "is already in the output folder" in output, output
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # still complete, untouched
+
+
+def test_the_summary_counts_invalid_rows_apart_from_the_problems(sim, problems, tmp_path):
+    """Five rows, four of them bad, under --skip-invalid: one problem and four invalid rows, not "problems 5 ...
+    invalid rows 4" (the bad rows counted twice, as problems and as invalid)."""
+    first = problems.read_text().splitlines()[0]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(first + "\n" + '{"question": "What is 1+1?", "label": "2"}\n' * 3 + "not json\n")
+    done = run_cli("generate", str(rows), "-o", str(tmp_path / "out"), "--base-url", sim.url,
+                   "--tokenizer", TOKENIZER, "--skip-invalid", "--samples-per-prompt", "2")  # fmt: skip
+    said = " ".join(done.stderr.decode().split())
+    assert done.returncode == 0, said
+    assert "problems 1 (already done 0), invalid rows 4" in said
+    assert Manifest.load(tmp_path / "out").last_run["stats"]["invalid_rows"] == 4

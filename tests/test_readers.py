@@ -232,3 +232,57 @@ def test_a_torn_zstd_frame_is_cut_at_recovery_and_its_group_redone(tmp_path):
     writer.close(complete=True)
     assert [g.problem_id for g in agentroll.read_groups(tmp_path)] == ["a", "b", "c"]
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_follow_into_head_prints_five_groups_of_a_live_run_and_exits_quietly(tmp_path):
+    """`agentroll follow DIR | head -n 5` through a real pipe: five groups, a line each, of a run held back by
+    the follower's consumer (so it is live throughout); the follower ends as SIGPIPE would (141) with nothing on
+    stderr, its position counts the groups the reader read (none left unread in the pipe), and a second follower
+    of that name takes the rest to the end: every group once."""
+    problems = write_problems(tmp_path / "p.jsonl", 20)
+    server = SimServer(script=Script.from_jsonl(problems), faults=Faults(latency_s=0.01))
+    server.start()
+    out = tmp_path / "out"
+    args = generate_args(problems, out, server.url, "--concurrency", "4", "--consumer", "trainer", "--max-ahead", "3")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTROLL_", "OPENAI_"))}
+    run = subprocess.Popen([sys.executable, "-m", "agentroll", *args], stderr=subprocess.PIPE, env=env)
+    script = (
+        '"$PY" -m agentroll follow "$OUT" --consumer trainer 2>"$ERR" | head -n 5; echo "${PIPESTATUS[0]}" >"$CODE"'
+    )
+    paths = {"PY": sys.executable, "OUT": str(out), "ERR": str(tmp_path / "err"), "CODE": str(tmp_path / "code")}
+    try:
+        assert run.stderr is not None
+        for line in run.stderr:
+            if b"waiting for consumer trainer" in line:
+                break
+        else:
+            raise AssertionError("the run never waited for its consumer")
+        piped = subprocess.run(["bash", "-c", script], capture_output=True, timeout=120, env={**env, **paths})
+        assert run.poll() is None  # still held back by the consumer: the follower read a live run
+        lines = piped.stdout.splitlines()
+        taken = json.loads((out / ".agentroll" / "consumers" / "trainer").read_text())["groups"]
+        rest = [
+            g.problem_id
+            for g in agentroll.read_groups(out, follow=True, poll_s=0.05, timeout_s=120, consumer="trainer")
+        ]
+        run.wait(120)
+        assert run.returncode == 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        run.stderr.close()
+        server.stop()
+    assert len(lines) == 5
+    groups = [json.loads(line) for line in lines]
+    for group in groups:
+        assert group["records"] and {r["problem_id"] for r in group["records"]} == {group["problem_id"]}
+    head = [g["problem_id"] for g in groups]
+    assert len(set(head)) == 5
+    assert (tmp_path / "code").read_text().strip() == "141" and (tmp_path / "err").read_text() == ""
+    assert taken == 5 and sorted(head + rest) == [
+        f"p{i:03d}" for i in range(20)
+    ]  # each group once: none lost in the pipe
+    assert json.loads((out / ".agentroll" / "consumers" / "trainer").read_text())["groups"] == 20
+    whole = run_cli("follow", str(out))  # a complete folder: every group, then exit 0
+    assert whole.returncode == 0 and [json.loads(x)["problem_id"] for x in whole.stdout.splitlines()][:5] == head

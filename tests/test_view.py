@@ -4,6 +4,8 @@ run followed, and the command line. The page itself, in a real browser: tests/te
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import random
 import re
@@ -413,6 +415,21 @@ def test_a_page_written_once_holds_its_groups_or_a_sample(three, tmp_path, monke
     assert code == 0 and f"12 groups, {count} records -> {tmp_path / 'all.html'}" in output.replace("\n", "")
     data = inlined(tmp_path / "all.html")
     assert len(data["rows"]) == 12 and sorted(data["groups"], key=int) == [str(n) for n in range(12)]
+    index = index_of(three, follow=False)
+    index.run()
+    index.decoder.load()
+    for row in data["rows"]:  # each group gzip-compressed in base64, unpacked by the page when it is opened
+        held = json.loads(gzip.decompress(base64.b64decode(data["groups"][str(row["n"])])))
+        group, pieces = held["group"], held["pieces"]
+        assert group["n"] == row["n"] and group["id"] == row["id"]
+        assert sum(len(e["records"]) for e in group["executions"]) == row["records"]
+        whole = index.group(row["n"])  # the pieces by id, and those apart, give every token's text back
+        for ours, theirs in zip(group["executions"], whole["executions"], strict=True):
+            for mine, real in zip(ours["records"], theirs["records"], strict=True):
+                texts = [pieces[str(t)] for t in mine["tokens"]["id"]]
+                for i, piece in mine["tokens"]["tx"]:
+                    texts[i] = piece
+                assert texts == real["tokens"]["t"] and "t" not in mine["tokens"]
     text = (tmp_path / "all.html").read_text()
     assert (
         data["status"]["live"] is False

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -474,3 +475,34 @@ def test_the_copied_command_prints_the_record_from_a_folder_whose_path_has_quote
     assert printed.returncode == 0, printed.stderr.decode()
     assert printed.stdout.decode() == shard.read_text().splitlines(keepends=True)[1]  # record 1 of execution 0
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_link_to_a_group_a_sampled_page_does_not_hold_says_so_and_how_to_see_it(three, tmp_path):
+    """A `--sample` page holds some groups: a link to another (`#g=N`, pasted from a served page) says it is not
+    there and names the command that serves the folder, instead of "reading group N..." for ever; a group it
+    holds opens, unpacked from its compressed data."""
+    out = tmp_path / "some.html"
+    made = write_page(index_of(three, follow=False), out, sample=3, seed=1)
+    held = sorted(random.Random(1).sample(range(12), 3))
+    missing = next(n for n in range(12) if n not in held)
+    assert made["groups"] == 3
+
+    async def go() -> dict[str, Any]:
+        async with Browser() as browser:
+            page = await opened(browser, out.as_uri() + f"#g={missing}")
+            await page.until("!!document.querySelector('main .error')")
+            seen = {"missing": await page.evaluate("document.querySelector('main').textContent")}
+            await click(page, f'#list tr[data-n="{held[0]}"]')
+            await page.until("!!document.querySelector('.record')")
+            seen["held"] = await page.evaluate("document.querySelector('main h2').textContent")
+            seen["errors"] = page.errors
+            return seen
+
+    seen = run(go())
+    assert (
+        f"Group {missing} is not in this page: this page holds 3 groups of the folder's 12 (--sample 3)"
+        in (seen["missing"])
+    )
+    assert f"agentroll view '{three}'" in seen["missing"] and "reading group" not in seen["missing"]
+    ids = [r["problem_id"] for r in read_records(three)]
+    assert seen["held"].startswith(f"problem {sorted(set(ids), key=ids.index)[held[0]]}") and seen["errors"] == []

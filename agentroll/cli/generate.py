@@ -85,6 +85,7 @@ PANELS = {
         "teacher_model",
         "teacher_logprobs",
         "teacher_concurrency",
+        "teacher_all_or_nothing",
         "teacher_api_key",
         "teacher_api_key_file",
     ),

@@ -129,6 +129,9 @@ class Command(TyperCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         use_plain_values(self.params)  # converted without pydantic (values.py)
+        if self.short_help is None and self.help:  # `agentroll -h`'s list: the first paragraph, rewrapped there
+            first = inspect.cleandoc(self.help).split("\n\n", 1)[0]
+            self.short_help = help_text(" ".join(first.split()))
 
     def get_help_option(self, ctx: Any) -> Any:
         return _flag(super().get_help_option(ctx), self.help_panel)

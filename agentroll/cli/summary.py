@@ -88,8 +88,10 @@ def lines(result: RunResult) -> list[list[str]]:
     generated = " generated" if s.groups_filtered else ""
     out = [
         [
-            f"problems {s.problems} (already done {s.problems_skipped_done})",
-            f"executions{generated} {s.executions}, records written {s.records_written}, invalid rows {s.invalid_rows}",
+            # the rows read are the problems and the invalid rows, each counted once (`problems` counts both)
+            f"problems {s.problems - s.invalid_rows} (already done {s.problems_skipped_done}), "
+            f"invalid rows {s.invalid_rows}",
+            f"executions{generated} {s.executions}, records written {s.records_written}",
         ],
         shares(s, f"accuracy{' over the groups generated' if generated else ''}"),
         *([[figures(s, counts=True)]] if figures(s, counts=True) else []),
@@ -192,8 +194,19 @@ def teacher_lines(teachers: list[dict[str, Any]]) -> list[list[str]]:
             f"teacher {t['model']} ({', '.join(t['endpoints'])})",
             f"records scored {t['scored']} in {t.get('scoring_requests', '-')} requests",
             f"replayed from the journal {t['replayed']}",
+            *_unscored(t),
             f"requests {t['requests']['requests']}, retries {t['requests']['retries']}, failures "
             f"{t['requests']['failures']}, peak in flight {t['requests']['peak_in_flight']}",
         ]
         for t in teachers
     ]
+
+
+def _unscored(teacher: dict[str, Any]) -> list[str]:
+    """The records the teacher had no room for (kept without teacher fields), counted and the first named."""
+    count = teacher.get("unscored") or 0
+    if not count:
+        return []
+    names = list(teacher.get("unscored_records") or ())
+    more = f", and {count - len(names)} more" if count > len(names) else ""
+    return [f"unscored {count} (they fill its context, kept without teacher fields: {', '.join(names)}{more})"]

@@ -70,9 +70,11 @@ async def renders_otherwise(
 ) -> bool:
     """Does our rendering of the stage prompts differ from the server's? (README: `agentroll doctor`) Before
     saying so, `AutoTokenizer`'s choice of class gets its turn (`check_parity`)."""
-    parity = await check_parity(
-        client, encoder, model, probe_messages(templates), partial(load_tokenizer, tokenizer_name)
-    )
+    fallbacks: list[Callable[[], Any]] = [partial(load_tokenizer, tokenizer_name)]
+    full = getattr(encoder.tokenizer, "full", None)  # a LiteTokenizer: the class-loaded one's turn comes first
+    if callable(full):
+        fallbacks.insert(0, full)
+    parity = await check_parity(client, encoder, model, probe_messages(templates), fallbacks)
     if not parity.supported:
         log.warning("the server has no /tokenize for chat messages: prompts are rendered locally, unchecked")
     elif parity.mismatch:
@@ -254,7 +256,7 @@ async def reach(o: GenerateOptions, served: Served) -> None:
     served.max_context_len = o.max_context_len or length
     candidates = tokenizer_candidates(p.tokenizer, served.model, served.root)
     served.tokenizer_name, served.tokenizer = await asyncio.to_thread(
-        load_first, candidates, o.chat_render == "auto", not p.tokenizer
+        load_first, candidates, o.chat_render == "auto", not p.tokenizer, o.chat_render == "auto"
     )
 
 

@@ -43,16 +43,17 @@ async def check_parity(
     encoder: ChatEncoder,
     model: str,
     conversations: list[list[dict[str, Any]]],
-    fallback: Callable[[], Any] | None = None,
+    fallback: Callable[[], Any] | list[Callable[[], Any]] | None = None,
 ) -> Parity:
     """Compare our ids with the server's, prompt by prompt (the server is asked for all of them at once). A
     /tokenize that fails for a while (5xx, timeouts) is retried and then ends the run (`ServerError`): taking it
     for "no /tokenize" would switch the check off.
 
     `fallback` (`AutoTokenizer` of the same name, for a tokenizer that may have been loaded by its config's class
-    name) takes the encoder's place when the server renders differently or cannot be asked, and is compared in its
-    turn: vLLM loads with `AutoTokenizer`, whose model-type tables may pick another class (docs/performance.md,
-    "Tokenizers loaded by their class"). If it cannot load, ours stands."""
+    name; before it, for a `tokenizer_lite.LiteTokenizer`, the class-loaded one) takes the encoder's place when
+    the server renders differently or cannot be asked, and is compared in its turn: vLLM loads with
+    `AutoTokenizer`, whose model-type tables may pick another class (docs/performance.md, "Tokenizers loaded by
+    their class"). One that cannot load is passed over; if none loads, ours stands."""
     answers = await asyncio.gather(
         *(_server_ids(client, encoder, model, m) for m in conversations), return_exceptions=True
     )
@@ -60,22 +61,28 @@ async def check_parity(
         if isinstance(answer, BaseException):
             raise answer
     served: list[list[int] | None] = answers  # type: ignore[assignment]
-    if fallback is None:
+    turns = [] if fallback is None else fallback if isinstance(fallback, list) else [fallback]
+    if not turns:
         return _compare(encoder, conversations, served)
     rejected: UsageError | None = None
     try:
         parity = _compare(encoder, conversations, served)
     except UsageError as exc:  # the template rejects the prompts: the fallback's verdict is the one to report
         parity, rejected = Parity(0, str(exc)), exc
-    if parity.mismatch or not parity.supported:
+    for turn in turns:
+        if not (parity.mismatch or not parity.supported):
+            break
         try:
-            replacement = await asyncio.to_thread(fallback)
+            replacement = await asyncio.to_thread(turn)
         except (UsageError, ImportError):  # AutoTokenizer cannot load here (a broken torch, say): ours stands
-            if rejected is not None:
-                raise rejected from None
-            return parity
-        encoder.tokenizer = replacement
-        parity = _compare(encoder, conversations, served)
+            continue
+        encoder.tokenizer, rejected = replacement, None
+        try:
+            parity = _compare(encoder, conversations, served)
+        except UsageError as exc:
+            parity, rejected = Parity(0, str(exc)), exc
+    if rejected is not None:
+        raise rejected from None
     return parity
 
 

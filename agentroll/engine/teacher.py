@@ -96,13 +96,21 @@ async def attach(
 
 
 def fit(stage: Stage, teacher: Teacher, explicit: bool, where: str) -> tuple[int | None, int] | None:
-    """Cut the stage's context to what the teacher can score (see `attach`), or refuse it when it was set; the
+    """Cut the stage's context to what the teacher can score (see `attach`); one that was set is kept (the
+    records that fill the teacher's context go unscored) or, under --teacher-all-or-nothing, refused. The
     (context, teacher's max_model_len) of a cut."""
     limit, context = teacher.max_model_len, stage.config.max_context_len
     if limit is None or (context is not None and context < limit):
         return None
-    if explicit and context is not None:
-        teacher.room(context, f"{where}'s records")
+    if explicit and context is not None:  # the context was asked for: kept; what fills the teacher's goes unscored
+        if not teacher.room(context, f"{where}'s records"):
+            log.warning(
+                "--teacher %s: its max_model_len (%d) leaves no room to score %s's records of %d tokens or more "
+                "(the one token a scoring call generates): they are kept without teacher fields "
+                "(--teacher-all-or-nothing refuses the run instead; --max-context-len %d scores every record)",
+                teacher.url, limit, where, limit, limit - 1,
+            )  # fmt: skip
+        return None
     stage.config = replace(stage.config, max_context_len=limit - 1)
     return context, limit
 

@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -168,12 +169,21 @@ def tokenizer_candidates(explicit: str | None, model: str, root: str | None) -> 
     return list(dict.fromkeys([*local_root, model, *([root] if root else [])]))
 
 
-def load_first(candidates: list[str], by_class: bool = False, hint: bool = True) -> tuple[str, Any]:
+def load_first(candidates: list[str], by_class: bool = False, hint: bool = True, lite: bool = False) -> tuple[str, Any]:
     """The first candidate that loads, with its name; the first candidate's error when none does, with `HINT`
     when `hint` (the candidates were guessed, not named by --tokenizer). With `by_class`, each candidate is first
-    loaded by its config's class name (`load_by_class`: no torch import), then by `AutoTokenizer`."""
+    loaded by its config's class name (`load_by_class`: no torch import), then by `AutoTokenizer`. With `lite`,
+    a tokenizer that loads exactly without transformers is first a `tokenizer_lite.LiteTokenizer` (no import of
+    transformers at all): `check_parity` keeps it only when the server proves its ids."""
     error: UsageError | None = None
     for name in candidates:
+        if lite:
+            from agentroll.render import tokenizer_lite
+
+            fast = tokenizer_lite.load(name)
+            if fast is not None and getattr(fast, "chat_template", None):
+                fast.loader = partial(_loaded, name)  # its stand-in, should the server disown it
+                return name, fast
         try:
             tokenizer = load_by_class(name) if by_class else None
             return name, tokenizer if tokenizer is not None else load_tokenizer(name)
@@ -183,6 +193,11 @@ def load_first(candidates: list[str], by_class: bool = False, hint: bool = True)
     if hint:
         raise UsageError(f"{error} ({HINT})") from error
     raise error
+
+
+def _loaded(name: str) -> Any:
+    """The tokenizer `name` as `load_first` loads it without `lite`."""
+    return load_first([name], by_class=True, hint=False)[1]
 
 
 def vllm_tools(tools: list[Any]) -> list[dict[str, Any]]:

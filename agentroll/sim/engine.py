@@ -3,9 +3,10 @@
 A `Script` writes the text, the bundled tiny tokenizer turns it into token ids, and the engine then applies what
 vLLM's engine would to that token stream: EOS and `stop_token_ids` end it (the stop token stays in `token_ids`,
 not in `text`), `stop` strings cut the text, `max_tokens` and the context limit cut it to `length`, an abort
-cuts it short. Logprobs are seeded noise shaped like vLLM's (the sampled token first, then the top k).
+cuts it short. Logprobs are shaped like vLLM's (the sampled token first, then the top k).
 
-What vLLM refuses before scheduling a request is `checks`; the logprob values are drawn by `logprobs.Draws`.
+What vLLM refuses before scheduling a request is `checks`; the logprob values of an answer are those the teacher
+side scores (`scoring.Scorer`, one function of the ids before a position and the id at it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import orjson
 
 from .checks import check_model, check_prompt, check_stop, vllm_tools
 from .faults import Faults
-from .logprobs import Draws, completion_logprobs, generate_logprobs, routed_experts
+from .logprobs import completion_logprobs, generate_logprobs, processed, routed_experts
 from .scoring import Scorer, check_prompt_logprobs
 from .validation import (
     COMPLETION,
@@ -46,7 +47,6 @@ class Choice:
     finish: str
     stop_reason: int | str | None
     text: str
-    logprobs_of: list[int] | None = None  # an aborted prefix draws the logprobs of its whole sequence
 
 
 class Engine:
@@ -76,7 +76,6 @@ class Engine:
         self._prompt_texts: dict[tuple[int, ...], str] = {}
         self._filler = list(self.tokenizer.encode(" and so on", add_special_tokens=False).ids)
         self._id_strings = [f"token_id:{i}" for i in range(self.vocab_size)]
-        self._draws = Draws(seed, max_model_len + 8192, self.vocab_size, logprobs_mode)
         self.scorer = Scorer(seed, self.vocab_size, [self._decode_one(i) for i in range(self.vocab_size)])
         self._encoded: dict[str, list[int]] = {}
         self.rng = random.Random(seed)
@@ -213,7 +212,7 @@ class Engine:
                 if abort:  # aborted mid-generation: the tokens so far, with the text and logprobs they had
                     seq = self._abort(seq, request)
                 completion_tokens += len(seq.ids)
-                choices.append(self._render(len(choices), seq, request, prompt_ids, rng))
+                choices.append(self._render(len(choices), seq, request, prompt_ids))
         return {
             "id": f"cmpl-{uuid.uuid4().hex[:16]}",
             "object": "text_completion",
@@ -301,16 +300,14 @@ class Engine:
         """vLLM's pause or abort: `finish_reason: "abort"`, `stop_reason: null`, a prefix of the sequence."""
         keep = self._fault_rng.randrange(len(seq.ids))
         text = self.tokenizer.decode(seq.ids[:keep], skip_special_tokens=request.get("skip_special_tokens", True))
-        return Choice(seq.ids[:keep], "abort", None, text, logprobs_of=seq.ids)
+        return Choice(seq.ids[:keep], "abort", None, text)
 
-    def _render(
-        self, index: int, seq: Choice, request: dict[str, Any], prompt_ids: list[int], rng: random.Random
-    ) -> dict[str, Any]:
+    def _render(self, index: int, seq: Choice, request: dict[str, Any], prompt_ids: list[int]) -> dict[str, Any]:
         want_ids = bool(request.get("return_token_ids"))
         k, k_prompt = request.get("logprobs"), check_prompt_logprobs(request, self.vocab_size)
         logprobs = None
         if k is not None:
-            values, tops, _ = self._draws(seq.ids, seq.logprobs_of or seq.ids, k, request, rng, want_ranks=False)
+            values, tops, _ = self._logprobs(prompt_ids, seq.ids, k, request)
             logprobs = completion_logprobs(seq.ids, values, tops, request, self._id_strings, self._decode_one)
         return {
             "index": index,
@@ -323,6 +320,16 @@ class Engine:
             "prompt_token_ids": prompt_ids if want_ids else None,
             "routed_experts": self.routes(prompt_ids, seq),
         }
+
+    def _logprobs(
+        self, prompt_ids: list[int], ids: list[int], k: int, request: dict[str, Any]
+    ) -> tuple[list[float], list[list[tuple[int, float, int]]], list[int]]:
+        """An answer's logprobs: the scorer's (raw: what `prompt_logprobs` gives the same positions), or under
+        `processed_logprobs` those after temperature (scaled) and top-k (the rest -inf)."""
+        values, tops, ranks = self.scorer.sampled(prompt_ids, ids, k)
+        if self.logprobs_mode == "processed_logprobs":
+            values, tops = processed(values, tops, ranks, request)
+        return values, tops, ranks
 
     def routes(self, prompt_ids: list[int], seq: Choice) -> str | None:
         return routed_experts(self.moe, prompt_ids, seq.ids)
@@ -354,7 +361,7 @@ class Engine:
         k = params.get("logprobs")
         logprobs = None
         if k is not None:
-            values, tops, ranks = self._draws(seq.ids, seq.logprobs_of or seq.ids, k, params, rng)
+            values, tops, ranks = self._logprobs(prompt_ids, seq.ids, k, params)
             logprobs = generate_logprobs(seq.ids, values, tops, ranks, k)
         choice = {
             "index": 0,

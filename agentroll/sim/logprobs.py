@@ -1,16 +1,12 @@
 """How vLLM writes logprobs and routed experts on the wire: the legacy completions shape, /generate's shape with
-ranks, the values under `processed_logprobs`, and `routed_experts` as base64 `.npy`; and the simulated values
-themselves (`Draws`)."""
+ranks, the values under `processed_logprobs`, and `routed_experts` as base64 `.npy` (the values themselves are
+`scoring.Scorer`'s)."""
 
 from __future__ import annotations
 
 import itertools
-import math
-import random
 from collections.abc import Callable
 from typing import Any
-
-from .checks import MAX_LOGPROBS
 
 
 def processed(
@@ -27,57 +23,6 @@ def processed(
         [cut(v, r) for v, r in zip(values, ranks, strict=True)],
         [[(t, cut(v, r), r) for t, v, r in top] for top in tops],
     )
-
-
-class Draws:
-    """Logprobs as seeded noise shaped like vLLM's: one noise table per server (`seed`), sliced per answer, so a
-    seeded request draws the same values again; the top k are distinct ids ranked around the sampled one."""
-
-    def __init__(self, seed: int, length: int, vocab_size: int, mode: str) -> None:
-        noise = random.Random(seed + 1)
-        self.noise = [round(-noise.expovariate(1.5) - 0.001, 6) for _ in range(length)]  # < 0: no ties
-        self.vocab_size, self.mode = vocab_size, mode
-
-    def __call__(
-        self,
-        ids: list[int],
-        drawn: list[int],
-        k: int,
-        request: dict[str, Any],
-        rng: random.Random,
-        want_ranks: bool = True,
-    ) -> tuple[list[float], list[list[tuple[int, float, int]]], list[int]]:
-        """Per token: its logprob, the k most likely tokens (id, logprob, rank) in rank order, and its own rank.
-        Drawn for the whole sequence `drawn` and cut to `ids`, its prefix: an abort changes no other draw. Under
-        `processed_logprobs` the values are those after temperature (scaled) and top-k (the rest are -inf)."""
-        start = rng.randrange(len(self.noise) - len(drawn))
-        values = self.noise[start : start + len(drawn)]
-        tops: list[list[tuple[int, float, int]]] = []
-        ranks: list[int] = []
-        if not k:  # no alternatives: no draws (a rank that follows the value, likelier tokens ranking higher)
-            tops = [[] for _ in values]
-            ranks = [1 + int(-2 * v) for v in values] if want_ranks else []
-        n = MAX_LOGPROBS  # the same top list whatever k is asked, as a real distribution has; cut to k below
-        for i, value in enumerate(values if k else ()):
-            rank = 1 if rng.random() < 0.6 else rng.randint(2, n + 4)  # the sampled token's rank
-            above = sorted((value * (1 - 0.5 * rng.random()) for _ in range(min(rank - 1, n))), reverse=True)
-            below = sorted((value - rng.random() for _ in range(n - len(above) - (rank <= n))), reverse=True)
-            ranked = [*above, *([value] if rank <= n else []), *below]
-            mass = math.exp(value) * (rank > n) + sum(map(math.exp, ranked))
-            if mass > 0.95:  # probabilities: what is listed adds up to less than 1
-                shift = math.log(mass / 0.95)
-                values[i], ranked = round(value - shift, 6), [v - shift for v in ranked]
-            sampled = drawn[i]
-            picks = rng.sample(range(self.vocab_size - 1), len(ranked))  # distinct ids, none the sampled one
-            others = [
-                (sampled if r == rank else t + (t >= sampled), round(v, 6), r)
-                for r, (v, t) in enumerate(zip(ranked, picks, strict=True), 1)
-            ][:k]
-            tops.append(others)
-            ranks.append(rank)
-        if self.mode == "processed_logprobs":
-            values, tops = processed(values, tops, ranks or [1] * len(values), request)
-        return values[: len(ids)], tops[: len(ids)], ranks[: len(ids)]
 
 
 def completion_logprobs(

@@ -164,7 +164,9 @@ class Agent(System):
     async def _agent(self, ctx: Context, url: str, credential: str) -> Outcome:
         from ..agents.launch import PROBLEM_ENV, direct, openai_client, run_function, run_program
 
-        row = {**ctx.problem.metadata, "id": ctx.problem.id, "prompt": ctx.problem.prompt, "label": ctx.problem.label}
+        problem = ctx.problem
+        row = {**problem.metadata, "id": problem.id, "prompt": problem.prompt, "messages": messages_of(problem.prompt)}
+        row["label"] = problem.label
         timeout = float(self.settings["timeout"])
         if self._function is not None:
             return await run_function(self._function, openai_client(url, credential, timeout), row, timeout)
@@ -216,3 +218,12 @@ class Agent(System):
             sample.raw_reward = sample.reward = value
             sample.reward_info = info
         return value
+
+
+def messages_of(prompt: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The row's prompt as chat messages, whichever form it came in: a text is one user message, a list of
+    messages (each with a string role and content: the input check) is copied as given. An agent sends these
+    without telling the two forms apart."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [dict(message) for message in prompt]

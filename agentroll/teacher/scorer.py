@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 MARK = "\x1fteacher"  # appended to the student call's journal key
 MOST_SEQUENCES = 32  # sequences scored in one request
 MOST_TOKENS = 1 << 17  # and their tokens, added up
+NAMED = 20  # unscored records named in the summary and the manifest (all are counted)
 
 
 class Teacher:
@@ -49,6 +50,8 @@ class Teacher:
         self.scored = 0  # records the server scored
         self.requests = 0  # the requests they took (several records a request)
         self.replayed = 0  # records scored from the call journal of an earlier run
+        self.unscored = 0  # records that fill the teacher's context: kept without teacher fields
+        self.unscored_records: list[str] = []  # the first NAMED of them, named
 
     @property
     def url(self) -> str:
@@ -61,19 +64,31 @@ class Teacher:
         if self.client.adaptive:
             await follow_metrics(self.client)
 
-    def room(self, context: int | None, what: str, student: bool = True) -> None:
-        """A sequence of `context` tokens (`what`: the records it stands for) must fit the teacher's context with
-        the one token a scoring call generates: refused before anything is scored, not on every long record.
-        `student`: the student's context can still be set (generate), not a finished folder's (distill)."""
+    def room(self, context: int | None, what: str, student: bool = True) -> bool:
+        """Whether a sequence of `context` tokens (`what`: the records it stands for) fits the teacher's context
+        with the one token a scoring call generates. Under --teacher-all-or-nothing one that does not is refused
+        (a `UsageError`, before anything is scored); else such records are kept unscored (`leave`). `student`:
+        the student's context can still be set (generate), not a finished folder's (distill)."""
         limit = self.max_model_len
         if context is None or limit is None or context < limit:
-            return
+            return True
+        if not self.settings.all_or_nothing:
+            return False
         raise UsageError(
             f"--teacher {self.url}: its max_model_len ({limit}) leaves no room to score {what} of {context} tokens "
             f"(prompt + response) plus the one token a scoring call generates: serve the teacher with "
             f"--max-model-len {context + 1} or more"
             + (f", or give the student --max-context-len {limit - 1}" if student else "")
+            + " (without --teacher-all-or-nothing such records are kept unscored)"
         )
+
+    def leave(self, sample: Sample) -> None:
+        """A record that fills the teacher's context: kept without teacher fields, counted and (the first NAMED)
+        named, so a trainer's loss skips it and the summary says how many."""
+        clear(sample)
+        self.unscored += 1
+        if len(self.unscored_records) < NAMED:
+            self.unscored_records.append(_name(sample))
 
     async def score(
         self,
@@ -89,8 +104,12 @@ class Teacher:
         fails for good (the caller fails the group: a record is never written half scored)."""
         k = self.settings.logprobs
         asked: list[tuple[Sample, str | None, str]] = []
+        limit = self.max_model_len
         for i, sample in enumerate(samples):
             sequence = sample.prompt_token_ids + sample.response_token_ids
+            if limit is not None and len(sequence) >= limit:  # no room for the token a scoring call generates
+                self.leave(sample)
+                continue
             if not sample.response_token_ids:
                 self.apply(sample, Completion(sequence, [], [], None, "length", None, ranks=[]))
                 continue
@@ -150,6 +169,8 @@ class Teacher:
             "scored": self.scored,
             "scoring_requests": self.requests,
             "replayed": self.replayed,
+            "unscored": self.unscored,
+            "unscored_records": list(self.unscored_records),
             "requests": asdict(self.client.counters),
         }
 
@@ -245,6 +266,12 @@ def _unkept(found: dict[str, Any], sample: Sample) -> Completion:
     )
     done.top_token_ids, done.top_logprobs = found.get("top_ids"), found.get("top")
     return done
+
+
+def _name(sample: Sample) -> str:
+    """A record as the summary names it: problem/sample, stage, and its worker and turn where it has several."""
+    where = "".join(f" {k} {v}" for k, v in (("worker", sample.worker), ("turn", sample.turn)) if v)
+    return f"{sample.problem_id}/{sample.sample_index} {sample.stage}{where}"
 
 
 def clear(sample: Sample) -> None:

@@ -32,6 +32,7 @@ class TeacherSettings:
     model: str | None = None
     logprobs: int = 0
     client: ClientSettings = CLIENT
+    all_or_nothing: bool = False  # a record that fills the teacher's context refuses the run, not kept unscored
 
     def recorded(self, model: str) -> dict[str, Any]:
         """What a folder's settings keep of it: the model it resolved to and K (where it runs is not what it is,
@@ -57,6 +58,11 @@ class TeacherOptions:
         "Most teacher requests in flight (apart from --concurrency); auto: per teacher endpoint, following its "
         "vLLM /metrics.",
         cli_type=str,
+    )
+    teacher_all_or_nothing: bool = option(
+        False,
+        "Refuse to start if any record could fill the teacher's context (default: such records are kept without "
+        "teacher fields, counted and named in the summary and the manifest).",
     )
     teacher_api_key: str | None = option(None, "Sent to the teacher as a Bearer token.")
     teacher_api_key_file: str | None = option(None, "A file holding the teacher's API key (its first line).")
@@ -88,8 +94,8 @@ class TeacherOptions:
             set_(self, "teacher_concurrency", int(value))
         if self.teacher_concurrency != "auto":
             at_least(self, 1, "teacher_concurrency")
-        if not self.teacher and (self.teacher_model or self.teacher_logprobs):
-            raise UsageError("--teacher-model and --teacher-logprobs go with --teacher URL")
+        if not self.teacher and (self.teacher_model or self.teacher_logprobs or self.teacher_all_or_nothing):
+            raise UsageError("--teacher-model, --teacher-logprobs and --teacher-all-or-nothing go with --teacher URL")
 
     def teacher_settings(self, client: ClientSettings = CLIENT) -> TeacherSettings | None:
         """The run's teacher (None without --teacher), its client made from the run's (`client`: timeouts,
@@ -101,6 +107,7 @@ class TeacherOptions:
             model=self.teacher_model,
             logprobs=self.teacher_logprobs,
             client=self._client(client),
+            all_or_nothing=self.teacher_all_or_nothing,
         )
 
     def _client(self, client: ClientSettings) -> ClientSettings:
@@ -137,7 +144,10 @@ class TeacherOptions:
             run = self.teacher_settings(client) if trainable else None
             return run if run is None or model is None else replace(run, model=model)
         base = self.teacher_settings(client) or TeacherSettings(
-            urls=(), logprobs=self.teacher_logprobs, client=self._client(client)
+            urls=(),
+            logprobs=self.teacher_logprobs,
+            client=self._client(client),
+            all_or_nothing=self.teacher_all_or_nothing,
         )
         return replace(base, urls=(str(url),), model=model)
 

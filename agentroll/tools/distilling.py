@@ -152,10 +152,12 @@ def student_tokenizers(manifest: Manifest, tokenizer: str | None) -> dict[str, l
 
 
 def check_lengths(source: Path, plan: Plan, settings: dict[str, Any]) -> None:
-    """Every record a teacher scores must fit its context with the one token a scoring call generates: checked
-    over the folder before NEW is touched, when the run's context could have made a longer one: the run's, each
-    policy's of a head-to-head folder, and a stage's own."""
-    limits = [t.max_model_len for t in plan.teachers.values() if t.max_model_len is not None]
+    """Under --teacher-all-or-nothing every record a teacher scores must fit its context with the one token a
+    scoring call generates: checked over the folder before NEW is touched, when the run's context could have made
+    a longer one: the run's, each policy's of a head-to-head folder, and a stage's own. (Without it a record that
+    fills the teacher's context is kept unscored: `Teacher.leave`.)"""
+    strict = [t for t in plan.teachers.values() if t.settings.all_or_nothing]
+    limits = [t.max_model_len for t in strict if t.max_model_len is not None]
     runs = [settings, *(r for r in settings.get("policies") or () if isinstance(r, dict))]
     contexts = [run.get("max_context_len") for run in runs] + [
         own.get("max_context_len")
@@ -170,7 +172,7 @@ def check_lengths(source: Path, plan: Plan, settings: dict[str, Any]) -> None:
             for s in samples:
                 teacher = plan.of(s.stage)
                 length = len(s.prompt_token_ids) + len(s.response_token_ids)
-                if teacher is not None and teacher.max_model_len is not None and length >= teacher.max_model_len:
+                if teacher in strict and teacher is not None:
                     teacher.room(length, f"problem {s.problem_id}'s {s.stage} record", student=False)
 
 

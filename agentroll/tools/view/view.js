@@ -86,11 +86,40 @@
   }
 
   // -- where the data comes from ----------------------------------------------------------------------------------
+  // a page written with -o holds each group gzip-compressed in base64, unpacked when it is first opened or searched
+  const unpacked = new Map();
+  async function inlineGroup(n) {
+    const key = String(n);
+    if (!unpacked.has(key)) {
+      const packed = INLINE.groups[key];
+      if (packed === undefined) {
+        const s = INLINE.sample;
+        const held = s ? `this page holds ${groups(s.n)} of the folder's ${fmt(s.of)} (--sample ${s.n})` : "this page does not hold it";
+        throw new Error(`Group ${n} is not in this page: ${held}. To see every group, serve the folder: agentroll view ${shellWord(INLINE.status.folder)}`);
+      }
+      const bytes = Uint8Array.from(atob(packed), (c) => c.charCodeAt(0));
+      const text = await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"))).text();
+      const { pieces, group } = JSON.parse(text);
+      const byId = (node) => {  // static.py's _by_id undone: each token list's pieces from the table, and those apart
+        if (Array.isArray(node)) { node.forEach(byId); return; }
+        if (!node || typeof node !== "object") return;
+        for (const value of Object.values(node)) byId(value);
+        if (Array.isArray(node.tx)) {
+          node.t = node.id.map((token) => pieces[token]);
+          for (const [i, piece] of node.tx) node.t[i] = piece;
+          delete node.tx;
+        }
+      };
+      byId(group);
+      unpacked.set(key, group);
+    }
+    return unpacked.get(key);
+  }
   const api = INLINE ? {
     status: async () => INLINE.status,
     rows: async () => ({ generation: 0, rows: INLINE.rows, groups: INLINE.rows.length, moved: [], moved_count: 0 }),
-    group: async (n) => INLINE.groups[String(n)],
-    search: async (q) => ({ groups: inlineSearch(q) }),
+    group: inlineGroup,
+    search: async (q) => ({ groups: await inlineSearch(q) }),
     raw: null,
   } : {
     status: () => get("api/status"),
@@ -100,10 +129,11 @@
     raw: (n, at) => get(`api/raw?n=${n}&at=${at}`),
   };
   const RECORD_TEXT = ["rollout_id", "response", "content", "reward_info", "tool_calls"];
-  function inlineSearch(query) {
+  async function inlineSearch(query) {
     const needle = query.toLowerCase();
     const found = [];
-    for (const [n, g] of Object.entries(INLINE.groups)) {
+    for (const n of Object.keys(INLINE.groups)) {
+      const g = await inlineGroup(n);
       const texts = [g.id, g.label, g.problem, g.metadata];
       for (const e of g.executions || []) for (const r of e.records) for (const k of RECORD_TEXT) texts.push(r[k]);
       if (texts.some((t) => t !== null && t !== undefined && json(t).toLowerCase().includes(needle))) found.push(+n);
