@@ -23,6 +23,7 @@ from .calls import call_key, call_seed, sample_of, sampling_record
 from .client import CallFailed, Endpoint
 from .errors import InputError, ServerError, UsageError, first_line
 from .inputs import Problem
+from .rewards import JudgeFailed
 from .sampling import KEYS as SAMPLING_KEYS
 from .schema import Sample
 from .stages import Engine, Stage, SystemConfig, same_tokens
@@ -87,6 +88,7 @@ class Context:
         self._made: dict[int, Sample] = {}  # id -> sample: the samples this execution made (kept alive)
         # --teacher: id(sample) -> (its stage's teacher, the sample, its call's journal key), scored by the pipeline
         self.teaching: dict[int, tuple[Teacher, Sample, str]] = {}
+        self._rewarded = 0  # reward calls made so far
 
     # -- prompts ----------------------------------------------------------------------------------------------
     def messages(self, template: str, solutions: list[str] | None = None, **variables: Any) -> list[dict[str, str]]:
@@ -354,9 +356,20 @@ class Context:
     async def reward(self, samples: list[Sample]) -> None:
         """Score samples with the run's reward (the row's own, if it names one): sets `raw_reward`,
         `reward_info`, and `reward` to the raw value (shape it further as the system likes)."""
-        if not samples:
-            return
-        await self.engine.rewards.score(samples, self.problem, self.engine.stats, self.problem.reward)
+        self._rewarded += 1
+        meet = (self.attempt, self._rewarded)  # --judge-mode group: the n-th reward call of each execution meet
+        try:
+            await self.engine.rewards.score(
+                samples,
+                self.problem,
+                self.engine.stats,
+                self.problem.reward,
+                journal=self.engine.journal,
+                meet=meet,
+                together=self.config.samples_per_prompt,
+            )
+        except JudgeFailed as exc:  # no verdict is no reward: the group is not written as scored
+            raise self._failed(f"the judge gave no verdict for a {exc}") from exc
 
     def shape(self, samples: list[Sample], won: bool) -> None:
         """`reward` = raw_reward × --correct-reward-weight when the execution succeeded, else × the incorrect

@@ -20,11 +20,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .concurrency import gather_or_cancel
 from .errors import InputError, UsageError
 from .folder import Manifest, read_groups
+from .folder.journal import Journal
+from .folder.layout import Layout
 from .group import Group, annotate
 from .inputs import Problem
-from .rewards import RewardSet, RewardSettings, label_fault
+from .rewards import JudgeFailed, RewardSet, RewardSettings, label_fault
+from .rewards.held import hold, needs_judging, release
 from .rewards.options import RewardOptions
 from .schema import Sample
 from .shaping import LengthShaping
@@ -45,12 +49,16 @@ class Rescoring:
     problem: Problem  # the row as the run's rewards saw it (`asked`), as `Context.problem` is
     weights: tuple[float, float] = (1.0, 1.0)  # --correct-reward-weight, --incorrect-reward-weight of the run
     final_reward: float | None = None
+    journal: Journal | None = None  # the new folder's: a judge's verdicts, kept for a rerun of a failed group
+    together: int = 0  # the group's executions (--judge-mode group judges their answers together)
+    _rewarded: int = 0
 
     async def reward(self, samples: list[Sample]) -> None:
         """Score samples with the new reward through `RewardSet.score`, the request generate's `Context.reward` gave."""
-        if not samples:
-            return
-        await self.rewards.score(samples, self.problem, self.stats)
+        self._rewarded += 1
+        await self.rewards.score(
+            samples, self.problem, self.stats, journal=self.journal, meet=(0, self._rewarded), together=self.together
+        )
 
     def shape(self, samples: list[Sample], won: bool) -> None:
         weight = self.weights[0] if won else self.weights[1]
@@ -64,6 +72,7 @@ class RescoreResult:
     output: str
     stats: RunStats = field(default_factory=RunStats)
     complete: bool = False
+    failures: list[str] = field(default_factory=list)  # why each group not written was not (a judge's failure)
 
 
 def asked(group: Group) -> Problem | None:
@@ -113,11 +122,14 @@ async def rescore(
     filter_uniform_groups: bool | None = None,
     overwrite: bool = False,
     shard_size: int = 1000,
+    failed_only: bool = False,
 ) -> RescoreResult:
     """Rescore the folder `source` into `output` (see the module's docstring). `reward`: a spec, with every other
     reward setting at generate's defaults, or the whole `RewardSettings` (`RewardOptions.reward_settings()`, as the
     CLI passes them). `filter_uniform_groups` None keeps the source's setting; `overwrite` starts `output` over
-    (as generate's does)."""
+    (as generate's does). `failed_only`: only the samples a judge gave no verdict (`--judge-failures keep`) are
+    scored again, every other record copied as it is (a group without such a sample is copied whole). A group
+    the judge fails again is not written (`complete` False: exit 8); a rerun asks only what still has no verdict."""
     src, out = Path(source), Path(output)
     if src.resolve() == out.resolve():
         raise UsageError(f"-o {out}: rescoring writes a new folder, not into its source")
@@ -158,6 +170,8 @@ async def rescore(
         await rewards.aclose()
         raise
     warned = False
+    journal = Journal(Layout(out).journal, {"rescore": settings_of_rewards.recorded()})
+    journal.open(done)
     try:
         for group in itertools.chain([first] if first is not None else [], groups):
             stats.problems += 1
@@ -175,7 +189,19 @@ async def rescore(
                         "rewards see the rendered solver prompt as request.problem and request.prompt",
                         src,
                     )
-            scored = await _group(group, problem, system, rewards, stats, weights, length)
+            if failed_only and not needs_judging(group.executions):
+                scored = group  # nothing without a verdict: copied as it is
+            else:
+                release(group.executions)  # a group held back by a judge's failure: as it was, to be scored again
+                try:
+                    scored = await _group(group, problem, system, rewards, stats, weights, length, journal)
+                except JudgeFailed as exc:
+                    stats.groups_failed += 1
+                    result.failures.append(f"the judge gave no verdict for a {exc}")
+                    journal.settle(group.problem.id, group.problem.content_hash, failed=True)
+                    continue
+                if hold(scored.executions):
+                    stats.groups_held += 1
             if uniform and len({s[0].final_reward for s in scored.executions}) <= 1:
                 scored.status = "filtered"
                 stats.groups_filtered += 1
@@ -186,8 +212,10 @@ async def rescore(
                 stats.add_execution(samples)
             stats.compare(group.problem.id, scored.executions)  # a head-to-head folder: who won, rescored
             writer.commit(scored)
-        result.complete = True
+            journal.settle(group.problem.id, group.problem.content_hash)
+        result.complete = not result.failures
     finally:
+        journal.close()
         await rewards.aclose()
         writer.run_info = {
             "stats": stats.to_dict(),
@@ -215,11 +243,15 @@ async def _group(
     stats: RunStats,
     weights: tuple[float, float],
     length: LengthShaping,
+    journal: Journal | None = None,
 ) -> Group:
-    for samples in group.executions:
+    """The group's executions rescored side by side (a group judge sees them together)."""
+
+    async def one(samples: list[Sample]) -> None:
         for sample in samples:  # the run's length shaping is applied again below: its notes go first
             sample.reward_info = length.unnoted(sample.reward_info)
-        execution = Rescoring(samples, rewards, stats, problem, weights)
+        together = len(group.executions)
+        execution = Rescoring(samples, rewards, stats, problem, weights, journal=journal, together=together)
         await system.rescore(execution)
         if execution.final_reward is None:
             raise UsageError(f"system {system.name}'s rescore set no outcome (final_reward)")
@@ -227,6 +259,8 @@ async def _group(
             sample.final_reward = execution.final_reward
         if length.active:
             length.apply(samples)
+
+    await gather_or_cancel(*(one(samples) for samples in group.executions))
     annotate(group.executions, [e[0].final_reward for e in group.executions])
     return group
 

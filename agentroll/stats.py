@@ -169,10 +169,20 @@ class RunStats:
     groups_resampled: int = 0  # extra group runs made by --resample-uniform
     groups_failed: int = 0  # a call or render failed for good: not written, redone by a rerun
     groups_invalid: int = 0  # the row could not run (e.g. its chat template rejects it)
+    groups_held: int = 0  # written frozen: a sample the judge gave no verdict (--judge-failures keep)
     reward_timeouts: int = 0
     reward_errors: int = 0
     reward_invalid: int = 0  # NaN or infinite rewards refused
     calls_replayed: int = 0  # answered from the call journal of an earlier, stopped run (not asked again)
+    # --reward judge: requests sent (retries included), verdicts replayed from the journal, requests asked again,
+    # samples left without a verdict, the judge's tokens, and the seconds its requests took (summed, overlapping)
+    judge_requests: int = 0
+    judge_replayed: int = 0
+    judge_retried: int = 0
+    judge_failed: int = 0
+    judge_prompt_tokens: int = 0
+    judge_completion_tokens: int = 0
+    judge_wall_s: float = 0.0
     problems_beyond_target: int = 0  # read, but left when --target-groups was reached (a rerun with more goes on)
     # every execution generated (written or filtered): its outcome, and what the system tallies of it
     final_reward_sum: float = 0.0

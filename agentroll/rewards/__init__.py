@@ -7,6 +7,7 @@ one instance of each kind for the whole run, and the run's sandbox for model cod
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +16,13 @@ from ..sandbox import Sandbox, SandboxSettings, make_sandbox
 from .base import NO_CONTENT, Reward, RewardRequest, RewardResult
 from .code import CodeReward, parse_tests
 from .function import FunctionReward
+from .judge import JudgeSettings
+from .judging import JudgeReward
 from .remote import RemoteReward
 from .rules import AgentReported, ExactReward, MathReward
 
 if TYPE_CHECKING:
+    from ..folder.journal import Journal
     from ..inputs import Problem
     from ..schema import Sample
     from ..stats import RunStats
@@ -28,6 +32,9 @@ __all__ = [
     "CodeReward",
     "ExactReward",
     "FunctionReward",
+    "JudgeFailed",
+    "JudgeReward",
+    "JudgeSettings",
     "MathReward",
     "RemoteReward",
     "Reward",
@@ -51,6 +58,7 @@ class RewardSettings:
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # --sandbox-*: the code reward's, the tools'
     code_test_timeout_s: float = 6.0  # --code-test-timeout
     code_partial_credit: bool = False  # --code-partial-credit
+    judge: JudgeSettings | None = None  # --judge-*, for --reward judge
 
     def recorded(self) -> dict[str, Any]:
         """What of these settings changes a reward, as a folder's settings hold it (generate's names): the code
@@ -64,7 +72,9 @@ class RewardSettings:
             "sandbox_disk_mb": (self.sandbox.disk_mb, base.sandbox.disk_mb),
         }
         changed = {name: value for name, (value, default) in code.items() if value != default}
-        return {"reward": self.default, "reward_url": self.url, **({"code_reward": changed} if changed else {})}
+        judge = {"judge": self.judge.recorded()} if self.judge is not None else {}
+        code_reward = {"code_reward": changed} if changed else {}
+        return {"reward": self.default, "reward_url": self.url, **code_reward, **judge}
 
 
 def label_fault(kind: str, label: Any) -> str | None:
@@ -98,11 +108,19 @@ def make_reward(spec: str, settings: RewardSettings | None = None, sandbox: Sand
         if not settings.url:
             raise RewardError("--reward remote needs --reward-url")
         return RemoteReward(settings.url, settings.concurrency, settings.timeout_s, max_retries=settings.max_retries)
+    if spec == "judge":
+        if settings.judge is None:
+            raise RewardError("--reward judge needs --judge-url, --judge-model and --judge-prompt")
+        return JudgeReward(settings.judge)
     if ":" in spec:
         return FunctionReward(spec, settings.timeout_s, settings.concurrency)
     raise RewardError(
-        f"unknown reward {spec!r}: use math, exact, code, remote, agent, FILE.py:FUNCTION or MODULE:FUNCTION"
+        f"unknown reward {spec!r}: use math, exact, code, remote, judge, agent, FILE.py:FUNCTION or MODULE:FUNCTION"
     )
+
+
+class JudgeFailed(Exception):
+    """A sample has no verdict from the judge (after its retries): its group cannot be written as scored."""
 
 
 class RewardSet:
@@ -112,6 +130,7 @@ class RewardSet:
         self.settings = settings
         self._made: dict[str, Reward] = {}
         self._sandbox: Sandbox | None = None
+        self._meeting: dict[tuple[Any, ...], _Meeting] = {}  # --judge-mode group: a stage's K executions meet
         self.get(settings.default)
 
     @property
@@ -127,26 +146,92 @@ class RewardSet:
             self._made[spec] = make_reward(spec, self.settings, self.sandbox if spec == "code" else None)
         return self._made[spec]
 
-    async def score(self, samples: list[Sample], problem: Problem, stats: RunStats, spec: str | None = None) -> None:
+    async def score(
+        self,
+        samples: list[Sample],
+        problem: Problem,
+        stats: RunStats,
+        spec: str | None = None,
+        journal: Journal | None = None,
+        meet: tuple[Any, ...] | None = None,
+        together: int = 0,
+    ) -> None:
         """Set each sample's `raw_reward` (and `reward`, which shaping moves later) and `reward_info` from the reward
         `spec` (the row's own, else the run's), and count the failed checks in `stats`. Generate and rescore both
         come here, so a reward is given the same request either way: the answer, the row's label, statement,
-        metadata, prompt as given and id, the stage and the whole response."""
+        metadata, prompt as given and id, the stage and the whole response.
+
+        A judge keeps its verdicts in `journal` (under the problem's group); in `--judge-mode group`, `meet`
+        names the call within its execution, and the `together` executions' calls of that name are judged together.
+        A sample the judge gave no verdict raises `JudgeFailed` (unless `--judge-failures keep`: then it is
+        frozen, its judge's `failed` saying why)."""
         p = problem
         requests = [
             RewardRequest(s.content, p.label, p.statement, s.stage, p.metadata, s.response, p.prompt, p.id)
             for s in samples
         ]
-        results = await self.get(spec).score(requests)
+        reward = self.get(spec)
+        if isinstance(reward, JudgeReward):
+            group = (p.id, p.content_hash)
+            if reward.settings.mode == "group" and meet is not None and together > 1:
+                results = await self._together(reward, requests, journal, group, meet, together, stats)
+            elif samples:
+                results = await reward.judged(requests, journal, group, stats)
+            else:
+                results = []
+        elif not samples:
+            return
+        else:
+            results = await reward.score(requests)
+        failed = []
         for sample, result in zip(samples, results, strict=True):
             sample.raw_reward = sample.reward = float(result.value)
             sample.reward_info = result.info
+            sample.judge = result.judge
             if result.failed == "timeout":
                 stats.reward_timeouts += 1
             elif result.failed == "error":
                 stats.reward_errors += 1
             elif result.failed == "invalid":
                 stats.reward_invalid += 1
+            elif result.failed == "judge":
+                failed.append(str((result.judge or {}).get("failed")))
+        if failed and isinstance(reward, JudgeReward) and reward.settings.failures != "keep":
+            raise JudgeFailed(f"{samples[0].stage}: {failed[0]}")
+
+    async def _together(
+        self,
+        reward: JudgeReward,
+        requests: list[RewardRequest],
+        journal: Journal | None,
+        group: tuple[str, str],
+        meet: tuple[Any, ...],
+        count: int,
+        stats: RunStats,
+    ) -> list[RewardResult]:
+        """This execution's share of one group verdict: the first `count` executions to arrive with `meet` are
+        judged in one request once the last arrives (a failed execution cancels its group's others, so none
+        waits for it)."""
+        key = (*group, *meet)
+        meeting = self._meeting.get(key)
+        if meeting is None:
+            meeting = self._meeting[key] = _Meeting(count)
+        start = len(meeting.requests)
+        meeting.requests.extend(requests)
+        meeting.arrived += 1
+        if meeting.arrived == meeting.count:
+            del self._meeting[key]
+            try:
+                meeting.done.set_result(await reward.judged_group(meeting.requests, journal, group, stats))
+            except BaseException as exc:
+                meeting.done.set_exception(exc)
+                raise
+        try:
+            results = await asyncio.shield(meeting.done)
+        finally:
+            if meeting.arrived < meeting.count and key in self._meeting and self._meeting[key] is meeting:
+                del self._meeting[key]  # cancelled before all arrived: a rerun of the group meets afresh
+        return results[start : start + len(requests)]
 
     async def ready(self) -> None:
         """Every reward made so far able to score (a math worker started, a user function loaded in a worker
@@ -164,3 +249,10 @@ class RewardSet:
             await reward.aclose()
         if self._sandbox is not None:
             await self._sandbox.aclose()
+
+
+class _Meeting:
+    def __init__(self, count: int) -> None:
+        self.count, self.arrived = count, 0
+        self.requests: list[RewardRequest] = []
+        self.done: asyncio.Future[list[RewardResult]] = asyncio.get_running_loop().create_future()
