@@ -36,8 +36,7 @@ from .inputs import InputKeys, Problem, problem_from_row
 from .options import GenerateOptions
 from .pipeline import AgentSystem, ExecutionFailed, SystemConfig, final_reward, gather_or_cancel
 from .policies import Policy
-from .rewards import RewardSet, label_fault
-from .rewards.held import hold
+from .rewards import RewardSet, hold, label_fault
 from .stats import RunStats
 from .systems import System, from_object, identity, load_system, spec_of, vocabulary_of
 from .teacher.settings import STAGE_KEYS as STAGE_TEACHER_KEYS
@@ -308,8 +307,7 @@ class Generator:
             if self._length.active:  # after the system's shaping, before the group's figures
                 for samples in executions:
                     self._length.apply(samples)
-            if hold(executions):  # --judge-failures keep: a sample without a verdict holds its group back
-                self.stats.groups_held += 1
+            self.stats.groups_held += hold(executions)  # --judge-failures keep: no verdict holds a group back
             finals = [final_reward(e) for e in executions]
             if not o.filter_uniform_groups or len(set(finals)) > 1:
                 annotate(executions, finals)

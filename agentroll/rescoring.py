@@ -28,7 +28,7 @@ from .folder.layout import Layout
 from .group import Group, annotate
 from .inputs import Problem
 from .rewards import JudgeFailed, RewardSet, RewardSettings, label_fault
-from .rewards.held import hold, needs_judging, release
+from .rewards.held import hold, needs_judging, release, unjudged
 from .rewards.options import RewardOptions
 from .schema import Sample
 from .shaping import LengthShaping
@@ -51,11 +51,15 @@ class Rescoring:
     final_reward: float | None = None
     journal: Journal | None = None  # the new folder's: a judge's verdicts, kept for a rerun of a failed group
     together: int = 0  # the group's executions (--judge-mode group judges their answers together)
+    failed_only: bool = False  # only the samples a judge gave no verdict are scored (the others keep theirs)
     _rewarded: int = 0
 
     async def reward(self, samples: list[Sample]) -> None:
         """Score samples with the new reward through `RewardSet.score`, the request generate's `Context.reward` gave."""
         self._rewarded += 1
+        judge = self.rewards.settings.judge
+        if self.failed_only and not (judge is not None and judge.mode == "group"):  # a group verdict: all again
+            samples = [s for s in samples if unjudged(s)]
         await self.rewards.score(
             samples, self.problem, self.stats, journal=self.journal, meet=(0, self._rewarded), together=self.together
         )
@@ -194,7 +198,7 @@ async def rescore(
             else:
                 release(group.executions)  # a group held back by a judge's failure: as it was, to be scored again
                 try:
-                    scored = await _group(group, problem, system, rewards, stats, weights, length, journal)
+                    scored = await _group(group, problem, system, rewards, stats, weights, length, journal, failed_only)
                 except JudgeFailed as exc:
                     stats.groups_failed += 1
                     result.failures.append(f"the judge gave no verdict for a {exc}")
@@ -244,6 +248,7 @@ async def _group(
     weights: tuple[float, float],
     length: LengthShaping,
     journal: Journal | None = None,
+    failed_only: bool = False,
 ) -> Group:
     """The group's executions rescored side by side (a group judge sees them together)."""
 
@@ -251,7 +256,9 @@ async def _group(
         for sample in samples:  # the run's length shaping is applied again below: its notes go first
             sample.reward_info = length.unnoted(sample.reward_info)
         together = len(group.executions)
-        execution = Rescoring(samples, rewards, stats, problem, weights, journal=journal, together=together)
+        execution = Rescoring(
+            samples, rewards, stats, problem, weights, journal=journal, together=together, failed_only=failed_only
+        )
         await system.rescore(execution)
         if execution.final_reward is None:
             raise UsageError(f"system {system.name}'s rescore set no outcome (final_reward)")

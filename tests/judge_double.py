@@ -29,6 +29,7 @@ class JudgeDouble:
     def __init__(self, fail_every: int = 0, no_score_every: int = 0, scale: float = 1.0) -> None:
         self.fail_every, self.no_score_every, self.scale = fail_every, no_score_every, scale
         self.requests: list[dict[str, Any]] = []
+        self.verdicts: list[dict[str, Any]] = []  # the requests answered with a score
         self.failed = self.unscored = 0
         self.keys: list[str | None] = []
         self._lock = threading.Lock()
@@ -81,6 +82,9 @@ class JudgeDouble:
         else:
             label, answer = REFERENCE.search(prompt).group(1), ANSWER.search(prompt).group(1)
             text = f"The final result is checked.\nScore: {grade(answer, label) * self.scale:g}"
+        if "Score" in text:
+            with self._lock:
+                self.verdicts.append(body)
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return 200, {

@@ -15,7 +15,9 @@ from ..errors import RewardError
 from ..sandbox import Sandbox, SandboxSettings, make_sandbox
 from .base import NO_CONTENT, Reward, RewardRequest, RewardResult
 from .code import CodeReward, parse_tests
+from .components import Component, combined
 from .function import FunctionReward
+from .held import hold
 from .judge import JudgeSettings
 from .judging import JudgeReward
 from .remote import RemoteReward
@@ -42,6 +44,7 @@ __all__ = [
     "RewardResult",
     "RewardSet",
     "RewardSettings",
+    "hold",
     "label_fault",
     "make_reward",
 ]
@@ -59,6 +62,7 @@ class RewardSettings:
     code_test_timeout_s: float = 6.0  # --code-test-timeout
     code_partial_credit: bool = False  # --code-partial-credit
     judge: JudgeSettings | None = None  # --judge-*, for --reward judge
+    components: tuple[Component, ...] = ()  # --reward-component: the run's reward is their weighted sum
 
     def recorded(self) -> dict[str, Any]:
         """What of these settings changes a reward, as a folder's settings hold it (generate's names): the code
@@ -74,7 +78,8 @@ class RewardSettings:
         changed = {name: value for name, (value, default) in code.items() if value != default}
         judge = {"judge": self.judge.recorded()} if self.judge is not None else {}
         code_reward = {"code_reward": changed} if changed else {}
-        return {"reward": self.default, "reward_url": self.url, **code_reward, **judge}
+        parts = {"reward_components": [[c.name, c.spec, c.weight] for c in self.components]} if self.components else {}
+        return {"reward": self.default, "reward_url": self.url, **code_reward, **judge, **parts}
 
 
 def label_fault(kind: str, label: Any) -> str | None:
@@ -132,6 +137,8 @@ class RewardSet:
         self._sandbox: Sandbox | None = None
         self._meeting: dict[tuple[Any, ...], _Meeting] = {}  # --judge-mode group: a stage's K executions meet
         self.get(settings.default)
+        for component in settings.components:
+            self.get(component.spec)
 
     @property
     def sandbox(self) -> Sandbox:
@@ -170,24 +177,27 @@ class RewardSet:
             RewardRequest(s.content, p.label, p.statement, s.stage, p.metadata, s.response, p.prompt, p.id)
             for s in samples
         ]
-        reward = self.get(spec)
-        if isinstance(reward, JudgeReward):
-            group = (p.id, p.content_hash)
-            if reward.settings.mode == "group" and meet is not None and together > 1:
-                results = await self._together(reward, requests, journal, group, meet, together, stats)
-            elif samples:
-                results = await reward.judged(requests, journal, group, stats)
-            else:
-                results = []
-        elif not samples:
+        if not samples and not together:
             return
+        context = (journal, (p.id, p.content_hash), meet, together, stats)
+        parts: list[dict[str, dict[str, float]] | None] = [None] * len(samples)
+        components = self.settings.components if spec is None else ()
+        if components:  # each component scores every sample; a judge's meet is its own
+            each = await asyncio.gather(
+                *(self._results(c.spec, requests, *context, n) for n, c in enumerate(components))
+            )
+            results = []
+            for i in range(len(samples)):
+                result, parts[i] = combined(components, [found[i] for found in each])
+                results.append(result)
         else:
-            results = await reward.score(requests)
+            results = await self._results(spec, requests, *context)
         failed = []
-        for sample, result in zip(samples, results, strict=True):
+        for sample, result, part in zip(samples, results, parts, strict=True):
             sample.raw_reward = sample.reward = float(result.value)
             sample.reward_info = result.info
             sample.judge = result.judge
+            sample.reward_components = part
             if result.failed == "timeout":
                 stats.reward_timeouts += 1
             elif result.failed == "error":
@@ -196,8 +206,27 @@ class RewardSet:
                 stats.reward_invalid += 1
             elif result.failed == "judge":
                 failed.append(str((result.judge or {}).get("failed")))
-        if failed and isinstance(reward, JudgeReward) and reward.settings.failures != "keep":
+        keep = self.settings.judge is not None and self.settings.judge.failures == "keep"
+        if failed and not keep:
             raise JudgeFailed(f"{samples[0].stage}: {failed[0]}")
+
+    async def _results(
+        self,
+        spec: str | None,
+        requests: list[RewardRequest],
+        journal: Journal | None,
+        group: tuple[str, str],
+        meet: tuple[Any, ...] | None,
+        together: int,
+        stats: RunStats,
+        component: int = 0,
+    ) -> list[RewardResult]:
+        reward = self.get(spec)
+        if not isinstance(reward, JudgeReward):
+            return await reward.score(requests) if requests else []
+        if reward.settings.mode == "group" and meet is not None and together > 1:
+            return await self._together(reward, requests, journal, group, (*meet, component), together, stats)
+        return await reward.judged(requests, journal, group, stats) if requests else []
 
     async def _together(
         self,

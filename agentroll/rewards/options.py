@@ -13,6 +13,7 @@ from ..declare import at_least, check_types, option, positive
 from ..errors import UsageError
 from ..sandbox import SandboxSettings
 from . import RewardSettings
+from .components import parse_components
 from .judge import DEFAULT_PATTERN, JudgeSettings, load_template
 
 REWARDS, RETRIES, TIMEOUTS = RewardSettings(), Retries(), Timeouts()
@@ -25,6 +26,11 @@ class RewardOptions:
 
     reward: str = option(
         REWARDS.default, "math | exact | code | remote | agent (--system agent) | FILE.py:FUNCTION | MODULE:FUNCTION"
+    )
+    reward_component: list[str] = option(
+        [],
+        "NAME=SPEC[*WEIGHT]: one part of the reward, the rewards' weighted sum (repeatable; e.g. correct=math, "
+        "style=judge*0.5, length=my.py:penalty*-0.1). Each part's value and weight land in reward_components.",
     )
     reward_timeout: float = option(REWARDS.timeout_s, "Seconds per reward check (or reward-model request).")
     reward_url: str | None = option(None, "Reward model URL, for --reward remote.")
@@ -103,6 +109,7 @@ class RewardOptions:
                 flag = "--" + name.replace("_", "-")
                 raise UsageError(f"{flag} must be {' or '.join(allowed)}, got {getattr(self, name)!r}")
         self._scale()
+        parse_components(list(self.reward_component or []))
 
     def _scale(self) -> tuple[float, float]:
         lo, sep, hi = str(self.judge_scale).partition(":")
@@ -117,7 +124,8 @@ class RewardOptions:
     def judge_settings(self) -> JudgeSettings | None:
         """The judge's settings when the run (or a row: --allow-reward judge) may use one; `UsageError` naming
         what --reward judge lacks. The key is read here, once: from the file, else the environment."""
-        if not self.judge_url and self.reward != "judge":
+        specs = {self.reward, *(c.spec for c in parse_components(list(self.reward_component or [])))}
+        if not self.judge_url and "judge" not in specs:
             return None
         missing = [f for f in ("judge_url", "judge_model", "judge_prompt") if not getattr(self, f)]
         if missing:
@@ -172,4 +180,5 @@ class RewardOptions:
             self.code_test_timeout,
             self.code_partial_credit,
             self.judge_settings(),
+            parse_components(list(self.reward_component or [])),
         )
