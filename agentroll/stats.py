@@ -295,6 +295,21 @@ class RunStats:
         if self.vocabulary is not None:
             for name, n in self.vocabulary.tally(samples).items():
                 self.count(name, n)
+        for sample in samples:  # --reward-component: each part's sum and samples, as counters (they add up)
+            for name, part in (getattr(sample, "reward_components", None) or {}).items():
+                self.count(f"component_{name}_sum", part["value"])
+                self.count(f"component_{name}_samples")
+
+    def component_means(self) -> dict[str, float]:
+        """Each reward component's mean value over the samples that have it (`--reward-component`)."""
+        out = {}
+        for key, total in self.counters.items():
+            if key.startswith("component_") and key.endswith("_sum"):
+                name = key[len("component_") : -len("_sum")]
+                n = self.counters.get(f"component_{name}_samples", 0)
+                if n:
+                    out[name] = total / n
+        return out
 
     def report(self) -> dict[str, float | None]:
         """Does the system earn its cost? Its figures (`report_figures`), then the tokens of each stage."""
@@ -313,6 +328,8 @@ class RunStats:
         if self.policies:
             out["policies"] = {name: stats.to_dict() for name, stats in self.policies.items()}
             out["head_to_head"] = self.compared.to_dict()
+        if self.component_means():
+            out["reward_components"] = self.component_means()
         if self.teacher:  # only a run with a teacher says anything of one
             out["teacher"] = {name: t.to_dict() for name, t in self.teacher.items()}
         return out

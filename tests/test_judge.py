@@ -272,6 +272,20 @@ def test_components_weigh_math_a_judge_and_a_function_and_keep_each_part(sim, pr
         total = sum(p["value"] * p["weight"] for p in parts.values())
         assert r["raw_reward"] == pytest.approx(total)
         assert "style" in r["reward_info"] and "length" in r["reward_info"]
+    stats = json.loads((tmp_path / "out" / "manifest.json").read_text())["last_run"]["stats"]
+    means = stats["reward_components"]
+    assert means["correct"] == pytest.approx(
+        sum(r["reward_components"]["correct"]["value"] for r in records) / len(records)
+    )
+    assert b"reward components (mean over samples): correct" in proc.stderr
+    done = run_cli("convert", str(tmp_path / "out"), "--to", "verifiers", "-o", str(tmp_path / "vf"))
+    assert done.returncode == 0, done.stderr.decode()
+    rows = [json.loads(line) for line in next((tmp_path / "vf").glob("*.jsonl")).read_text().splitlines()]
+    by_rollout = {r["rollout_id"]: r for r in records}
+    for row in rows:  # each reward function's own score, as a verifiers rubric's metrics hold them
+        record = by_rollout[row["info"]["rollout_id"]]
+        assert row["metrics"]["style"] == record["reward_components"]["style"]["value"]
+        assert row["metrics"]["raw_reward"] == record["raw_reward"]
 
 
 def test_group_judging_shows_the_judge_the_k_answers_together(sim, problems, tmp_path):

@@ -108,6 +108,9 @@ def lines(result: RunResult) -> list[list[str]]:
     out += head_to_head_lines(s)
     if s.judge_requests or s.judge_replayed:
         out.append([judge_line(s)])
+    if s.component_means():
+        parts = ", ".join(f"{name} {value:.3f}" for name, value in s.component_means().items())
+        out.append([f"reward components (mean over samples): {parts}"])
     if r.concurrency:
         out.append(["concurrency (auto, settled): " + ", ".join(f"{u} {n}" for u, n in r.concurrency.items())])
     return out + teacher_lines(result.teachers) + [[note] for note in result.notes]
