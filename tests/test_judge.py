@@ -360,3 +360,107 @@ def test_templates_render_fields_and_refuse_what_the_row_lacks(tmp_path):
     assert parse_component("correct=math").spec == "math"
     with pytest.raises(UsageError, match="NAME=SPEC"):
         parse_component("math")
+
+
+def test_the_simulator_serves_as_a_judge_through_faults_and_agrees_with_math_verify(sim, problems, tmp_path):
+    """A simulated judge that fails a fifth of its requests (500/503, dropped connections) and answers some
+    without a score: every judged sample's verdict is the simulator's (right iff its boxed answer is the label,
+    as math-verify says), and the run exits 0."""
+    from agentroll.sim.faults import Faults
+    from agentroll.sim.script import Behavior, Script
+    from agentroll.sim.server import SimServer
+
+    judge = SimServer(
+        script=Script.from_jsonl(problems, Behavior(judge_no_score=0.15)),
+        faults=Faults(error_rate=0.1, drop_rate=0.1),
+        record=True,
+    )
+    judge.start()
+    try:
+        proc = run_cli(
+            "generate",
+            str(problems),
+            "-o",
+            str(tmp_path / "out"),
+            "--base-url",
+            sim.url,
+            "--tokenizer",
+            TOKENIZER,
+            "--reward-component",
+            "judged=judge",
+            "--reward-component",
+            "checked=math*0",
+            "--judge-url",
+            judge.url,
+            "--judge-model",
+            judge.model,
+            "--judge-prompt",
+            "correctness",
+            "--judge-retries",
+            "10",
+        )
+    finally:
+        judge.stop()
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = judged(read_records(tmp_path / "out"))
+    verdicts = [r for r in records if r["judge"] is not None]
+    assert len(verdicts) > 20
+    for r in records:
+        parts = r["reward_components"]
+        assert parts["judged"]["value"] == parts["checked"]["value"]  # the simulated judge agrees with math-verify
+        assert r["raw_reward"] == parts["judged"]["value"]  # math weighs 0
+    answered = [e["response"] for e in judge.log]
+    assert any("Score" not in a["choices"][0]["message"]["content"] for a in answered)  # it did say no score
+    stats = json.loads((tmp_path / "out" / "manifest.json").read_text())["last_run"]["stats"]
+    assert stats["judge_retried"] > 0 and stats["judge_failed"] == 0
+
+
+def test_the_simulators_chat_completion_has_vllms_fields():
+    """The body's fields as vLLM 0.32 writes them (`/work/shared/vllm-wire/d_chat.json`'s, a request that asked
+    for no token ids), the messages rendered with the chat template."""
+    import urllib.request
+
+    from agentroll.sim.script import Script
+    from agentroll.sim.server import SimServer
+
+    server = SimServer(script=Script(answers={"What is 2 plus 2?": "4"}), record=True)
+    server.start()
+    try:
+        body = {
+            "model": server.model,
+            "messages": [{"role": "user", "content": "What is 2 plus 2? \\boxed{4}\nEnd with `Score: X`."}],
+            "max_tokens": 64,
+            "temperature": 0,
+        }
+        request = urllib.request.Request(
+            server.url + "/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as answered:
+            reply = json.loads(answered.read())
+        bad = dict(body, logprobs=True)
+        refused = urllib.request.Request(
+            server.url + "/v1/chat/completions", json.dumps(bad).encode(), {"content-type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(refused, timeout=30)
+        assert caught.value.code == 400
+        caught.value.close()
+    finally:
+        server.stop()
+    assert reply["object"] == "chat.completion" and reply["id"].startswith("chatcmpl-")
+    assert list(reply) == [
+        *("id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage"),
+        *("prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics"),
+    ]
+    choice = reply["choices"][0]
+    assert list(choice["message"]) == [
+        "role",
+        "content",
+        "refusal",
+        "annotations",
+        "audio",
+        "function_call",
+        "reasoning",
+    ]
+    assert choice["message"]["content"].endswith("Score: 1") and choice["finish_reason"] == "stop"
+    assert reply["usage"]["prompt_tokens"] > 10

@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from . import metrics
+from .chat import chat_request, chat_response
 from .validation import parse_body
 from .wire import (
     AUTH_GUARDED,
@@ -125,6 +126,17 @@ def completed(server: SimServer, data: Any, abort: bool | None) -> tuple[dict[st
     return body, response, tokens + (response["usage"]["completion_tokens"] if response else 0)
 
 
+async def chat_completions(server: SimServer, request: web.BaseRequest) -> web.StreamResponse:
+    return await _run(server, request, chatted)
+
+
+def chatted(server: SimServer, data: Any, abort: bool | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+    body, ids = chat_request(server.engine, data)
+    check_priority(server, body)
+    response = None if abort is None else chat_response(server.engine.complete(body, [ids], abort=abort))
+    return body, response, len(ids) + (response["usage"]["completion_tokens"] if response else 0)
+
+
 Answer = Callable[["SimServer", Any, "bool | None"], tuple[dict[str, Any], "dict[str, Any] | None", int]]
 
 
@@ -185,6 +197,7 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/tokenize": {"POST": tokenize},
     "/detokenize": {"POST": detokenize},
     "/v1/completions": {"POST": completions},
+    "/v1/chat/completions": {"POST": chat_completions},
     "/inference/v1/generate": {"POST": generate},
 }
 
