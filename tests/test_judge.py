@@ -170,6 +170,10 @@ def test_judge_failures_keep_writes_the_group_held_back_and_rescore_failed_only_
         assert (r["trainable"] is False) == (r["problem_id"] in held)  # a held group trains nothing
     stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
     assert stats["groups_held"] == len(held) and stats["judge_failed"] == len(unjudged)
+    first = sorted(held)[0]
+    tree = run_cli("inspect", str(out), "--problem", first).stdout.decode()
+    assert "judge-1: no verdict (no score in the reply" in " ".join(tree.split())  # what the judge said, shown
+    assert "score 1.0" in tree or "score 0.0" in tree
     with JudgeDouble() as again:
         proc = run_cli(
             "rescore",
