@@ -412,6 +412,8 @@ class Context:
                 sample.continues = position[id(parent)]
         if not samples:
             raise UsageError("a system returned no samples for an execution")
+        p = self.problem  # --judge-mode group: the meetings it did not reach stop waiting for it
+        self.engine.rewards.leave((p.id, p.content_hash), self.attempt, self._rewarded, self.config.samples_per_prompt)
         outcome = self.final_reward if self.final_reward is not None else samples[-1].raw_reward
         for sample in samples:
             sample.rollout_size = len(samples)

@@ -52,16 +52,16 @@ class Rescoring:
     journal: Journal | None = None  # the new folder's: a judge's verdicts, kept for a rerun of a failed group
     together: int = 0  # the group's executions (--judge-mode group judges their answers together)
     failed_only: bool = False  # only the samples a judge gave no verdict are scored (the others keep theirs)
-    _rewarded: int = 0
+    reward_calls: int = 0  # made so far
 
     async def reward(self, samples: list[Sample]) -> None:
         """Score samples with the new reward through `RewardSet.score`, the request generate's `Context.reward` gave."""
-        self._rewarded += 1
+        self.reward_calls += 1
         judge = self.rewards.settings.judge
         if self.failed_only and not (judge is not None and judge.mode == "group"):  # a group verdict: all again
             samples = [s for s in samples if unjudged(s)]
         await self.rewards.score(
-            samples, self.problem, self.stats, journal=self.journal, meet=(0, self._rewarded), together=self.together
+            samples, self.problem, self.stats, journal=self.journal, meet=(0, self.reward_calls), together=self.together
         )
 
     def shape(self, samples: list[Sample], won: bool) -> None:
@@ -260,6 +260,7 @@ async def _group(
             samples, rewards, stats, problem, weights, journal=journal, together=together, failed_only=failed_only
         )
         await system.rescore(execution)
+        rewards.leave((problem.id, problem.content_hash), 0, execution.reward_calls, together)
         if execution.final_reward is None:
             raise UsageError(f"system {system.name}'s rescore set no outcome (final_reward)")
         for sample in samples:

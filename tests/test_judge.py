@@ -468,3 +468,52 @@ def test_the_simulators_chat_completion_has_vllms_fields():
     ]
     assert choice["message"]["content"].endswith("Score: 1") and choice["finish_reason"] == "stop"
     assert reply["usage"]["prompt_tokens"] > 10
+
+
+def test_group_judging_waits_for_no_execution_that_stopped_early(problems, tmp_path):
+    """Three-stage stops an execution whose solvers wrote no content before its rewriters are scored: the other
+    executions' rewriters are judged together without it (the run ends, every group written)."""
+    from agentroll.sim.script import Behavior, Script
+    from agentroll.sim.server import SimServer
+
+    policy = SimServer(script=Script.from_jsonl(problems, Behavior(empty_after_think=0.6)))
+    policy.start()
+    try:
+        with JudgeDouble() as judge:
+            proc = run_cli(
+                "generate",
+                str(problems),
+                "-o",
+                str(tmp_path / "out"),
+                "--base-url",
+                policy.url,
+                "--tokenizer",
+                TOKENIZER,
+                "--samples-per-prompt",
+                "3",
+                "--reward",
+                "judge",
+                "--judge-url",
+                judge.url,
+                "--judge-model",
+                "judge-1",
+                "--judge-prompt",
+                "group",
+                "--judge-mode",
+                "group",
+                timeout=300,
+            )
+    finally:
+        policy.stop()
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = read_records(tmp_path / "out")
+    assert len({r["problem_id"] for r in records}) == 8
+    stages = {}
+    for r in records:
+        stages.setdefault(r["rollout_id"], set()).add(r["stage"])
+    assert any(s == {"solver"} for s in stages.values())  # an execution stopped after its solvers
+    assert any("rewriter" in s for s in stages.values())  # and others went on, their rewriters judged
+    label = labels(problems)
+    for r in judged(records):
+        if r["content"] is not None:
+            assert r["raw_reward"] == grade(r["content"], label[r["problem_id"]])

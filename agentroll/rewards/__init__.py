@@ -20,6 +20,7 @@ from .function import FunctionReward
 from .held import hold
 from .judge import JudgeSettings
 from .judging import JudgeReward
+from .meeting import Meetings
 from .remote import RemoteReward
 from .rules import AgentReported, ExactReward, MathReward
 
@@ -135,7 +136,7 @@ class RewardSet:
         self.settings = settings
         self._made: dict[str, Reward] = {}
         self._sandbox: Sandbox | None = None
-        self._meeting: dict[tuple[Any, ...], _Meeting] = {}  # --judge-mode group: a stage's K executions meet
+        self._meetings = Meetings()  # --judge-mode group: the executions of a group meet at each reward call
         self.get(settings.default)
         for component in settings.components:
             self.get(component.spec)
@@ -225,42 +226,20 @@ class RewardSet:
         if not isinstance(reward, JudgeReward):
             return await reward.score(requests) if requests else []
         if reward.settings.mode == "group" and meet is not None and together > 1:
-            return await self._together(reward, requests, journal, group, (*meet, component), together, stats)
+            return await self._meetings.join(
+                group,
+                (*meet, component),
+                together,
+                requests,
+                lambda shown: reward.judged_group(shown, journal, group, stats),
+            )
         return await reward.judged(requests, journal, group, stats) if requests else []
 
-    async def _together(
-        self,
-        reward: JudgeReward,
-        requests: list[RewardRequest],
-        journal: Journal | None,
-        group: tuple[str, str],
-        meet: tuple[Any, ...],
-        count: int,
-        stats: RunStats,
-    ) -> list[RewardResult]:
-        """This execution's share of one group verdict: the first `count` executions to arrive with `meet` are
-        judged in one request once the last arrives (a failed execution cancels its group's others, so none
-        waits for it)."""
-        key = (*group, *meet)
-        meeting = self._meeting.get(key)
-        if meeting is None:
-            meeting = self._meeting[key] = _Meeting(count)
-        start = len(meeting.requests)
-        meeting.requests.extend(requests)
-        meeting.arrived += 1
-        if meeting.arrived == meeting.count:
-            del self._meeting[key]
-            try:
-                meeting.done.set_result(await reward.judged_group(meeting.requests, journal, group, stats))
-            except BaseException as exc:
-                meeting.done.set_exception(exc)
-                raise
-        try:
-            results = await asyncio.shield(meeting.done)
-        finally:
-            if meeting.arrived < meeting.count and key in self._meeting and self._meeting[key] is meeting:
-                del self._meeting[key]  # cancelled before all arrived: a rerun of the group meets afresh
-        return results[start : start + len(requests)]
+    def leave(self, group: tuple[str, str], attempt: int, made: int, together: int) -> None:
+        """An execution ended after `made` reward calls (`--judge-mode group`: its later meetings stop waiting)."""
+        judge = self.settings.judge
+        if judge is not None and judge.mode == "group" and together > 1:
+            self._meetings.leave(group, attempt, made, together)
 
     async def ready(self) -> None:
         """Every reward made so far able to score (a math worker started, a user function loaded in a worker
@@ -278,10 +257,3 @@ class RewardSet:
             await reward.aclose()
         if self._sandbox is not None:
             await self._sandbox.aclose()
-
-
-class _Meeting:
-    def __init__(self, count: int) -> None:
-        self.count, self.arrived = count, 0
-        self.requests: list[RewardRequest] = []
-        self.done: asyncio.Future[list[RewardResult]] = asyncio.get_running_loop().create_future()
