@@ -26,8 +26,10 @@ def grade(answer: str, label: str) -> float:
 
 
 class JudgeDouble:
-    def __init__(self, fail_every: int = 0, no_score_every: int = 0, scale: float = 1.0) -> None:
-        self.fail_every, self.no_score_every, self.scale = fail_every, no_score_every, scale
+    def __init__(
+        self, fail_every: int = 0, no_score_every: int = 0, scale: float = 1.0, key: str | None = None
+    ) -> None:
+        self.fail_every, self.no_score_every, self.scale, self.key = fail_every, no_score_every, scale, key
         self.requests: list[dict[str, Any]] = []
         self.verdicts: list[dict[str, Any]] = []  # the requests answered with a score
         self.failed = self.unscored = 0
@@ -68,6 +70,8 @@ class JudgeDouble:
             n = len(self.requests)
         if path != "/v1/chat/completions":
             return 404, {"error": {"message": f"no route {path}"}}
+        if self.key is not None and key != f"Bearer {self.key}":
+            return 401, {"error": "Unauthorized"}
         if self.fail_every and n % self.fail_every == 0:
             self.failed += 1
             return 500, {"error": {"message": "judge overloaded", "type": "InternalServerError", "code": 500}}

@@ -517,3 +517,18 @@ def test_group_judging_waits_for_no_execution_that_stopped_early(problems, tmp_p
     for r in judged(records):
         if r["content"] is not None:
             assert r["raw_reward"] == grade(r["content"], label[r["problem_id"]])
+
+
+def test_a_judge_set_up_wrong_stops_the_run_and_says_what_is_missing(sim, problems, tmp_path):
+    proc = run_cli(
+        "generate", str(problems), "-o", str(tmp_path / "a"), "--base-url", sim.url, "--tokenizer", TOKENIZER,
+        "--reward", "judge", "--judge-url", "http://127.0.0.1:9/v1",
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--reward judge needs --judge-model, --judge-prompt" in proc.stderr.decode()
+    proc = generate(sim, problems, tmp_path / "b", "http://127.0.0.1:9/v1", "--judge-scale", "10:1")
+    assert proc.returncode == 2 and "--judge-scale '10:1' must be LO:HI with LO < HI" in proc.stderr.decode()
+    with JudgeDouble(key="right") as judge:  # a wrong key is no outage: no retry mends it
+        proc = generate(sim, problems, tmp_path / "c", judge.url, "-q")
+        asked = len(judge.requests)
+    assert proc.returncode == 5, proc.stderr.decode()
+    assert "answered HTTP 401" in proc.stderr.decode() and asked < 40

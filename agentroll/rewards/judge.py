@@ -57,7 +57,6 @@ class JudgeSettings:
         text = "".join(f"{role}\n{body}\n" for role, body in self.messages)
         return {
             "model": self.model,
-            "prompt": self.prompt,
             "prompt_hash": hashlib.blake2b(text.encode(), digest_size=8).hexdigest(),
             "parse": self.parse,
             "pattern": self.pattern,
