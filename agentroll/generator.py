@@ -260,7 +260,7 @@ class Generator:
                 self.keys.reward,
                 f"reward {spec!r} is not allowed for rows: pass --allow-reward {spec} to allow it",
             )
-        fault = label_fault(spec or self.options.reward, problem.label)
+        fault = label_fault(spec or self.options.reward, problem.label, [] if spec else self.options.reward_component)
         if fault is not None:  # checked before anything runs
             raise InputError(problem.source, problem.line, self.keys.label, fault)
         return problem

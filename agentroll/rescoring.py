@@ -158,7 +158,7 @@ async def rescore(
     groups = read_groups(src, routes=routes)
     first = next(groups, None)  # checked before the output folder is touched, as generate's first row is
     if first is not None:
-        _check_label(src, first, settings_of_rewards.default)
+        _check_label(src, first, settings_of_rewards)
     rewards = RewardSet(settings_of_rewards)
     compression = str(settings.get("compression") or "none")
     from .folder import ShardWriter  # the writer only for a rescore: `import agentroll` reads, never writes
@@ -182,7 +182,7 @@ async def rescore(
             if done.get(group.problem.id) == group.problem.content_hash:
                 stats.problems_skipped_done += 1
                 continue
-            _check_label(src, group, settings_of_rewards.default)
+            _check_label(src, group, settings_of_rewards)
             problem = asked(group)
             if problem is None:
                 problem = group.problem  # its prompt is the rendered solver prompt: said once
@@ -231,10 +231,14 @@ async def rescore(
     return result
 
 
-def _check_label(src: Path, group: Group, reward: str) -> None:
-    """A group whose label the new reward cannot score is a bad row (exit 3), as generate would call it: not a
-    folder of zero rewards."""
-    fault = label_fault(reward, group.problem.label)
+def _check_label(src: Path, group: Group, settings: RewardSettings) -> None:
+    """A group whose label the new reward (or a component of it) cannot score is a bad row (exit 3), as generate
+    would call it: not a folder of zero rewards."""
+    reward = settings.default
+    faults = [label_fault(c.spec, group.problem.label) for c in settings.components] or [
+        label_fault(reward, group.problem.label)
+    ]
+    fault = next((f for f in faults if f is not None), None)
     if fault is not None:
         raise InputError(str(src), 0, "label", f"problem {group.problem.id!r}: {fault} (--reward {reward})")
 

@@ -532,3 +532,13 @@ def test_a_judge_set_up_wrong_stops_the_run_and_says_what_is_missing(sim, proble
         asked = len(judge.requests)
     assert proc.returncode == 5, proc.stderr.decode()
     assert "answered HTTP 401" in proc.stderr.decode() and asked < 40
+
+
+def test_a_label_is_checked_against_each_component_not_the_unused_reward():
+    from agentroll.rewards import label_fault
+
+    tests = {"inputs": ["1\n"], "outputs": ["2\n"]}
+    assert label_fault("math", tests) is not None  # --reward math alone: a bad row
+    assert label_fault("math", tests, ["passes=code", "style=judge*0.2"]) is None  # the components can score it
+    fault = label_fault("math", tests, ["correct=math", "style=judge"])
+    assert fault is not None and fault.startswith("component correct:")

@@ -15,7 +15,7 @@ from ..errors import RewardError
 from ..sandbox import Sandbox, SandboxSettings, make_sandbox
 from .base import NO_CONTENT, Reward, RewardRequest, RewardResult
 from .code import CodeReward, parse_tests
-from .components import Component, combined
+from .components import Component, combined, parse_components
 from .function import FunctionReward
 from .held import hold
 from .judge import JudgeSettings
@@ -83,10 +83,13 @@ class RewardSettings:
         return {"reward": self.default, "reward_url": self.url, **code_reward, **judge, **parts}
 
 
-def label_fault(kind: str, label: Any) -> str | None:
+def label_fault(kind: str, label: Any, components: list[str] | None = None) -> str | None:
     """Why the reward `kind` cannot score a row of this `label` (None when it can): the code reward needs its
     tests, math and exact a plain answer. Generate and rescore ask before anything runs, so a mismatch is a bad
-    row, not a run of zero rewards."""
+    row, not a run of zero rewards. With `components` (--reward-component), each of theirs instead."""
+    if components:
+        faults = ((c.name, label_fault(c.spec, label)) for c in parse_components(components))
+        return next((f"component {name}: {fault}" for name, fault in faults if fault is not None), None)
     if kind == "code":
         try:
             parse_tests(label)
