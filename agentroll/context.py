@@ -356,18 +356,10 @@ class Context:
     async def reward(self, samples: list[Sample]) -> None:
         """Score samples with the run's reward (the row's own, if it names one): sets `raw_reward`,
         `reward_info`, and `reward` to the raw value (shape it further as the system likes)."""
-        self._rewarded += 1
-        meet = (self.attempt, self._rewarded)  # --judge-mode group: the n-th reward call of each execution meet
+        self._rewarded += 1  # --judge-mode group: the n-th reward calls of a group's executions meet
+        e, p, meet, together = self.engine, self.problem, (self.attempt, self._rewarded), self.config.samples_per_prompt
         try:
-            await self.engine.rewards.score(
-                samples,
-                self.problem,
-                self.engine.stats,
-                self.problem.reward,
-                journal=self.engine.journal,
-                meet=meet,
-                together=self.config.samples_per_prompt,
-            )
+            await e.rewards.score(samples, p, e.stats, p.reward, e.journal, meet, together)
         except JudgeFailed as exc:  # no verdict is no reward: the group is not written as scored
             raise self._failed(f"the judge gave no verdict for a {exc}") from exc
 

@@ -282,6 +282,9 @@ def test_components_weigh_math_a_judge_and_a_function_and_keep_each_part(sim, pr
         sum(r["reward_components"]["correct"]["value"] for r in records) / len(records)
     )
     assert b"reward components (mean over samples): correct" in proc.stderr
+    table = run_cli("stats", str(tmp_path / "out"), "--json")
+    assert table.returncode == 0, table.stderr.decode()
+    assert json.loads(table.stdout)["all"]["reward_components"]["correct"] == pytest.approx(means["correct"])
     done = run_cli("convert", str(tmp_path / "out"), "--to", "verifiers", "-o", str(tmp_path / "vf"))
     assert done.returncode == 0, done.stderr.decode()
     rows = [json.loads(line) for line in next((tmp_path / "vf").glob("*.jsonl")).read_text().splitlines()]
