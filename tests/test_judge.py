@@ -545,3 +545,32 @@ def test_a_label_is_checked_against_each_component_not_the_unused_reward():
     assert label_fault("math", tests, ["passes=code", "style=judge*0.2"]) is None  # the components can score it
     fault = label_fault("math", tests, ["correct=math", "style=judge"])
     assert fault is not None and fault.startswith("component correct:")
+
+
+def test_rescore_weighs_components_with_a_group_judge(sim, problems, tmp_path):
+    src = tmp_path / "src"
+    proc = run_cli(
+        "generate", str(problems), "-o", str(src), "--base-url", sim.url, "--tokenizer", TOKENIZER,
+        "--system", "single", "--samples-per-prompt", "3", "--reward", "exact",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    with JudgeDouble() as judge:
+        proc = run_cli(
+            "rescore", str(src), "-o", str(tmp_path / "new"), "--reward", "math",
+            "--reward-component", "correct=math*0.5", "--reward-component", "judged=judge*0.5",
+            "--judge-url", judge.url, "--judge-model", "judge-1", "--judge-prompt", "group", "--judge-mode", "group",
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = read_records(tmp_path / "new")
+    assert len(records) == len(read_records(src))
+    shown = {r["problem_id"] for r in records if r["content"] is not None}
+    assert len(judge.requests) == len(shown)  # one group request per problem with an answer
+    label = labels(problems)
+    for r in records:
+        parts = r["reward_components"]
+        if r["content"] is not None:
+            assert parts["judged"]["value"] == grade(r["content"], label[r["problem_id"]])
+        assert r["raw_reward"] == pytest.approx(0.5 * parts["correct"]["value"] + 0.5 * parts["judged"]["value"])
+    settings = json.loads((tmp_path / "new" / "manifest.json").read_text())["settings"]
+    assert settings["reward_components"] == [["correct", "math", 0.5], ["judged", "judge", 0.5]]
+    assert settings["judge"]["mode"] == "group"
