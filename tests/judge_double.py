@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -27,9 +28,16 @@ def grade(answer: str, label: str) -> float:
 
 class JudgeDouble:
     def __init__(
-        self, fail_every: int = 0, no_score_every: int = 0, scale: float = 1.0, key: str | None = None
+        self,
+        fail_every: int = 0,
+        no_score_every: int = 0,
+        scale: float = 1.0,
+        key: str | None = None,
+        latency_s: float = 0.0,
     ) -> None:
         self.fail_every, self.no_score_every, self.scale, self.key = fail_every, no_score_every, scale, key
+        self.latency_s = latency_s  # how long it thinks over each request (requests in flight overlap)
+        self.in_flight = self.peak_in_flight = 0
         self.requests: list[dict[str, Any]] = []
         self.verdicts: list[dict[str, Any]] = []  # the requests answered with a score
         self.failed = self.unscored = 0
@@ -40,7 +48,14 @@ class JudgeDouble:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                with double._lock:
+                    double.in_flight += 1
+                    double.peak_in_flight = max(double.peak_in_flight, double.in_flight)
+                if double.latency_s:
+                    time.sleep(double.latency_s)  # the judge's own latency, not a synchronisation
                 status, reply = double.answer(self.path, body, self.headers.get("authorization"))
+                with double._lock:
+                    double.in_flight -= 1
                 data = json.dumps(reply).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")

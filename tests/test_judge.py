@@ -108,6 +108,7 @@ def test_the_judge_gets_the_templates_messages_and_its_key_from_a_file(sim, prob
     assert first["messages"][0] == {"role": "system", "content": "Grade addition answers."}  # a metadata field
     assert first["messages"][1]["role"] == "user" and "Reference answer:\n" in first["messages"][1]["content"]
     assert set(judge.keys) == {"Bearer sk-judge"}
+    assert 1 <= judge.peak_in_flight <= 2  # its own client's cap
 
 
 def test_against_a_judge_down_for_good_no_record_carries_a_reward_and_a_rerun_regenerates_nothing(
