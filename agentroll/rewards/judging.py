@@ -121,8 +121,8 @@ class JudgeReward:
         try:
             messages = render(self.settings.messages, {**_values(first), "answers": answers, "answer": answers})
         except KeyError as exc:
-            failed = self._failed(f"the judge prompt names {{{exc.args[0]}}}, a field this row does not have", counts)
-            return [failed if i in shown else r for i, r in enumerate(results)]
+            why = f"the judge prompt names {{{exc.args[0]}}}, a field this row does not have"
+            return [self._failed(why, counts) if i in shown else r for i, r in enumerate(results)]
 
         def read(text: str) -> list[tuple[float, float]]:
             return group_verdict(text, len(shown), self.settings)
