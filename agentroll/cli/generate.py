@@ -78,7 +78,9 @@ PANELS = {
         "sandbox_memory_mb",
         "sandbox_processes",
         "sandbox_disk_mb",
+        "reward_component",
     ),
+    "Judge": tuple(f.name for f in dataclass_fields(GenerateOptions) if f.name.startswith("judge_")),
     "Groups": ("samples_per_prompt", "filter_uniform_groups", "resample_uniform", "target_groups"),
     "Teacher": (
         "teacher",
@@ -104,6 +106,7 @@ PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
 OTHER = "More options"  # an option no panel lists yet
 METAVARS = {
     "output": "DIR",
+    **{"judge_prompt": "FILE|NAME", "judge_api_key_file": "FILE", "judge_url": "URL", "reward_component": "SPEC"},
     "base_url": "URL",
     "policy": "NAME=URL,...",
     "teacher": "URL",

@@ -4,6 +4,7 @@ names, defaults, help and checks, one declaration), handed to `agentroll.rescore
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, get_type_hints
@@ -11,9 +12,10 @@ from typing import Annotated, Any, get_type_hints
 import typer
 from rich.text import Text
 
+from ..errors import IncompleteRun
 from ..rewards.options import RewardOptions
 from ..settings.declare import default_of
-from .console import err, folder_tool, packed, run_async, setup_logging
+from .console import err, failed, folder_tool, packed, run_async, setup_logging
 from .generate import _parameter
 from .help import Command, own_option, signed
 
@@ -32,6 +34,13 @@ def build() -> Any:
             help="Leave out groups whose new outcomes are all alike (default: as the folder was made).",
         ),
         own_option("overwrite", bool, False, "--overwrite", help="Delete earlier rollouts in the new folder."),
+        own_option(
+            "failed_only",
+            bool,
+            False,
+            "--failed-only",
+            help="Score again only the samples the judge gave no verdict (--judge-failures keep); copy the rest.",
+        ),
         own_option("quiet", bool, False, "--quiet", "-q", help="No warnings, no summary."),
     ]
     hints = get_type_hints(RewardOptions)
@@ -41,16 +50,24 @@ def build() -> Any:
     def rescore(**kwargs: Any) -> None:
         """Score a folder's records again with another reward, no model called: a new folder, token for token."""
         from ..tools.rescoring import rescore as rescore_folder
-        from .summary import head_to_head_lines
+        from .summary import head_to_head_lines, judge_line
 
         folder, output, quiet = kwargs.pop("folder"), kwargs.pop("output"), kwargs.pop("quiet")
         uniform, overwrite = kwargs.pop("filter_uniform_groups"), kwargs.pop("overwrite")
+        failed_only = kwargs.pop("failed_only")
         restore = setup_logging(quiet, False)
         try:
             rewards = folder_tool(lambda: RewardOptions(**kwargs).reward_settings())
             result = folder_tool(
                 lambda: run_async(
-                    rescore_folder(folder, output, rewards, filter_uniform_groups=uniform, overwrite=overwrite)
+                    rescore_folder(
+                        folder,
+                        output,
+                        rewards,
+                        filter_uniform_groups=uniform,
+                        overwrite=overwrite,
+                        failed_only=failed_only,
+                    )
                 )
             )
         finally:
@@ -74,6 +91,19 @@ def build() -> Any:
             )
             for phrases in head_to_head_lines(s):  # a head-to-head folder: each policy, and who won, rescored
                 err.print(packed(phrases, err.width))
+            if s.judge_requests or s.judge_replayed:
+                err.print(Text(judge_line(s)), soft_wrap=True)
+        if not result.complete:  # a judge that gave no verdict: those groups are not written (exit 8)
+            reasons = Counter(result.failures).most_common(1)
+            raise typer.Exit(
+                failed(
+                    IncompleteRun(
+                        f"{len(result.failures)} groups could not be rescored ({reasons[0][1]}x {reasons[0][0]}): "
+                        "run the same command again to redo them"
+                    ),
+                    debug=False,
+                )
+            )
 
     return signed(rescore, params)
 

@@ -108,9 +108,24 @@ def lines(result: RunResult) -> list[list[str]]:
         ],
     ]
     out += head_to_head_lines(s)
+    if s.judge_requests or s.judge_replayed:
+        out.append([judge_line(s)])
+    if s.component_means():
+        parts = ", ".join(f"{name} {value:.3f}" for name, value in s.component_means().items())
+        out.append([f"reward components (mean over samples): {parts}"])
     if r.concurrency:
         out.append(["concurrency (auto, settled): " + ", ".join(f"{u} {n}" for u, n in r.concurrency.items())])
     return out + teacher_lines(result.teachers) + [[note] for note in result.notes]
+
+
+def judge_line(s: RunStats) -> str:
+    """`--reward judge`: what the judge cost and how it fared (docs/rewards.md#an-llm-judge)."""
+    held = f", groups held back {s.groups_held}" if s.groups_held else ""
+    return (
+        f"judge: requests {s.judge_requests} (retried {s.judge_retried}), replayed from the journal "
+        f"{s.judge_replayed}, samples without a verdict {s.judge_failed}{held}; tokens "
+        f"{s.judge_prompt_tokens}/{s.judge_completion_tokens} (prompt/completion), {s.judge_wall_s:.1f}s in requests"
+    )
 
 
 def head_to_head_lines(stats: RunStats) -> list[list[str]]:

@@ -28,6 +28,7 @@ from agentroll.context.turns import continue_turn, separator
 from agentroll.errors import InputError, ServerError, UsageError, first_line
 from agentroll.inputs import Problem
 from agentroll.record.schema import Sample
+from agentroll.rewards import JudgeFailed
 from agentroll.settings.sampling import KEYS as SAMPLING_KEYS
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class Context:
         self._made: dict[int, Sample] = {}  # id -> sample: the samples this execution made (kept alive)
         # --teacher: id(sample) -> (its stage's teacher, the sample, its call's journal key), scored by the pipeline
         self.teaching: dict[int, tuple[Teacher, Sample, str]] = {}
+        self._rewarded = 0  # reward calls made so far
 
     # -- prompts ----------------------------------------------------------------------------------------------
     def messages(self, template: str, solutions: list[str] | None = None, **variables: Any) -> list[dict[str, str]]:
@@ -355,9 +357,12 @@ class Context:
     async def reward(self, samples: list[Sample]) -> None:
         """Score samples with the run's reward (the row's own, if it names one): sets `raw_reward`,
         `reward_info`, and `reward` to the raw value (shape it further as the system likes)."""
-        if not samples:
-            return
-        await self.engine.rewards.score(samples, self.problem, self.engine.stats, self.problem.reward)
+        self._rewarded += 1  # --judge-mode group: the n-th reward calls of a group's executions meet
+        e, p, meet, together = self.engine, self.problem, (self.attempt, self._rewarded), self.config.samples_per_prompt
+        try:
+            await e.rewards.score(samples, p, e.stats, p.reward, e.journal, meet, together)
+        except JudgeFailed as exc:  # no verdict is no reward: the group is not written as scored
+            raise self._failed(f"the judge gave no verdict for a {exc}") from exc
 
     def shape(self, samples: list[Sample], won: bool) -> None:
         """`reward` = raw_reward × --correct-reward-weight when the execution succeeded, else × the incorrect
@@ -400,6 +405,8 @@ class Context:
                 sample.continues = position[id(parent)]
         if not samples:
             raise UsageError("a system returned no samples for an execution")
+        p = self.problem  # --judge-mode group: the meetings it did not reach stop waiting for it
+        self.engine.rewards.leave((p.id, p.content_hash), self.attempt, self._rewarded, self.config.samples_per_prompt)
         outcome = self.final_reward if self.final_reward is not None else samples[-1].raw_reward
         for sample in samples:
             sample.rollout_size = len(samples)

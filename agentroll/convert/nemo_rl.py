@@ -68,6 +68,7 @@ def datum(record: Record, found: Trajectory, idx: int) -> dict[str, Any]:
             "rollout_id": record["rollout_id"],
             "label": None if label is None else str(label),
             **policy_of(record),
+            **({"reward_components": record["reward_components"]} if record.get("reward_components") else {}),
         },
         "loss_multiplier": 1.0,
         "idx": idx,

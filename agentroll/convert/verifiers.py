@@ -100,7 +100,7 @@ def output(record: Record, found: Trajectory, example_id: int, advantage: float 
         "is_completed": not truncated,
         "is_truncated": truncated,
         "stop_condition": "length" if truncated else "completed",
-        "metrics": {"raw_reward": record["raw_reward"]},
+        "metrics": {"raw_reward": record["raw_reward"], **parts_of(record)},
         "tool_defs": None,
         "trajectory": [
             step(turn, found, begin, end, advantage)
@@ -142,3 +142,10 @@ def write(problems: Iterable[Problem], out: Path, include_frozen: bool, settings
     tmp.write_text(json.dumps(metadata))
     os.replace(tmp, out / METADATA)
     return writer.rows
+
+
+def parts_of(record: Record) -> dict[str, float]:
+    """`--reward-component`: each part's own (unweighted) value by its name, as a verifiers rubric's metrics hold
+    each reward function's score (the reward is their weighted sum)."""
+    parts = record.get("reward_components") or {}
+    return {name: float(part["value"]) for name, part in parts.items()}

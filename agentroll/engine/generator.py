@@ -37,7 +37,7 @@ from agentroll.inputs import InputKeys, Problem, problem_from_row
 from agentroll.record.group import Group, annotate
 from agentroll.record.stats import RunStats
 from agentroll.render.templates import Templates
-from agentroll.rewards import RewardSet, label_fault
+from agentroll.rewards import RewardSet, hold, label_fault
 from agentroll.settings.policies import Policy
 from agentroll.systems import System, from_object, identity, load_system, spec_of, vocabulary_of
 from agentroll.teacher.settings import STAGE_KEYS as STAGE_TEACHER_KEYS
@@ -260,7 +260,7 @@ class Generator:
                 self.keys.reward,
                 f"reward {spec!r} is not allowed for rows: pass --allow-reward {spec} to allow it",
             )
-        fault = label_fault(spec or self.options.reward, problem.label)
+        fault = label_fault(spec or self.options.reward, problem.label, [] if spec else self.options.reward_component)
         if fault is not None:  # checked before anything runs
             raise InputError(problem.source, problem.line, self.keys.label, fault)
         return problem
@@ -307,6 +307,7 @@ class Generator:
             if self._length.active:  # after the system's shaping, before the group's figures
                 for samples in executions:
                     self._length.apply(samples)
+            self.stats.groups_held += hold(executions)  # --judge-failures keep: no verdict holds a group back
             finals = [final_reward(e) for e in executions]
             if not o.filter_uniform_groups or len(set(finals)) > 1:
                 annotate(executions, finals)

@@ -16,6 +16,7 @@ OPTIONAL_FIELDS = frozenset(
         *("branched_from", "rerendered", "agent_answer", "agent_reward"),
         "policy",
         *("teacher_logprobs", "teacher_ranks", "teacher_top_ids", "teacher_top_logprobs"),
+        *("judge", "reward_components"),
     }
 )
 
@@ -130,5 +131,12 @@ class Sample:
     # a head-to-head run (`generate --policy NAME=URL ...`): the name of the policy (model) that made this
     # execution; each policy has K executions in the problem's group. None in a run of one model
     policy: str | None = None
+    # --reward judge: what the judge said of this sample, {"model", "score" (as it wrote it), "verdict" (its reply,
+    # the last 2000 characters), "prompt_tokens", "completion_tokens"} (group mode adds "answer", "of"), or
+    # {"model", "failed": why} when it gave no verdict (then the sample has no reward: see docs/rewards.md)
+    judge: dict[str, Any] | None = None
+    # --reward-component: each component's {"value" (its raw reward), "weight"} by name; raw_reward is the sum
+    # of value x weight. None with a single reward
+    reward_components: dict[str, dict[str, float]] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION

@@ -182,10 +182,20 @@ class RunStats:
     groups_resampled: int = 0  # extra group runs made by --resample-uniform
     groups_failed: int = 0  # a call or render failed for good: not written, redone by a rerun
     groups_invalid: int = 0  # the row could not run (e.g. its chat template rejects it)
+    groups_held: int = 0  # written frozen: a sample the judge gave no verdict (--judge-failures keep)
     reward_timeouts: int = 0
     reward_errors: int = 0
     reward_invalid: int = 0  # NaN or infinite rewards refused
     calls_replayed: int = 0  # answered from the call journal of an earlier, stopped run (not asked again)
+    # --reward judge: requests sent (retries included), verdicts replayed from the journal, requests asked again,
+    # samples left without a verdict, the judge's tokens, and the seconds its requests took (summed, overlapping)
+    judge_requests: int = 0
+    judge_replayed: int = 0
+    judge_retried: int = 0
+    judge_failed: int = 0
+    judge_prompt_tokens: int = 0
+    judge_completion_tokens: int = 0
+    judge_wall_s: float = 0.0
     problems_beyond_target: int = 0  # read, but left when --target-groups was reached (a rerun with more goes on)
     # every execution generated (written or filtered): its outcome, and what the system tallies of it
     final_reward_sum: float = 0.0
@@ -298,6 +308,21 @@ class RunStats:
         if self.vocabulary is not None:
             for name, n in self.vocabulary.tally(samples).items():
                 self.count(name, n)
+        for sample in samples:  # --reward-component: each part's sum and samples, as counters (they add up)
+            for name, part in (getattr(sample, "reward_components", None) or {}).items():
+                self.count(f"component_{name}_sum", part["value"])
+                self.count(f"component_{name}_samples")
+
+    def component_means(self) -> dict[str, float]:
+        """Each reward component's mean value over the samples that have it (`--reward-component`)."""
+        out = {}
+        for key, total in self.counters.items():
+            if key.startswith("component_") and key.endswith("_sum"):
+                name = key[len("component_") : -len("_sum")]
+                n = self.counters.get(f"component_{name}_samples", 0)
+                if n:
+                    out[name] = total / n
+        return out
 
     def report(self) -> dict[str, float | None]:
         """Does the system earn its cost? Its figures (`report_figures`), then the tokens of each stage."""
@@ -316,6 +341,8 @@ class RunStats:
         if self.policies:
             out["policies"] = {name: stats.to_dict() for name, stats in self.policies.items()}
             out["head_to_head"] = self.compared.to_dict()
+        if self.component_means():
+            out["reward_components"] = self.component_means()
         if self.teacher:  # only a run with a teacher says anything of one
             out["teacher"] = {name: t.to_dict() for name, t in self.teacher.items()}
         return out

@@ -26,8 +26,10 @@ class RewardResult:
     value: float
     info: str | None = None
     # When the value is a 0 standing in for a failed check: "timeout", "error", or "invalid" (a NaN or an
-    # infinity came back: kept, it would poison the group's mean and every advantage computed from it).
+    # infinity came back: kept, it would poison the group's mean and every advantage computed from it); "judge":
+    # no verdict at all (the value is no reward: the sample's group is not written as scored).
     failed: str | None = None
+    judge: dict[str, Any] | None = None  # what an LLM judge said (the record's `judge`)
 
 
 NO_CONTENT = RewardResult(0.0, "no answer content")

@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from . import metrics
+from .chat import chat_request, chat_response
 from .validation import parse_body
 from .wire import (
     AUTH_GUARDED,
@@ -158,6 +159,17 @@ def completed(server: Served, data: Any, abort: bool | None) -> tuple[dict[str, 
     return body, response, tokens + (response["usage"]["completion_tokens"] if response else 0)
 
 
+async def chat_completions(server: Served, request: web.BaseRequest) -> web.StreamResponse:
+    return await _run(server, request, chatted)
+
+
+def chatted(server: Served, data: Any, abort: bool | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+    body, ids = chat_request(server.engine, data)
+    check_priority(server, body)
+    response = None if abort is None else chat_response(server.engine.complete(body, [ids], abort=abort))
+    return body, response, len(ids) + (response["usage"]["completion_tokens"] if response else 0)
+
+
 Answer = Callable[["Served", Any, "bool | None"], tuple[dict[str, Any], "dict[str, Any] | None", int]]
 
 
@@ -218,6 +230,7 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/tokenize": {"POST": tokenize},
     "/detokenize": {"POST": detokenize},
     "/v1/completions": {"POST": completions},
+    "/v1/chat/completions": {"POST": chat_completions},
     "/inference/v1/generate": {"POST": generate},
 }
 

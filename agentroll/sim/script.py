@@ -36,6 +36,9 @@ REWRITER_SAYS = "Weighing the candidate solutions together, the answer is \\boxe
 SOLVER_CODES = "Working it out directly, here is my program."  # the same, for a problem with code tests
 REWRITER_CODES = "Weighing the candidate solutions together, here is my program."
 _INT = re.compile(r"-?\d+")
+# a judge's prompt asks for `Score: X` (or `Score i: X`, a group's), in backticks as the built-in rubrics write it
+JUDGE_ASKS = re.compile(r"`Score(?: i)?: ")
+_GROUP_ANSWER = re.compile(r"^Answer (\d+):\n", re.M)
 
 
 @dataclass(slots=True)
@@ -50,6 +53,7 @@ class Behavior:
     select_correct: float = 0.7  # the selector picks a right rewrite when there is one
     bad_judgment: float = 0.1  # the selector names a solution number that was not listed
     no_judgment: float = 0.05  # the selector writes no "Judgment:" line
+    judge_no_score: float = 0.0  # a judge's prompt (`Score: X` asked for) is answered without a score
     reasoning_words: int = 12  # length of the think block, in words (raise it for realistic token counts)
     # a code problem (its label holds tests): the program is right with `correct`; else one of these, else wrong
     program_crash: float = 0.1
@@ -178,13 +182,42 @@ class Script:
 
     def answer(self, prompt: str, rng: random.Random, request: dict[str, Any] | None = None) -> Scripted:
         """The text for one completion. `request` is the raw body, for scripts that key on its fields."""
-        stage = self.stage(last_turn(prompt))  # a conversation's earlier turns quote earlier answers
+        turn = last_turn(prompt)
+        if JUDGE_ASKS.search(turn):
+            return self._judge(turn, rng)
+        stage = self.stage(turn)  # a conversation's earlier turns quote earlier answers
         if stage == "selector":
             return self._select(prompt, rng)
         tools = offered_tools(prompt)
         if tools:
             return self._with_tools(prompt, tools, rng)
         return self._solve(prompt, stage, rng)
+
+    def _judge(self, prompt: str, rng: random.Random) -> Scripted:
+        """A judge's verdict: 1 for an answer whose last boxed value is the label (or its equal form), else 0; a
+        group prompt's answers (`Answer i:` sections) each so, one `Score i: X` line each. `judge_no_score` of the
+        replies give none."""
+        if rng.random() < self.behavior.judge_no_score:
+            return Scripted("I cannot settle on a score for this one.")
+        label = self.label_for(prompt)
+        right = set() if label is None else {label, equivalent(label)}
+
+        def score(text: str) -> int:
+            start = text.rfind("\\boxed{")
+            if start < 0:
+                return 0
+            depth, at = 1, start + len("\\boxed{")
+            for end in range(at, len(text)):  # the braces balanced: \frac{84}{2} is one value
+                depth += {"{": 1, "}": -1}.get(text[end], 0)
+                if depth == 0:
+                    return int(text[at:end].strip() in right)
+            return 0
+
+        sections = _GROUP_ANSWER.split(prompt)
+        if len(sections) > 2:  # [before, "1", text, "2", text, ...]
+            lines = [f"Score {sections[i]}: {score(sections[i + 1])}" for i in range(1, len(sections), 2)]
+            return Scripted("Comparing the answers with the reference.\n" + "\n".join(lines))
+        return Scripted(f"Checking the final result against the reference.\nScore: {score(prompt)}")
 
     def _think(self, rng: random.Random, stage: str) -> str:
         """A think block drawn from a fixed set of 64 per stage: varied, yet cheap for the server to encode."""

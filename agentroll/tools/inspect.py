@@ -93,6 +93,16 @@ def _add_sample(parent: Tree, sample: Sample, label: Label) -> None:
             node.add(Text.assemble(("answer: ", "dim"), answer))
     if sample.reward_info:
         node.add(Text.assemble(("reward_info: ", "dim"), sample.reward_info))
+    judge = getattr(sample, "judge", None)
+    if isinstance(judge, dict):  # --reward judge: its verdict (or why there is none), its model and tokens
+        if judge.get("failed"):
+            said = f"{judge.get('model')}: no verdict ({judge['failed']})"
+        else:
+            tokens = f"{judge.get('prompt_tokens')}/{judge.get('completion_tokens')} tokens"
+            said = (
+                f"{judge.get('model')}, score {judge.get('score')}, {tokens}: {excerpt(str(judge.get('verdict', '')))}"
+            )
+        node.add(Text.assemble(("judge: ", "dim"), said))
 
 
 def _execution_node(parent: Tree, samples: list[Sample]) -> Tree:

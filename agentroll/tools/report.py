@@ -132,6 +132,7 @@ class Section:
                 else {}
             ),
             **({"teacher": run["teacher"]} if "teacher" in run else {}),  # stages a teacher scored
+            **({"reward_components": run["reward_components"]} if "reward_components" in run else {}),
         }
 
 
@@ -297,6 +298,13 @@ def stats_table(data: dict[str, Any]) -> Table:
             f"{stage} tokens (prompt/response)",
             lambda c, s=stage: f"{c['stages'][s]['prompt_tokens']}/{c['stages'][s]['response_tokens']}",
             end=stage == stages[-1],
+        )
+    parts = list(data["all"].get("reward_components") or ())  # --reward-component: each part's mean
+    for name in parts:
+        row(
+            f"reward component {name} (mean)",
+            lambda c, n=name: _fmt((c.get("reward_components") or {}).get(n)),
+            end=name == parts[-1],
         )
     named = list(system.get("labels") or (k for k in data["all"]["report"] if k.endswith("_accuracy")))
     for key in named:

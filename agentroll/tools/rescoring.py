@@ -22,10 +22,15 @@ from typing import Any
 
 from agentroll.errors import InputError, UsageError
 from agentroll.folder import Manifest, read_groups
+from agentroll.folder.journal import Journal
+from agentroll.folder.layout import Layout
 from agentroll.inputs import Problem
+from agentroll.process.concurrency import gather_or_cancel
 from agentroll.record.group import Group, annotate
+from agentroll.record.schema import Sample
 from agentroll.record.stats import RunStats
-from agentroll.rewards import RewardSet, RewardSettings, label_fault
+from agentroll.rewards import JudgeFailed, RewardSet, RewardSettings, label_fault
+from agentroll.rewards.held import hold, needs_judging, release
 from agentroll.rewards.options import RewardOptions
 from agentroll.settings.shaping import LengthShaping
 from agentroll.systems import System, builtin, load_system, vocabulary_of
@@ -40,6 +45,7 @@ class RescoreResult:
     output: str
     stats: RunStats = field(default_factory=RunStats)
     complete: bool = False
+    failures: list[str] = field(default_factory=list)  # why each group not written was not (a judge's failure)
 
 
 def asked(group: Group) -> Problem | None:
@@ -89,11 +95,14 @@ async def rescore(
     filter_uniform_groups: bool | None = None,
     overwrite: bool = False,
     shard_size: int = 1000,
+    failed_only: bool = False,
 ) -> RescoreResult:
     """Rescore the folder `source` into `output` (see the module's docstring). `reward`: a spec, with every other
     reward setting at generate's defaults, or the whole `RewardSettings` (`RewardOptions.reward_settings()`, as the
     CLI passes them). `filter_uniform_groups` None keeps the source's setting; `overwrite` starts `output` over
-    (as generate's does)."""
+    (as generate's does). `failed_only`: only the samples a judge gave no verdict (`--judge-failures keep`) are
+    scored again, every other record copied as it is (a group without such a sample is copied whole). A group
+    the judge fails again is not written (`complete` False: exit 8); a rerun asks only what still has no verdict."""
     src, out = Path(source), Path(output)
     if src.resolve() == out.resolve():
         raise UsageError(f"-o {out}: rescoring writes a new folder, not into its source")
@@ -118,7 +127,7 @@ async def rescore(
     groups = read_groups(src, routes=routes)
     first = next(groups, None)  # checked before the output folder is touched, as generate's first row is
     if first is not None:
-        _check_label(src, first, settings_of_rewards.default)
+        _check_label(src, first, settings_of_rewards)
     rewards = RewardSet(settings_of_rewards)
     compression = str(settings.get("compression") or "none")
     from agentroll.folder import ShardWriter  # the writer only for a rescore: `import agentroll` reads, never writes
@@ -134,13 +143,15 @@ async def rescore(
         await rewards.aclose()
         raise
     warned = False
+    journal = Journal(Layout(out).journal, {"rescore": settings_of_rewards.recorded()})
+    journal.open(done)
     try:
         for group in itertools.chain([first] if first is not None else [], groups):
             stats.problems += 1
             if done.get(group.problem.id) == group.problem.content_hash:
                 stats.problems_skipped_done += 1
                 continue
-            _check_label(src, group, settings_of_rewards.default)
+            _check_label(src, group, settings_of_rewards)
             problem = asked(group)
             if problem is None:
                 problem = group.problem  # its prompt is the rendered solver prompt: said once
@@ -151,7 +162,19 @@ async def rescore(
                         "rewards see the rendered solver prompt as request.problem and request.prompt",
                         src,
                     )
-            scored = await _group(group, problem, system, rewards, stats, weights, length)
+            if failed_only and not needs_judging(group.executions):
+                scored = group  # nothing without a verdict: copied as it is
+            else:
+                release(group.executions)  # a group held back by a judge's failure: as it was, to be scored again
+                try:
+                    scored = await _group(group, problem, system, rewards, stats, weights, length, journal, failed_only)
+                except JudgeFailed as exc:
+                    stats.groups_failed += 1
+                    result.failures.append(f"the judge gave no verdict for a {exc}")
+                    journal.settle(group.problem.id, group.problem.content_hash, failed=True)
+                    continue
+                if hold(scored.executions):
+                    stats.groups_held += 1
             if uniform and len({s[0].final_reward for s in scored.executions}) <= 1:
                 scored.status = "filtered"
                 stats.groups_filtered += 1
@@ -162,8 +185,10 @@ async def rescore(
                 stats.add_execution(samples)
             stats.compare(group.problem.id, scored.executions)  # a head-to-head folder: who won, rescored
             writer.commit(scored)
-        result.complete = True
+            journal.settle(group.problem.id, group.problem.content_hash)
+        result.complete = not result.failures
     finally:
+        journal.close()
         await rewards.aclose()
         writer.run_info = {
             "stats": stats.to_dict(),
@@ -175,10 +200,14 @@ async def rescore(
     return result
 
 
-def _check_label(src: Path, group: Group, reward: str) -> None:
-    """A group whose label the new reward cannot score is a bad row (exit 3), as generate would call it: not a
-    folder of zero rewards."""
-    fault = label_fault(reward, group.problem.label)
+def _check_label(src: Path, group: Group, settings: RewardSettings) -> None:
+    """A group whose label the new reward (or a component of it) cannot score is a bad row (exit 3), as generate
+    would call it: not a folder of zero rewards."""
+    reward = settings.default
+    faults = [label_fault(c.spec, group.problem.label) for c in settings.components] or [
+        label_fault(reward, group.problem.label)
+    ]
+    fault = next((f for f in faults if f is not None), None)
     if fault is not None:
         raise InputError(str(src), 0, "label", f"problem {group.problem.id!r}: {fault} (--reward {reward})")
 
@@ -191,18 +220,28 @@ async def _group(
     stats: RunStats,
     weights: tuple[float, float],
     length: LengthShaping,
+    journal: Journal | None = None,
+    failed_only: bool = False,
 ) -> Group:
-    for samples in group.executions:
+    """The group's executions rescored side by side (a group judge sees them together)."""
+
+    async def one(samples: list[Sample]) -> None:
         for sample in samples:  # the run's length shaping is applied again below: its notes go first
             sample.reward_info = length.unnoted(sample.reward_info)
-        execution = Rescoring(samples, rewards, stats, problem, weights)
+        together = len(group.executions)
+        execution = Rescoring(
+            samples, rewards, stats, problem, weights, journal=journal, together=together, failed_only=failed_only
+        )
         await system.rescore(execution)
+        rewards.leave((problem.id, problem.content_hash), 0, execution.reward_calls, together)
         if execution.final_reward is None:
             raise UsageError(f"system {system.name}'s rescore set no outcome (final_reward)")
         for sample in samples:
             sample.final_reward = execution.final_reward
         if length.active:
             length.apply(samples)
+
+    await gather_or_cancel(*(one(samples) for samples in group.executions))
     annotate(group.executions, [e[0].final_reward for e in group.executions])
     return group
 
