@@ -130,9 +130,14 @@ async def server_facts(
             "the server sends no routed_experts: start vLLM with --enable-return-routed-experts "
             "(a MoE model), or drop --return-routed-experts"
         )
-    warning = provenance.mode_warning(mode, config.sampling.params())
-    if warning:  # which server: a head-to-head run's policies, or a stage's own, may be served otherwise
-        log.warning("%s: %s", ", ".join(e.url for e in client.endpoints), warning)
+    if config.masks:
+        await provenance.check_masks(client, model, probe, config.sampling.params())
+    for warning in (
+        provenance.mode_warning(mode, config.sampling.params()),
+        provenance.mask_warning(config.sampling.params(), config.masks),
+    ):
+        if warning:  # which server: a head-to-head run's policies, or a stage's own, may be served otherwise
+            log.warning("%s: %s", ", ".join(e.url for e in client.endpoints), warning)
     try:
         version = (await client.get_json("/version")).get("version")
     except (ServerError, AttributeError):

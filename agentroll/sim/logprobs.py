@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .checks import MAX_LOGPROBS
+from .masks import kept_count, kept_ids
 
 
 def processed(
@@ -46,20 +47,24 @@ class Draws:
         request: dict[str, Any],
         rng: random.Random,
         want_ranks: bool = True,
+        kept: list[list[int]] | None = None,
     ) -> tuple[list[float], list[list[tuple[int, float, int]]], list[int]]:
         """Per token: its logprob, the k most likely tokens (id, logprob, rank) in rank order, and its own rank.
         Drawn for the whole sequence `drawn` and cut to `ids`, its prefix: an abort changes no other draw. Under
-        `processed_logprobs` the values are those after temperature (scaled) and top-k (the rest are -inf)."""
+        `processed_logprobs` the values are those after temperature (scaled) and top-k (the rest are -inf).
+        `kept` (a server returning sampling masks) is filled with each token's kept set, ascending: the top_k
+        best ranked, cut by top_p; the sampled token then ranks within top_k, as it must to have been drawn."""
         start = rng.randrange(len(self.noise) - len(drawn))
         values = self.noise[start : start + len(drawn)]
         tops: list[list[tuple[int, float, int]]] = []
         ranks: list[int] = []
-        if not k:  # no alternatives: no draws (a rank that follows the value, likelier tokens ranking higher)
+        if not k and kept is None:  # no alternatives: no draws (a rank that follows the value, likelier ranking higher)
             tops = [[] for _ in values]
             ranks = [1 + int(-2 * v) for v in values] if want_ranks else []
         n = MAX_LOGPROBS  # the same top list whatever k is asked, as a real distribution has; cut to k below
-        for i, value in enumerate(values if k else ()):
-            rank = 1 if rng.random() < 0.6 else rng.randint(2, n + 4)  # the sampled token's rank
+        worst = n + 4 if kept is None else max(1, min(n + 4, int(request.get("top_k") or 1)))
+        for i, value in enumerate(values if k or kept is not None else ()):
+            rank = 1 if rng.random() < 0.6 or worst < 2 else rng.randint(2, worst)  # the sampled token's rank
             above = sorted((value * (1 - 0.5 * rng.random()) for _ in range(min(rank - 1, n))), reverse=True)
             below = sorted((value - rng.random() for _ in range(n - len(above) - (rank <= n))), reverse=True)
             ranked = [*above, *([value] if rank <= n else []), *below]
@@ -72,8 +77,12 @@ class Draws:
             others = [
                 (sampled if r == rank else t + (t >= sampled), round(v, 6), r)
                 for r, (v, t) in enumerate(zip(ranked, picks, strict=True), 1)
-            ][:k]
-            tops.append(others)
+            ]
+            if kept is not None:
+                ranked_ids = [t for t, _, _ in others] if rank <= n else [*(t for t, _, _ in others), sampled]
+                count = kept_count(rank, request, self.vocab_size, rng)
+                kept.append(kept_ids(ranked_ids, count, self.vocab_size, rng))
+            tops.append(others[:k])
             ranks.append(rank)
         if self.mode == "processed_logprobs":
             values, tops = processed(values, tops, ranks or [1] * len(values), request)
