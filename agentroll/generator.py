@@ -188,9 +188,8 @@ class Generator:
         if self.journal is None and self._journal_path is not None:
             from .folder.journal import Journal
 
-            fingerprint = journal_fingerprint(
-                self.model, self.server, self.options.return_routed_experts, self.options.return_sampling_mask
-            )
+            masks = {"masks": True} if self.options.return_sampling_mask else {}  # named only when kept (older match)
+            fingerprint = {**journal_fingerprint(self.model, self.server, self.options.return_routed_experts), **masks}
             self.journal = Journal(self._journal_path, fingerprint=fingerprint)
             self.journal.open(done)
             for system in self._systems:
@@ -333,8 +332,7 @@ class Generator:
         self, rows: Iterable[Any] | AsyncIterable[Any], max_ahead: int | None = None, ordered: bool = False
     ) -> AsyncGenerator[Group, None]:
         """Groups of `rows` as they finish, or in input order with `ordered`, each settled (`settle`) when the
-        next one is asked for; admitted depth first (`agentroll.admission`), at most `max_ahead` in flight or
-        waiting to be taken."""
+        next one is asked for; admitted depth first (`agentroll.admission`), at most `max_ahead` in flight/waiting."""
         self._require()
         assert self._budget is not None
         return depth_first(self, self._budget, rows, max_ahead, ordered)
@@ -407,18 +405,16 @@ class Generator:
 JOURNALED_FACTS = ("api", "logprobs_mode", "tokenizer_sha256", "chat_template_sha256", "revision")
 
 
-def journal_fingerprint(model: str, server: dict[str, Any], routes: bool, masks: bool = False) -> dict[str, Any]:
+def journal_fingerprint(model: str, server: dict[str, Any], routes: bool) -> dict[str, Any]:
     """What a journaled call's answer depends on beyond what each entry's digest holds (its prompt ids, sampling,
     model and top-k): the token API (the response text is the server's, or decoded here), what the logprobs
-    mean, the tokenizer and chat template that decode it, the weights' revision, whether routes (and masks: named
-    only when kept, so older journals still match) are kept. Not
+    mean, the tokenizer and chat template that decode it, the weights' revision, and whether routes are kept. Not
     the request priority, the model's root path or the vLLM version: a journal made with or without them is
     replayed (a changed one discards the journal whole). In a head-to-head run, each policy's too."""
     policies = server.get("policies")
     each = (
-        {"policies": {name: journal_fingerprint(str(f.get("model")), f, routes, masks) for name, f in policies.items()}}
+        {"policies": {name: journal_fingerprint(str(f.get("model")), f, routes) for name, f in policies.items()}}
         if isinstance(policies, dict)
         else {}
     )
-    kept = {"routes": routes, **({"masks": True} if masks else {})}
-    return {"model": model, **{k: server.get(k) for k in JOURNALED_FACTS}, **kept, **each}
+    return {"model": model, **{k: server.get(k) for k in JOURNALED_FACTS}, "routes": routes, **each}

@@ -10,6 +10,7 @@ Step i's set is `ids[offsets[i]:offsets[i + 1]]` with `offsets = [0, *cumsum(cou
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -100,3 +101,40 @@ def outside(mask: list[list[int]], token_ids: list[int]) -> int | None:
         if token not in step:
             return i
     return None
+
+
+def with_counts(shard: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with each mask reference as its per-step counts (how many ids survived at each response
+    token), read from the shard's sidecar under its partial or finished name: what the viewer shows. A reference
+    that cannot be read stays as it is (`validate` says why)."""
+    import io
+    import os
+
+    import numpy as np
+
+    from .layout import final_name, routes_path
+
+    if not any(isinstance(r.get("sampling_mask"), dict) for r in records):
+        return records
+    side = routes_path(shard)
+    if not side.exists():
+        side = routes_path(shard.with_name(final_name(shard.name)))
+    try:
+        fd = os.open(side, os.O_RDONLY)
+    except OSError:
+        return records
+    out = []
+    try:
+        for record in records:
+            ref = record.get("sampling_mask")
+            if isinstance(ref, dict):
+                try:
+                    offset, size = spans(ref)["counts"]
+                    counts = np.load(io.BytesIO(os.pread(fd, size, offset)), allow_pickle=False)
+                    record = {**record, "sampling_mask": [int(c) for c in counts.tolist()]}
+                except (ValueError, OSError, EOFError):
+                    pass
+            out.append(record)
+    finally:
+        os.close(fd)
+    return out
