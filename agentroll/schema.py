@@ -126,6 +126,9 @@ class Sample:
     # call of its execution. All null for other systems.
     branched_from: int | None = None
     rerendered: bool | None = None
+    # `--system-option sampling=run`: the sampling the agent's request asked for (the keys it set: temperature,
+    # top_p, top_k, min_p, max_tokens), where `sampling` is what was sent (the run's); null otherwise
+    agent_sampling: dict[str, Any] | None = None
     agent_answer: str | None = None
     agent_reward: float | None = None
     # the input row's prompt exactly as given (a string, or the list of chat messages): what the rewards were
