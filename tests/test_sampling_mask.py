@@ -124,6 +124,13 @@ def test_a_top_k_run_keeps_a_mask_per_response_token_holding_the_sampled_one(mas
     assert all(isinstance(s.sampling_mask, list) for g in groups for e in g.executions for s in e)
     assert validate(out).ok
     assert orjson.loads((out / "manifest.json").read_bytes())["settings"]["return_sampling_mask"] is True
+    # a rescored copy carries the masks into a sidecar of its own
+    proc = run_cli("rescore", str(out), "-o", str(tmp_path / "again"), "--reward", "math")
+    assert proc.returncode == 0, proc.stderr.decode()
+    again = {(r["problem_id"], r["rollout_id"], r["stage"], r["worker"]): r["sampling_mask"] for r in records}
+    copied = list(read_records(tmp_path / "again", routes=True))
+    assert {(r["problem_id"], r["rollout_id"], r["stage"], r["worker"]): r["sampling_mask"] for r in copied} == again
+    assert validate(tmp_path / "again").ok
 
 
 def test_asking_for_masks_needs_top_k_a_server_that_sends_them_and_a_folder(problems, tmp_path):
