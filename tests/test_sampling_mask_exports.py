@@ -19,6 +19,7 @@ from agentroll.sim.script import Script
 from agentroll.sim.server import SimServer
 
 from .conftest import TOKENIZER, run_cli, write_problems
+from .test_audit_cli import tiny  # noqa: F401 - a fixture
 
 msgspec = pytest.importorskip("msgspec")
 torch = pytest.importorskip("torch")
@@ -152,3 +153,60 @@ def test_audit_renormalises_over_the_recorded_kept_set():
     assert codes.tolist() == [OK, OK, OK, OUTSIDE] and values[3].item() == float("-inf")
     same = sampled_logprobs(logits, tokens, "processed_logprobs", sampling, 1e-3, 1e-2, kept)
     assert torch.equal(same[0], values)
+
+
+def test_audit_compares_every_token_over_the_kept_sets_a_folder_records(tiny, tmp_path):  # noqa: F811
+    """Sampled from the tiny model under top-k, top-p and min-p in processed mode, each record keeping the set its
+    tokens were drawn from: the audit compares every token (no ambiguous cut) and passes; the same folder with
+    one id dropped from each wide set fails, its recorded values no longer the renormalisation over them."""
+    from . import test_audit_cli as cli
+    from .test_audit import oracle
+
+    kept_sets: list[list[int]] = []
+
+    class Keeping(cli.Engine):
+        def sample(self, prompt, sampling, max_tokens):  # type: ignore[no-untyped-def]
+            ids, logprobs, finish, stop = super().sample(prompt, sampling, max_tokens)
+            context = list(prompt)
+            for token in ids:  # the kept set at each step, as the engine's oracle drew from it
+                logits = self.model(torch.tensor([context])).logits[0, -1].double().tolist()
+                t, k, p, m = (sampling[key] for key in ("temperature", "top_k", "top_p", "min_p"))
+                kept_sets.append(sorted(oracle(logits, t, k, p, m)))
+                context.append(token)
+            return ids, logprobs, finish, stop
+
+    original = cli.Engine
+    cli.Engine = Keeping
+    try:
+        out = cli.folder(tmp_path / "out", tiny, "processed_logprobs", cli.SHAPED, problems=1)
+    finally:
+        cli.Engine = original
+    shard = out / "rollouts-00000.jsonl"
+    records = [json.loads(line) for line in shard.read_text().splitlines()]
+    at = 0
+    for r in records:
+        r["sampling_mask"] = kept_sets[at : at + len(r["response_token_ids"])]
+        at += len(r["response_token_ids"])
+    assert at == len(kept_sets)
+
+    def rewrite(rows: list[dict[str, Any]]) -> None:
+        import hashlib
+
+        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows).encode()
+        shard.write_bytes(data)
+        manifest = json.loads((out / "manifest.json").read_text())
+        manifest["shards"][0].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        (out / "manifest.json").write_text(json.dumps(manifest))
+
+    rewrite(records)
+    code, report = cli.audit(out, tiny)
+    assert code == 0, report["failed"]
+    assert report["overall"]["records_failed"] == 0 and report["overall"]["max_abs"] < 1e-4
+    assert not any(stage.get("tokens_skipped") for stage in report["stages"].values())
+    for r in records:
+        for step, token in zip(r["sampling_mask"], r["response_token_ids"], strict=True):
+            if len(step) > 1:
+                step.remove(next(t for t in step if t != token))
+    rewrite(records)
+    code, report = cli.audit(out, tiny)
+    assert code == 10 and report["overall"]["records_failed"] > 0
