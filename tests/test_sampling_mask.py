@@ -27,6 +27,7 @@ from agentroll.tools.view.detail import _tokens
 from agentroll.tools.view.tokens import Decoder
 
 from .conftest import TOKENIZER, generations, run_cli
+from .teacher_support import teacher_server
 
 TRUNCATED = ("--top-k", "8", "--top-p", "0.9", "--temperature", "0.8")
 
@@ -131,6 +132,17 @@ def test_a_top_k_run_keeps_a_mask_per_response_token_holding_the_sampled_one(mas
     copied = list(read_records(tmp_path / "again", routes=True))
     assert {(r["problem_id"], r["rollout_id"], r["stage"], r["worker"]): r["sampling_mask"] for r in copied} == again
     assert validate(tmp_path / "again").ok
+    # so does a distilled copy, scored by a teacher
+    teacher = teacher_server(problems, max_model_len=8192)
+    try:
+        proc = run_cli("distill", str(out), "-o", str(tmp_path / "taught"), "--teacher", teacher.url)
+    finally:
+        teacher.stop()
+    assert proc.returncode == 0, proc.stderr.decode()
+    taught = list(read_records(tmp_path / "taught", routes=True))
+    assert all(r["teacher_logprobs"] is not None for r in taught)
+    assert {(r["problem_id"], r["rollout_id"], r["stage"], r["worker"]): r["sampling_mask"] for r in taught} == again
+    assert validate(tmp_path / "taught").ok
 
 
 def test_asking_for_masks_needs_top_k_a_server_that_sends_them_and_a_folder(problems, tmp_path):
