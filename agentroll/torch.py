@@ -32,6 +32,12 @@ them, and a conversation ends at its last trainable turn (one that ends on a fro
 before it). `stages` then selects by the stage of that last turn. The items
 have the same keys and shapes either way, so `collate` serves both.
 
+**Sampling masks** (a folder made with `--return-sampling-mask`): each item also has `sampling_mask`, int64 of
+shape (len(input_ids), K), the ids the sampler kept when the token at that position was sampled, -1-padded (all
+-1 on the prompt and where the loss mask is 0); `collate` pads it to (B, T, K) with -1. A loss that renormalises
+its logits over it (`logits.masked_fill` of everything else with -inf, at the position that predicts the token)
+computes the sampling policy's logprobs, as prime-rl's sampling replay does.
+
 torch is optional: `import agentroll` never imports it, and importing this module without it says how to get it.
 """
 
@@ -43,10 +49,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .convert.masks import kept_sets
 from .convert.teacher import aligned
 from .convert.trajectory import Trajectory, executions, own_mask, trainable, trajectories
 from .errors import OutputError, UsageError
 from .folder import ShardFile, load_manifest, shard_files, shard_records
+from .folder.masks import load as load_mask
+from .folder.routes import Sidecar
 from .tools.system import system_of
 
 try:
@@ -88,7 +97,24 @@ def to_tensors(record: dict[str, Any]) -> Item:
         "reward": torch.tensor(float(record["reward"]), dtype=torch.float32),
         **{key: str(record[key]) for key in _STRINGS},
         **({} if teacher is None else {"teacher_logprobs": torch.tensor(pad + teacher, dtype=torch.float32)}),
+        **_kept([[] for _ in prompt] + mask_of(record) if isinstance(record.get("sampling_mask"), list) else None),
     }
+
+
+def mask_of(record: dict[str, Any]) -> list[list[int]]:
+    """A record's sampling mask over its response, [] where its loss mask is 0."""
+    return [list(step) if m else [] for step, m in zip(record["sampling_mask"], record["loss_mask"], strict=True)]
+
+
+def _kept(sets: list[list[int]] | None) -> Item:
+    """`sampling_mask` (int64, (len(input_ids), K), -1-padded): the ids the sampler kept at each position
+    (`--return-sampling-mask`; all -1 where there is none), so a loss renormalises over them as the sampler did."""
+    if sets is None:
+        return {}
+    out = torch.full((len(sets), max([len(s) for s in sets] + [1])), -1, dtype=torch.long)
+    for at, kept in enumerate(sets):
+        out[at, : len(kept)] = torch.tensor(kept, dtype=torch.long)
+    return {"sampling_mask": out}
 
 
 def trajectory_tensors(found: Trajectory) -> Item:
@@ -103,6 +129,7 @@ def trajectory_tensors(found: Trajectory) -> Item:
         "reward": torch.tensor(float(record["reward"]), dtype=torch.float32),
         **{key: str(record[key]) for key in _STRINGS},
         **({} if scores is None else {"teacher_logprobs": torch.tensor(scores.logprobs, dtype=torch.float32)}),
+        **_kept(kept_sets(found)),
     }
 
 
@@ -187,7 +214,7 @@ class RolloutDataset(IterableDataset[Item]):
             if self.trajectory:
                 yield from self._trajectories(shard)
                 continue
-            for number, record in shard_records(self._files[shard]):
+            for number, record in self._records(shard):
                 if self.stages is not None and record["stage"] not in self.stages:
                     continue
                 if not trainable(record):
@@ -199,13 +226,25 @@ class RolloutDataset(IterableDataset[Item]):
                 except OutputError as exc:
                     raise OutputError(f"{shard}:{number}: {exc}") from None
 
+    def _records(self, shard: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+        """The shard's records, each sampling mask read from its sidecar (routed experts are left there)."""
+        with Sidecar(self._files[shard].routes, shard) as sidecar:
+            for number, record in shard_records(self._files[shard]):
+                ref = record.get("sampling_mask")
+                if isinstance(ref, dict):
+                    try:
+                        record = {**record, "sampling_mask": load_mask(ref, sidecar.read)}
+                    except (ValueError, OSError) as exc:
+                        raise OutputError(f"{shard}:{number}: sampling_mask: {exc}") from None
+                yield number, record
+
     def _trajectories(self, shard: Path) -> Iterator[Item]:
         """One item per conversation, an execution (consecutive records of one rollout) at a time."""
         first: dict[int, int] = {}  # id(an execution's first record) -> its line, for the error message
 
         def records() -> Iterator[dict[str, Any]]:
             start = rollout = object()
-            for number, record in shard_records(self._files[shard]):
+            for number, record in self._records(shard):
                 if rollout is start or record.get("rollout_id") != rollout:
                     rollout = record.get("rollout_id")
                     first[id(record)] = number
@@ -234,6 +273,7 @@ def collate(batch: Sequence[Item], pad_id: int = 0) -> Item:
         return torch.nn.utils.rnn.pad_sequence([item[key] for item in batch], batch_first=True, padding_value=value)
 
     taught = [item.get("teacher_logprobs") for item in batch]  # an item no teacher scored: 0.0, as padding
+    kept = [item.get("sampling_mask") for item in batch]
     return {
         "input_ids": pad("input_ids", pad_id),
         "attention_mask": torch.nn.utils.rnn.pad_sequence(
@@ -257,7 +297,22 @@ def collate(batch: Sequence[Item], pad_id: int = 0) -> Item:
             if any(t is not None for t in taught)
             else {}
         ),
+        **(
+            {"sampling_mask": _pad_kept(kept, [len(item["input_ids"]) for item in batch])}
+            if any(k is not None for k in kept)
+            else {}
+        ),
     }
+
+
+def _pad_kept(kept: list[torch.Tensor | None], lengths: list[int]) -> torch.Tensor:
+    """Items' `sampling_mask` as (B, T, K), -1 where nothing was kept (padding, items without one)."""
+    width = max(k.shape[1] for k in kept if k is not None)
+    out = torch.full((len(kept), max(lengths), width), -1, dtype=torch.long)
+    for b, k in enumerate(kept):
+        if k is not None:
+            out[b, : k.shape[0], : k.shape[1]] = k
+    return out
 
 
 def _distributed() -> tuple[int, int]:

@@ -211,7 +211,7 @@ SERVER = {
 
 
 def test_the_journal_is_kept_across_changes_that_cannot_change_a_record():
-    from agentroll.engine.generator import journal_fingerprint
+    from agentroll.engine.handshake import journal_fingerprint
 
     kept = journal_fingerprint("m", SERVER, routes=False)
     for harmless in ({"priority": False}, {"root": "/mnt/elsewhere/a"}, {"vllm_version": "0.32.1"}):

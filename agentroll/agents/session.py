@@ -37,8 +37,9 @@ NO_ROOM = "This model's maximum context length is {limit} tokens: the prompt lea
 class Session:
     """The calls of one execution, made for its agent's requests."""
 
-    def __init__(self, ctx: Context, parse: Parser, thinking: str) -> None:
+    def __init__(self, ctx: Context, parse: Parser, thinking: str, pinned: bool = False) -> None:
         self.ctx = ctx
+        self.pinned = pinned  # --system-option sampling=run: the run's sampling is sent, whatever the agent asks
         self.parse = parse
         self.samples: list[Sample] = []
         self.history = History(thinking)
@@ -61,6 +62,7 @@ class Session:
         key = [request.tools, self.encoder.kwargs]
         found = self.history.find_chat(key, canonical)
         asked = orjson.dumps(["chat", key, canonical, request.overrides], option=orjson.OPT_SORT_KEYS)
+        sent = self._sent(request.overrides)
 
         async def one(choice: int) -> Sample:
             worker = self._worker(asked, choice)
@@ -72,16 +74,16 @@ class Session:
                     worker=worker,
                     after=self.samples[found.parent],
                     tools=request.tools,
-                    **request.overrides,
+                    **sent,
                 )
             else:
-                made = await self.ctx.complete(STAGE, rendered, worker=worker, tools=request.tools, **request.overrides)
+                made = await self.ctx.complete(STAGE, rendered, worker=worker, tools=request.tools, **sent)
             return self._no_room(made)
 
         made = await self._guarded(gather_or_cancel(*(one(i) for i in range(request.n))))
         out = []
         for sample in made:
-            position = self._keep(sample, found)
+            position = self._keep(sample, found, request.overrides)
             answer = answer_of(
                 sample,
                 think=self.think,
@@ -109,6 +111,7 @@ class Session:
         encoded (a text prompt as vLLM encodes one: special tokens added)."""
         found = self.history.find_text(request.prompt)
         asked = orjson.dumps(["text", request.prompt, request.overrides], option=orjson.OPT_SORT_KEYS)
+        sent = self._sent(request.overrides)
         tokenizer = self.encoder.tokenizer
         if found.parent is None:
             given = request.prompt
@@ -122,12 +125,12 @@ class Session:
             worker = self._worker(asked, choice)
             if found.parent is not None:
                 parent = self.samples[found.parent]
-                return self._no_room(await self.ctx.extend(STAGE, parent, ids, worker=worker, **request.overrides))
-            return self._no_room(await self.ctx.complete(STAGE, ids, worker=worker, **request.overrides))
+                return self._no_room(await self.ctx.extend(STAGE, parent, ids, worker=worker, **sent))
+            return self._no_room(await self.ctx.complete(STAGE, ids, worker=worker, **sent))
 
         made = await self._guarded(gather_or_cancel(*(one(i) for i in range(request.n))))
         for sample in made:
-            position = self._keep(sample, found)
+            position = self._keep(sample, found, request.overrides)
             whole = sample.finish_reason == "length"
             self.history.add_text(
                 Text(
@@ -153,9 +156,15 @@ class Session:
             raise BadRequest(NO_ROOM.format(limit=self.limit), "messages")
         return sample
 
-    def _keep(self, sample: Sample, found: Found) -> int:
+    def _sent(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The sampling the call goes out with beyond the run's: the agent's, or none when pinned."""
+        return {} if self.pinned else overrides
+
+    def _keep(self, sample: Sample, found: Found, overrides: dict[str, Any]) -> int:
         position = len(self.samples)
         self.samples.append(sample)
+        if self.pinned:  # what the agent asked (the keys it set), beside `sampling`, what was sent
+            sample.agent_sampling = dict(overrides)
         sample.branched_from = found.branched_from if found.parent is None else None
         sample.rerendered = found.rerendered
         return position

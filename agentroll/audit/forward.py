@@ -157,10 +157,14 @@ class TeacherForcing:
                     continue
                 rows = logits[row, turn.begin - 1 - offset : turn.begin - 1 - offset + len(tokens)]
                 target = torch.tensor(tokens, dtype=torch.long, device=rows.device)
-                values, codes = self._logprobs(rows, target, Sampling.of(record))
+                kept = record.get("sampling_mask") if self.recorded == "response_logprobs" else None
+                kept = kept if isinstance(kept, list) and len(kept) == len(tokens) else None
+                values, codes = self._logprobs(rows, target, Sampling.of(record), kept)
                 on_turn(unit, i, TurnResult([float(x) for x in record[self.recorded]], values, codes))
 
-    def _logprobs(self, rows: torch.Tensor, target: torch.Tensor, sampling: Sampling) -> tuple[list[float], list[int]]:
+    def _logprobs(
+        self, rows: torch.Tensor, target: torch.Tensor, sampling: Sampling, kept: list[list[int]] | None = None
+    ) -> tuple[list[float], list[int]]:
         step = max(1, LOGIT_ROWS // max(1, rows.shape[-1]))
         values: list[float] = []
         codes: list[int] = []
@@ -172,6 +176,7 @@ class TeacherForcing:
                 sampling,
                 self.cut_noise,
                 self.ambiguity,
+                None if kept is None else kept[begin : begin + step],
             )
             values += v.double().cpu().tolist()
             codes += c.cpu().tolist()

@@ -122,10 +122,37 @@ def processed(
     return nominal, codes
 
 
-def sampled_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, mode: str, sampling: Sampling, cut_noise: float, ambiguity: float
+def replayed(
+    logits: torch.Tensor, tokens: torch.Tensor, sampling: Sampling, kept: list[list[int]]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, codes) as `processed`, for either logprobs mode (raw: every token comparable)."""
+    """(values, codes) per row, the processed logprob renormalised over the kept set the server recorded
+    (`--return-sampling-mask`) instead of one worked out from the logits: no edge to guess, so every token is
+    compared (`OK`), or lies outside its set (`OUTSIDE`, value -inf)."""
+    z = logits.float()
+    s = z / sampling.temperature if sampling.temperature >= GREEDY_EPS else z
+    keep = torch.zeros_like(s, dtype=torch.bool)
+    for row, ids in enumerate(kept):
+        keep[row, [i for i in ids if 0 <= i < s.shape[-1]]] = True
+    rows = torch.arange(s.shape[0], device=s.device)
+    inside = keep[rows, tokens]
+    values = s[rows, tokens] - torch.logsumexp(s.masked_fill(~keep, -math.inf), dim=-1)
+    values = torch.where(inside, values, torch.full_like(values, -math.inf))
+    return values, torch.where(inside, torch.full_like(tokens, OK), torch.full_like(tokens, OUTSIDE))
+
+
+def sampled_logprobs(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    mode: str,
+    sampling: Sampling,
+    cut_noise: float,
+    ambiguity: float,
+    kept: list[list[int]] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, codes) as `processed`, for either logprobs mode (raw: every token comparable); processed values
+    over the recorded kept sets (`replayed`) where the record has them."""
     if mode == "raw_logprobs":
         return raw(logits, tokens), torch.full_like(tokens, OK)
+    if kept is not None:
+        return replayed(logits, tokens, sampling, kept)
     return processed(logits, tokens, sampling, cut_noise, ambiguity)

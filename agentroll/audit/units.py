@@ -155,7 +155,7 @@ def build(folder: str | os.PathLike[str], chosen: list[tuple[int, int, str]], se
     wanted: dict[int, set[int]] = {}
     for number, end, _ in chosen:
         wanted.setdefault(number, set()).add(end)
-    for number, execution in enumerate(executions(read_records(folder))):
+    for number, execution in enumerate(executions(read_records(folder, masks=True))):
         if number not in wanted:
             continue
         seen: set[int] = set()

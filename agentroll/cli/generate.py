@@ -100,7 +100,7 @@ PANELS = {
         "max_failures",
     ),
     "Scale-out": ("partition", "ray", "partitions", "endpoints_per_task", "ray_retries"),
-    "Formats": ("shard_size", "compression", "return_routed_experts"),
+    "Formats": ("shard_size", "compression", "return_routed_experts", "return_sampling_mask"),
 }
 PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
 OTHER = "More options"  # an option no panel lists yet

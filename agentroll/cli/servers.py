@@ -244,6 +244,13 @@ def serve_sim(
     enable_return_routed_experts: Annotated[
         bool, opt("--enable-return-routed-experts", help="Return routed_experts (needs --moe).")
     ] = False,
+    return_sampling_mask: Annotated[
+        bool,
+        opt(
+            "--return-sampling-mask",
+            help="As vLLM's flag: /generate sends each token's kept ids; requests need temperature > 0, top_k > 0.",
+        ),
+    ] = False,
     seed: Annotated[int, opt("--seed", help="Seed of the answers' randomness.", metavar="N")] = 0,
 ) -> None:
     """Serve the SIMULATED vLLM (OpenAI-compatible wire format, scripted answers) until interrupted."""
@@ -284,6 +291,7 @@ def serve_sim(
             moe=shape,
             scheduling_policy=scheduling_policy,
             return_routed_experts=enable_return_routed_experts,
+            return_sampling_mask=return_sampling_mask,
         )
     except (ValueError, OSError) as exc:
         error(f"--answers {answers}: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc))

@@ -20,11 +20,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentroll")
 
+# Every probe samples with top_k > 0 and temperature > 0: vLLM returning sampling masks (--return-sampling-mask)
+# refuses any other call, and a probe reads no further than the top few tokens.
+PROBE_TOP_K = 20
+
 
 async def detect_api(client: CompletionClient, model: str, token_ids: list[int]) -> str:
     """`--api auto`: the native generate endpoint when every answering server offers it (one tiny call
     each), else /v1/completions. vLLM answers 403 without `--enable-scale-out`; older ones and others 404."""
-    body = orjson.dumps(request_body("generate", model, token_ids, {"max_tokens": 1, "temperature": 1.0}, 0))
+    params = {"max_tokens": 1, "temperature": 1.0, "top_k": PROBE_TOP_K}
+    body = orjson.dumps(request_body("generate", model, token_ids, params, 0))
     path = PATHS["generate"]
 
     async def offers(endpoint: Endpoint) -> bool | None:
@@ -51,7 +56,9 @@ async def detect_priority(client: CompletionClient, model: str, token_ids: list[
     `--scheduling-policy priority` may refuse it (400, "Priority scheduling is not enabled"); vLLM 0.32 takes it
     under either policy (under fcfs it orders nothing). One body goes to every endpoint, so it is sent only when
     all of them take it (one down now gives no yes): one that refused would fail every call sent to it."""
-    body = orjson.dumps(request_body(client.api, model, token_ids, {"max_tokens": 1, "temperature": 1.0}, 0, 1))
+    body = orjson.dumps(
+        request_body(client.api, model, token_ids, {"max_tokens": 1, "temperature": 1.0, "top_k": PROBE_TOP_K}, 0, 1)
+    )
 
     async def takes(endpoint: Endpoint) -> bool | None:
         try:

@@ -53,6 +53,7 @@ class Completion:
     top_logprobs: list[list[float]] | None = None
     weight_versions: list[dict[str, Any]] | None = None
     routed_experts: bytes | None = field(default=None, repr=False)
+    sampling_mask: list[list[int]] | None = field(default=None, repr=False)  # per token: the ids kept, ascending
 
     def to_json(self) -> dict[str, Any]:
         """Every field but the prompt's ids, JSON-able (routes as base64): what the call journal keeps of an answer.
@@ -185,7 +186,8 @@ def _check(ids: Any, logprobs: Any) -> None:
 
 
 def _extras(choice: dict[str, Any], out: Completion) -> Completion:
-    """weight_versions and routed_experts: the same fields on both APIs."""
+    """weight_versions, routed_experts and sampling_mask (only /generate sends one): the same fields on both
+    APIs."""
     spans = choice.get("weight_versions")
     if spans is not None:
         if not isinstance(spans, list) or not all(
@@ -207,7 +209,22 @@ def _extras(choice: dict[str, Any], out: Completion) -> Completion:
             checked(decode(out.routed_experts))  # an integer (tokens, layers, k) .npy, or the call is retried
         except ValueError as exc:
             raise WireError(f"routed_experts: {exc}") from None
+    mask = choice.get("sampling_mask")
+    if mask is not None:
+        out.sampling_mask = _mask(mask, out.token_ids)
     return out
+
+
+def _mask(mask: Any, token_ids: list[int]) -> list[list[int]]:
+    """vLLM's `sampling_mask`: one list of kept vocabulary ids per output token, ascending (`WireError`
+    otherwise: the call is retried). Whether each sampled token is in its set is `validate`'s to say."""
+    if not isinstance(mask, list) or len(mask) != len(token_ids):
+        size = len(mask) if isinstance(mask, list) else type(mask).__name__
+        raise WireError(f"sampling_mask has {size} entries for {len(token_ids)} token ids")
+    for step in mask:
+        if not isinstance(step, list) or not all(type(t) is int and t >= 0 for t in step):
+            raise WireError("sampling_mask is not a list of lists of token ids")
+    return mask
 
 
 def parse(api: str, payload: Any, sent_ids: list[int], alternatives: int) -> Completion:

@@ -328,6 +328,11 @@ class Context:
                 f"{done.endpoint} sent no routed_experts: start vLLM with "
                 "--enable-return-routed-experts, or drop --return-routed-experts"
             )
+        if cfg.masks and done.sampling_mask is None:
+            raise ServerError(
+                f"{done.endpoint} sent no sampling_mask: start vLLM with --return-sampling-mask (and "
+                "--enable-scale-out), or drop --return-sampling-mask"
+            )
         response = (
             done.text
             if done.text is not None

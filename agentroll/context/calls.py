@@ -106,5 +106,6 @@ def sample_of(
         top_logprobs=done.top_logprobs,
         weight_versions=done.weight_versions,
         routed_experts=done.routed_experts if cfg.routes else None,
+        sampling_mask=done.sampling_mask if cfg.masks else None,
         trainable=runtime.trainable,
     )

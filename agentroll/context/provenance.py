@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from agentroll.client import CallFailed, CompletionClient
+from agentroll.client.probes import PROBE_TOP_K
 from agentroll.client.wire import Completion
 from agentroll.errors import ServerError
 
@@ -50,14 +51,16 @@ async def logprobs_mode(
     client: CompletionClient, model: str, prompt_ids: list[int], alternatives: int = 0
 ) -> tuple[str, bool | None]:
     """`raw_logprobs`, `processed_logprobs`, `raw_logits`, `processed_logits`, or `unknown`, from the two most
-    likely next tokens at temperature 1 and at 0.5 (same seed, nothing truncated). Their gap is a difference of
-    logits: raw values keep it, processed ones double it at 0.5 (this holds for a nearly certain next token too,
-    where the values themselves barely move). Logits, unlike logprobs, need not be negative or sum to 1 or less.
+    likely next tokens at temperature 1 and at 0.5 (same seed, top-k of 20 or more: a renormalisation keeps a
+    gap). Their gap is a difference of logits: raw values keep it, processed ones double it at 0.5 (this holds for
+    a nearly certain next token too, where the values themselves barely move). Logits, unlike logprobs, need not
+    be negative or sum to 1 or less.
 
     Also returns whether the server sent routed experts (None when a probe got no answer). The probes ask for
     `alternatives` when more than their own 2, so a server that cannot give this run's top-k says so now."""
     values = []
     routes: bool | None = None
+    top_k = max(PROBE_TOP_K, alternatives + 1)
     # both at once: start-up waits for one round trip, not two
     answers = await asyncio.gather(
         *(
@@ -65,7 +68,8 @@ async def logprobs_mode(
                 client,
                 model,
                 prompt_ids,
-                {"temperature": t, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": PROBE_SEED},
+                # top_k bounds nothing the test reads, and a server returning sampling masks needs one
+                {"temperature": t, "top_p": 1.0, "top_k": top_k, "min_p": 0.0, "seed": PROBE_SEED},
                 max(PROBE_ALTERNATIVES, alternatives),
             )
             for t in (1.0, 0.5)
@@ -92,6 +96,22 @@ async def logprobs_mode(
     return f"processed_{kind}" if processed else f"raw_{kind}", routes
 
 
+async def check_masks(client: CompletionClient, model: str, prompt_ids: list[int], sampling: dict[str, Any]) -> None:
+    """--return-sampling-mask: the run's API must be /generate (the only one vLLM sends masks on) and a call
+    with the run's sampling must come back with one; a `ServerError` saying what to start vLLM with otherwise."""
+    if client.api != "generate":
+        raise ServerError(
+            "--return-sampling-mask needs vLLM's /inference/v1/generate (vllm serve --enable-scale-out): "
+            "/v1/completions sends no sampling mask"
+        )
+    done = await probe_call(client, model, prompt_ids, {**sampling, "seed": PROBE_SEED}, 0)
+    if done is not None and done.sampling_mask is None:
+        raise ServerError(
+            "the server sends no sampling_mask: start vLLM with --return-sampling-mask (it needs Model Runner "
+            "V2: VLLM_USE_V2_MODEL_RUNNER=1), or drop --return-sampling-mask"
+        )
+
+
 def truncates(sampling: dict[str, Any]) -> list[str]:
     """The parameters that make the sampled distribution differ from the model's raw one."""
     out = []
@@ -115,6 +135,20 @@ def mode_warning(mode: str, sampling: dict[str, Any]) -> str | None:
         f"the server returns {mode} (values before {', '.join(shaped)}): the recorded logprobs are not those "
         "of the distribution the tokens were sampled from; start vLLM with --logprobs-mode processed_logprobs "
         "if your trainer uses them for importance sampling"
+    )
+
+
+def mask_warning(sampling: dict[str, Any], masks: bool) -> str | None:
+    """A warning when top-p or top-k cut the distribution and the kept sets are not recorded: the sampling
+    policy is the model's distribution renormalised over them, which a trainer cannot rebuild without them."""
+    cut = [t for t in truncates(sampling) if t.startswith(("top_p", "top_k"))]
+    if masks or not cut:
+        return None
+    return (
+        f"{' and '.join(cut)} without --return-sampling-mask: the tokens were sampled from the distribution "
+        "renormalised over the tokens top-p / top-k kept, which the records do not hold, so logprobs a trainer "
+        "recomputes over the whole vocabulary are not the sampling policy's; pass --return-sampling-mask "
+        "(vllm serve --return-sampling-mask) to keep each step's kept set"
     )
 
 

@@ -41,6 +41,7 @@ class SystemConfig:
     seed: int | None = None
     alternatives: int = 0  # --logprobs K
     routes: bool = False  # --return-routed-experts
+    masks: bool = False  # --return-sampling-mask
     correct_reward_weight: float = 1.0
     incorrect_reward_weight: float = 1.0
     think: bool = True

@@ -50,7 +50,7 @@ class Spec:
     pairs: bool = False  # --max-pairs-per-group
     steps: bool = False  # --groups-per-file
     ranks: bool = False  # --ranks
-    routes: bool = False  # reads routed experts
+    routes: bool = False  # reads the sidecar: routed experts as arrays, sampling masks as lists
     losses: bool = False  # --loss
     topk: bool = False  # --teacher-topk
     advantage: str | None = "none"
@@ -268,7 +268,7 @@ SPECS: dict[str, Spec] = {
             advantage=None,
             refusal=_REWARDS,
         ),
-        Spec("verifiers", _verifiers, [verifiers.FILE, verifiers.METADATA], whole=True, advantage="mean"),
+        Spec("verifiers", _verifiers, [verifiers.FILE, verifiers.METADATA], whole=True, advantage="mean", routes=True),
         Spec(
             "skyrl",
             _skyrl,

@@ -7,7 +7,9 @@ model's tokens, `advantages` the sample's advantage on those tokens and 0.0 else
 sampled logprobs (0.0 elsewhere), `position_ids` 0..n-1, `sequence_lengths` and `seq_lens` [n], `temperatures`
 per token (the sampling temperature of the call that produced it), `env_names` "agentroll/<stage>", and
 `routed_experts` ({data, shape [n, layers, topk], dtype}, the last position's row zero, as prime-rl pads it)
-when the records have routes. Samples are not packed together (a micro batch is one sample).
+when the records have routes, and the sampling mask (`--return-sampling-mask`) as the last field, `[ids,
+counts]` of int32 bytes (`convert.masks`: prime-rl's sampling replay). Samples are not packed together (a
+micro batch is one sample).
 
 prime-rl's trainer takes advantages as given (its orchestrator computes them: GRPO is reward minus the group
 mean, `orchestrator/algo/grpo.py`), so `--advantage mean` is the default and `none` is refused, unless
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from . import masks
 from .common import Problem, Record
 from .teacher import aligned, covering
 from .trajectory import Trajectory
@@ -84,6 +87,7 @@ def micro_batch(
         [0.0] * n if loss == "ref_kl" else None,  # rl_weights
         None,  # ce_weights
         [1.0 if m else 0.0 for m in mask] if distill else None,  # ref_kl_weights
+        masks.prime_rl(found),  # sampling_mask: [ids, counts], int32 bytes (sampling replay)
     ]
     routes = record.get("routed_experts")
     if routes is not None:
@@ -105,8 +109,10 @@ def micro_batch(
 def _dummy(batch: list[Any]) -> list[Any]:
     """A zero-loss copy (no trained token, advantage 0, no ref_kl weight): what pads a rank's list."""
     n = len(batch[0])
-    weights = [[0.0] * n] if len(batch) > 15 else []
-    return [batch[0], [False] * n, [0.0] * n, *batch[3:15], *weights]
+    out = [batch[0], [False] * n, [0.0] * n, *batch[3:]]
+    if len(out) > 15 and out[15] is not None:
+        out[15] = [0.0] * n  # ref_kl weights
+    return out
 
 
 def write(

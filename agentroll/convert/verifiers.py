@@ -4,7 +4,8 @@ call), with a `trajectory` of one `TrajectoryStep` per call (verifiers/legacy/ty
 
 A step's `tokens` are the call's own: `prompt_ids` (the conversation so far, as verifiers' clients send it),
 `prompt_mask` 0 throughout (as every verifiers client writes it), `completion_ids`, `completion_mask` (1 on the
-model's tokens; 0 on a frozen turn's unless `include_frozen`), `completion_logprobs`, `is_truncated`.
+model's tokens; 0 on a frozen turn's unless `include_frozen`), `completion_logprobs`, `is_truncated`, and with
+`--return-sampling-mask` `kept_tokens` (verifiers' `KeptTokens`: `ids`, `counts` base64 int32, `convert.masks`).
 `prompt` / `completion` are single text messages holding the rendered prompt and the response (the records keep
 no chat messages; trainers take the tokens). `example_id` numbers the (problem, stage) groups: verifiers and
 prime-rl group rollouts by it (metadata's `rollouts_per_example` is outputs // examples, as verifiers computes
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from . import masks
 from .common import JsonlWriter, Problem, Record, policy_of
 from .trajectory import Trajectory
 
@@ -70,6 +72,7 @@ def step(turn: Record, found: Trajectory, begin: int, end: int, advantage: float
             "overlong_prompt": False,
             "is_truncated": truncated,
             "routed_experts": None,
+            **({} if (kept := masks.verifiers(turn)) is None else {"kept_tokens": kept}),
         },
         "reward": turn["reward"],
         "advantage": advantage,

@@ -23,6 +23,7 @@ from agentroll.engine.admission import depth_first
 from agentroll.engine.handshake import (
     Served,
     choose_rendering,
+    journal_fingerprint,
     policy_facts,
     policy_settings,
     reach,
@@ -188,7 +189,8 @@ class Generator:
         if self.journal is None and self._journal_path is not None:
             from agentroll.folder.journal import Journal
 
-            fingerprint = journal_fingerprint(self.model, self.server, self.options.return_routed_experts)
+            o = self.options
+            fingerprint = journal_fingerprint(self.model, self.server, o.return_routed_experts, o.return_sampling_mask)
             self.journal = Journal(self._journal_path, fingerprint=fingerprint)
             self.journal.open(done)
             for system in self._systems:
@@ -388,6 +390,7 @@ class Generator:
             "seed": o.seed,
             "logprobs": o.logprobs,
             "return_routed_experts": o.return_routed_experts,
+            "return_sampling_mask": o.return_sampling_mask,
             "think": not o.no_think,
             **o.reward_settings().recorded(),  # the reward, its URL, the code reward's settings that differ
             "correct_reward_weight": o.correct_reward_weight,
@@ -400,21 +403,3 @@ class Generator:
             "prompt_rendering": rendering,  # where prompts actually became ids: --chat-render auto may switch
             **({"length_shaping": self._length.settings()} if self._length.active else {}),
         }
-
-
-JOURNALED_FACTS = ("api", "logprobs_mode", "tokenizer_sha256", "chat_template_sha256", "revision")
-
-
-def journal_fingerprint(model: str, server: dict[str, Any], routes: bool) -> dict[str, Any]:
-    """What a journaled call's answer depends on beyond what each entry's digest holds (its prompt ids, sampling,
-    model and top-k): the token API (the response text is the server's, or decoded here), what the logprobs
-    mean, the tokenizer and chat template that decode it, the weights' revision, and whether routes are kept. Not
-    the request priority, the model's root path or the vLLM version: a journal made with or without them is
-    replayed (a changed one discards the journal whole). In a head-to-head run, each policy's too."""
-    policies = server.get("policies")
-    each = (
-        {"policies": {name: journal_fingerprint(str(f.get("model")), f, routes) for name, f in policies.items()}}
-        if isinstance(policies, dict)
-        else {}
-    )
-    return {"model": model, **{k: server.get(k) for k in JOURNALED_FACTS}, "routes": routes, **each}

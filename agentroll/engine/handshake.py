@@ -131,9 +131,14 @@ async def server_facts(
             "the server sends no routed_experts: start vLLM with --enable-return-routed-experts "
             "(a MoE model), or drop --return-routed-experts"
         )
-    warning = provenance.mode_warning(mode, config.sampling.params())
-    if warning:  # which server: a head-to-head run's policies, or a stage's own, may be served otherwise
-        log.warning("%s: %s", ", ".join(e.url for e in client.endpoints), warning)
+    if config.masks:
+        await provenance.check_masks(client, model, probe, config.sampling.params())
+    for warning in (
+        provenance.mode_warning(mode, config.sampling.params()),
+        provenance.mask_warning(config.sampling.params(), config.masks),
+    ):
+        if warning:  # which server: a head-to-head run's policies, or a stage's own, may be served otherwise
+            log.warning("%s: %s", ", ".join(e.url for e in client.endpoints), warning)
     try:
         version = (await client.get_json("/version")).get("version")
     except (ServerError, AttributeError):
@@ -331,3 +336,22 @@ def policy_settings(run: Served) -> dict[str, Any]:
         "prompt_rendering": rendering(run),
         "stage_settings": run.stage_settings,
     }
+
+
+JOURNALED_FACTS = ("api", "logprobs_mode", "tokenizer_sha256", "chat_template_sha256", "revision")
+
+
+def journal_fingerprint(model: str, server: dict[str, Any], routes: bool, masks: bool = False) -> dict[str, Any]:
+    """What a journaled call's answer depends on beyond what each entry's digest holds (its prompt ids, sampling,
+    model and top-k): the token API (the response text is the server's, or decoded here), what the logprobs
+    mean, the tokenizer and chat template that decode it, the weights' revision, whether routes and sampling
+    masks are kept. Not the request priority, the model's root path or the vLLM version: a journal made with or
+    without them is replayed (a changed one discards the journal whole). In a head-to-head run, each policy's too."""
+    policies = server.get("policies")
+    each = (
+        {"policies": {name: journal_fingerprint(str(f.get("model")), f, routes, masks) for name, f in policies.items()}}
+        if isinstance(policies, dict)
+        else {}
+    )
+    kept = {"masks": True} if masks else {}  # named only when kept: a journal made before masks still matches
+    return {"model": model, **{k: server.get(k) for k in JOURNALED_FACTS}, "routes": routes, **kept, **each}

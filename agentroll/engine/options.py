@@ -120,6 +120,11 @@ class GenerateOptions(RewardOptions, TeacherOptions):
         "Store vLLM's MoE routing per token in a sidecar beside each shard "
         "(vllm serve --enable-return-routed-experts).",
     )
+    return_sampling_mask: bool = option(
+        False,
+        "Store the ids vLLM kept at each response token under top-k/top-p in the sidecar "
+        "(vllm serve --return-sampling-mask; needs --top-k > 0, --temperature > 0, /generate).",
+    )
     correct_reward_weight: float = option(1.0, "Reward multiplier when the selector's pick is correct.")
     incorrect_reward_weight: float = option(1.0, "Reward multiplier otherwise.")
     no_think: bool = option(False, "The whole response is the answer (models that do not reason).")
@@ -215,6 +220,8 @@ class GenerateOptions(RewardOptions, TeacherOptions):
             raise UsageError("--api must be auto, completions or generate")
         if self.server_priority not in ("auto", "on", "off"):
             raise UsageError("--server-priority must be auto, on or off")
+        if self.return_sampling_mask:
+            self.check_sampling_mask()
         if self.seed is not None and self.seed < 0:
             raise UsageError("--seed must be 0 or more")
         for name in ("correct_reward_weight", "incorrect_reward_weight"):
@@ -285,6 +292,16 @@ class GenerateOptions(RewardOptions, TeacherOptions):
             min_p=self.min_p,
         )
 
+    def check_sampling_mask(self) -> None:
+        """vLLM refuses a call it cannot bound the mask of, and sends the mask on /generate only."""
+        if self.top_k <= 0 or self.temperature <= 0:
+            raise UsageError(
+                "--return-sampling-mask needs --top-k > 0 and --temperature > 0 (vLLM refuses other calls "
+                "once it returns masks)"
+            )
+        if self.api == "completions":
+            raise UsageError("--return-sampling-mask needs --api generate or auto: /v1/completions sends no mask")
+
     def system_config(self, model: str, max_context_len: int | None) -> SystemConfig:
         """How the run's stages sample and shape rewards, as the context's value object."""
         return SystemConfig(
@@ -296,6 +313,7 @@ class GenerateOptions(RewardOptions, TeacherOptions):
             seed=self.seed,
             alternatives=self.logprobs,
             routes=self.return_routed_experts,
+            masks=self.return_sampling_mask,
             correct_reward_weight=self.correct_reward_weight,
             incorrect_reward_weight=self.incorrect_reward_weight,
             think=not self.no_think,

@@ -10,7 +10,7 @@ Readers of the folder never see it; no group is ever partly on disk because of i
 Crash safety: a line is one `write` of whole bytes, so a kill -9 or the OOM killer leaves at most a torn last
 line, which `open` cuts off. Appends are not fsynced: after a power cut the last moment of calls may be asked
 again, never read wrong. A journal made against another server set-up (`fingerprint`: what an answer depends on
-beyond the request, `generator.journal_fingerprint`) is discarded whole; `--overwrite` and changed settings never
+beyond the request, `engine.handshake.journal_fingerprint`) is discarded whole; `--overwrite` and changed settings never
 reach it (the writer clears the folder, or refuses it).
 
 Size: entries of a group are dropped once it is committed (`settle`, which also appends a tombstone line);

@@ -3,7 +3,7 @@
     manifest.json                     what the folder holds (`manifest.Manifest`)
     rollouts-00000.jsonl[.zst]        finished shards: never rewritten once they carry this name
     rollouts-00001.jsonl[.zst].partial  the shard being written (a loader globbing *.jsonl never sees it)
-    rollouts-00001.routes[.partial]   routed experts of a shard's records (docs/routed-experts.md)
+    rollouts-00001.routes[.partial]   routed experts and sampling masks of a shard's records (docs/routed-experts.md)
     .agentroll/lock                   one writer at a time
     .agentroll/keys/NAME.keys         the groups (problem id, content hash) each finished shard holds
     .agentroll/filtered.jsonl         groups left out by --filter-uniform-groups (a rerun skips them too)

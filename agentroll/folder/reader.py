@@ -121,13 +121,21 @@ def shard_bytes(path: Path) -> bytes:
         raise missing(path, exc) from exc
 
 
-def read_records(path: str | os.PathLike[str], routes: bool = False) -> Iterator[dict[str, Any]]:
+def read_records(path: str | os.PathLike[str], routes: bool = False, masks: bool = False) -> Iterator[dict[str, Any]]:
     """Every record of a folder as its JSONL dict, in manifest order; with `routes`, `routed_experts` as the full
-    numpy array (see the module's docstring)."""
+    numpy array and `sampling_mask` as lists (see the module's docstring); with `masks`, the sampling masks only
+    (the routes stay in the sidecar)."""
     for shard in shard_files(path):
         with Sidecar(shard.routes, shard.path) as sidecar:
             for _, record in shard_records(shard):
-                yield sidecar.resolve_or_fail([record])[0] if routes else record
+                if routes:
+                    yield sidecar.resolve_or_fail([record])[0]
+                elif masks and isinstance(record.get("sampling_mask"), dict):
+                    yield sidecar.resolve_or_fail([{**record, "routed_experts": None}])[0] | {
+                        "routed_experts": record.get("routed_experts")
+                    }
+                else:
+                    yield record
 
 
 def as_group(records: list[dict[str, Any]]) -> Group:

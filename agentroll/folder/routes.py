@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import OutputError
+from .masks import load as load_mask
+from .masks import pack as pack_mask
 
 if TYPE_CHECKING:
     import numpy as np
@@ -157,16 +159,19 @@ class Placement:
     data: bytes
     refs: dict[tuple[int, int], dict[str, Any]]
     prompts: dict[bytes, Span]  # prompt parts this group adds
+    masks: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)  # sampling masks' references
 
     def block(self, group: Group) -> bytes:
         """The group's JSONL block with each routed sample's routes as its reference (the group's own samples
         keep what they hold)."""
         from ..record.group import Group
 
-        executions = [
-            [replace(s, routed_experts=self.refs[(i, j)]) if (i, j) in self.refs else s for j, s in enumerate(samples)]
-            for i, samples in enumerate(group.executions)
-        ]
+        def placed(i: int, j: int, s: Any) -> Any:
+            if (i, j) in self.refs:
+                s = replace(s, routed_experts=self.refs[(i, j)])
+            return replace(s, sampling_mask=self.masks[(i, j)]) if (i, j) in self.masks else s
+
+        executions = [[placed(i, j, s) for j, s in enumerate(samples)] for i, samples in enumerate(group.executions)]
         return Group(group.problem, executions).encode()
 
 
@@ -180,10 +185,12 @@ class Packer:
     prompts: dict[bytes, Span] = field(default_factory=dict)
 
     def place(self, group: Group) -> Placement | None:
-        """Lay out the routes of `group`'s samples (None when none has routes); nothing changes until `accept`.
-        ValueError when a sample's routes are not a `.npy` integer array of 3 dimensions."""
+        """Lay out the routes and sampling masks of `group`'s samples (None when none has either); nothing
+        changes until `accept`. ValueError when a sample's routes are not a `.npy` integer array of 3 dimensions
+        or its mask not a list of lists of ids."""
         blobs: list[bytes] = []
         refs: dict[tuple[int, int], dict[str, Any]] = {}
+        masks: dict[tuple[int, int], dict[str, Any]] = {}
         added: dict[bytes, Span] = {}
         position = self.size
 
@@ -195,6 +202,17 @@ class Packer:
 
         for i, samples in enumerate(group.executions):
             for j, sample in enumerate(samples):
+                if sample.sampling_mask is not None:
+                    if isinstance(sample.sampling_mask, dict):
+                        raise ValueError(
+                            "sampling_mask is a reference into another folder's sidecar: read the folder with "
+                            "routes=True to write its masks again"
+                        )
+                    try:
+                        counts, ids = pack_mask(sample.sampling_mask)
+                    except ValueError as exc:
+                        raise ValueError(f"problem {sample.problem_id!r}, rollout {sample.rollout_id}: {exc}") from exc
+                    masks[(i, j)] = {"counts": put(encode(counts)), "ids": put(encode(ids))}
                 if sample.routed_experts is None:
                     continue
                 try:
@@ -217,7 +235,7 @@ class Packer:
                     if span is None:
                         span = added[key] = put(blob)
                 refs[(i, j)] = {"prompt": span, "response": put(encode(response))}
-        return Placement(b"".join(blobs), refs, added) if refs else None
+        return Placement(b"".join(blobs), refs, added, masks) if refs or masks else None
 
     def accept(self, placement: Placement) -> None:
         """The placement's bytes are on disk: count them."""
@@ -270,6 +288,15 @@ class Sidecar:
         is not (yet) there, `OutputError` when one is damaged."""
         out = []
         for record in records:
+            mask = record.get("sampling_mask")
+            if isinstance(mask, dict):
+                try:
+                    record = {**record, "sampling_mask": load_mask(mask, self.read)}
+                except ValueError as exc:
+                    raise OutputError(
+                        f"{self.path}: the sampling mask of problem {record.get('problem_id')!r}, rollout "
+                        f"{record.get('rollout_id')}: {exc}"
+                    ) from exc
             ref = record.get("routed_experts")
             if ref is not None and not isinstance(ref, dict):
                 raise OutputError(

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from . import routes
+from . import masks, routes
 
 GroupKey = tuple[str, str]  # (problem id, content hash)
 
@@ -192,6 +192,7 @@ def scan_routed(data: bytes, compressed: bool, routes_bytes: int) -> tuple[int, 
             need = max(
                 (routes.end(r["routed_experts"]) for r in group if r.get("routed_experts") is not None), default=0
             )
+            need = max(need, max((masks.end(r["sampling_mask"]) for r in group if r.get("sampling_mask")), default=0))
         except ValueError:
             break
         if need > routes_bytes:

@@ -99,6 +99,10 @@ class Sample:
     # --return-routed-experts: in memory the server's .npy bytes, shape (prompt + response - 1, layers, top-k);
     # on disk a reference into the shard's routes sidecar (docs/schema.md)
     routed_experts: Any = None
+    # --return-sampling-mask: per response token the vocabulary ids vLLM kept under top-k / top-p / min-p (the
+    # support the token was sampled from, ascending); in memory a list of lists, on disk a reference into the
+    # shard's sidecar ({"counts", "ids"}: docs/routed-experts.md)
+    sampling_mask: Any = None
     # False: a frozen stage (e.g. a judge served by another model): its samples are kept for analysis, not trained
     trainable: bool = True
     # multi-turn: `turn` 0 is a first call; a later turn continues the record at position `continues` of the same
@@ -123,6 +127,9 @@ class Sample:
     # call of its execution. All null for other systems.
     branched_from: int | None = None
     rerendered: bool | None = None
+    # `--system-option sampling=run`: the sampling the agent's request asked for (the keys it set: temperature,
+    # top_p, top_k, min_p, max_tokens), where `sampling` is what was sent (the run's); null otherwise
+    agent_sampling: dict[str, Any] | None = None
     agent_answer: str | None = None
     agent_reward: float | None = None
     # the input row's prompt exactly as given (a string, or the list of chat messages): what the rewards were

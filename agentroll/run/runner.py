@@ -77,6 +77,8 @@ class Runner:
         self.generator = Generator(journal=journal, **generate)
         if run.output == "-" and self.generator.options.return_routed_experts:
             raise UsageError("--return-routed-experts needs an output folder (routes go to a sidecar), not -o -")
+        if run.output == "-" and self.generator.options.return_sampling_mask:
+            raise UsageError("--return-sampling-mask needs an output folder (masks go to a sidecar), not -o -")
         self.progress = progress or Progress()
         self.result: RunResult | None = None  # set before `run` returns or raises: the CLI's summary reads it
         # a row was well formed though not run: of another slice (--partition), or refused only for its id

@@ -23,6 +23,7 @@ import orjson
 from .checks import check_model, check_prompt, check_stop, vllm_tools
 from .faults import Faults
 from .logprobs import completion_logprobs, generate_logprobs, processed, routed_experts
+from .masks import check_replay, kept_sets
 from .scoring import Scorer, check_prompt_logprobs
 from .validation import (
     COMPLETION,
@@ -61,11 +62,13 @@ class Engine:
         logprobs_mode: str = "raw_logprobs",
         moe: tuple[int, int, int] | None = None,
         weight_version: str = "default",
+        sampling_mask: bool = False,
     ) -> None:
         from tokenizers import Tokenizer
 
         self.script, self.model, self.max_model_len, self.faults = script, model, max_model_len, faults
         self.logprobs_mode, self.moe, self.weight_version = logprobs_mode, moe, weight_version
+        self.sampling_mask = sampling_mask  # like --return-sampling-mask: /generate sends each token's kept set
         self.tokenizer_dir = Path(tokenizer_dir).resolve()
         self.tokenizer = Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json"))
         self.vocab_size = self.tokenizer.get_vocab_size()
@@ -194,6 +197,8 @@ class Engine:
         for ids in ids_batch:
             check_prompt(ids, request, self.vocab_size, self.max_model_len)
         check_prompt_logprobs(request, self.vocab_size)
+        if self.sampling_mask:
+            check_replay(request)
         return request, ids_batch
 
     def complete(self, request: dict[str, Any], ids_batch: list[list[int]], abort: bool = False) -> dict[str, Any]:
@@ -346,6 +351,8 @@ class Engine:
         check_prompt(body["token_ids"], params, self.vocab_size, self.max_model_len, generate=True)
         if params.get("n") not in (None, 1):
             raise bad_request("the simulated server answers one sequence per /generate request", "n")
+        if self.sampling_mask:
+            check_replay(params)
         return {**body, "sampling_params": params}
 
     def generate(self, body: dict[str, Any], abort: bool = False) -> dict[str, Any]:
@@ -360,6 +367,7 @@ class Engine:
             seq = self._abort(seq, params)
         k = params.get("logprobs")
         logprobs = None
+        kept = kept_sets(self.scorer, prompt_ids, seq.ids, params, rng) if self.sampling_mask else None
         if k is not None:
             values, tops, ranks = self._logprobs(prompt_ids, seq.ids, k, params)
             logprobs = generate_logprobs(seq.ids, values, tops, ranks, k)
@@ -369,7 +377,7 @@ class Engine:
             "stop_reason": seq.stop_reason,
             "token_ids": seq.ids,
             "routed_experts": self.routes(prompt_ids, seq),
-            "sampling_mask": None,
+            "sampling_mask": None if kept is None else kept[: len(seq.ids)],
             "weight_versions": [{"version": self.weight_version, "start": 0, "end": len(seq.ids)}],
             "logprobs": logprobs,
         }

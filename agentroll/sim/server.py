@@ -49,6 +49,7 @@ class SimServer:
     logprobs_mode: str = "raw_logprobs"  # like --logprobs-mode: or processed_logprobs (after temperature, top-k)
     moe: tuple[int, int, int] | None = None  # (layers, experts, experts per token): a MoE model's routes...
     return_routed_experts: bool = False  # ...returned per request, like --enable-return-routed-experts
+    return_sampling_mask: bool = False  # like --return-sampling-mask: /generate sends each token's kept ids
     weight_version: str = "default"  # the policy version /generate's weight_versions spans name
     scheduling_policy: str = "fcfs"  # like --scheduling-policy: or priority (a request's `priority`, lower first)
 
@@ -65,6 +66,7 @@ class SimServer:
             self.logprobs_mode,
             self.moe if self.return_routed_experts else None,
             self.weight_version,
+            self.return_sampling_mask,
         )
         kv_tokens = self.kv_cache_tokens or self.max_running * self.max_model_len
         if kv_tokens < self.max_model_len:

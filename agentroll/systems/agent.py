@@ -13,7 +13,9 @@ a rerun redoes it. Options: `command` or `agent` (one of them), `timeout` (secon
 `max_agents` (agents running at once over the run: an execution waits its turn),
 `parser` (the tool-call parser: hermes, llama3_json, mistral, FILE.py:NAME), `thinking` (`branch`: an answer the
 agent echoes back without its reasoning starts a new branch; `continue`: it continues the conversation by the
-model's own tokens, thinking included). docs/agents.md.
+model's own tokens, thinking included), `sampling` (`agent`: a request's temperature, top_p, top_k, min_p and
+max_tokens are honoured; `run`: every call goes out with the run's, and each record keeps what the agent asked
+in `agent_sampling`). docs/agents.md.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Agent(System):
         "max_agents": 64,
         "parser": "hermes",
         "thinking": "branch",
+        "sampling": "agent",
     }
     version = 1
     vocabulary = AgentWords()
@@ -84,6 +87,8 @@ class Agent(System):
             raise UsageError(f"--system-option max_agents={most!r}: must be a whole number of at least 1")
         if s["thinking"] not in ("branch", "continue"):
             raise UsageError(f"--system-option thinking={s['thinking']!r}: must be branch or continue")
+        if s["sampling"] not in ("agent", "run"):
+            raise UsageError(f"--system-option sampling={s['sampling']!r}: must be agent or run")
         self.parse = parser_for(s["parser"])
         self._proxy: asyncio.Future[Proxy] | None = None
         self._function: Any = None
@@ -133,7 +138,7 @@ class Agent(System):
         from ..agents.launch import AgentFailed
         from ..agents.session import Session
 
-        session = Session(ctx, self.parse, self.settings["thinking"])
+        session = Session(ctx, self.parse, self.settings["thinking"], pinned=self.settings["sampling"] == "run")
         credential = proxy.open(session)
         work = asyncio.ensure_future(self._agent(ctx, proxy.url, credential))
         try:

@@ -271,7 +271,8 @@ async def _score_all(
     """Score the groups not done, as many at once as keep the teachers' slots busy, committed in source order."""
     pending: deque[tuple[Group, asyncio.Task[Group | None]]] = deque()
     calls = 0
-    groups: Iterator[Group] = read_groups(src)
+    sidecar = bool(writer.settings.get("return_routed_experts") or writer.settings.get("return_sampling_mask"))
+    groups: Iterator[Group] = read_groups(src, routes=sidecar)  # routes and masks are written again
     ticker = asyncio.ensure_future(_tick(progress, stats, plan))
     try:
         for number in itertools.count():

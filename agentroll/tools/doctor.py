@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentroll.client import CompletionClient, detect_api
+from agentroll.client import CallFailed, CompletionClient, detect_api
+from agentroll.client.probes import PROBE_TOP_K
 from agentroll.client.wire import WireError, parse_completions
-from agentroll.context.provenance import logprobs_mode, mode_warning
+from agentroll.context.provenance import logprobs_mode, mode_warning, truncates
 from agentroll.context.turns import SAMPLE_TURNS, prefix_break
 from agentroll.engine.options import GenerateOptions
 from agentroll.engine.parity import check_parity, probe_messages
@@ -73,6 +74,7 @@ async def diagnose(options: GenerateOptions) -> list[Check]:
         checks.append(_prefix_property(encoder))
         checks.append(await _token_ids(client, encoder, str(name)))
         checks.extend(await _apis_and_logprobs(client, encoder, str(name), options.sampling().params()))
+        checks.append(await _sampling_mask(client, encoder, str(name), options.sampling().params()))
         try:
             parity = await check_parity(client, encoder, str(name), probe_messages(Templates(prompts)))
         except AgentrollError as exc:
@@ -133,13 +135,16 @@ def _prefix_property(encoder: ChatEncoder) -> Check:
 
 
 async def _token_ids(client: CompletionClient, encoder: ChatEncoder, model: str) -> Check:
-    """One short greedy completion: does the server return token ids, and do both ways of reading them agree?"""
+    """One short seeded completion: does the server return token ids, and do both ways of reading them agree?
+    (Sampled with top_k: a server returning sampling masks refuses a greedy call.)"""
     _, ids = encoder.encode([{"role": "user", "content": "Say hello."}])
     body = {
         "model": model,
         "prompt": ids,
         "max_tokens": 8,
-        "temperature": 0.0,
+        "temperature": 1.0,
+        "top_k": PROBE_TOP_K,
+        "seed": 0,
         "logprobs": 0,
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
@@ -191,3 +196,39 @@ async def _apis_and_logprobs(
         else "the model's own distribution, before temperature, top-p and top-k"
     )
     return [api, Check("logprobs mode", "ok", f"{mode}: logprobs are {meaning}")]
+
+
+async def _sampling_mask(client: CompletionClient, encoder: ChatEncoder, model: str, sampling: dict[str, Any]) -> Check:
+    """Does the server return vLLM's sampling mask (`--return-sampling-mask`), and if not, why not? Missing is a
+    warning only when this sampling truncates (top-p < 1, top-k > 0): then the records need it."""
+    needed = any(t.startswith(("top_p", "top_k")) for t in truncates(sampling))
+    missing = "warn" if needed else "ok"
+    if client.api != "generate":
+        return Check(
+            "sampling mask",
+            missing,
+            "not available: vLLM sends it on /inference/v1/generate only (vllm serve --enable-scale-out "
+            "--return-sampling-mask)",
+        )
+    _, ids = encoder.encode([{"role": "user", "content": "Say hello."}])
+    replay = {"max_tokens": 2, "temperature": 1.0, "top_k": PROBE_TOP_K, "seed": 0}
+    try:
+        done = await client.complete(ids, replay, model, 0)
+    except (AgentrollError, CallFailed) as exc:
+        return Check("sampling mask", "fail", f"a /generate call with top_k {PROBE_TOP_K} failed: {exc}")
+    if done.sampling_mask is None:
+        return Check(
+            "sampling mask",
+            missing,
+            "not returned: start vLLM with --return-sampling-mask, which needs Model Runner V2 "
+            "(VLLM_USE_V2_MODEL_RUNNER=1, a GPU build: the CPU build refuses it)"
+            + ("; this sampling truncates, so without it the logprobs are not the sampling policy's" if needed else ""),
+        )
+    status, _ = await client.post_json(
+        "/inference/v1/generate", {"model": model, "token_ids": ids, "sampling_params": {"max_tokens": 1}}
+    )
+    sizes = [len(step) for step in done.sampling_mask]
+    refuses = " (it refuses calls without top_k > 0 and temperature > 0, as vLLM does)" if status == 400 else ""
+    return Check(
+        "sampling mask", "ok", f"returned: {', '.join(map(str, sizes))} ids kept at top_k {PROBE_TOP_K}{refuses}"
+    )

@@ -63,9 +63,24 @@ def _sample_label(sample: Sample, label: Label) -> Text:
     shape = routes_shape(sample.routed_experts)
     if shape is not None:
         label_text.append(f" · routes {shape}", style="dim")
+    kept = mask_summary(sample.sampling_mask)
+    if kept is not None:
+        label_text.append(f" · sampling mask {kept}", style="dim")
     if label.mark:
         label_text.append(f"  {label.mark}", style="bold magenta")
     return label_text
+
+
+def mask_summary(value: Any) -> str | None:
+    """A sample's sampling mask as the tokens kept per step (mean, min-max); None: it has none."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return "in the sidecar (not read)"
+    sizes = [len(step) for step in value] if isinstance(value, list) else []
+    if not sizes:
+        return "empty"
+    return f"{sum(sizes) / len(sizes):.1f} kept per step ({min(sizes)}-{max(sizes)})"
 
 
 def routes_shape(value: Any) -> str | None:

@@ -123,7 +123,7 @@ async def rescore(
     }
     length = LengthShaping(**settings["length_shaping"]) if settings.get("length_shaping") else LengthShaping()
     weights = (float(settings.get("correct_reward_weight", 1.0)), float(settings.get("incorrect_reward_weight", 1.0)))
-    routes = bool(settings.get("return_routed_experts"))
+    routes = bool(settings.get("return_routed_experts") or settings.get("return_sampling_mask"))  # sidecar read
     groups = read_groups(src, routes=routes)
     first = next(groups, None)  # checked before the output folder is touched, as generate's first row is
     if first is not None:

@@ -1,5 +1,6 @@
-"""Routed experts, for `validate`: each record's reference within its shard's routes sidecar, each blob a `.npy`
-integer array of the right shape, and the sidecar against its manifest entry (docs/routed-experts.md)."""
+"""Routed experts and sampling masks, for `validate`: each record's reference within its shard's sidecar, each
+routes blob a `.npy` integer array of the right shape, each mask one kept set per response token holding its
+sampled token, and the sidecar against its manifest entry (docs/routed-experts.md)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..folder import masks, routes
 from ..folder import raw as folder_files
-from ..folder import routes
 
 
 def _count(n: int, what: str) -> str:
@@ -55,6 +56,8 @@ class Routes:
         return got
 
     def record(self, line: int, record: dict[str, Any]) -> None:
+        if record.get("sampling_mask") is not None:
+            self.mask(line, record)
         ref = record.get("routed_experts")
         if ref is None:
             return
@@ -108,6 +111,47 @@ class Routes:
             )
         elif rows != expected:
             self.add(line, "routes", f"routes have {rows} rows once joined, where prompt + response - 1 is {expected}")
+
+    def mask(self, line: int, record: dict[str, Any]) -> None:
+        """A sampling mask: its blobs inside the sidecar, one kept set per response token, each holding the
+        token sampled at that step."""
+        try:
+            parts = masks.spans(record["sampling_mask"])
+        except ValueError as exc:
+            self.add(line, "mask", f"sampling_mask: {exc}")
+            return
+        if self.info is None:
+            self.add(line, "mask", "sampling_mask references a sidecar, but the manifest lists none for this shard")
+            return
+        if self.fd is None:
+            return  # the sidecar is missing: said once
+        for name, span in parts.items():
+            if span[0] + span[1] > self.size:
+                self.add(
+                    line, "mask", f"sampling-mask {name} blob {list(span)} ends past the sidecar's {self.size} bytes"
+                )
+                return
+            self.end = max(self.end, span[0] + span[1])
+        fd = self.fd
+        try:
+            kept = masks.load(record["sampling_mask"], lambda offset, n: folder_files.pread(fd, n, offset))
+        except ValueError as exc:
+            self.add(line, "mask", f"sampling_mask: {exc}")
+            return
+        response = record.get("response_token_ids")
+        if not isinstance(response, list):
+            return  # a schema fault, already said
+        if len(kept) != len(response):
+            self.add(line, "mask", f"sampling_mask has {len(kept)} steps for {len(response)} response tokens")
+            return
+        at = masks.outside(kept, response)
+        if at is not None:
+            self.add(
+                line,
+                "mask",
+                f"response token {at} (id {response[at]}) is not in its step's sampling mask "
+                f"({len(kept[at])} ids kept): it was not sampled from that set",
+            )
 
     def finish(self, shard: str, warnings: list[str]) -> None:
         if self.fd is None or self.info is None:

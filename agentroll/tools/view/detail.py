@@ -57,7 +57,15 @@ KNOWN = frozenset(  # fields shown otherwise (tokens, prompts, the group's figur
         *SHOWN,
         *("prompt", "prompt_token_ids", "response_token_ids", "response_logprobs", "loss_mask", "history_mask"),
         *("history_logprobs", "top_token_ids", "top_logprobs", "teacher_logprobs", "teacher_ranks", "teacher_top_ids"),
-        *("teacher_top_logprobs", "response_ranks", "routed_experts", "problem_id", "problem_hash", "group_size"),
+        *(
+            "teacher_top_logprobs",
+            "response_ranks",
+            "routed_experts",
+            "sampling_mask",
+            "problem_id",
+            "problem_hash",
+            "group_size",
+        ),
         *("rollout_size", "final_reward", "group_reward_mean", "group_reward_std", "group_pass_at_k"),
         *("stage_group_size", "stage_group_reward_mean", "stage_group_reward_std", "label", "problem", "metadata"),
         "schema_version",
@@ -110,6 +118,9 @@ def _tokens(record: dict[str, Any], decoder: Decoder, alternatives: set[int]) ->
         if isinstance(top_ids, list) and isinstance(top_lps, list):
             out[short] = [top_ids, top_lps]
             alternatives.update(i for row in top_ids if isinstance(row, list) for i in row if isinstance(i, int))
+    kept = record.get("sampling_mask")  # per step, the number of tokens the sampler kept (index.py reads them)
+    if isinstance(kept, list) and all(type(c) is int for c in kept):
+        out["kept"] = kept
     gaps = gap(record.get("response_logprobs"), record.get("teacher_logprobs"))
     if gaps:
         out["gap"] = {"mean": sum(gaps) / len(gaps), "max": max(gaps)}

@@ -29,6 +29,7 @@ import orjson
 from ...errors import AgentrollError, OutputError, RunEnded
 from ...folder import as_group, load_manifest
 from ...folder.follow import placed
+from ...folder.masks import with_counts
 from ...folder.places import Place, Shelf
 from .audit import Audit
 from .detail import detail
@@ -168,6 +169,7 @@ class Index:
             return kept[1]
         with self.shelf_lock:
             records = self.shelf.records(place)
+        records = with_counts(place.path, records)  # a sampling mask: how many tokens survived at each step
         made = page_data(number, place, records, self.system(), self.decoder, self.audit)
         with self.lock:
             self.opened[number] = (place, made)

@@ -62,6 +62,7 @@
     const lines = [`response token ${i}: id ${t.id[i]} ${t.t ? JSON.stringify(t.t[i]) : ""}`];
     lines.push(`logprob ${t.lp[i]} (p ${fmt(Math.exp(t.lp[i]), 4)})` + (t.rank ? ` · rank ${t.rank[i] ?? "-"}` : ""));
     lines.push(t.m && t.m[i] === 0 ? "outside the loss mask (0): not trained on" : "loss mask 1");
+    if (t.kept) lines.push(`sampling mask: ${t.kept[i]} token${t.kept[i] === 1 ? "" : "s"} survived top-k / top-p at this step`);
     if (t.tl) lines.push(`teacher logprob ${t.tl[i]}` + (t.trank ? ` · rank ${t.trank[i] ?? "-"}` : "") +
       ` · |student − teacher| ${fmt(Math.abs(t.lp[i] - t.tl[i]), 4)}`);
     const top = alternatives(g, t.top, i);
