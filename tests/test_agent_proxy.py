@@ -93,7 +93,7 @@ REFUSED = [
     ({"logprobs": True, "top_logprobs": 3}, "3 alternatives per token asked, the run keeps 0"),
     ({"chat_template_kwargs": {"enable_thinking": False}}, "set them with generate --chat-template-kwargs"),
     ({"temperature": -1}, "`temperature` must be 0 or more, got -1"),
-    ({"n": 0}, "`n` must be a whole number of at least 1"),
+    ({"n": 0}, "`n` must be a whole number from 1 to 128"),
     ({"messages": []}, "`messages` must be a non-empty list"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "agentroll's proxy serves text only"),
     (  # a message given as a content part (a row's chat prompt put in a user message's content): no image

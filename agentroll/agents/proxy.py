@@ -133,7 +133,7 @@ class Proxy:
         return await self._answer(request, session, asked, made, chat_chunks, chat_body)
 
     async def _text(self, request: web.Request, session: Session, body: Any) -> web.StreamResponse:
-        asked = text_request(body, session.alternatives)
+        asked = text_request(body, session.alternatives, len(session.encoder.tokenizer))
         made = await session.text(asked)
         return await self._answer(request, session, asked, made, text_chunks, text_body)
 

@@ -21,6 +21,8 @@ from .messages import BadRequest, tools_of
 __all__ = ["ChatRequest", "TextRequest", "chat_request", "text_request"]
 
 SAMPLED = ("temperature", "top_p", "top_k", "min_p")
+INT32 = 2**31 - 1  # the largest whole number a request's field may carry (ids, counts, sizes)
+MOST_CHOICES = 128  # OpenAI's own limit on `n`
 # read and left: they change nothing the model samples
 IGNORED = frozenset(
     {
@@ -112,13 +114,20 @@ def _refuse(body: dict[str, Any], known: frozenset[str]) -> None:
         raise BadRequest(f"`{key}` is not served: {reason}", key)
 
 
-def _int(body: dict[str, Any], key: str, low: int, default: int | None = None) -> int | None:
+def _int(body: dict[str, Any], key: str, low: int, default: int | None = None, high: int = INT32) -> int | None:
+    """A whole-number field within [low, high]: what vLLM and the tokenizer take (32-bit), never past it."""
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise BadRequest(f"`{key}` must be a whole number of at least {low}, got {value!r}", key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequest(f"`{key}` must be a whole number from {low} to {high}, got {_short(value)}", key)
     return value
+
+
+def _short(value: Any) -> str:
+    """A value as an error message quotes it: at most 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _common(body: dict[str, Any], alternatives: int, chat: bool) -> dict[str, Any]:
@@ -130,7 +139,9 @@ def _common(body: dict[str, Any], alternatives: int, chat: bool) -> dict[str, An
     for key, value in overrides.items():
         check, what = RULES[key]
         if not check(value):
-            raise BadRequest(f"`{key}` must be {what}, got {value!r}", key)
+            raise BadRequest(f"`{key}` must be {what}, got {_short(value)}", key)
+        if isinstance(value, int) and abs(value) > INT32:
+            raise BadRequest(f"`{key}` must be within 32 bits, got {_short(value)}", key)
     if chat:
         wanted = body.get("logprobs")
         if wanted is not None and not isinstance(wanted, bool):
@@ -151,7 +162,7 @@ def _common(body: dict[str, Any], alternatives: int, chat: bool) -> dict[str, An
         raise BadRequest("`stream_options` must be an object", "stream_options")
     stream = body.get("stream") is True
     return {
-        "n": _int(body, "n", 1, 1),
+        "n": _int(body, "n", 1, 1, MOST_CHOICES),
         "stream": stream,
         "include_usage": stream and bool((options or {}).get("include_usage")),
         "overrides": overrides,
@@ -207,8 +218,9 @@ def chat_request(body: Any, alternatives: int, template_kwargs: dict[str, Any]) 
     )
 
 
-def text_request(body: Any, alternatives: int) -> TextRequest:
-    """A `/v1/completions` body, checked: one prompt, as text or token ids."""
+def text_request(body: Any, alternatives: int, vocab: int) -> TextRequest:
+    """A `/v1/completions` body, checked: one prompt, as text or token ids, each id within the tokenizer's `vocab`
+    (as vLLM refuses one past it, before anything decodes it)."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     _refuse(body, TEXT_FIELDS)
@@ -216,8 +228,11 @@ def text_request(body: Any, alternatives: int) -> TextRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise BadRequest("`prompt` must be one text or one list of token ids (one prompt per request)", "prompt")
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise BadRequest(f"Token id {_short(bad)} is out of vocabulary (ids 0 to {vocab - 1})", "prompt")
     elif not isinstance(prompt, str) or not prompt:
         raise BadRequest("`prompt` must be a non-empty text or a list of token ids", "prompt")
     return TextRequest(**_common(body, alternatives, chat=False), prompt=prompt)
