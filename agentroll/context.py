@@ -39,7 +39,12 @@ log = logging.getLogger("agentroll")
 
 
 class ExecutionFailed(Exception):
-    """A call or a render of this execution failed for good: the execution (and its group) is not written."""
+    """A call or a render of this execution failed for good: the execution (and its group) is not written.
+    `rerun_helps` False: a rerun fails it again (an agent that crashed on what the call journal replays)."""
+
+    def __init__(self, message: str, rerun_helps: bool = True) -> None:
+        super().__init__(message)
+        self.rerun_helps = rerun_helps
 
 
 History = tuple[list[int], list[float]]  # a continued turn's history mask and logprobs

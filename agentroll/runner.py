@@ -48,6 +48,7 @@ class RunResult:
     teachers: list[dict[str, Any]] = field(default_factory=list)  # --teacher: each one's model and requests
     notes: list[str] = field(default_factory=list)  # lines the summary ends with (said as warnings too)
     failures: Counter[str] = field(default_factory=Counter)  # why groups were not written: reason -> groups
+    repeats: int = 0  # of those groups, the ones a rerun fails again (an agent that crashed: the journal replays)
     startup_s: float = 0.0  # until the first row to run was in hand (servers, tokenizer, folder, done rows)
     startup_requests: int = 0  # made by then (the servers' probes)
 
@@ -267,13 +268,18 @@ class Runner:
         else:
             if self.result is not None:
                 self.result.failures[str(group.error)] += 1
+                self.result.repeats += not group.rerun_helps
+            rerun, them = ("a rerun redoes it", "a rerun redoes them")
+            if not group.rerun_helps:
+                rerun, them = ("a rerun fails it again unless the agent changes", "a rerun fails them again")
             log.warning(
-                "problem %s (%s line %d): group not written, a rerun redoes it: %s",
+                "problem %s (%s line %d): group not written, %s: %s",
                 group.problem_id,
                 group.problem.source,
                 group.problem.line,
+                rerun,
                 group.error,
-                extra={"fold": ("groups not written (a rerun redoes them)", str(group.error))},
+                extra={"fold": (f"groups not written ({them})", str(group.error))},
             )
         self.progress.advance(stats, self.generator.counters)
         limit = self.run_options.max_failures

@@ -179,4 +179,5 @@ def test_the_accuracy_phrase_holds_only_accuracies_and_a_systems_other_shares_fo
     stats.use_stages(("agent",), AgentWords())
     result = RunResult(stats, ClientCounters(), 1.0, "m", "out")
     (said,) = [phrases for phrases in summary.lines(result) if phrases[0].startswith("accuracy")]
-    assert said == ["accuracy: agent 0.000, system 0.750", "calls continued by ids -, calls with history re-rendered -"]
+    shares = "calls continued by ids -, calls with history re-rendered -, agents failed (scored 0) 0.000"
+    assert said == ["accuracy: agent 0.000, system 0.750", shares]

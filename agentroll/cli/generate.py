@@ -364,10 +364,15 @@ def incomplete(result: RunResult, said: bool) -> IncompleteRun:
         why += f"; {rest} more for other reasons" if rest else ""
     elif not said:
         why = "the run stopped before they were produced"
-    return IncompleteRun(
-        f"{result.missing_groups} of {result.stats.problems} groups could not be produced ({why}): run the same "
-        "command again to redo them"
-    )
+    missing, repeats = result.missing_groups, min(result.repeats, result.missing_groups)
+    again = "a rerun gives their agents the same answers: it fails them again unless the agent changes"
+    if repeats and repeats == missing:  # every one an agent that crashed: the journal replays the same answers to it
+        advice = again
+    elif repeats:
+        advice = f"run the same command again to redo {missing - repeats} of them ({repeats} more: {again})"
+    else:
+        advice = "run the same command again to redo them"
+    return IncompleteRun(f"{missing} of {result.stats.problems} groups could not be produced ({why}): {advice}")
 
 
 def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool) -> int:
