@@ -171,6 +171,7 @@ class Context:
         worker: int = 0,
         after: Sample | None = None,
         tools: list[dict[str, Any]] | None = None,
+        stop: list[str] | None = None,
         **overrides: Any,
     ) -> Sample | None:
         """One token-exact call of `stage`, as a `Sample` (reward 0 until `reward`), or None when the prompt
@@ -182,7 +183,8 @@ class Context:
         messages' tokens, never a re-rendering. `worker` tells apart calls of one stage in one execution (it
         derives the call's seed: two calls with one (stage, worker) are refused). `tools`: the chat template's
         `tools` argument, for messages rendered here (a conversation keeps the tools it started with).
-        `overrides`: max_tokens, temperature, top_p, top_k, min_p for this call."""
+        `overrides`: max_tokens, temperature, top_p, top_k, min_p for this call. `stop`: vLLM's stop strings (the
+        response's ids end at the token that completed one, its text before it; `stop_reason` names it)."""
         runtime = self._claim(stage, worker, overrides)
         history: tuple[list[int], list[float]] | None = None
         if after is not None:
@@ -199,10 +201,17 @@ class Context:
             text, ids = await self.render(prompt, stage, tools)  # type: ignore[arg-type]
         else:
             raise UsageError("ctx.complete() takes chat messages, token ids or a (text, ids) pair")
-        return self._made_by(await self._call(runtime, worker, text, ids, overrides), after, history)
+        return self._made_by(await self._call(runtime, worker, text, ids, overrides, stop), after, history)
 
     async def extend(
-        self, stage: str, after: Sample, ids: list[int], *, worker: int = 0, **overrides: Any
+        self,
+        stage: str,
+        after: Sample,
+        ids: list[int],
+        *,
+        worker: int = 0,
+        stop: list[str] | None = None,
+        **overrides: Any,
     ) -> Sample | None:
         """Like `complete(after=...)`, but the turn goes on with `ids` appended as they are (no template between):
         a raw completion prompt that extends an earlier call's prompt and response. The history mask is 1 on the
@@ -210,7 +219,7 @@ class Context:
         runtime = self._claim(stage, worker, overrides)
         self._check_after(after, runtime)
         text, prompt, history = _appended(after, list(ids), runtime)
-        return self._made_by(await self._call(runtime, worker, text, prompt, overrides), after, history)
+        return self._made_by(await self._call(runtime, worker, text, prompt, overrides, stop), after, history)
 
     def _claim(self, stage: str, worker: int, overrides: dict[str, Any]) -> Stage:
         """A call's (stage, worker) taken, its overrides and stage checked: the stage's runtime."""
@@ -277,7 +286,13 @@ class Context:
         return _appended(after, injected, runtime)
 
     async def _call(
-        self, runtime: Stage, worker: int, text: str, ids: list[int], overrides: dict[str, Any]
+        self,
+        runtime: Stage,
+        worker: int,
+        text: str,
+        ids: list[int],
+        overrides: dict[str, Any],
+        stop: list[str] | None = None,
     ) -> Sample | None:
         cfg = runtime.config.with_overrides(overrides, "ctx.complete()") if overrides else runtime.config
         stage, p, sampling = runtime.name, self.problem, cfg.sampling
@@ -291,6 +306,8 @@ class Context:
             )
             return None
         params = {**sampling.params(), "max_tokens": max_tokens}
+        if stop:  # only when asked: the journal's keys of calls without stop strings stay as they were
+            params["stop"] = list(stop)
         seed = None
         if cfg.seed is not None:
             parts: tuple[object, ...] = (p.id, self.sample_index, stage, worker)

@@ -82,7 +82,8 @@ async def raw(client: Any, method: str, path: str, body: Any = None, key: str | 
 
 # -- refused, honoured ----------------------------------------------------------------------------------------------
 REFUSED = [
-    ({"stop": ["\n"]}, "`stop` is not served: stop sequences are not served"),
+    ({"stop_token_ids": [5]}, "`stop_token_ids` is not served: stop token ids are not served"),
+    ({"stop": ["x"], "include_stop_str_in_output": True}, "`include_stop_str_in_output` is not served"),
     ({"seed": 1}, "`seed` is not served: the run gives each call its own seed"),
     ({"tool_choice": "required"}, "`tool_choice` other than auto or none is not served"),
     ({"response_format": {"type": "json_object"}}, "`response_format` is not served"),
@@ -358,8 +359,11 @@ def test_a_function_that_calls_sys_exit_fails_its_execution_not_the_run(serve):
         await client.chat.completions.create(model="m", messages=USER)
         sys.exit(3)
 
-    _, group = run(server, plan)
+    _, group = run(server, plan, system_option=["on_error=fail"])
     assert group.status == "failed" and "the agent raised SystemExit(3)" in group.error
+    _, group = run(server, plan)  # the default: the execution kept, scored as the model's failure
+    (record,) = group.executions[0]
+    assert group.status == "complete" and record.agent_error.startswith("the agent raised SystemExit(3)")
 
 
 def test_max_agents_bounds_the_agents_running_at_once(serve):

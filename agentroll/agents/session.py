@@ -60,7 +60,7 @@ class Session:
         rendered = [form(m, i) for i, m in enumerate(request.messages)]
         key = [request.tools, self.encoder.kwargs]
         found = self.history.find_chat(key, canonical)
-        asked = orjson.dumps(["chat", key, canonical, request.overrides], option=orjson.OPT_SORT_KEYS)
+        asked = orjson.dumps(["chat", key, canonical, request.overrides, *_stops(request)], option=orjson.OPT_SORT_KEYS)
 
         async def one(choice: int) -> Sample:
             worker = self._worker(asked, choice)
@@ -72,10 +72,13 @@ class Session:
                     worker=worker,
                     after=self.samples[found.parent],
                     tools=request.tools,
+                    stop=request.stop,
                     **request.overrides,
                 )
             else:
-                made = await self.ctx.complete(STAGE, rendered, worker=worker, tools=request.tools, **request.overrides)
+                made = await self.ctx.complete(
+                    STAGE, rendered, worker=worker, tools=request.tools, stop=request.stop, **request.overrides
+                )
             return self._no_room(made)
 
         made = await self._guarded(gather_or_cancel(*(one(i) for i in range(request.n))))
@@ -108,7 +111,7 @@ class Session:
         """The request's `n` calls: token ids extending an earlier call go on from its ids, else the prompt is
         encoded (a text prompt as vLLM encodes one: special tokens added)."""
         found = self.history.find_text(request.prompt)
-        asked = orjson.dumps(["text", request.prompt, request.overrides], option=orjson.OPT_SORT_KEYS)
+        asked = orjson.dumps(["text", request.prompt, request.overrides, *_stops(request)], option=orjson.OPT_SORT_KEYS)
         tokenizer = self.encoder.tokenizer
         if found.parent is None:
             given = request.prompt
@@ -120,20 +123,23 @@ class Session:
 
         async def one(choice: int) -> Sample:
             worker = self._worker(asked, choice)
+            stop, more = request.stop, request.overrides
             if found.parent is not None:
                 parent = self.samples[found.parent]
-                return self._no_room(await self.ctx.extend(STAGE, parent, ids, worker=worker, **request.overrides))
-            return self._no_room(await self.ctx.complete(STAGE, ids, worker=worker, **request.overrides))
+                return self._no_room(await self.ctx.extend(STAGE, parent, ids, worker=worker, stop=stop, **more))
+            return self._no_room(await self.ctx.complete(STAGE, ids, worker=worker, stop=stop, **more))
 
         made = await self._guarded(gather_or_cancel(*(one(i) for i in range(request.n))))
         for sample in made:
             position = self._keep(sample, found)
-            whole = sample.finish_reason == "length"
-            self.history.add_text(
-                Text(
-                    position, request.prompt, sample.prompt_token_ids, sample.response_token_ids, sample.response, whole
-                )
-            )
+            text, whole = sample.response, sample.finish_reason == "length"
+            if sample.finish_reason == "stop" and isinstance(sample.stop_reason, str):
+                # cut before the stop string, the text the agent got lacks the tokens that completed it: the
+                # whole decoded response is what a prompt goes on from by ids (the agent writes the stop string)
+                full = self.encoder.decoded(sample.response_token_ids, sample.prompt_token_ids)
+                text, whole = (full, True) if full.startswith(sample.response) else (text, False)
+            ids_ = (sample.prompt_token_ids, sample.response_token_ids)
+            self.history.add_text(Text(position, request.prompt, *ids_, text, whole))
         return made
 
     # -- bookkeeping --------------------------------------------------------------------------------------------
@@ -192,3 +198,8 @@ class Session:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _stops(request: ChatRequest | TextRequest) -> list[Any]:
+    """A request's stop strings in what keys its calls, only when it has some (the keys of others unchanged)."""
+    return [{"stop": request.stop}] if request.stop else []
