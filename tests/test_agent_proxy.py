@@ -149,13 +149,13 @@ def test_credentials_paths_and_the_model_list(serve):
         models = await client.models.list()
         with pytest.raises(openai.AuthenticationError, match="unknown or expired API key"):
             await client.with_options(api_key="someone-else").chat.completions.create(model="m", messages=USER)
-        missing = await raw(client, "POST", "/responses", {"model": "m", "input": "hi"})
+        missing = await raw(client, "POST", "/embeddings", {"model": "m", "input": "hi"})
         await client.chat.completions.create(model="m", messages=USER)
         return [m.id for m in models.data], missing
 
     (listed, missing), group = run(server, plan)
     assert listed == [server.model]
-    assert missing[0] == 404 and "no Responses API" in missing[1]["error"]["message"]
+    assert missing[0] == 404 and "/v1/responses" in missing[1]["error"]["message"]
     assert group.status == "complete"
 
 

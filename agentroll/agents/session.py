@@ -47,6 +47,7 @@ class Session:
         self._workers: set[int] = set()
         self._calls: dict[str, dict[str, Any]] = {}  # tool call id -> its entry in a record's tool_calls
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.held: dict[str, list[dict[str, Any]]] = {}  # a response's id -> its messages and answer (Responses API)
         runtime = ctx.engine.stage(STAGE)
         self.encoder, self.think = runtime.encoder, runtime.config.think
         self.limit = runtime.config.max_context_len
