@@ -157,3 +157,17 @@ def test_a_function_returns_its_answer_and_a_bad_reward_fails_it():
     with pytest.raises(AgentFailed, match='without "answer"'):
         outcome_of({"result": "x"})
     assert tail_line(b"a\n\nb\nc\nd\ne\n") == "b | c | d | e"
+
+
+def test_generate_help_lists_each_built_in_systems_options():
+    """`--system-option` keys were nowhere in `generate --help` (a newcomer's trial): each built-in's are."""
+    from agentroll.systems import BUILTINS, builtin
+
+    from .conftest import run_cli
+
+    shown = run_cli("generate", "--help").stdout.decode()
+    said = " ".join(shown.replace("│", " ").split())
+    for name in BUILTINS:
+        assert f"{name}: " in said or f"{name}," in said, name
+        for key in builtin(name).options or {}:
+            assert key in said, (name, key)

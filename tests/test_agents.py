@@ -220,6 +220,12 @@ def test_the_openai_agents_sdk_runs_unchanged(thinking, problems, server, tmp_pa
             assert answer["history_mask"] is None and "<think>" not in answer["prompt"]
     figures = report(out)
     assert figures["branches_per_execution"] == (1.0 if thinking == "branch" else 0.0)
+    # the branches only the dropped reasoning made: said (once, then counted), naming thinking=continue
+    named = "--system-option thinking=continue continues them by the model's own ids" in output
+    assert named == (thinking == "branch"), output
+    stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
+    assert stats["branches_by_reasoning"] == (2 if thinking == "branch" else 0)
+    assert (stats["agents_started"], stats["agents_finished"], stats["agents_failed"]) == (2, 2, 0)
 
 
 def test_a_stock_agents_sdk_agent_on_a_model_that_calls_unknown_tools_completes_the_run_scored_and_flagged(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
     from ..schema import Sample
 
 STAGE = "agent"
+BARE = (
+    "the agent sends the model's answers back without their reasoning: under thinking=branch each such turn is a "
+    "new branch, rendered from text; --system-option thinking=continue continues them by the model's own ids"
+)
+log = logging.getLogger("agentroll")
 NO_ROOM = "This model's maximum context length is {limit} tokens: the prompt leaves no room to generate"
 
 
@@ -61,6 +67,9 @@ class Session:
         rendered = [form(m, i) for i, m in enumerate(request.messages)]
         key = [request.tools, self.encoder.kwargs]
         found = self.history.find_chat(key, canonical)
+        if found.bare:
+            self.ctx.engine.stats.count("branches_by_reasoning")
+            log.warning(BARE)
         asked = orjson.dumps(["chat", key, canonical, request.overrides, *_stops(request)], option=orjson.OPT_SORT_KEYS)
 
         async def one(choice: int) -> Sample:

@@ -143,6 +143,7 @@ class Agent(System):
 
         session = Session(ctx, self.parse, self.settings["thinking"])
         credential = proxy.open(session)
+        ctx.engine.stats.count("agents_started")
         work = asyncio.ensure_future(self._agent(ctx, proxy.url, credential))
         error: str | None = None
         try:
@@ -168,6 +169,8 @@ class Agent(System):
         if not samples:
             ctx.engine.stats.count("agents_failed")
             raise ExecutionFailed("the agent made no model call", rerun_helps=False)
+        if error is None:
+            ctx.engine.stats.count("agents_finished")
         for sample in samples:
             sample.agent_answer, sample.agent_reward = outcome.answer, outcome.reward
             sample.agent_error = error

@@ -8,7 +8,9 @@
   calls that continue a conversation by the model's own ids and that had history rendered from text. Counted
   from the records (`tally`), so `stats` and `report` recompute them, with the share of executions whose agent
   failed and was scored as the model's failure (`agent_error`, `on_error=score`); every agent that failed or
-  ran out of time, recorded or not, is counted as the run goes (`agents_failed`, `agents_timed_out`);
+  ran out of time, recorded or not, is counted as the run goes (`agents_failed`, `agents_timed_out`), as are the
+  agents started and finished (the progress line's agents running) and the branches that differ from a
+  continuation only by the reasoning the agent left out (`branches_by_reasoning`: thinking=continue's case);
 - checks: `branched_from` names an earlier call, a continued call is not a rerendered one, each `tool_calls`
   entry has its fields and a known status, and every call of an execution carries its answer and raw reward;
 - inspect: each call with what it continues or branches from, and its tool calls.
@@ -37,7 +39,16 @@ FIGURES = (
 
 class AgentWords(Vocabulary):
     figures = FIGURES
-    counters = ("agents_failed", "agents_timed_out")
+    counters = ("agents_started", "agents_finished", "agents_failed", "agents_timed_out", "branches_by_reasoning")
+
+    def progress(self, counters: Mapping[str, float]) -> str | None:
+        """Agents running (started, not yet ended), finished, failed: an agent running its tools has no call in
+        flight."""
+        started, finished = int(counters.get("agents_started", 0)), int(counters.get("agents_finished", 0))
+        failed = int(counters.get("agents_failed", 0) + counters.get("agents_timed_out", 0))
+        if not started:
+            return None
+        return f"agents running {max(0, started - finished - failed)}, finished {finished}, failed {failed}"
 
     def tally(self, samples: list[Sample]) -> Mapping[str, float]:
         return {
