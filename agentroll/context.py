@@ -42,12 +42,11 @@ class ExecutionFailed(Exception):
     """A call or a render of this execution failed for good: the execution (and its group) is not written.
     `rerun_helps` False: a rerun fails it again (an agent that crashed on what the call journal replays)."""
 
-    def __init__(self, message: str, rerun_helps: bool = True) -> None:
-        super().__init__(message)
-        self.rerun_helps = rerun_helps
+    rerun_helps = True
 
 
 History = tuple[list[int], list[float]]  # a continued turn's history mask and logprobs
+Stops = list[str] | None  # a call's stop strings
 
 
 def _key(tools: list[dict[str, Any]] | None) -> str:
@@ -171,7 +170,7 @@ class Context:
         worker: int = 0,
         after: Sample | None = None,
         tools: list[dict[str, Any]] | None = None,
-        stop: list[str] | None = None,
+        stop: Stops = None,
         **overrides: Any,
     ) -> Sample | None:
         """One token-exact call of `stage`, as a `Sample` (reward 0 until `reward`), or None when the prompt
@@ -204,14 +203,7 @@ class Context:
         return self._made_by(await self._call(runtime, worker, text, ids, overrides, stop), after, history)
 
     async def extend(
-        self,
-        stage: str,
-        after: Sample,
-        ids: list[int],
-        *,
-        worker: int = 0,
-        stop: list[str] | None = None,
-        **overrides: Any,
+        self, stage: str, after: Sample, ids: list[int], *, worker: int = 0, stop: Stops = None, **overrides: Any
     ) -> Sample | None:
         """Like `complete(after=...)`, but the turn goes on with `ids` appended as they are (no template between):
         a raw completion prompt that extends an earlier call's prompt and response. The history mask is 1 on the
@@ -286,13 +278,7 @@ class Context:
         return _appended(after, injected, runtime)
 
     async def _call(
-        self,
-        runtime: Stage,
-        worker: int,
-        text: str,
-        ids: list[int],
-        overrides: dict[str, Any],
-        stop: list[str] | None = None,
+        self, runtime: Stage, worker: int, text: str, ids: list[int], overrides: dict[str, Any], stop: Stops = None
     ) -> Sample | None:
         cfg = runtime.config.with_overrides(overrides, "ctx.complete()") if overrides else runtime.config
         stage, p, sampling = runtime.name, self.problem, cfg.sampling

@@ -50,6 +50,12 @@ ON_ERROR = ("score", "fail")  # an agent that failed after its calls: the model'
 FAILED_REWARD = 0.0  # the raw reward of an execution whose agent failed (on_error=score)
 
 
+class AgentCrashed(ExecutionFailed):
+    """The agent failed its execution in a way a rerun repeats: the call journal replays the same answers to it."""
+
+    rerun_helps = False
+
+
 class Agent(System):
     name = "agent"
     stages = ("agent",)
@@ -157,7 +163,7 @@ class Agent(System):
             if self.settings["on_error"] == "fail" or not session.samples:
                 # replayed from the journal, its calls get the same answers: a rerun fails it again (a timeout may
                 # have been the server's slowness, which a replay does not repeat)
-                raise ExecutionFailed(f"the agent {exc}", rerun_helps=exc.timed_out) from exc
+                raise (ExecutionFailed if exc.timed_out else AgentCrashed)(f"the agent {exc}") from exc
             error, outcome = f"the agent {exc}", Outcome(None)
         finally:
             if not work.done():
@@ -168,7 +174,7 @@ class Agent(System):
         samples = session.samples
         if not samples:
             ctx.engine.stats.count("agents_failed")
-            raise ExecutionFailed("the agent made no model call", rerun_helps=False)
+            raise AgentCrashed("the agent made no model call")
         if error is None:
             ctx.engine.stats.count("agents_finished")
         for sample in samples:
