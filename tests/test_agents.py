@@ -228,23 +228,27 @@ def test_the_openai_agents_sdk_runs_unchanged(thinking, problems, server, tmp_pa
     assert (stats["agents_started"], stats["agents_finished"], stats["agents_failed"]) == (2, 2, 0)
 
 
+@pytest.mark.parametrize("responses", [True, False], ids=["responses-api-program", "chat-completions-function"])
 def test_a_stock_agents_sdk_agent_on_a_model_that_calls_unknown_tools_completes_the_run_scored_and_flagged(
-    problems, tmp_path
+    responses, problems, tmp_path
 ):
     """The Agents SDK raises ModelBehaviorError on a call of a tool it was not offered: the model's mistake. Under
     the default on_error=score that execution is written with its call, scored 0 and flagged; the run exits 0."""
     sim = SimServer(script=Script.from_jsonl(problems, behavior(tool_call=1.0, tool_unknown=1.0, correct=1.0)))
     sim.start()
+    agent = program(tmp_path, support.AGENTS_SDK_PROGRAM) if responses else "agent=tests.agents_support:agents_run"
     try:
         out = tmp_path / "out"
-        code, output = generate(problems, out, sim.url, "--system-option", "agent=tests.agents_support:agents_run")
+        code, output = generate(problems, out, sim.url, "--system-option", agent)
     finally:
         sim.stop()
     assert code == 0, output
     records = read_records(out)
-    assert records and all(r["tool_calls"][0]["status"] == "unknown" for r in records)
+    assert len(records) == 2 and all(r["tool_calls"][0]["status"] == "unknown" for r in records)
+    said = "exited with code 1; its stderr ends: " if responses else "raised "
     for r in records:
-        assert r["agent_error"].startswith("the agent raised ModelBehaviorError: Tool ") and r["raw_reward"] == 0.0
+        assert r["agent_error"].startswith(f"the agent {said}") and "ModelBehaviorError" in r["agent_error"]
+        assert r["raw_reward"] == 0.0
     assert report(out)["agent_errors"] == 1.0 and validate_folder(out).ok
 
 
