@@ -71,6 +71,7 @@ def test_responses_items_previous_response_id_and_refusals(serve):  # noqa: F811
     assert first.usage.output_tokens == len(one.response_token_ids)
     assert first.output[0].content[0].text in one.response  # the reasoning, as the model wrote it
     assert two.continues == 0 and two.rerendered is False  # previous_response_id: the held turn, by ids
+    assert two.prompt.count("Hi.") == 1  # the instructions given anew, not carried over from the first
     assert second.output_text and second.output_text in two.response
     assert [s for s, _ in refused] == [400] * 7, refused
     said = " ".join(m for _, m in refused)

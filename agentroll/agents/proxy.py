@@ -141,7 +141,7 @@ class Proxy:
         asked = responses_request(body, session.alternatives, session.encoder.kwargs, session.held, read)
         ((sample, answer),) = await session.chat(asked)
         ident = f"resp_{uuid.uuid4().hex}"
-        session.held[ident] = held_conversation(asked, answer)
+        session.held[ident] = held_conversation(asked, answer, body)
         whole = response_body(ident, sample, answer, session.model, body, session.think)
         if not asked.stream:
             return web.Response(body=orjson.dumps(whole), content_type="application/json")

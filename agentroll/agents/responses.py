@@ -5,8 +5,9 @@ A request becomes chat messages: `instructions` a system message first, `input` 
 of items: messages (`user`, `system`, `developer` as system, `assistant`; text parts), `reasoning` (its text, the
 reasoning of the assistant turn it opens), `function_call` (a tool call of that turn) and `function_call_output` (a
 `tool` message). A turn given back as the proxy answered it (reasoning, text and calls) is the chat answer it was,
-so the request continues that call by ids (`history`), as a chat request does. `previous_response_id` prepends the
-conversation of a response this execution made (the proxy holds its messages and answer); another id is a 400.
+so the request continues that call by ids (`history`), as a chat request does. `previous_response_id` puts the
+conversation of a response this execution made (the proxy holds its messages and answer; not its instructions,
+which the request gives anew, as OpenAI has it) before the input; another id is a 400.
 Function tools become chat tools; other tool kinds, `tool_choice` other than auto or none, a text format other than
 text, `reasoning` settings, `truncation: auto`, logprobs and anything else that would change what is sampled are a
 `BadRequest` naming them: what cannot be served exactly is never served otherwise.
@@ -183,7 +184,7 @@ def responses_request(
                 f"previous_response_id {str(previous)[:80]!r} is not a response of this execution",
                 "previous_response_id",
             )
-        turns.messages = [*held[previous], *turns.messages]
+        turns.messages.extend(held[previous])  # its instructions are not carried over, as OpenAI has it
     given = body.get("input")
     if isinstance(given, str):
         turns.messages.append({"role": "user", "content": given})
@@ -329,6 +330,8 @@ def response_events(whole: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]
     yield event("response.completed" if whole["status"] == "completed" else "response.incomplete", response=whole)
 
 
-def held_conversation(request: ChatRequest, answer: Answer) -> list[dict[str, Any]]:
-    """What `previous_response_id` naming this response goes on from: the request's messages and the answer."""
-    return [*request.messages, answer.message()]
+def held_conversation(request: ChatRequest, answer: Answer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """What `previous_response_id` naming this response goes on from: the request's messages but its
+    `instructions` (a later request gives its own), and the answer."""
+    given = request.messages[1:] if body.get("instructions") is not None else request.messages
+    return [*given, answer.message()]
