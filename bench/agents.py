@@ -30,11 +30,7 @@ def python(code: str) -> str:
     Args:
         code: the program
     """
-    import contextlib, io
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(code, {})
-    return out.getvalue().strip()
+    return "17"  # not run: the simulated model's code may loop forever, and start-up is what is measured
 
 
 AGENT = Agent(name="solver", instructions="Use the python tool.", tools=[python])
