@@ -35,11 +35,16 @@ def python(code: str) -> str:
 
 AGENT = Agent(name="solver", instructions="Use the python tool.", tools=[python])
 '''
-PROGRAM = TOOL + """
+PROGRAM = (
+    TOOL
+    + """
 import json, sys
 print(Runner.run_sync(AGENT, json.load(sys.stdin)["prompt"]).final_output)
 """
-FUNCTION = TOOL + """
+)
+FUNCTION = (
+    TOOL
+    + """
 from agents import OpenAIResponsesModel
 
 
@@ -47,6 +52,7 @@ async def run(client, problem):
     agent = AGENT.clone(model=OpenAIResponsesModel(model="m", openai_client=client))
     return (await Runner.run(agent, problem["prompt"])).final_output
 """
+)
 
 
 def main() -> None:
@@ -66,11 +72,12 @@ def main() -> None:
                 "function": f"agent={work / 'function.py'}:run",
             }
             for name, option in forms.items():
+                command = [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(work / name)]
+                command += ["--base-url", url, "--tokenizer", str(TOKENIZER), "--system", "agent", "-q"]
+                command += ["--system-option", option, "--samples-per-prompt", str(args.k), "--reward", "exact"]
                 started = time.monotonic()
                 done = subprocess.run(
-                    [sys.executable, "-m", "agentroll", "generate", str(problems), "-o", str(work / name)]
-                    + ["--base-url", url, "--tokenizer", str(TOKENIZER), "--system", "agent", "-q"]
-                    + ["--system-option", option, "--samples-per-prompt", str(args.k), "--reward", "exact"],
+                    command,
                     cwd=ROOT,
                     capture_output=True,
                     text=True,
