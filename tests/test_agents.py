@@ -171,8 +171,8 @@ def test_the_reward_an_agent_reports_is_used_with_reward_agent(problems, server,
 
 def test_a_long_answer_is_read_whole_and_one_that_cannot_be_is_a_failure(problems, server, tmp_path):
     """A coding agent's answer (a patch) runs to hundreds of KiB on one line, after pages of logs: it is read
-    whole. An answer line longer than what agentroll keeps of the output fails the execution, saying why; it is
-    never scored cut."""
+    whole. An answer line longer than what agentroll keeps of the output fails the agent, saying why (scored 0 and
+    flagged under on_error=score); it is never scored cut."""
     talk = support.CURL_PROGRAM.split("for _ in range(6):")[0] + (
         'post("/chat/completions", {"model": model, "messages": messages})\n'
         'print("log line\\n" * 20000)\n'
@@ -189,9 +189,10 @@ def test_a_long_answer_is_read_whole_and_one_that_cannot_be_is_a_failure(problem
         code, output = generate(problems, tmp_path / "cut", server.url, *options)
     finally:
         del os.environ["ANSWER_BYTES"]
-    assert (
-        code == 8 and "the agent printed an answer line longer than the 16 MiB of its output agentroll keeps" in output
-    )
+    assert code == 0, output
+    (record,) = read_records(tmp_path / "cut")
+    said = "the agent printed an answer line longer than the 16 MiB of its output agentroll keeps"
+    assert record["agent_error"] == said and (record["raw_reward"], record["agent_answer"]) == (0.0, None)
 
 
 def test_reward_agent_takes_the_agent_system(problems, server, tmp_path):
