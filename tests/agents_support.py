@@ -173,6 +173,29 @@ open(os.environ["CHILD_PID"], "w").write(str(child.pid))
 time.sleep(600)
 """
 
+# the OpenAI Agents SDK with every default: the Responses API, the SDK's own client from OPENAI_BASE_URL / _API_KEY
+AGENTS_SDK_PROGRAM = """
+import json, sys
+from agents import Agent, Runner, function_tool
+
+@function_tool
+def python(code: str) -> str:
+    \"\"\"Run Python code and see what it prints.
+
+    Args:
+        code: the program
+    \"\"\"
+    import contextlib, io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {})
+    return out.getvalue().strip()
+
+row = json.load(sys.stdin)
+agent = Agent(name="solver", instructions="Use the python tool.", tools=[python])
+print(Runner.run_sync(agent, row["prompt"]).final_output)
+"""
+
 # -- functions ------------------------------------------------------------------------------------------------------
 PLAN: Callable[[Any, dict[str, Any]], Awaitable[Any]] | None = None  # a test's own body for `probe`
 
@@ -218,5 +241,31 @@ async def agents_run(client: Any, problem: dict[str, Any]) -> str:
         tools=[python],
         model=OpenAIChatCompletionsModel(model="m", openai_client=client),
     )
+    result = await Runner.run(agent, problem["prompt"])
+    return str(result.final_output)
+
+
+async def responses_run(client: Any, problem: dict[str, Any]) -> str:
+    """The OpenAI Agents SDK over its default Responses API (`OpenAIResponsesModel`), streamed when the row says."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def python(code: str) -> str:
+        """Run Python code and see what it prints.
+
+        Args:
+            code: the program
+        """
+        return run_python(json.dumps({"code": code}))
+
+    model = OpenAIResponsesModel(model="m", openai_client=client)
+    agent = Agent(name="solver", instructions="Use the python tool.", tools=[python], model=model)
+    if problem.get("stream"):
+        streamed = Runner.run_streamed(agent, problem["prompt"])
+        async for _ in streamed.stream_events():
+            pass
+        return str(streamed.final_output)
     result = await Runner.run(agent, problem["prompt"])
     return str(result.final_output)

@@ -82,7 +82,8 @@ async def raw(client: Any, method: str, path: str, body: Any = None, key: str | 
 
 # -- refused, honoured ----------------------------------------------------------------------------------------------
 REFUSED = [
-    ({"stop": ["\n"]}, "`stop` is not served: stop sequences are not served"),
+    ({"stop_token_ids": [5]}, "`stop_token_ids` is not served: stop token ids are not served"),
+    ({"stop": ["x"], "include_stop_str_in_output": True}, "`include_stop_str_in_output` is not served"),
     ({"seed": 1}, "`seed` is not served: the run gives each call its own seed"),
     ({"tool_choice": "required"}, "`tool_choice` other than auto or none is not served"),
     ({"response_format": {"type": "json_object"}}, "`response_format` is not served"),
@@ -93,7 +94,7 @@ REFUSED = [
     ({"logprobs": True, "top_logprobs": 3}, "3 alternatives per token asked, the run keeps 0"),
     ({"chat_template_kwargs": {"enable_thinking": False}}, "set them with generate --chat-template-kwargs"),
     ({"temperature": -1}, "`temperature` must be 0 or more, got -1"),
-    ({"n": 0}, "`n` must be a whole number of at least 1"),
+    ({"n": 0}, "`n` must be a whole number from 1 to 128"),
     ({"messages": []}, "`messages` must be a non-empty list"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "agentroll's proxy serves text only"),
     (  # a message given as a content part (a row's chat prompt put in a user message's content): no image
@@ -148,13 +149,13 @@ def test_credentials_paths_and_the_model_list(serve):
         models = await client.models.list()
         with pytest.raises(openai.AuthenticationError, match="unknown or expired API key"):
             await client.with_options(api_key="someone-else").chat.completions.create(model="m", messages=USER)
-        missing = await raw(client, "POST", "/responses", {"model": "m", "input": "hi"})
+        missing = await raw(client, "POST", "/embeddings", {"model": "m", "input": "hi"})
         await client.chat.completions.create(model="m", messages=USER)
         return [m.id for m in models.data], missing
 
     (listed, missing), group = run(server, plan)
     assert listed == [server.model]
-    assert missing[0] == 404 and "no Responses API" in missing[1]["error"]["message"]
+    assert missing[0] == 404 and "/v1/responses" in missing[1]["error"]["message"]
     assert group.status == "complete"
 
 
@@ -358,8 +359,11 @@ def test_a_function_that_calls_sys_exit_fails_its_execution_not_the_run(serve):
         await client.chat.completions.create(model="m", messages=USER)
         sys.exit(3)
 
-    _, group = run(server, plan)
+    _, group = run(server, plan, system_option=["on_error=fail"])
     assert group.status == "failed" and "the agent raised SystemExit(3)" in group.error
+    _, group = run(server, plan)  # the default: the execution kept, scored as the model's failure
+    (record,) = group.executions[0]
+    assert group.status == "complete" and record.agent_error.startswith("the agent raised SystemExit(3)")
 
 
 def test_max_agents_bounds_the_agents_running_at_once(serve):

@@ -197,3 +197,17 @@ def test_an_agent_gets_the_rows_prompt_as_messages_whichever_form_it_came_in(tmp
     assert seen["text"]["messages"] == [{"role": "user", "content": "What is 10 plus 7?"}]
     assert seen["text"]["prompt"] == "What is 10 plus 7?"
     assert seen["chat"]["messages"] == chat and seen["chat"]["prompt"] == chat
+
+
+def test_generate_help_lists_each_built_in_systems_options():
+    """`--system-option` keys were nowhere in `generate --help` (a newcomer's trial): each built-in's are."""
+    from agentroll.systems import BUILTINS, builtin
+
+    from .conftest import run_cli
+
+    shown = run_cli("generate", "--help").stdout.decode()
+    said = " ".join(shown.replace("│", " ").split())
+    for name in BUILTINS:
+        assert f"{name}: " in said or f"{name}," in said, name
+        for key in builtin(name).options or {}:
+            assert key in said, (name, key)

@@ -171,8 +171,8 @@ def test_the_reward_an_agent_reports_is_used_with_reward_agent(problems, server,
 
 def test_a_long_answer_is_read_whole_and_one_that_cannot_be_is_a_failure(problems, server, tmp_path):
     """A coding agent's answer (a patch) runs to hundreds of KiB on one line, after pages of logs: it is read
-    whole. An answer line longer than what agentroll keeps of the output fails the execution, saying why; it is
-    never scored cut."""
+    whole. An answer line longer than what agentroll keeps of the output fails the agent, saying why (scored 0 and
+    flagged under on_error=score); it is never scored cut."""
     talk = support.CURL_PROGRAM.split("for _ in range(6):")[0] + (
         'post("/chat/completions", {"model": model, "messages": messages})\n'
         'print("log line\\n" * 20000)\n'
@@ -189,9 +189,10 @@ def test_a_long_answer_is_read_whole_and_one_that_cannot_be_is_a_failure(problem
         code, output = generate(problems, tmp_path / "cut", server.url, *options)
     finally:
         del os.environ["ANSWER_BYTES"]
-    assert (
-        code == 8 and "the agent printed an answer line longer than the 16 MiB of its output agentroll keeps" in output
-    )
+    assert code == 0, output
+    (record,) = read_records(tmp_path / "cut")
+    said = "the agent printed an answer line longer than the 16 MiB of its output agentroll keeps"
+    assert record["agent_error"] == said and (record["raw_reward"], record["agent_answer"]) == (0.0, None)
 
 
 def test_reward_agent_takes_the_agent_system(problems, server, tmp_path):
@@ -220,6 +221,36 @@ def test_the_openai_agents_sdk_runs_unchanged(thinking, problems, server, tmp_pa
             assert answer["history_mask"] is None and "<think>" not in answer["prompt"]
     figures = report(out)
     assert figures["branches_per_execution"] == (1.0 if thinking == "branch" else 0.0)
+    # the branches only the dropped reasoning made: said (once, then counted), naming thinking=continue
+    named = "--system-option thinking=continue continues them by the model's own ids" in output
+    assert named == (thinking == "branch"), output
+    stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
+    assert stats["branches_by_reasoning"] == (2 if thinking == "branch" else 0)
+    assert (stats["agents_started"], stats["agents_finished"], stats["agents_failed"]) == (2, 2, 0)
+
+
+@pytest.mark.parametrize("responses", [True, False], ids=["responses-api-program", "chat-completions-function"])
+def test_a_stock_agents_sdk_agent_on_a_model_that_calls_unknown_tools_completes_the_run_scored_and_flagged(
+    responses, problems, tmp_path
+):
+    """The Agents SDK raises ModelBehaviorError on a call of a tool it was not offered: the model's mistake. Under
+    the default on_error=score that execution is written with its call, scored 0 and flagged; the run exits 0."""
+    sim = SimServer(script=Script.from_jsonl(problems, behavior(tool_call=1.0, tool_unknown=1.0, correct=1.0)))
+    sim.start()
+    agent = program(tmp_path, support.AGENTS_SDK_PROGRAM) if responses else "agent=tests.agents_support:agents_run"
+    try:
+        out = tmp_path / "out"
+        code, output = generate(problems, out, sim.url, "--system-option", agent)
+    finally:
+        sim.stop()
+    assert code == 0, output
+    records = read_records(out)
+    assert len(records) == 2 and all(r["tool_calls"][0]["status"] == "unknown" for r in records)
+    said = "exited with code 1; its stderr ends: " if responses else "raised "
+    for r in records:
+        assert r["agent_error"].startswith(f"the agent {said}") and "ModelBehaviorError" in r["agent_error"]
+        assert r["raw_reward"] == 0.0
+    assert report(out)["agent_errors"] == 1.0 and validate_folder(out).ok
 
 
 def test_a_harness_that_rewrites_history_makes_counted_branches_never_a_wrong_continuation(problems, server, tmp_path):
@@ -272,22 +303,29 @@ CRASH_ONCE = support.SDK_PROGRAM.replace(
 )
 
 
-def test_a_crashed_agent_fails_its_group_and_a_rerun_redoes_it_replaying_the_finished_calls(problems, server, tmp_path):
+def test_under_on_error_fail_a_crashed_agent_fails_its_group_and_a_changed_agent_reruns_it_on_the_same_calls(
+    problems, server, tmp_path
+):
+    """`on_error=fail` (agents whose crashes are bugs): the group is not written, and the warning and exit line say
+    that a rerun gives the agent the same answers (the journal), so only a changed agent gets further."""
     out, flag = tmp_path / "out", tmp_path / "crash"
     flag.touch()
-    agent = program(tmp_path, CRASH_ONCE)
+    agent = ["--system-option", program(tmp_path, CRASH_ONCE), "--system-option", "on_error=fail"]
     os.environ["CRASH_FLAG"] = str(flag)
     try:
-        code, output = generate(problems, out, server.url, "--system-option", agent, "--samples-per-prompt", "2")
+        code, output = generate(problems, out, server.url, *agent, "--samples-per-prompt", "2")
         assert code == 8, output
-        assert "group not written, a rerun redoes it: the agent exited with code 3" in output
+        assert "group not written, a rerun fails it again unless the agent changes: the agent exited with code 3" in (
+            output
+        )
+        assert "a rerun gives their agents the same answers: it fails them again unless the agent changes" in output
         assert "its stderr ends: RuntimeError: the harness fell over" in output
         assert read_records(out) == []
         failed = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
         assert failed["agents_failed"] == 2 and failed["groups_failed"] == 2  # one crashed agent in each group
         asked = len(generations(server))
         flag.unlink()
-        code, output = generate(problems, out, server.url, "--system-option", agent, "--samples-per-prompt", "2")
+        code, output = generate(problems, out, server.url, *agent, "--samples-per-prompt", "2")
     finally:
         del os.environ["CRASH_FLAG"]
     assert code == 0, output
@@ -297,6 +335,39 @@ def test_a_crashed_agent_fails_its_group_and_a_rerun_redoes_it_replaying_the_fin
     # the calls made before the crash (each execution's first, the second of execution 0) are not asked again
     assert stats["calls_replayed"] >= 4 and len(generations(server)) - asked == len(records) - stats["calls_replayed"]
     assert stats["agents_failed"] == 0
+
+
+def test_an_agent_that_crashes_after_its_calls_is_the_models_failure_recorded_flagged_and_scored_0(
+    problems, server, tmp_path
+):
+    """The default `on_error=score`: the crashed executions are written with their calls, `agent_error` saying why,
+    raw reward 0, counted in the summary; the run completes (exit 0)."""
+    out, flag = tmp_path / "out", tmp_path / "crash"
+    flag.touch()
+    os.environ["CRASH_FLAG"] = str(flag)
+    try:
+        code, output = generate(
+            problems, out, server.url, "--system-option", program(tmp_path, CRASH_ONCE), "--samples-per-prompt", "2"
+        )
+    finally:
+        del os.environ["CRASH_FLAG"]
+    assert code == 0, output
+    records = read_records(out)
+    check_exact(records, server)
+    runs = executions(records)
+    failed = [e for e in runs if e[0]["agent_error"] is not None]
+    assert len(runs) == 4 and len(failed) == 2 and all(e[0]["sample_index"] == 1 for e in failed)
+    for execution in failed:
+        assert len(execution) == 1  # the call made before the crash
+        for r in execution:
+            assert r["agent_error"].startswith("the agent exited with code 3; its stderr ends: RuntimeError")
+            assert (r["raw_reward"], r["agent_answer"]) == (0.0, None) and "scored 0" in r["reward_info"]
+    assert all(r["agent_error"] is None for e in runs if e not in failed for r in e)
+    stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
+    assert stats["agents_failed"] == 2 and stats["groups_failed"] == 0
+    assert report(out)["agent_errors"] == 0.5
+    assert "agents failed (scored 0) 0.500" in output
+    assert validate_folder(out).ok
 
 
 def test_an_agent_past_its_timeout_is_killed_with_everything_it_started(problems, server, tmp_path):

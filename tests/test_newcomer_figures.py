@@ -179,4 +179,20 @@ def test_the_accuracy_phrase_holds_only_accuracies_and_a_systems_other_shares_fo
     stats.use_stages(("agent",), AgentWords())
     result = RunResult(stats, ClientCounters(), 1.0, "m", "out")
     (said,) = [phrases for phrases in summary.lines(result) if phrases[0].startswith("accuracy")]
-    assert said == ["accuracy: agent 0.000, system 0.750", "calls continued by ids -, calls with history re-rendered -"]
+    shares = "calls continued by ids -, calls with history re-rendered -, agents failed (scored 0) 0.000"
+    assert said == ["accuracy: agent 0.000, system 0.750", shares]
+
+
+def test_the_progress_line_says_how_many_agents_run_finished_and_failed():
+    """ "in flight 0" while 42 agents ran their tools (a newcomer's trial): the agent system's progress phrase counts
+    its agents, after the calls in flight."""
+    from agentroll.run.progress import count_parts
+    from agentroll.systems.agent_words import AgentWords
+
+    stats = RunStats()
+    stats.use_stages(("agent",), AgentWords())
+    assert not any(p.startswith("agents") for p in count_parts(stats, ClientCounters()))  # none started yet
+    for name, n in (("agents_started", 7), ("agents_finished", 2), ("agents_failed", 1), ("agents_timed_out", 1)):
+        stats.count(name, n)
+    parts = count_parts(stats, ClientCounters())
+    assert parts[0].startswith("in flight") and parts[1] == "agents running 3, finished 2, failed 2"

@@ -164,6 +164,25 @@ def test_a_stop_string_cuts_the_text_before_it_and_is_the_stop_reason(server):
     )
 
 
+def test_stop_strings_end_at_the_first_token_completing_one_the_lists_first_found_then_named(server):
+    """vLLM checks the stop strings after each token: the first token whose text completes one ends the sequence
+    ("answer" completes before "The answer is", listed first and starting earlier); among strings that one token
+    completes, the list's order decides. /generate's sampling_params stop alike."""
+    sim = server(script=Says("<think>a</think>The answer is 4."), enable_scale_out=True)
+    choice = completion(sim.url, return_token_ids=True, stop=["The answer is", "answer"])["choices"][0]
+    assert choice["stop_reason"] == "answer" and choice["text"] == "<think>a</think>The "
+    # both complete on the same token: the first listed wins, its start cuts the text
+    same = completion(sim.url, return_token_ids=True, stop=["swer", "answer"])["choices"][0]
+    assert same["stop_reason"] == "swer" and same["text"] == "<think>a</think>The an"
+    assert same["token_ids"] == choice["token_ids"]
+    status, raw, _ = call(sim.url, "/v1/completions", {"prompt": [5, 6], "stop": ["x", ""]})
+    assert status == 400 and b"stop cannot contain an empty string." in raw
+    body = {"token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 200, "stop": ["answer"]}}
+    status, raw, _ = call(sim.url, "/inference/v1/generate", body)
+    generated = json.loads(raw)["choices"][0]
+    assert status == 200 and generated["token_ids"] == choice["token_ids"] and generated["stop_reason"] == "answer"
+
+
 def test_n_samples_count_the_prompt_once_in_usage_as_vllm_does(server):
     sim = server()
     body = completion(sim.url, n=4, max_tokens=5)

@@ -46,6 +46,7 @@ NEW_FIELDS = {
     "rerendered",
     "agent_answer",
     "agent_reward",
+    "agent_error",
     "policy",  # a head-to-head run's policy (null here)
     *OPTIONAL_FIELDS,  # null without a teacher
 }

@@ -77,6 +77,7 @@ class Found:
     branched_from: int | None = None
     rerendered: bool = False
     stripped: bool = False  # continued although the agent dropped the answer's reasoning (thinking="continue")
+    bare: bool = False  # a branch that thinking="continue" would have continued: only the reasoning was dropped
 
 
 @dataclass
@@ -102,17 +103,20 @@ class History:
 
     def find_chat(self, key: Any, messages: list[dict[str, Any]]) -> Found:
         hashes = chain(key, messages)
+        bare = False
         for i in range(len(messages), 0, -1):
             h = hashes[i]
             tail = messages[i:]
             if h in self._ends:
                 return Found(self._ends[h], tail, rerendered=_assistant(tail))
-            if self.thinking == "continue" and h in self._loose:
-                return Found(self._loose[h], tail, rerendered=_assistant(tail), stripped=True)
+            if h in self._loose:
+                if self.thinking == "continue":
+                    return Found(self._loose[h], tail, rerendered=_assistant(tail), stripped=True)
+                bare = bare or not _assistant(tail)  # the reasoning dropped, and nothing else rewritten after
         if not _assistant(messages):
             return Found()
         shared = next((self._seen[h] for h in reversed(hashes[1:]) if h in self._seen), None)
-        return Found(branched_from=shared, rerendered=True)
+        return Found(branched_from=shared, rerendered=True, bare=bare)
 
     # -- completions ------------------------------------------------------------------------------------------
     def add_text(self, call: Text) -> None:

@@ -1,6 +1,7 @@
 """The recording proxy: an OpenAI-compatible endpoint on loopback, served by agentroll while a run lasts.
 
-`POST /v1/chat/completions` (whole or streamed), `POST /v1/completions`, `GET /v1/models`. Each execution gets a
+`POST /v1/chat/completions` (whole or streamed), `POST /v1/completions`, `POST /v1/responses` (whole or
+streamed: `responses`), `GET /v1/models`. Each execution gets a
 credential of its own (the API key its agent is given): a request is tied to its execution by the credential it
 carries, never by guessing, and a credential is refused once its execution has ended. A request is checked
 (`requests`), made as token-exact calls of its execution (`session`), and answered in OpenAI's format
@@ -14,6 +15,7 @@ import asyncio
 import logging
 import secrets
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,12 +27,13 @@ from ..errors import UsageError, first_line
 from .messages import BadRequest
 from .replies import chat_body, chat_chunks, text_body, text_chunks
 from .requests import chat_request, text_request
+from .responses import held_conversation, response_body, response_events, responses_request
 from .session import Session
 
 __all__ = ["Proxy"]
 
 log = logging.getLogger("agentroll")
-PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models")
 MAX_BODY = 256 << 20  # a long agent conversation is many megabytes of JSON
 
 
@@ -82,10 +85,7 @@ class Proxy:
         path = request.path.rstrip("/")
         if path not in PATHS:
             return _error(
-                404,
-                f"{request.path} is not served: agentroll's proxy serves {', '.join(PATHS)} (no Responses API: "
-                "point the agent at chat completions)",
-                "NotFoundError",
+                404, f"{request.path} is not served: agentroll's proxy serves {', '.join(PATHS)}", "NotFoundError"
             )
         scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
         session = self.sessions.get(credential) if scheme.lower() == "bearer" else None
@@ -107,6 +107,8 @@ class Proxy:
         try:
             if path == "/v1/chat/completions":
                 return await self._chat(request, session, body)
+            if path == "/v1/responses":
+                return await self._responses(request, session, body)
             return await self._text(request, session, body)
         except BadRequest as exc:
             log.warning("the agent's request was refused (400): %s", exc)
@@ -132,8 +134,26 @@ class Proxy:
         made = await session.chat(asked)
         return await self._answer(request, session, asked, made, chat_chunks, chat_body)
 
+    async def _responses(self, request: web.Request, session: Session, body: Any) -> web.StreamResponse:
+        """The Responses API: the request as the chat request it amounts to, answered as a Response."""
+        template = str(getattr(session.encoder.tokenizer, "chat_template", None) or "")
+        read = "reasoning_effort" in template and "reasoning_effort" not in session.encoder.kwargs
+        asked = responses_request(body, session.alternatives, session.encoder.kwargs, session.held, read)
+        ((sample, answer),) = await session.chat(asked)
+        ident = f"resp_{uuid.uuid4().hex}"
+        session.held[ident] = held_conversation(asked, answer, body)
+        whole = response_body(ident, sample, answer, session.model, body, session.think)
+        if not asked.stream:
+            return web.Response(body=orjson.dumps(whole), content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for kind, event in response_events(whole):
+            await response.write(f"event: {kind}\ndata: ".encode() + orjson.dumps(event) + b"\n\n")
+        await response.write_eof()
+        return response
+
     async def _text(self, request: web.Request, session: Session, body: Any) -> web.StreamResponse:
-        asked = text_request(body, session.alternatives)
+        asked = text_request(body, session.alternatives, len(session.encoder.tokenizer))
         made = await session.text(asked)
         return await self._answer(request, session, asked, made, text_chunks, text_body)
 

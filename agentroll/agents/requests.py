@@ -1,13 +1,14 @@
 """What an agent's request asks, read and checked: honoured exactly, left to the run, or refused (HTTP 400).
 
 Honoured: the messages or prompt, `tools`, `tool_choice` `auto` and `none`, `n`, `stream` (and its
-`include_usage`), `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `logprobs`
-and `top_logprobs` (within the run's `--logprobs K`), vLLM's `return_token_ids`, and `chat_template_kwargs` equal
-to the run's. The run's own: `model` (any name is the run's model), the seed under `--seed`, the request
-priority. Fields that change nothing sampled (`user`, `metadata`, `store`, ...) are read and left. Anything else
-that would change what is sampled or how it is rendered (stop sequences, penalties, `logit_bias`, a response
-format, `tool_choice` `required` or a named tool, a seed, an unknown field) is refused with a `BadRequest` naming
-it: a request is never served otherwise than it asked.
+`include_usage`), `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `stop` (sent
+to vLLM, which ends the response at the token completing one), `logprobs` and `top_logprobs` (within the run's
+`--logprobs K`), vLLM's `return_token_ids`, and `chat_template_kwargs` equal to the run's. The run's own:
+`model` (any name is the run's model), the seed under `--seed`, the request priority. Fields that change nothing
+sampled (`user`, `metadata`, `store`, ...) are read and left. Anything else that would change what is sampled or how
+it is rendered (stop token ids, penalties, `logit_bias`, a response format, `tool_choice` `required` or a named
+tool, a seed, an unknown field) is refused with a `BadRequest` naming it: a request is never served otherwise than
+it asked.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from .messages import BadRequest, tools_of
 __all__ = ["ChatRequest", "TextRequest", "chat_request", "text_request"]
 
 SAMPLED = ("temperature", "top_p", "top_k", "min_p")
+INT32 = 2**31 - 1  # the largest whole number a request's field may carry (ids, counts, sizes)
+MOST_CHOICES = 128  # OpenAI's own limit on `n`
+MOST_STOPS, LONGEST_STOP = 64, 4096  # stop strings per request, characters per stop string
 # read and left: they change nothing the model samples
 IGNORED = frozenset(
     {
@@ -44,7 +48,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0, 0.0),
     "repetition_penalty": (1, 1.0),
     "logit_bias": ({},),
-    "stop": ([],),
     "stop_token_ids": ([],),
     "best_of": (1,),
     "use_beam_search": (False,),
@@ -61,8 +64,8 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 WHY = {
     "seed": "the run gives each call its own seed (--seed), so the K executions of a problem differ",
-    "stop": "stop sequences are not served: a response ends where the model ends its turn",
-    "stop_token_ids": "stop sequences are not served: a response ends where the model ends its turn",
+    "stop_token_ids": "stop token ids are not served (stop strings are: `stop`)",
+    "include_stop_str_in_output": "the text is cut before the stop string, as OpenAI's API cuts it",
     "response_format": "a response format needs constrained decoding, which the run does not apply",
     "logit_bias": "the run samples from the model's own distribution",
     "parallel_tool_calls": "the run cannot hold the model to one tool call per turn",
@@ -82,6 +85,7 @@ class Common:
     overrides: dict[str, Any] = field(default_factory=dict)  # ctx.complete()'s: max_tokens and sampling
     logprobs: int | None = None  # None: no logprobs; else the alternatives per token (0: the sampled token's only)
     return_token_ids: bool = False
+    stop: list[str] | None = None  # stop strings, sent to vLLM as they are
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +116,38 @@ def _refuse(body: dict[str, Any], known: frozenset[str]) -> None:
         raise BadRequest(f"`{key}` is not served: {reason}", key)
 
 
-def _int(body: dict[str, Any], key: str, low: int, default: int | None = None) -> int | None:
+def _int(body: dict[str, Any], key: str, low: int, default: int | None = None, high: int = INT32) -> int | None:
+    """A whole-number field within [low, high]: what vLLM and the tokenizer take (32-bit), never past it."""
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise BadRequest(f"`{key}` must be a whole number of at least {low}, got {value!r}", key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequest(f"`{key}` must be a whole number from {low} to {high}, got {_short(value)}", key)
     return value
+
+
+def _short(value: Any) -> str:
+    """A value as an error message quotes it: at most 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _stop(value: Any) -> list[str] | None:
+    """`stop`: a string or a list of them, none empty (vLLM refuses one: it would match everywhere)."""
+    if value is None or value == []:
+        return None
+    stops = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(stops, list)
+        or not 0 < len(stops) <= MOST_STOPS
+        or not all(isinstance(s, str) and 0 < len(s) <= LONGEST_STOP for s in stops)
+    ):
+        raise BadRequest(
+            f"`stop` must be a string or a list of at most {MOST_STOPS} strings, each of 1 to {LONGEST_STOP} "
+            f"characters, got {_short(value)}",
+            "stop",
+        )
+    return list(stops)
 
 
 def _common(body: dict[str, Any], alternatives: int, chat: bool) -> dict[str, Any]:
@@ -130,7 +159,9 @@ def _common(body: dict[str, Any], alternatives: int, chat: bool) -> dict[str, An
     for key, value in overrides.items():
         check, what = RULES[key]
         if not check(value):
-            raise BadRequest(f"`{key}` must be {what}, got {value!r}", key)
+            raise BadRequest(f"`{key}` must be {what}, got {_short(value)}", key)
+        if isinstance(value, int) and abs(value) > INT32:
+            raise BadRequest(f"`{key}` must be within 32 bits, got {_short(value)}", key)
     if chat:
         wanted = body.get("logprobs")
         if wanted is not None and not isinstance(wanted, bool):
@@ -151,7 +182,8 @@ def _common(body: dict[str, Any], alternatives: int, chat: bool) -> dict[str, An
         raise BadRequest("`stream_options` must be an object", "stream_options")
     stream = body.get("stream") is True
     return {
-        "n": _int(body, "n", 1, 1),
+        "stop": _stop(body.get("stop")),
+        "n": _int(body, "n", 1, 1, MOST_CHOICES),
         "stream": stream,
         "include_usage": stream and bool((options or {}).get("include_usage")),
         "overrides": overrides,
@@ -173,10 +205,11 @@ CHAT_FIELDS = frozenset(
         "top_logprobs",
         "return_token_ids",
         "chat_template_kwargs",
+        "stop",
         *SAMPLED,
     }
 )
-TEXT_FIELDS = frozenset({"prompt", "n", "stream", "max_tokens", "logprobs", "return_token_ids", *SAMPLED})
+TEXT_FIELDS = frozenset({"prompt", "n", "stream", "max_tokens", "logprobs", "return_token_ids", "stop", *SAMPLED})
 
 
 def chat_request(body: Any, alternatives: int, template_kwargs: dict[str, Any]) -> ChatRequest:
@@ -207,8 +240,9 @@ def chat_request(body: Any, alternatives: int, template_kwargs: dict[str, Any]) 
     )
 
 
-def text_request(body: Any, alternatives: int) -> TextRequest:
-    """A `/v1/completions` body, checked: one prompt, as text or token ids."""
+def text_request(body: Any, alternatives: int, vocab: int) -> TextRequest:
+    """A `/v1/completions` body, checked: one prompt, as text or token ids, each id within the tokenizer's `vocab`
+    (as vLLM refuses one past it, before anything decodes it)."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     _refuse(body, TEXT_FIELDS)
@@ -216,8 +250,11 @@ def text_request(body: Any, alternatives: int) -> TextRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise BadRequest("`prompt` must be one text or one list of token ids (one prompt per request)", "prompt")
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise BadRequest(f"Token id {_short(bad)} is out of vocabulary (ids 0 to {vocab - 1})", "prompt")
     elif not isinstance(prompt, str) or not prompt:
         raise BadRequest("`prompt` must be a non-empty text or a list of token ids", "prompt")
     return TextRequest(**_common(body, alternatives, chat=False), prompt=prompt)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
     from ..record.schema import Sample
 
 STAGE = "agent"
+BARE = (
+    "the agent sends the model's answers back without their reasoning: under thinking=branch each such turn is a "
+    "new branch, rendered from text; --system-option thinking=continue continues them by the model's own ids"
+)
+log = logging.getLogger("agentroll")
 NO_ROOM = "This model's maximum context length is {limit} tokens: the prompt leaves no room to generate"
 
 
@@ -48,6 +54,7 @@ class Session:
         self._workers: set[int] = set()
         self._calls: dict[str, dict[str, Any]] = {}  # tool call id -> its entry in a record's tool_calls
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.held: dict[str, list[dict[str, Any]]] = {}  # a response's id -> its messages and answer (Responses API)
         runtime = ctx.engine.stage(STAGE)
         self.encoder, self.think = runtime.encoder, runtime.config.think
         self.limit = runtime.config.max_context_len
@@ -61,7 +68,10 @@ class Session:
         rendered = [form(m, i) for i, m in enumerate(request.messages)]
         key = [request.tools, self.encoder.kwargs]
         found = self.history.find_chat(key, canonical)
-        asked = orjson.dumps(["chat", key, canonical, request.overrides], option=orjson.OPT_SORT_KEYS)
+        if found.bare:
+            self.ctx.engine.stats.count("branches_by_reasoning")
+            log.warning(BARE)
+        asked = orjson.dumps(["chat", key, canonical, request.overrides, *_stops(request)], option=orjson.OPT_SORT_KEYS)
         sent = self._sent(request.overrides)
 
         async def one(choice: int) -> Sample:
@@ -74,10 +84,13 @@ class Session:
                     worker=worker,
                     after=self.samples[found.parent],
                     tools=request.tools,
+                    stop=request.stop,
                     **sent,
                 )
             else:
-                made = await self.ctx.complete(STAGE, rendered, worker=worker, tools=request.tools, **sent)
+                made = await self.ctx.complete(
+                    STAGE, rendered, worker=worker, tools=request.tools, stop=request.stop, **sent
+                )
             return self._no_room(made)
 
         made = await self._guarded(gather_or_cancel(*(one(i) for i in range(request.n))))
@@ -110,7 +123,7 @@ class Session:
         """The request's `n` calls: token ids extending an earlier call go on from its ids, else the prompt is
         encoded (a text prompt as vLLM encodes one: special tokens added)."""
         found = self.history.find_text(request.prompt)
-        asked = orjson.dumps(["text", request.prompt, request.overrides], option=orjson.OPT_SORT_KEYS)
+        asked = orjson.dumps(["text", request.prompt, request.overrides, *_stops(request)], option=orjson.OPT_SORT_KEYS)
         sent = self._sent(request.overrides)
         tokenizer = self.encoder.tokenizer
         if found.parent is None:
@@ -123,20 +136,23 @@ class Session:
 
         async def one(choice: int) -> Sample:
             worker = self._worker(asked, choice)
+            stop, more = request.stop, sent
             if found.parent is not None:
                 parent = self.samples[found.parent]
-                return self._no_room(await self.ctx.extend(STAGE, parent, ids, worker=worker, **sent))
-            return self._no_room(await self.ctx.complete(STAGE, ids, worker=worker, **sent))
+                return self._no_room(await self.ctx.extend(STAGE, parent, ids, worker=worker, stop=stop, **more))
+            return self._no_room(await self.ctx.complete(STAGE, ids, worker=worker, stop=stop, **more))
 
         made = await self._guarded(gather_or_cancel(*(one(i) for i in range(request.n))))
         for sample in made:
             position = self._keep(sample, found, request.overrides)
-            whole = sample.finish_reason == "length"
-            self.history.add_text(
-                Text(
-                    position, request.prompt, sample.prompt_token_ids, sample.response_token_ids, sample.response, whole
-                )
-            )
+            text, whole = sample.response, sample.finish_reason == "length"
+            if sample.finish_reason == "stop" and isinstance(sample.stop_reason, str):
+                # cut before the stop string, the text the agent got lacks the tokens that completed it: the
+                # whole decoded response is what a prompt goes on from by ids (the agent writes the stop string)
+                full = self.encoder.decoded(sample.response_token_ids, sample.prompt_token_ids)
+                text, whole = (full, True) if full.startswith(sample.response) else (text, False)
+            ids_ = (sample.prompt_token_ids, sample.response_token_ids)
+            self.history.add_text(Text(position, request.prompt, *ids_, text, whole))
         return made
 
     # -- bookkeeping --------------------------------------------------------------------------------------------
@@ -201,3 +217,8 @@ class Session:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _stops(request: ChatRequest | TextRequest) -> list[Any]:
+    """A request's stop strings in what keys its calls, only when it has some (the keys of others unchanged)."""
+    return [{"stop": request.stop}] if request.stop else []

@@ -12,17 +12,17 @@ import typer
 from rich.text import Text
 
 from ..engine.options import GenerateOptions, default_of
-from ..errors import AgentrollError, IncompleteRun, PipeClosed
+from ..errors import AgentrollError, PipeClosed
 from ..run.progress import Progress as ProgressHook
 from ..run.run_options import RUN_OPTION_NAMES, RunOptions
-from ..run.runner import Runner, RunResult
+from ..run.runner import Runner
 from .console import REPEATS, err, error, failed, log, run_async, setup_logging
 from .folds import Folds
 from .help import Command, help_text, metavar
 from .interrupts import Interrupts
 from .keys import KEY_WARNING, TEACHER_KEY_WARNING, given_key
 from .progress import LogLines, RichBar
-from .summary import print_summary
+from .summary import incomplete, print_summary
 
 PANELS = {
     "Input and output": (
@@ -355,23 +355,6 @@ def _outcome(runner: Runner, interrupts: Interrupts, quiet: bool, debug: bool, f
     if code == 0 and result is not None and not result.complete:
         code = failed(incomplete(result, said=not quiet), debug=False)
     return code
-
-
-def incomplete(result: RunResult, said: bool) -> IncompleteRun:
-    """Exit 8's line: how many groups are missing and why (the commonest reasons, when the warnings that named
-    them were not shown: `-q`)."""
-    why = "see the warnings above"
-    if not said and result.failures:
-        named = result.failures.most_common(2)
-        why = "; ".join(f"{n}x {reason}" for reason, n in named)
-        rest = sum(result.failures.values()) - sum(n for _, n in named)
-        why += f"; {rest} more for other reasons" if rest else ""
-    elif not said:
-        why = "the run stopped before they were produced"
-    return IncompleteRun(
-        f"{result.missing_groups} of {result.stats.problems} groups could not be produced ({why}): run the same "
-        "command again to redo them"
-    )
 
 
 def _run_ray(run: dict[str, Any], generate: dict[str, Any], quiet: bool, debug: bool) -> int:

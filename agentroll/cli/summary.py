@@ -10,6 +10,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import IncompleteRun
 from ..record.headtohead import Comparison
 from ..record.stats import RunStats, StageStats
 from ..run.runner import RunResult
@@ -225,3 +226,25 @@ def _unscored(teacher: dict[str, Any]) -> list[str]:
     names = list(teacher.get("unscored_records") or ())
     more = f", and {count - len(names)} more" if count > len(names) else ""
     return [f"unscored {count} (they fill its context, kept without teacher fields: {', '.join(names)}{more})"]
+
+
+def incomplete(result: RunResult, said: bool) -> IncompleteRun:
+    """Exit 8's line: how many groups are missing and why (the commonest reasons, when the warnings that named
+    them were not shown: `-q`)."""
+    why = "see the warnings above"
+    if not said and result.failures:
+        named = result.failures.most_common(2)
+        why = "; ".join(f"{n}x {reason}" for reason, n in named)
+        rest = sum(result.failures.values()) - sum(n for _, n in named)
+        why += f"; {rest} more for other reasons" if rest else ""
+    elif not said:
+        why = "the run stopped before they were produced"
+    missing, repeats = result.missing_groups, min(result.repeats, result.missing_groups)
+    again = "a rerun gives their agents the same answers: it fails them again unless the agent changes"
+    if repeats and repeats == missing:  # every one an agent that crashed: the journal replays the same answers to it
+        advice = again
+    elif repeats:
+        advice = f"run the same command again to redo {missing - repeats} of them ({repeats} more: {again})"
+    else:
+        advice = "run the same command again to redo them"
+    return IncompleteRun(f"{missing} of {result.stats.problems} groups could not be produced ({why}): {advice}")

@@ -13,7 +13,6 @@ calls.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -22,9 +21,9 @@ import orjson
 
 from agentroll.client import CallFailed, Endpoint
 from agentroll.client.wire import Completion
-from agentroll.context.calls import call_key, call_seed, sample_of, sampling_record
+from agentroll.context.calls import History, appended, call_key, call_seed, sample_of, sampling_record, tools_key
 from agentroll.context.stages import Engine, Stage, SystemConfig, same_tokens
-from agentroll.context.turns import continue_turn, separator
+from agentroll.context.turns import separator
 from agentroll.errors import InputError, ServerError, UsageError, first_line
 from agentroll.inputs import Problem
 from agentroll.record.schema import Sample
@@ -41,30 +40,13 @@ log = logging.getLogger("agentroll")
 
 
 class ExecutionFailed(Exception):
-    """A call or a render of this execution failed for good: the execution (and its group) is not written."""
+    """A call or a render of this execution failed for good: the execution (and its group) is not written.
+    `rerun_helps` False: a rerun fails it again (an agent that crashed on what the call journal replays)."""
+
+    rerun_helps = True
 
 
-History = tuple[list[int], list[float]]  # a continued turn's history mask and logprobs
-
-
-def _key(tools: list[dict[str, Any]] | None) -> str:
-    return "" if not tools else hashlib.blake2b(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def _appended(after: Sample, injected: list[int], runtime: Stage) -> tuple[str, list[int], History]:
-    """`after`'s prompt and response ids, then `injected`: the next prompt, its text, and its history. A frozen
-    stage's tokens (another model's: loss mask 0) count as injected in the trajectory."""
-    turn = continue_turn(
-        after.prompt_token_ids,
-        after.history_mask,
-        after.history_logprobs,
-        after.response_token_ids,
-        after.response_logprobs,
-        after.loss_mask,
-        injected,
-    )
-    text = runtime.encoder.tokenizer.decode(turn.ids, skip_special_tokens=False)
-    return text, turn.ids, (turn.mask, turn.logprobs)
+Stops = list[str] | None  # a call's stop strings
 
 
 class Context:
@@ -119,7 +101,7 @@ class Context:
         """The problem as a first prompt: the row's own messages, or its statement in `template` (`tools`
         offered through the chat template); rendered once for the K executions. A row the chat template
         rejects, or that leaves no room to generate, is a bad input row (`InputError` naming the prompt field)."""
-        cache, slot = self.engine.prompts, (stage, template, self.problem.content_hash, _key(tools))
+        cache, slot = self.engine.prompts, (stage, template, self.problem.content_hash, tools_key(tools))
         if slot in cache:
             return await asyncio.shield(cache[slot])
         made = cache[slot] = asyncio.get_running_loop().create_future()
@@ -169,6 +151,7 @@ class Context:
         worker: int = 0,
         after: Sample | None = None,
         tools: list[dict[str, Any]] | None = None,
+        stop: Stops = None,
         **overrides: Any,
     ) -> Sample | None:
         """One token-exact call of `stage`, as a `Sample` (reward 0 until `reward`), or None when the prompt
@@ -180,7 +163,8 @@ class Context:
         messages' tokens, never a re-rendering. `worker` tells apart calls of one stage in one execution (it
         derives the call's seed: two calls with one (stage, worker) are refused). `tools`: the chat template's
         `tools` argument, for messages rendered here (a conversation keeps the tools it started with).
-        `overrides`: max_tokens, temperature, top_p, top_k, min_p for this call."""
+        `overrides`: max_tokens, temperature, top_p, top_k, min_p for this call. `stop`: vLLM's stop strings (the
+        response's ids end at the token that completed one, its text before it; `stop_reason` names it)."""
         runtime = self._claim(stage, worker, overrides)
         history: tuple[list[int], list[float]] | None = None
         if after is not None:
@@ -197,18 +181,18 @@ class Context:
             text, ids = await self.render(prompt, stage, tools)  # type: ignore[arg-type]
         else:
             raise UsageError("ctx.complete() takes chat messages, token ids or a (text, ids) pair")
-        return self._made_by(await self._call(runtime, worker, text, ids, overrides), after, history)
+        return self._made_by(await self._call(runtime, worker, text, ids, overrides, stop), after, history)
 
     async def extend(
-        self, stage: str, after: Sample, ids: list[int], *, worker: int = 0, **overrides: Any
+        self, stage: str, after: Sample, ids: list[int], *, worker: int = 0, stop: Stops = None, **overrides: Any
     ) -> Sample | None:
         """Like `complete(after=...)`, but the turn goes on with `ids` appended as they are (no template between):
         a raw completion prompt that extends an earlier call's prompt and response. The history mask is 1 on the
         earlier response's tokens, 0 on `ids`."""
         runtime = self._claim(stage, worker, overrides)
         self._check_after(after, runtime)
-        text, prompt, history = _appended(after, list(ids), runtime)
-        return self._made_by(await self._call(runtime, worker, text, prompt, overrides), after, history)
+        text, prompt, history = appended(after, list(ids), runtime)
+        return self._made_by(await self._call(runtime, worker, text, prompt, overrides, stop), after, history)
 
     def _claim(self, stage: str, worker: int, overrides: dict[str, Any]) -> Stage:
         """A call's (stage, worker) taken, its overrides and stage checked: the stage's runtime."""
@@ -272,10 +256,10 @@ class Context:
             cache[slot] = injected
             if len(cache) > 1024:
                 cache.popitem(last=False)
-        return _appended(after, injected, runtime)
+        return appended(after, injected, runtime)
 
     async def _call(
-        self, runtime: Stage, worker: int, text: str, ids: list[int], overrides: dict[str, Any]
+        self, runtime: Stage, worker: int, text: str, ids: list[int], overrides: dict[str, Any], stop: Stops = None
     ) -> Sample | None:
         cfg = runtime.config.with_overrides(overrides, "ctx.complete()") if overrides else runtime.config
         stage, p, sampling = runtime.name, self.problem, cfg.sampling
@@ -289,6 +273,8 @@ class Context:
             )
             return None
         params = {**sampling.params(), "max_tokens": max_tokens}
+        if stop:  # only when asked: the journal's keys of calls without stop strings stay as they were
+            params["stop"] = list(stop)
         seed = None
         if cfg.seed is not None:
             parts: tuple[object, ...] = (p.id, self.sample_index, stage, worker)

@@ -15,10 +15,13 @@ import orjson
 
 from agentroll.client.wire import Completion
 from agentroll.context.stages import Stage, SystemConfig
+from agentroll.context.turns import continue_turn
 from agentroll.inputs import Problem
 from agentroll.record.parsing import answer_content
 from agentroll.record.schema import Sample, status_for
 from agentroll.settings.sampling import Sampling
+
+History = tuple[list[int], list[float]]  # a continued turn's history mask and logprobs
 
 
 def call_seed(seed: int, *parts: object) -> int:
@@ -109,3 +112,24 @@ def sample_of(
         sampling_mask=done.sampling_mask if cfg.masks else None,
         trainable=runtime.trainable,
     )
+
+
+def tools_key(tools: list[dict[str, Any]] | None) -> str:
+    """The tools a prompt was rendered with, as a key of the prompt cache."""
+    return "" if not tools else hashlib.blake2b(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def appended(after: Sample, injected: list[int], runtime: Stage) -> tuple[str, list[int], History]:
+    """`after`'s prompt and response ids, then `injected`: the next prompt, its text, and its history. A frozen
+    stage's tokens (another model's: loss mask 0) count as injected in the trajectory."""
+    turn = continue_turn(
+        after.prompt_token_ids,
+        after.history_mask,
+        after.history_logprobs,
+        after.response_token_ids,
+        after.response_logprobs,
+        after.loss_mask,
+        injected,
+    )
+    text = runtime.encoder.tokenizer.decode(turn.ids, skip_special_tokens=False)
+    return text, turn.ids, (turn.mask, turn.logprobs)

@@ -300,7 +300,7 @@ class Generator:
                 executions = await gather_or_cancel(*(s.run(problem, n, attempt, group) for s, n in runs))
             except ExecutionFailed as exc:
                 self.stats.groups_failed += 1
-                return Group(problem, [], "failed", str(exc), attempt + 1)
+                return Group(problem, [], "failed", str(exc), attempt + 1, cause=exc)
             except InputError as exc:
                 self.stats.groups_invalid += 1
                 return Group(problem, [], "invalid", str(exc), attempt + 1, cause=exc)

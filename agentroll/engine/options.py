@@ -73,7 +73,12 @@ class GenerateOptions(RewardOptions, TeacherOptions):
         "Agent system: three-stage | single | critique-revise | tool-use | agent (your agent program: "
         "docs/agents.md) | FILE.py:CLASS | MODULE:CLASS (docs/systems.md).",
     )
-    system_option: list[str] = option([], "KEY=VALUE for the system (repeatable; the value is JSON or a string).")
+    system_option: list[str] = option(
+        [],
+        "KEY=VALUE for the system (repeatable; the value is JSON or a string). tool-use: tools, max_turns, "
+        "tool_timeout, max_tool_output, parser, tool_threads (docs/tool-use.md); agent: command or agent, timeout, "
+        "max_agents, parser, thinking, on_error (docs/agents.md); three-stage, single, critique-revise: none.",
+    )
     stage: list[str] = option(
         [],
         "STAGE.KEY=VALUE per-stage setting (repeatable): model, base_url, tokenizer, "

@@ -28,7 +28,13 @@ class Group:
     status: GroupStatus = "complete"
     error: str | None = None
     attempts: int = 1  # group runs made: 1 + resamples of a uniform group
-    cause: BaseException | None = field(default=None, repr=False)  # the InputError of an invalid group
+    # the InputError of an invalid group, the ExecutionFailed of a failed one
+    cause: BaseException | None = field(default=None, repr=False)
+
+    @property
+    def rerun_helps(self) -> bool:
+        """False for a failed group that a rerun fails again (`ExecutionFailed.rerun_helps`)."""
+        return getattr(self.cause, "rerun_helps", True) is not False
 
     @property
     def problem_id(self) -> str:

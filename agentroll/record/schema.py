@@ -13,7 +13,7 @@ SCHEMA_VERSION = 6  # 2: groups are whole; problem_hash. 3: sampling per record,
 # a record written before them lacks them and reads as null there (`Sample`'s default), no less valid for it
 OPTIONAL_FIELDS = frozenset(
     {
-        *("branched_from", "rerendered", "agent_answer", "agent_reward"),
+        *("branched_from", "rerendered", "agent_answer", "agent_reward", "agent_error"),
         "policy",
         *("teacher_logprobs", "teacher_ranks", "teacher_top_ids", "teacher_top_logprobs"),
         *("judge", "reward_components"),
@@ -124,7 +124,9 @@ class Sample:
     # model's own ids or it has none): a new branch (the agent edited or dropped a message, stripped the
     # thinking), and `branched_from` is the position of the call it shares the most leading messages with.
     # `agent_answer` is the agent's final answer and `agent_reward` the reward it reported (null: none), on every
-    # call of its execution. All null for other systems.
+    # call of its execution. `agent_error`: why the agent failed (crashed, exited non-zero, ran out of time) when
+    # its execution was kept as the model's failure (`on_error=score`), on every call; null when it finished.
+    # All null for other systems.
     branched_from: int | None = None
     rerendered: bool | None = None
     # `--system-option sampling=run`: the sampling the agent's request asked for (the keys it set: temperature,
@@ -132,6 +134,7 @@ class Sample:
     agent_sampling: dict[str, Any] | None = None
     agent_answer: str | None = None
     agent_reward: float | None = None
+    agent_error: str | None = None
     # the input row's prompt exactly as given (a string, or the list of chat messages): what the rewards were
     # given as `prompt` (and the statement derived from it), so that `rescore` gives them the same ("" before 6)
     problem: str | list[dict[str, Any]] = ""

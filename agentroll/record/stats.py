@@ -169,6 +169,8 @@ class Tally(Protocol):
 
     def tally(self, samples: list[Sample]) -> Mapping[str, float]: ...
 
+    def progress(self, counters: Mapping[str, float]) -> str | None: ...
+
 
 @dataclass(slots=True)
 class RunStats:

@@ -257,9 +257,17 @@ class ChatEncoder:
         """A response's text from its ids, as vLLM's /v1/completions writes it: the stop token that ended it
         (EOS or a stop token id; both stay in the ids) left out, special tokens skipped, and decoded as vLLM's
         detokenizer does, a token at a time after the prompt (`tokenizers`' DecodeStream primed with the prompt
-        ids: a SentencePiece token's leading space is kept), holding back a trailing incomplete character."""
+        ids: a SentencePiece token's leading space is kept), holding back a trailing incomplete character. A stop
+        string (`stop_reason` a string) cuts the text where it begins, as vLLM cuts it; the ids keep every token."""
         if ids and finish_reason == "stop" and not isinstance(stop_reason, str):
             ids = ids[:-1]
+        text = self.decoded(ids, prompt_ids)
+        if finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason in text:
+            text = text[: text.index(stop_reason)]
+        return text
+
+    def decoded(self, ids: list[int], prompt_ids: list[int] | None = None) -> str:
+        """`ids` as vLLM's detokenizer writes them after `prompt_ids` (special tokens skipped), nothing cut."""
         backend = getattr(self.tokenizer, "_tokenizer", None)  # a fast tokenizer's `tokenizers.Tokenizer`
         if backend is not None and prompt_ids is not None:
             try:

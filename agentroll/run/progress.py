@@ -118,6 +118,9 @@ def count_parts(stats: RunStats, requests: ClientCounters) -> list[str]:
         f"mean reward {_ratio(stats.mean_final_reward)}, system accuracy {_ratio(report.get('system_accuracy'))}",
         f"groups failed {stats.groups_failed}, calls failed {requests.failures}, retries {requests.retries}",
     ]
+    said = stats.vocabulary.progress(stats.counters) if stats.vocabulary is not None else None
+    if said:  # the system's own (agents running), by the calls in flight it explains
+        parts.insert(1, said)
     if stats.invalid_rows:
         parts.append(f"invalid rows {stats.invalid_rows}")
     if stats.calls_replayed:

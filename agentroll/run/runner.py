@@ -48,6 +48,7 @@ class RunResult:
     teachers: list[dict[str, Any]] = field(default_factory=list)  # --teacher: each one's model and requests
     notes: list[str] = field(default_factory=list)  # lines the summary ends with (said as warnings too)
     failures: Counter[str] = field(default_factory=Counter)  # why groups were not written: reason -> groups
+    repeats: int = 0  # of those groups, the ones a rerun fails again (an agent that crashed: the journal replays)
     startup_s: float = 0.0  # until the first row to run was in hand (servers, tokenizer, folder, done rows)
     startup_requests: int = 0  # made by then (the servers' probes)
 
@@ -269,13 +270,13 @@ class Runner:
         else:
             if self.result is not None:
                 self.result.failures[str(group.error)] += 1
+                self.result.repeats += not group.rerun_helps
+            helps = group.rerun_helps  # an agent that crashed on what the journal replays fails the same way again
+            rerun = "a rerun redoes it" if helps else "a rerun fails it again unless the agent changes"
+            fold = f"groups not written (a rerun {'redoes' if helps else 'fails'} them)"
+            where = f"problem {group.problem_id} ({group.problem.source} line {group.problem.line})"
             log.warning(
-                "problem %s (%s line %d): group not written, a rerun redoes it: %s",
-                group.problem_id,
-                group.problem.source,
-                group.problem.line,
-                group.error,
-                extra={"fold": ("groups not written (a rerun redoes them)", str(group.error))},
+                "%s: group not written, %s: %s", where, rerun, group.error, extra={"fold": (fold, str(group.error))}
             )
         self.progress.advance(stats, self.generator.counters)
         limit = self.run_options.max_failures

@@ -33,8 +33,11 @@ def check_model(served: str, model: Any) -> None:
 
 
 def check_stop(stop: Any) -> None:
-    """A completion's `stop`: a string or a list of strings, refused as pydantic words it."""
+    """A completion's `stop`: a string or a list of strings, refused as pydantic words it; an empty string as
+    vLLM's SamplingParams refuses it (it would match everywhere)."""
     if stop is None or isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        if stop == "" or (isinstance(stop, list) and "" in stop):
+            raise bad_request("stop cannot contain an empty string.")
         return
     errors = [{"type": "string_type", "loc": ("body", "stop"), "msg": "Input should be a valid string", "input": stop}]
     if not isinstance(stop, list):

@@ -287,18 +287,22 @@ class Engine:
         text_ids = ids[:-1] if finish == "stop" else ids  # the stop token is in token_ids, not in the text
         text = self.tokenizer.decode(text_ids, skip_special_tokens=skip)
         stop = request.get("stop")
-        strings = [stop] if isinstance(stop, str) else [s for s in stop or () if s]
-        hits = [(text.find(s), s) for s in strings if s and s in text]
-        if hits:  # a stop string: the text ends before it, token_ids at the token that completed it
-            at, string = min(hits)
+        strings = [stop] if isinstance(stop, str) else list(stop or ())
+        if any(s in text for s in strings):
+            # vLLM checks the stop strings after each token: the first token whose text completes one ends the
+            # sequence (token_ids hold it), the first of the list found then is the stop_reason, and the text
+            # ends where that string begins
             lo, hi = 1, len(text_ids)
             while lo < hi:
                 mid = (lo + hi) // 2
-                if string in self.tokenizer.decode(text_ids[:mid], skip_special_tokens=skip):
+                decoded = self.tokenizer.decode(text_ids[:mid], skip_special_tokens=skip)
+                if any(s in decoded for s in strings):
                     hi = mid
                 else:
                     lo = mid + 1
-            ids, finish, reason, text = text_ids[:lo], "stop", string, text[:at]
+            decoded = self.tokenizer.decode(text_ids[:lo], skip_special_tokens=skip)
+            string = next(s for s in strings if s in decoded)
+            ids, finish, reason, text = text_ids[:lo], "stop", string, decoded[: decoded.index(string)]
         return Choice(ids, finish, reason, text)
 
     def _abort(self, seq: Choice, request: dict[str, Any]) -> Choice:
@@ -348,6 +352,7 @@ class Engine:
         _, body = validate(data, GENERATE)
         check_model(self.model, body.get("model"))
         _, params = validate_params(body["sampling_params"])
+        check_stop(params.get("stop"))
         check_prompt(body["token_ids"], params, self.vocab_size, self.max_model_len, generate=True)
         if params.get("n") not in (None, 1):
             raise bad_request("the simulated server answers one sequence per /generate request", "n")

@@ -7,9 +7,12 @@ makes is recorded token-exact: an execution is all of its agent's calls, in the 
 
 The agent's final answer (its last stdout line, its return value, or `{"answer": ..., "reward": ...}`) is scored
 with the run's reward, or, with `--reward agent`, is worth the reward the agent reported; every call of the
-execution carries that raw reward, and the execution's outcome is it. An agent that crashes, exits non-zero,
-runs out of time or makes no call fails its execution as an infrastructure failure: its group is not written and
-a rerun redoes it. Options: `command` or `agent` (one of them), `timeout` (seconds of wall clock per execution),
+execution carries that raw reward, and the execution's outcome is it. An agent that crashes, exits non-zero or
+runs out of time after its calls is, with `on_error=score` (the default), the model's failure: its calls are
+recorded with `agent_error` saying why, raw reward 0; with `on_error=fail` it fails its group as an
+infrastructure failure (which a rerun, replaying its calls from the journal, fails again). An agent that makes no
+call fails its group either way. Options: `command` or `agent` (one of them), `timeout` (seconds of wall clock per
+execution), `on_error`,
 `max_agents` (agents running at once over the run: an execution waits its turn),
 `parser` (the tool-call parser: hermes, llama3_json, mistral, FILE.py:NAME), `thinking` (`branch`: an answer the
 agent echoes back without its reasoning starts a new branch; `continue`: it continues the conversation by the
@@ -45,6 +48,14 @@ if TYPE_CHECKING:
     from .recorded import Rescoring
 
 OWN = "agent"  # --reward agent: the reward the agent reports
+ON_ERROR = ("score", "fail")  # an agent that failed after its calls: the model's failure (reward 0), or the group's
+FAILED_REWARD = 0.0  # the raw reward of an execution whose agent failed (on_error=score)
+
+
+class AgentCrashed(ExecutionFailed):
+    """The agent failed its execution in a way a rerun repeats: the call journal replays the same answers to it."""
+
+    rerun_helps = False
 
 
 class Agent(System):
@@ -58,6 +69,7 @@ class Agent(System):
         "parser": "hermes",
         "thinking": "branch",
         "sampling": "agent",
+        "on_error": "score",
     }
     version = 1
     vocabulary = AgentWords()
@@ -89,6 +101,8 @@ class Agent(System):
             raise UsageError(f"--system-option thinking={s['thinking']!r}: must be branch or continue")
         if s["sampling"] not in ("agent", "run"):
             raise UsageError(f"--system-option sampling={s['sampling']!r}: must be agent or run")
+        if s["on_error"] not in ON_ERROR:
+            raise UsageError(f"--system-option on_error={s['on_error']!r}: must be {' or '.join(ON_ERROR)}")
         self.parse = parser_for(s["parser"])
         self._proxy: asyncio.Future[Proxy] | None = None
         self._function: Any = None
@@ -135,12 +149,14 @@ class Agent(System):
             return await self._execution(ctx, proxy)
 
     async def _execution(self, ctx: Context, proxy: Proxy) -> list[Sample]:
-        from ..agents.launch import AgentFailed
+        from ..agents.launch import AgentFailed, Outcome
         from ..agents.session import Session
 
         session = Session(ctx, self.parse, self.settings["thinking"], pinned=self.settings["sampling"] == "run")
         credential = proxy.open(session)
+        ctx.engine.stats.count("agents_started")
         work = asyncio.ensure_future(self._agent(ctx, proxy.url, credential))
+        error: str | None = None
         try:
             either: list[asyncio.Future[Any]] = [work, session.failed]
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
@@ -149,7 +165,11 @@ class Agent(System):
             outcome = work.result()
         except AgentFailed as exc:
             ctx.engine.stats.count("agents_timed_out" if exc.timed_out else "agents_failed")
-            raise ExecutionFailed(f"the agent {exc}") from exc
+            if self.settings["on_error"] == "fail" or not session.samples:
+                # replayed from the journal, its calls get the same answers: a rerun fails it again (a timeout may
+                # have been the server's slowness, which a replay does not repeat)
+                raise (ExecutionFailed if exc.timed_out else AgentCrashed)(f"the agent {exc}") from exc
+            error, outcome = f"the agent {exc}", Outcome(None)
         finally:
             if not work.done():
                 work.cancel()
@@ -159,9 +179,12 @@ class Agent(System):
         samples = session.samples
         if not samples:
             ctx.engine.stats.count("agents_failed")
-            raise ExecutionFailed("the agent made no model call")
+            raise AgentCrashed("the agent made no model call")
+        if error is None:
+            ctx.engine.stats.count("agents_finished")
         for sample in samples:
             sample.agent_answer, sample.agent_reward = outcome.answer, outcome.reward
+            sample.agent_error = error
         ctx.final_reward = await self._settle(samples, ctx.reward, ctx.problem, ctx.engine.rewards.settings.default)
         ctx.shape(samples, won=ctx.final_reward == 1)
         return samples
@@ -208,7 +231,9 @@ class Agent(System):
         """Score the agent's answer (or take its own reward) and give every call of the execution that raw
         reward. Returns the execution's outcome."""
         last = samples[-1]
-        if (problem.reward or default) == OWN:
+        if last.agent_error is not None:  # the agent failed on what the model did: a failure, whatever the reward
+            value, info = FAILED_REWARD, f"scored {FAILED_REWARD:g}: {last.agent_error}"
+        elif (problem.reward or default) == OWN:
             if last.agent_reward is None:
                 raise ExecutionFailed(
                     '--reward agent: the agent reported no reward (print {"answer": ..., "reward": ...})'

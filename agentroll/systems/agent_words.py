@@ -6,8 +6,11 @@
   execution, branches per execution (calls that carry earlier assistant turns but continue no call: the agent
   rewrote the history, or sent one the proxy never answered), and the shares of
   calls that continue a conversation by the model's own ids and that had history rendered from text. Counted
-  from the records (`tally`), so `stats` and `report` recompute them; the agents that failed or ran out of time
-  leave no record and are counted as the run goes (`agents_failed`, `agents_timed_out`);
+  from the records (`tally`), so `stats` and `report` recompute them, with the share of executions whose agent
+  failed and was scored as the model's failure (`agent_error`, `on_error=score`); every agent that failed or
+  ran out of time, recorded or not, is counted as the run goes (`agents_failed`, `agents_timed_out`), as are the
+  agents started and finished (the progress line's agents running) and the branches that differ from a
+  continuation only by the reasoning the agent left out (`branches_by_reasoning`: thinking=continue's case);
 - checks: `branched_from` names an earlier call, a continued call is not a rerendered one, each `tool_calls`
   entry has its fields and a known status, and every call of an execution carries its answer and raw reward;
 - inspect: each call with what it continues or branches from, and its tool calls.
@@ -30,12 +33,22 @@ FIGURES = (
     Figure("branches_per_execution", "branches per execution", "branches", unit="per execution"),
     Figure("continued_calls", "calls continued by ids", "continued", "calls"),
     Figure("rerendered_calls", "calls with history re-rendered", "rerendered", "calls"),
+    Figure("agent_errors", "agents failed (scored 0)", "agent_errors"),
 )
 
 
 class AgentWords(Vocabulary):
     figures = FIGURES
-    counters = ("agents_failed", "agents_timed_out")
+    counters = ("agents_started", "agents_finished", "agents_failed", "agents_timed_out", "branches_by_reasoning")
+
+    def progress(self, counters: Mapping[str, float]) -> str | None:
+        """Agents running (started, not yet ended), finished, failed: an agent running its tools has no call in
+        flight."""
+        started, finished = int(counters.get("agents_started", 0)), int(counters.get("agents_finished", 0))
+        failed = int(counters.get("agents_failed", 0) + counters.get("agents_timed_out", 0))
+        if not started:
+            return None
+        return f"agents running {max(0, started - finished - failed)}, finished {finished}, failed {failed}"
 
     def tally(self, samples: list[Sample]) -> Mapping[str, float]:
         return {
@@ -45,6 +58,7 @@ class AgentWords(Vocabulary):
             "branches": sum(s.continues is None and bool(s.rerendered) for s in samples),
             "continued": sum(s.continues is not None for s in samples),
             "rerendered": sum(bool(s.rerendered) for s in samples),
+            "agent_errors": bool(samples) and samples[-1].agent_error is not None,
         }
 
     def check(self, samples: list[Sample]) -> Iterable[Finding]:
@@ -62,8 +76,16 @@ class AgentWords(Vocabulary):
                     f"{', '.join(STATUSES)}",
                     "value",
                 )
-            if s.agent_answer != last.agent_answer or not math.isclose(s.raw_reward, last.raw_reward, abs_tol=1e-9):
-                yield Finding(at, "an agent's calls differ in agent_answer or raw_reward within one execution")
+            if (
+                s.agent_answer != last.agent_answer
+                or s.agent_error != last.agent_error
+                or not math.isclose(s.raw_reward, last.raw_reward, abs_tol=1e-9)
+            ):
+                yield Finding(
+                    at, "an agent's calls differ in agent_answer, agent_error or raw_reward within one execution"
+                )
+        if last.agent_error is not None and last.raw_reward != 0.0:
+            yield Finding(len(samples) - 1, f"an agent that failed is scored 0, not {last.raw_reward}", "value")
         yield from outcome_is(samples, last, "the agent's answer")
 
     def label(self, sample: Sample, samples: list[Sample]) -> Label:
@@ -79,7 +101,8 @@ class AgentWords(Vocabulary):
         )
         calls = sample.tool_calls or []
         made = f" · {len(calls)} tool call{'s' * (len(calls) != 1)}" if calls else ""
-        return Label(f"call {position + 1} of {len(samples)} · {how}{made}")
+        failed = " · the agent failed" if sample.agent_error is not None else ""
+        return Label(f"call {position + 1} of {len(samples)} · {how}{made}{failed}")
 
 
 def _well_formed(call: object) -> bool:

@@ -82,6 +82,10 @@ class Vocabulary:
         """Faults of one execution as the system writes it (its outcome, its stages' roles); none by default."""
         return ()
 
+    def progress(self, counters: Mapping[str, float]) -> str | None:
+        """A phrase of the progress line from the system's counters as the run goes (none by default)."""
+        return None
+
     def heading(self, stage: str, members: list[Sample], samples: list[Sample]) -> str:
         """A stage's branch in `inspect` (`members`: its samples in the execution, maybe none)."""
         return f"{stage} ({len(members)})" if members else f"{stage}: none (no call made)"
