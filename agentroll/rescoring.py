@@ -227,7 +227,7 @@ async def _group(
             sample.final_reward = execution.final_reward
         if length.active:
             length.apply(samples)
-    annotate(group.executions, [e[0].final_reward for e in group.executions])
+    annotate(group.executions, [e[0].final_reward for e in group.executions], stats.vocabulary)
     return group
 
 

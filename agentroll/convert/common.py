@@ -1,6 +1,6 @@
-"""Shared by every converter: a folder read as (problem, stage) groups, GRPO baselines and atomic JSONL output (the
-chat messages behind a rendered prompt, for the conversational layouts, are `convert.messages`'). Stage names and
-their order are the folder's system's (`settings.system.stages`; a folder without one is three-stage)."""
+"""Shared by every converter: a folder read as (problem, stage) groups, GRPO baselines (over conversations, as
+`agentroll.group` defines them) and atomic JSONL output (the chat messages behind a rendered prompt, for the
+conversational layouts, are `convert.messages`'). Stage names and their order are the folder's system's (`settings.system.stages`; a folder without one is three-stage)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from ..errors import UsageError
+from ..group import conversation_reward, policy_groups, stage_groups
 from ..folder.manifest import Manifest
 from ..schema import STAGES
 from ..shaping import dropped
@@ -137,6 +138,7 @@ def read_problems(
     std: str = "population",
     routes: bool = False,
     policy: str | None = None,
+    whole_stage: bool = False,
 ) -> Iterator[Problem]:
     """The folder's problems in manifest order (whole groups, by `agentroll.read_groups`), each split
     into stage groups (`stages` in order; None: every stage, as first seen). Baselines are computed over the
@@ -149,7 +151,8 @@ def read_problems(
     `Trajectory` (`convert.trajectory`); the turns folded into a later one are counted in
     `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`. `routes`: records'
     `routed_experts` as arrays (`read_groups(routes=True)`). In a head-to-head folder each policy's samples of a
-    stage are a group of their own (baselines too); `policy` keeps only that policy's records."""
+    stage are a group of their own (baselines too); `policy` keeps only that policy's records. The advantages
+    are per conversation (`conversation_advantages`; `whole_stage`: the system's vocabulary's)."""
     from ..folder import read_groups
 
     counts.setdefault("records", 0)
@@ -171,6 +174,7 @@ def read_problems(
                     raise UsageError(f"{src}: problem {group.problem_id}: {exc} (run agentroll validate)") from None
                 ends.update((id(t.record), t) for t in found)
         problem = Problem(index, group.problem_id)
+        given = conversation_advantages(records, advantage, std, whole_stage)
         named = dict.fromkeys(r.get("policy") for r in records)
         for stage, own in (
             (stage, own)
@@ -180,7 +184,7 @@ def read_problems(
             members = [r for r in records if r["stage"] == stage and r.get("policy") == own]
             if not members:
                 continue
-            found_advantages = advantages([float(r["reward"]) for r in members], advantage, std)
+            found_advantages = None if given is None else [given[id(r)] for r in members]
             keep = [i for i, r in enumerate(members) if kept(r, include_frozen)]
             cut = sum(map(dropped, members))
             if cut:
@@ -203,6 +207,25 @@ def read_problems(
                 )
             )
         yield problem
+
+
+def conversation_advantages(
+    records: list[Record], kind: str, std: str = "population", whole_stage: bool = False
+) -> dict[int, float] | None:
+    """Each record's advantage (by `id`), or None for `none`: per (policy, stage), over the group's
+    conversations (`agentroll.group`: each conversation's reward is its last record's), every record of one
+    conversation carrying its conversation's. A three-stage group's conversations are its calls (the
+    per-stage baselines); a tool-use or agent group's are its K executions' conversations, however many calls
+    each made, so an execution's weight in the baseline does not grow with its calls."""
+    if kind == "none":
+        return None
+    out: dict[int, float] = {}
+    for own in policy_groups(list(executions(records))).values():
+        for chats in stage_groups(own, whole_stage).values():
+            found = advantages([conversation_reward(c) for c in chats], kind, std)
+            for chat, value in zip(chats, found or [], strict=True):
+                out.update((id(r), value) for r in chat)
+    return out
 
 
 def _with_routes(group: Any) -> list[Record]:

@@ -34,6 +34,7 @@ FIGURES = (
 
 
 class AgentWords(Vocabulary):
+    whole_stage = True  # an execution's calls, branches included, are one attempt: one advantage
     figures = FIGURES
     counters = ("agents_failed", "agents_timed_out")
 
