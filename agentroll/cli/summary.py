@@ -91,7 +91,7 @@ def lines(result: RunResult) -> list[list[str]]:
             f"problems {s.problems} (already done {s.problems_skipped_done})",
             f"executions{generated} {s.executions}, records written {s.records_written}, invalid rows {s.invalid_rows}",
         ],
-        shares(s, f"accuracy{' over the groups generated' if generated else ''}"),
+        *([] if s.policies else [shares(s, f"accuracy{' over the groups generated' if generated else ''}")]),
         *([[figures(s, counts=True)]] if figures(s, counts=True) else []),
         [
             f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}, "

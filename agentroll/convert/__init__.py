@@ -69,8 +69,8 @@ def convert(
 
     `advantage` (the formats whose trainer takes one): `none`, `grpo` (a conversation's reward minus its (problem,
     stage) group's mean over the K executions' conversations, over the group's std when that is not 0; every
-    record of the conversation carries it: `agentroll.group`) or `mean` (minus the mean only); the default is the format's
-    (`none`, or `mean` for prime-rl and verifiers, whose trainers need one). `std` (with `grpo`): `sample`
+    record of the conversation carries it: `agentroll.group`) or `mean` (minus the mean only); the default is the
+    format's (`none`, or `mean` for prime-rl and verifiers, whose trainers need one). `std` (with `grpo`): `sample`
     (Bessel-corrected, `torch.std`: the default, as slime, TRL, OpenRLHF use it) or `population`. `stages`: the
     stages converted (all of the folder's system's by default). `max_pairs_per_group` (dpo, nemo-rl-dpo): most
     pairs per (problem, stage) group. `layout` (dpo, sft): `conversational` (default: chat messages, recovered

@@ -1,6 +1,7 @@
 """Shared by every converter: a folder read as (problem, stage) groups, GRPO baselines (over conversations, as
 `agentroll.group` defines them) and atomic JSONL output (the chat messages behind a rendered prompt, for the
-conversational layouts, are `convert.messages`'). Stage names and their order are the folder's system's (`settings.system.stages`; a folder without one is three-stage)."""
+conversational layouts, are `convert.messages`'). Stage names and their order are the folder's system's
+(`settings.system.stages`; a folder without one is three-stage)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from typing import Any
 import orjson
 
 from ..errors import UsageError
-from ..group import conversation_reward, policy_groups, stage_groups
 from ..folder.manifest import Manifest
+from ..group import conversation_reward, policy_groups, stage_groups
 from ..schema import STAGES
 from ..shaping import dropped
 from .trajectory import Trajectory, executions, kept, single, trajectories

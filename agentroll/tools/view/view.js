@@ -289,7 +289,7 @@
       figures.map((x) => el("td", { class: "num", text: fmt(r.figures[x.key]) })),
       el("td", {}, finals(r)), el("td", { class: "num", text: fmt(r.mean) }),
       policies.map((p) => el("td", { class: "num", text: fmt(r.by_policy?.[p]?.mean) })),
-      el("td", { class: "num", text: r.pass[0] ? `${r.pass[1]}/${r.pass[0]}` : "-", title: "answers right / answers, over the group" }),
+      el("td", { class: "num", text: r.pass[0] ? `${r.pass[1]}/${r.pass[0]}` : "-", title: "executions solved (final reward 1) / executions, over the group" }),
       el("td", { class: "num" + (r.truncated ? " trunc" : ""), text: fmt(r.truncated) }),
       el("td", { class: "num" + (r.checks ? " fail" : ""), text: fmt(r.checks), title: r.check || "" }),
       el("td", {}, Object.entries(r.tags).map(([t, n]) => el("span", { class: "tag", text: n > 1 ? `${t} ×${n}` : t }))),
