@@ -32,6 +32,7 @@ SYSTEMS = ("three-stage", "single", "critique-revise", "tool-use", "agent", "hea
 # the formats that write an advantage, each with the rule its trainer takes (docs/convert.md)
 RULES = {"trl": ("grpo", "sample"), "openrlhf": ("grpo", "sample"), "verifiers": ("mean", None)}
 RULES |= {"prime-rl": ("mean", None), "slime": ("grpo", "sample")}
+SAID: dict[str, str] = {}  # each run's summary
 
 # an agent that goes on calling while the model calls its tool (so executions differ in calls), and now and
 # then asks its question again, edited: a branch that continues nothing, yet belongs to the same attempt
@@ -76,7 +77,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     weak = SimServer(script=Script.from_jsonl(problems, behavior(tool_call=0.3, correct=0.3)))
     for server in (plain, tools, weak):
         server.start()
-    common = ["--samples-per-prompt", str(K), "--seed", "7", "--max-tokens", "200", "-q"]
+    common = ["--samples-per-prompt", str(K), "--seed", "7", "--max-tokens", "200"]
     one = ["--tokenizer", TOKENIZER, "--base-url"]
     agent = f"command={sys.executable} {tmp / 'agent.py'}"
     new, old = (f"{n}={s.url},tokenizer={TOKENIZER}" for n, s in (("new", tools), ("old", weak)))
@@ -93,7 +94,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for name, args in runs.items():
             done = run_cli("generate", str(problems), "-o", str(tmp / name), *args, *common)
             assert done.returncode == 0, (name, done.stderr.decode()[-3000:])
-            out[name] = tmp / name
+            out[name], SAID[name] = tmp / name, done.stderr.decode()
     finally:
         for server in (plain, tools, weak):
             server.stop()
@@ -201,7 +202,9 @@ def test_stats_and_inspect_say_the_same_group(folders, name):
         assert sorted(at) == list(range(1, K + 1))
         assert at[1] == pytest.approx(sum(sum(o == 1.0 for o in g) / K for g in groups) / len(groups))
         assert at[K] == pytest.approx(sum(any(o == 1.0 for o in g) for g in groups) / len(groups))
-    if name == "head-to-head":  # nothing pools the two models' samples
+    if name == "head-to-head":  # nothing pools the two models' samples, in stats nor in the run's summary
+        assert SAID[name].count("accuracy:") == 2 and "mean raw reward (new)" in SAID[name]
+        assert "mean raw reward (old)" in SAID[name]
         whole = found["all"]
         assert whole["pass_at_k"] == [] and whole["mean_final_reward"] is None
         assert all(v is None for k, v in whole["report"].items() if not k.endswith("_tokens"))

@@ -60,6 +60,10 @@ def stage_table(result: RunResult) -> Table:
     for name in s.stages:
         table.add_column(Text(name), justify="right", overflow="fold")
     for label, cell in ROWS:
+        if label == "mean raw reward" and s.policies:
+            for name, own in s.policies.items():  # a head-to-head run: each policy's, never the two pooled
+                table.add_row(Text(f"{label} ({name})"), *(Text(cell(own.stage(stage))) for stage in s.stages))
+            continue
         table.add_row(Text(label), *(Text(cell(st)) for st in s.stages.values()))
     if s.teacher:
         teacher_rows(table, s)
