@@ -306,3 +306,27 @@ def test_the_multi_call_folders_have_executions_of_different_numbers_of_calls(fo
     assert any(len(counts) > 1 for counts in calls), calls
     if name == "agent":  # a branch that continues nothing: the whole execution is one conversation all the same
         assert any(sum(r.get("continues") is None for r in e) > 1 for e in executions_of(records))
+
+
+@pytest.mark.parametrize("trajectory", [False, True])
+@pytest.mark.parametrize("name", SYSTEMS)
+def test_the_torch_dataset_gives_each_item_its_groups_baseline_over_conversations(folders, name, trajectory):
+    from agentroll.torch import RolloutDataset, collate
+
+    records = read_records(folders[name])
+    system = system_of(name)
+    owner = {}
+    baselines: dict[tuple, float] = {}
+    for (problem, policy), executions in groups_of(records).items():
+        stages: dict[str, list[float]] = {}
+        for e in executions:
+            owner[e[0]["rollout_id"]] = policy
+            for chat in conversations(e, system):
+                stages.setdefault(e[chat[0]]["stage"], []).append(e[chat[-1]]["reward"])
+        baselines.update({(problem, policy, stage): sum(r) / len(r) for stage, r in stages.items()})
+    items = list(RolloutDataset(folders[name], trajectory=trajectory))
+    assert items
+    for item in items:
+        key = (item["problem_id"], owner[item["rollout_id"]], item["stage"])
+        assert float(item["baseline"]) == pytest.approx(baselines[key], abs=1e-6)
+    assert collate(items[:3])["baseline"].shape == (min(3, len(items)),)

@@ -180,11 +180,13 @@ def _check_figures(execs: list[list[Row]], add: Add, system: SystemInfo) -> None
     fs = typing.cast(list[float], finals)
     mean, std = spread(fs)
     passed = pass_at_all(fs, words(system, warn=False)[0].pass_fail)  # the executions' outcomes (agentroll.group)
+    # a folder written before pass@k was over the outcomes held it over the "solver" samples: still its own truth
+    legacy = float(any(r.stage == "solver" and r.raw_reward == 1.0 for r in rows))
     for r in rows:
         for name, got, want in zip(
             ("group_reward_mean", "group_reward_std", "group_pass_at_k"), r.figures, (mean, std, passed), strict=True
         ):
-            if want is None and got is None:
+            if (want is None and got is None) or (name == "group_pass_at_k" and got == legacy):
                 continue
             if want is None or not _close(got, want):
                 expected = "null" if want is None else f"{want:.6g}"
