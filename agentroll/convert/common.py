@@ -32,8 +32,9 @@ Record = dict[str, Any]
 
 @dataclass(slots=True)
 class StageGroup:
-    """The samples of one stage of one problem over its K executions: the GRPO group. The solver samples of K
-    executions are one group, the rewriter samples another; `advantages` is aligned with `records`, and so is
+    """The samples of one stage of one problem over its K executions: the GRPO group, whose advantages are over its
+    conversations (`conversation_advantages`). The solver samples of K executions are one group, the rewriter
+    samples another; `advantages` is aligned with `records` (each its conversation's), and so is
     `trajectories` when the converter asked for whole conversations (each record the last turn of its own)."""
 
     problem_id: str
