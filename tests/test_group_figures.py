@@ -330,3 +330,16 @@ def test_the_torch_dataset_gives_each_item_its_groups_baseline_over_conversation
         key = (item["problem_id"], owner[item["rollout_id"]], item["stage"])
         assert float(item["baseline"]) == pytest.approx(baselines[key], abs=1e-6)
     assert collate(items[:3])["baseline"].shape == (min(3, len(items)),)
+
+
+def test_the_report_page_of_a_head_to_head_folder_draws_each_policy_never_the_two_pooled(folders):
+    from agentroll.tools.figures import figures
+    from agentroll.tools.html import columns, render
+
+    data = figures(folders["head-to-head"])
+    assert [name for name, _ in columns(data)] == ["new", "old"]
+    assert all(chart["name"].endswith(("-new", "-old")) for chart in data["charts"])
+    page = render(data)
+    drawn = page[page.index('data-chart="pass-at-k"') :]
+    drawn = drawn[: drawn.index("</svg>")]
+    assert ">new<" in drawn and ">old<" in drawn and ">all<" not in drawn

@@ -75,14 +75,15 @@ def length_bins(lengths: Iterable[int], top: int | None, count: int = 24) -> lis
     return [float(i * width) for i in range(longest // width + 2)]
 
 
-def chart(spec: Chart, run: RunStats) -> dict[str, Any]:
+def chart(spec: Chart, run: RunStats, policy: str | None = None) -> dict[str, Any]:
     """A system's chart (`Vocabulary.charts`) as data: its bars and counts over the run's counters, the
-    counters its caption names, and `missing` (what to say instead) while the counter it needs is 0."""
+    counters its caption names, and `missing` (what to say instead) while the counter it needs is 0. `policy`:
+    a head-to-head folder's, whose own executions `run` counts (one chart per policy: none pools them)."""
     named = {field for _, field, _, _ in Formatter().parse(spec.caption) if field}
     applies = spec.needs is None or bool(run.value(spec.needs))
     return {
-        "name": spec.name,
-        "title": spec.title,
+        "name": spec.name if policy is None else f"{spec.name}-{policy}",
+        "title": spec.title if policy is None else f"{spec.title} · policy {policy}",
         "caption": spec.caption,
         "values": {name: run.value(name) for name in sorted(named)},
         "bars": [{"key": f.key, "label": f.label, "value": run.figure(f)} for f in spec.bars],
@@ -212,7 +213,11 @@ def figures(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, 
         "shaped_reward": shaped,
         "speed": collector.speed(),
         "shard_times": shard_times(path, manifest),
-        "charts": [chart(spec, found.whole.run) for spec in found.words.charts],
+        "charts": [
+            chart(spec, section.run, policy)
+            for spec in found.words.charts
+            for policy, section in (found.whole.policies.items() or [(None, found.whole)])  # never pooled
+        ],
         "derived_from": _obj(manifest.get("settings")).get("derived_from"),
         "last_run": {
             "wall_s": last.get("wall_s"),
