@@ -1,4 +1,6 @@
-"""The unit of work: a problem's K executions, produced, judged and written together or not at all."""
+"""The unit of work: a problem's K executions, produced, judged and written together or not at all; and the one
+definition of the group's figures (outcomes, pass@k, baselines over conversations) that every tool and
+converter reads."""
 
 from __future__ import annotations
 
