@@ -295,6 +295,8 @@ def test_every_export_carries_each_conversations_advantage_over_the_k_conversati
             assert all(chats), (fmt, stage)  # every conversation of the group is in the export...
             assert all(max(c) == pytest.approx(min(c)) for c in chats)  # ...with one advantage on all its rows
             assert abs(sum(c[0] for c in chats)) < 1e-6, (fmt, stage, chats)  # over the K conversations: sum 0
+            if system in ("tool-use", "agent"):
+                assert len(chats) == K  # one conversation per execution, whatever its calls
 
 
 @pytest.mark.parametrize("name", ["tool-use", "agent", "head-to-head"])
