@@ -68,7 +68,7 @@ def convert(
     folder the conversion created.
 
     `advantage` (the formats whose trainer takes one): `none`, `grpo` (a conversation's reward minus its (problem,
-    stage) group's mean over the K executions' conversations, over the group's std when that is not 0; every
+    stage) group's mean over the K executions' conversations, over its std + the trainer's epsilon if not 0; every
     record of the conversation carries it: `agentroll.group`) or `mean` (minus the mean only); the default is the
     format's (`none`, or `mean` for prime-rl and verifiers, whose trainers need one). `std` (with `grpo`): `sample`
     (Bessel-corrected, `torch.std`: the default, as slime, TRL, OpenRLHF use it) or `population`. `stages`: the
@@ -134,6 +134,7 @@ def convert(
             routes=spec.routes,
             policy=policy,
             whole_stage=vocabulary.whole_stage,
+            epsilon=spec.epsilon,
         )
 
     options = Options(

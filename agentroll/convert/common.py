@@ -100,15 +100,16 @@ def baseline(rewards: list[float], std: str = "population") -> tuple[float, floa
     return mean, math.sqrt(squares / n)
 
 
-def advantages(rewards: list[float], kind: str, std: str = "population") -> list[float] | None:
-    """`grpo`: (reward - mean) / std (`std`: `population` or `sample`, see `baseline`), or reward - mean when the
-    std is 0 (every sample scored alike, or a group of one: all 0); `mean`: reward - mean (no std division, as in
+def advantages(rewards: list[float], kind: str, std: str = "population", epsilon: float = 0.0) -> list[float] | None:
+    """`grpo`: (reward - mean) / (std + `epsilon`) (`std`: `population` or `sample`, see `baseline`; `epsilon`:
+    the trainer's own damping, so the advantage is the one its GRPO would compute), or reward - mean when the std
+    is 0 (every sample scored alike, or a group of one: all 0); `mean`: reward - mean (no std division, as in
     Dr. GRPO); `none`: None."""
     if kind == "none":
         return None
     mean, spread = baseline(rewards, std)
     if kind == "grpo" and spread > 0:
-        return [(r - mean) / spread for r in rewards]
+        return [(r - mean) / (spread + epsilon) for r in rewards]
     return [r - mean for r in rewards]
 
 
@@ -141,6 +142,7 @@ def read_problems(
     routes: bool = False,
     policy: str | None = None,
     whole_stage: bool = False,
+    epsilon: float = 0.0,
 ) -> Iterator[Problem]:
     """The folder's problems in manifest order (whole groups, by `agentroll.read_groups`), each split
     into stage groups (`stages` in order; None: every stage, as first seen). Baselines are computed over the
@@ -151,10 +153,11 @@ def read_problems(
     (`counts["skipped_frozen"]`); those the overlong filter dropped always are (`counts["dropped_overlong"]`).
     With `whole_conversations`, a group keeps only the records that end a conversation, each with its
     `Trajectory` (`convert.trajectory`); the turns folded into a later one are counted in
-    `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`. `routes`: records'
-    `routed_experts` as arrays (`read_groups(routes=True)`). In a head-to-head folder each policy's samples of a
-    stage are a group of their own (baselines too); `policy` keeps only that policy's records. The advantages
-    are per conversation (`conversation_advantages`; `whole_stage`: the system's vocabulary's)."""
+    `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`, `epsilon` its damping.
+    `routes`: records' `routed_experts` as arrays (`read_groups(routes=True)`). In a head-to-head folder each
+    policy's samples of a stage are a group of their own (baselines too); `policy` keeps only that policy's
+    records. The advantages are per conversation (`conversation_advantages`; `whole_stage`: the system's
+    vocabulary's)."""
     from ..folder import read_groups
 
     counts.setdefault("records", 0)
@@ -176,7 +179,7 @@ def read_problems(
                     raise UsageError(f"{src}: problem {group.problem_id}: {exc} (run agentroll validate)") from None
                 ends.update((id(t.record), t) for t in found)
         problem = Problem(index, group.problem_id)
-        given = conversation_advantages(records, advantage, std, whole_stage)
+        given = conversation_advantages(records, advantage, std, whole_stage, epsilon)
         named = dict.fromkeys(r.get("policy") for r in records)
         for stage, own in (
             (stage, own)
@@ -212,7 +215,7 @@ def read_problems(
 
 
 def conversation_advantages(
-    records: list[Record], kind: str, std: str = "population", whole_stage: bool = False
+    records: list[Record], kind: str, std: str = "population", whole_stage: bool = False, epsilon: float = 0.0
 ) -> dict[int, float] | None:
     """Each record's advantage (by `id`), or None for `none`: per (policy, stage), over the group's
     conversations (`agentroll.group`: each conversation's reward is its last record's), every record of one
@@ -224,7 +227,7 @@ def conversation_advantages(
     out: dict[int, float] = {}
     for own in policy_groups(list(executions(records))).values():
         for chats in stage_groups(own, whole_stage).values():
-            found = advantages([conversation_reward(c) for c in chats], kind, std)
+            found = advantages([conversation_reward(c) for c in chats], kind, std, epsilon)
             for chat, value in zip(chats, found or [], strict=True):
                 out.update((id(r), value) for r in chat)
     return out
