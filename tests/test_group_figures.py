@@ -347,3 +347,93 @@ def test_the_report_page_of_a_head_to_head_folder_draws_each_policy_never_the_tw
     drawn = page[page.index('data-chart="pass-at-k"') :]
     drawn = drawn[: drawn.index("</svg>")]
     assert ">new<" in drawn and ">old<" in drawn and ">all<" not in drawn
+
+
+# -- a head-to-head folder: every figure per policy, none pooling the two models ----------------------------------
+
+
+def policy_executions(records: list[dict]) -> dict[str, list[list[dict]]]:
+    out: dict[str, list[list[dict]]] = {}
+    for e in executions_of(records):
+        out.setdefault(e[0]["policy"], []).append(e)
+    return out
+
+
+def test_a_head_to_head_runs_live_line_and_manifest_report_are_each_policys(folders):
+    from agentroll.progress import outcome_phrase
+    from agentroll.stats import RunStats
+
+    mine = policy_executions(read_records(folders["head-to-head"]))
+    assert sorted(mine) == ["new", "old"]
+    stats_ = json.loads((folders["head-to-head"] / "manifest.json").read_text())["last_run"]["stats"]
+    # the run's report pools nothing: its figures are each policy's; the tokens (a cost) stay the run's
+    assert stats_["report"] and all(v is None for k, v in stats_["report"].items() if not k.endswith("_tokens"))
+    assert any(v for k, v in stats_["report"].items() if k.endswith("_tokens"))
+    phrase = outcome_phrase(RunStats.from_dict(stats_))
+    means, accuracies = [], []
+    for name, executions in mine.items():
+        finals = [e[0]["final_reward"] for e in executions]
+        accuracy = sum(f == 1.0 for f in finals) / len(finals)
+        assert stats_["policies"][name]["report"]["system_accuracy"] == pytest.approx(accuracy)
+        means.append(f"{name} {sum(finals) / len(finals):.3f}")
+        accuracies.append(f"{name} {accuracy:.3f}")
+    assert phrase == f"mean reward {', '.join(means)}, system accuracy {', '.join(accuracies)}"
+    # a one-policy run's line is as it was: the run's own figures
+    records = read_records(folders["tool-use"])
+    finals = [e[0]["final_reward"] for e in executions_of(records)]
+    one = json.loads((folders["tool-use"] / "manifest.json").read_text())["last_run"]["stats"]
+    assert one["report"]["system_accuracy"] == pytest.approx(sum(f == 1.0 for f in finals) / len(finals))
+    assert outcome_phrase(RunStats.from_dict(one)) == (
+        f"mean reward {sum(finals) / len(finals):.3f}, "
+        f"system accuracy {sum(f == 1.0 for f in finals) / len(finals):.3f}"
+    )
+
+
+def test_the_report_pages_lengths_and_shaped_rewards_of_a_head_to_head_folder_are_each_policys(folders):
+    from agentroll.tools.figures import figures
+    from agentroll.tools.html import render
+
+    records = read_records(folders["head-to-head"])
+    data = figures(folders["head-to-head"])
+    assert all(v is None for v in data["shaped_reward"].values())  # no pooled shaped reward
+    for name in ("new", "old"):
+        for stage in data["stats"]["system"]["stages"]:
+            own = [r for r in records if r["policy"] == name and r["stage"] == stage]
+            assert data["shaped_reward_by_policy"][name][stage] == pytest.approx(
+                sum(r["reward"] for r in own) / len(own)
+            )
+            h = data["lengths"][f"{stage}-{name}"]
+            assert h["samples"] == len(own)
+            assert h["longest"] == max(len(r["response_token_ids"]) for r in own)
+    assert all(key.endswith(("-new", "-old")) for key in data["lengths"])
+    page = render(data)
+    drawn = page[page.index('data-chart="reward"') :]
+    drawn = drawn[: drawn.index("</svg>")]
+    assert ">new raw reward<" in drawn and ">old shaped reward<" in drawn and ">shaped reward<" not in drawn
+    # a one-policy folder's are as they were: per stage
+    one = figures(folders["tool-use"])
+    assert list(one["lengths"]) == ["solver"] and "shaped_reward_by_policy" not in one
+    rewards = [r["reward"] for r in read_records(folders["tool-use"])]
+    assert one["shaped_reward"]["solver"] == pytest.approx(sum(rewards) / len(rewards))
+
+
+def test_the_viewers_rows_of_a_head_to_head_folder_hold_each_policys_group_mean_and_std(folders):
+    from .view_support import index_of
+
+    index = index_of(folders["head-to-head"], follow=False)
+    index.run()
+    records = read_records(folders["head-to-head"])
+    assert index.rows
+    for row in index.rows:
+        assert row["mean"] is None and row["std"] is None  # never the two models' executions pooled
+        for name, executions in policy_executions([r for r in records if r["problem_id"] == row["id"]]).items():
+            finals = [e[0]["final_reward"] for e in executions]
+            assert row["by_policy"][name]["mean"] == pytest.approx(statistics.fmean(finals))
+            assert row["by_policy"][name]["std"] == pytest.approx(statistics.pstdev(finals))
+    index = index_of(folders["tool-use"], follow=False)  # one policy: the group's own, as before
+    index.run()
+    records = read_records(folders["tool-use"])
+    for row in index.rows:
+        finals = [e[0]["final_reward"] for e in executions_of([r for r in records if r["problem_id"] == row["id"]])]
+        assert row["mean"] == pytest.approx(statistics.fmean(finals))
+        assert row["std"] == pytest.approx(statistics.pstdev(finals))

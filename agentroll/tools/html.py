@@ -113,30 +113,32 @@ def _stages(data: dict[str, Any]) -> str:
             )
         )
     stages = list(whole["stages"])
-    raw = [whole["stages"][s]["mean_raw_reward"] for s in stages]
-    shaped = [data["shaped_reward"].get(s) for s in stages]
+    # (label, its stage figures, its shaped rewards): the folder's, or each policy's in a head-to-head folder
+    owners = [("", whole, data["shaped_reward"])]
+    if whole.get("policies"):
+        owners = [(f"{p} ", c, data["shaped_reward_by_policy"][p]) for p, c in whole["policies"].items()]
+    series = []
+    for label, c, shaped in owners:
+        series.append(Series(f"{label}raw reward", [c["stages"].get(s, {}).get("mean_raw_reward") for s in stages]))
+        series.append(Series(f"{label}shaped reward", [shaped.get(s) for s in stages]))
     out.append(
         figure(
-            bar_chart(
-                "reward",
-                "mean reward per stage",
-                stages,
-                [Series("raw reward", raw), Series("shaped reward", shaped)],
-                y_label="mean reward",
-            ),
-            "Mean raw reward (before shaping) and mean shaped <code>reward</code> (what a trainer sees) per stage.",
+            bar_chart("reward", "mean reward per stage", stages, series, y_label="mean reward"),
+            "Mean raw reward (before shaping) and mean shaped <code>reward</code> (what a trainer sees) per stage"
+            + (", per policy." if whole.get("policies") else "."),
         )
     )
     out.append("</div>")
     rows = []
-    for s in stages:
-        st = whole["stages"][s]
+    for s, label, st, shaped in ((s, label, c["stages"].get(s), sh) for label, c, sh in owners for s in stages):
+        if st is None:
+            continue
         rows.append(
             [
-                s + ("" if st.get("trainable", True) else " (not trainable)"),
+                (f"{s} ({label.strip()})" if label else s) + ("" if st.get("trainable", True) else " (not trainable)"),
                 fmt(st["samples"]),
                 ratio(st["mean_raw_reward"]),
-                ratio(data["shaped_reward"].get(s)),
+                ratio(shaped.get(s)),
                 f"{fmt(st['truncated'])} ({pct(st['truncated'], st['samples'])})",
                 fmt(st["prompt_tokens"]),
                 fmt(st["response_tokens"]),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...folder.places import Place
-from ...group import Group, outcome
+from ...group import Group, outcome, spread
 from ...schema import Sample
 from ...stats import Figure, RunStats
 from ...systems.vocabulary import Finding, Vocabulary
@@ -119,7 +119,7 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
         findings += [f.message for f in w.check(samples)]
     stages = {name: [s.samples, s.truncated, s.mean_raw_reward] for name, s in run.stages.items() if s.samples}
     finals = [e[0].final_reward for e in group.executions]
-    mean = sum(finals) / len(finals)
+    mean, std = spread(finals)  # the group's (`agentroll.group`); a head-to-head row's are its policies
     lengths = [len(r.get("response_token_ids") or ()) for r in records]
     first = records[0]
     out: dict[str, Any] = {
@@ -130,7 +130,7 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
         "k": len(group.executions),
         "records": len(records),
         "mean": mean,
-        "std": (sum((f - mean) ** 2 for f in finals) / len(finals)) ** 0.5,
+        "std": std,
         "finals": finals,
         "figures": {f.key: run.figure(f) for f in w.figures(run)},
         "tags": tags,
@@ -149,7 +149,8 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
     if any(p is not None for p in policies):
         out["policies"] = policies
         out["by_policy"] = {str(name): _policy(group, policies, name, w) for name in dict.fromkeys(policies)}
-        out["figures"], out["pass"] = {}, [0, 0]  # each policy's own, never the two models' pooled
+        # each policy's own (its group's mean and std too), never the two models' pooled
+        out["figures"], out["pass"], out["mean"], out["std"] = {}, [0, 0], None, None
     gaps = [g for r in records for g in gap(r.get("response_logprobs"), r.get("teacher_logprobs")) or ()]
     if gaps:
         out["teacher"] = {"mean": sum(gaps) / len(gaps), "max": max(gaps)}
@@ -158,13 +159,15 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
 
 def _policy(group: Group, policies: list[str | None], name: str | None, w: Words) -> dict[str, Any]:
     """A head-to-head run's figures of one policy's executions in the group: the system's, its mean final
-    reward, its executions solved."""
+    reward and their std (its group's, `agentroll.group`), its executions solved."""
     mine = [samples for samples, p in zip(group.executions, policies, strict=True) if p == name]
     run = w.run(s.stage for e in mine for s in e)
     for samples in mine:
         run.add_execution(samples)
+    mean, std = spread([outcome(e) for e in mine])
     return {
-        "mean": sum(e[0].final_reward for e in mine) / len(mine),
+        "mean": mean,
+        "std": std,
         "figures": {f.key: run.figure(f) for f in w.figures(run)},
         "pass": solved(mine),
     }
