@@ -437,3 +437,29 @@ def test_the_viewers_rows_of_a_head_to_head_folder_hold_each_policys_group_mean_
         finals = [e[0]["final_reward"] for e in executions_of([r for r in records if r["problem_id"] == row["id"]])]
         assert row["mean"] == pytest.approx(statistics.fmean(finals))
         assert row["std"] == pytest.approx(statistics.pstdev(finals))
+
+
+def test_convert_warns_once_where_a_trainer_would_count_an_agents_branches_once_per_row(folders, tmp_path):
+    records = read_records(folders["agent"])
+
+    def ends(execution: list[dict]) -> int:  # the rows a whole-conversation format writes: each trajectory's last
+        continued = {r.get("continues") for r in execution}
+        return sum(i not in continued for i in range(len(execution)))
+
+    branched = sum(ends(e) > 1 for e in executions_of(records))
+    assert branched > 0  # the fixture's agent asks again, now and then: an execution of several branches
+    for fmt in ("verl", "skyrl", "megatron", "nemo-rl"):
+        done = run_cli("convert", str(folders["agent"]), "--to", fmt, "-o", str(tmp_path / fmt))
+        said = done.stderr.decode()
+        assert done.returncode == 0, said
+        assert said.count("warning:") == 1 and f"warning: {branched} conversations are written as several" in said
+        summary = convert(folders["agent"], fmt, tmp_path / f"{fmt}-lib")
+        assert summary["split_conversations"] == branched
+    # where agentroll computes the advantage per conversation, or where no execution branches: no warning
+    done = run_cli(
+        "convert", str(folders["agent"]), "--to", "openrlhf", "-o", str(tmp_path / "o"), "--advantage", "grpo"
+    )
+    assert done.returncode == 0 and "warning" not in done.stderr.decode()
+    done = run_cli("convert", str(folders["tool-use"]), "--to", "verl", "-o", str(tmp_path / "t"))
+    assert done.returncode == 0 and "warning" not in done.stderr.decode()
+    assert "split_conversations" not in convert(folders["tool-use"], "verl", tmp_path / "t2")

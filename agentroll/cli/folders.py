@@ -250,6 +250,17 @@ def convert(
         for k in ("skipped_frozen", "dropped_overlong", "folded_turns", "placeholders", "left_over_problems")
         if summary.get(k)
     )
+    if summary.get("split_conversations"):  # once per conversion (docs/convert.md, Baselines)
+        err.print(
+            Text(
+                f"warning: {summary['split_conversations']} conversations are written as several {to} rows (an "
+                f"agent's branches, or calls without --trajectories); {to}'s trainer takes its GRPO baseline over "
+                "the rows of a group id, so each counts once per row there, not once per conversation. For one "
+                "advantage per conversation convert to a format agentroll computes it for (trl, openrlhf, slime, "
+                "prime-rl, verifiers)"
+            ),
+            soft_wrap=True,
+        )
     err.print(
         Text(
             f"{summary['records']} records -> {summary['rows']} {to} rows in "

@@ -172,6 +172,8 @@ def convert(
         summary["loss"] = loss
     left_out = ("skipped_frozen", "dropped_overlong", "folded_turns")
     summary.update({key: counts[key] for key in left_out if key in counts})
+    if spec.rl and spec.advantage is None and counts.get("split_conversations"):
+        summary["split_conversations"] = counts["split_conversations"]  # its trainer's baseline counts each per row
     summary.update(extra)
     return summary
 

@@ -18,7 +18,7 @@ import orjson
 
 from ..errors import UsageError
 from ..folder.manifest import Manifest
-from ..group import conversation_reward, policy_groups, stage_groups
+from ..group import conversation_reward, conversations, policy_groups, stage_groups
 from ..schema import STAGES
 from ..shaping import dropped
 from .trajectory import Trajectory, executions, kept, single, trajectories
@@ -211,7 +211,19 @@ def read_problems(
                     own,
                 )
             )
+        counts["split_conversations"] = counts.get("split_conversations", 0) + split(records, problem, whole_stage)
         yield problem
+
+
+def split(records: list[Record], problem: Problem, whole_stage: bool) -> int:
+    """The group's conversations (`agentroll.group`'s: an agent's execution, its branches included) written as
+    more than one row: a trainer that takes its baseline over the rows of a group id counts each once per row."""
+    written = {id(r) for g in problem.groups for r in g.records}
+    return sum(
+        sum(id(execution[i]) in written for i in positions) > 1
+        for execution in executions(records)
+        for positions in conversations(execution, whole_stage)
+    )
 
 
 def conversation_advantages(
