@@ -79,7 +79,9 @@ _STRINGS = ("problem_id", "stage", "rollout_id")
 def to_tensors(record: dict[str, Any]) -> Item:
     """One record as a training item: `input_ids` (prompt + response, int64), `loss_mask` (int64: 0 on the
     prompt, the record's mask on the response), `logprobs` (float32: 0.0 on the prompt, the server's logprobs on
-    the response), `reward` (0-d float32: the shaped reward) and `problem_id`, `stage`, `rollout_id` (str)."""
+    the response), `reward` (0-d float32: the shaped reward), `baseline` (0-d float32: the record's
+    `stage_group_reward_mean`, its group's mean over the K executions' conversations, `agentroll.record.group`: the same
+    for every call of one conversation) and `problem_id`, `stage`, `rollout_id` (str)."""
     prompt, response = record["prompt_token_ids"], record["response_token_ids"]
     logprobs, mask = record["response_logprobs"], record["loss_mask"]
     if not len(response) == len(logprobs) == len(mask):
@@ -95,6 +97,7 @@ def to_tensors(record: dict[str, Any]) -> Item:
         "loss_mask": torch.tensor(pad + mask, dtype=torch.long),
         "logprobs": torch.tensor(pad + logprobs, dtype=torch.float32),
         "reward": torch.tensor(float(record["reward"]), dtype=torch.float32),
+        "baseline": _baseline(record),
         **{key: str(record[key]) for key in _STRINGS},
         **({} if teacher is None else {"teacher_logprobs": torch.tensor(pad + teacher, dtype=torch.float32)}),
         **_kept([[] for _ in prompt] + mask_of(record) if isinstance(record.get("sampling_mask"), list) else None),
@@ -117,6 +120,10 @@ def _kept(sets: list[list[int]] | None) -> Item:
     return {"sampling_mask": out}
 
 
+def _baseline(record: dict[str, Any]) -> torch.Tensor:
+    return torch.tensor(float(record.get("stage_group_reward_mean") or 0.0), dtype=torch.float32)
+
+
 def trajectory_tensors(found: Trajectory) -> Item:
     """A whole conversation as a training item (see the module's docstring): the keys of `to_tensors`, over the
     last turn's prompt + response, with the history mask and logprobs on the earlier turns."""
@@ -127,6 +134,7 @@ def trajectory_tensors(found: Trajectory) -> Item:
         "loss_mask": torch.tensor(found.mask, dtype=torch.long),
         "logprobs": torch.tensor(found.logprobs, dtype=torch.float32),
         "reward": torch.tensor(float(record["reward"]), dtype=torch.float32),
+        "baseline": _baseline(record),
         **{key: str(record[key]) for key in _STRINGS},
         **({} if scores is None else {"teacher_logprobs": torch.tensor(scores.logprobs, dtype=torch.float32)}),
         **_kept(kept_sets(found)),
@@ -263,8 +271,8 @@ class RolloutDataset(IterableDataset[Item]):
 
 def collate(batch: Sequence[Item], pad_id: int = 0) -> Item:
     """Items padded on the right to the batch's longest: `input_ids` with `pad_id`, `attention_mask` (1 on real
-    tokens), `loss_mask` and `logprobs` with 0 (so padding never counts in a loss), `reward` stacked to shape
-    (B,), and the string fields as lists. Pass your tokenizer's pad id with `functools.partial(collate,
+    tokens), `loss_mask` and `logprobs` with 0 (so padding never counts in a loss), `reward` and `baseline` stacked
+    to shape (B,), and the string fields as lists. Pass your tokenizer's pad id with `functools.partial(collate,
     pad_id=...)`: the masks already exclude padding, so any id the model can embed will do."""
     if not batch:
         raise ValueError("collate: an empty batch")
@@ -282,6 +290,7 @@ def collate(batch: Sequence[Item], pad_id: int = 0) -> Item:
         "loss_mask": pad("loss_mask", 0),
         "logprobs": pad("logprobs", 0.0),
         "reward": torch.stack([item["reward"] for item in batch]),
+        "baseline": torch.stack([item["baseline"] for item in batch]),
         **{key: [item[key] for item in batch] for key in _STRINGS},
         **(
             {

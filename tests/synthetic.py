@@ -158,24 +158,38 @@ def execution(records: list[Record], final: float) -> list[Record]:
 
 
 def group(executions: list[list[Record]]) -> list[Record]:
-    """The group figures of docs/schema.md on every record: over the executions' final rewards, solver pass@k,
-    and each stage's (problem, stage) baseline."""
+    """The group figures of docs/schema.md on every record: over the executions' final rewards (mean, std,
+    pass@k), and each stage's (problem, stage) baseline over its conversations (a stage's records of one
+    execution chained by `continues`, each counted once, by its last record's reward)."""
     finals = [e[0]["final_reward"] for e in executions]
     mean = sum(finals) / len(finals)
     std = (sum((f - mean) ** 2 for f in finals) / len(finals)) ** 0.5
+    passed = float(any(f == 1.0 for f in finals))
+    chats: dict[str, list[list[Record]]] = {}
+    for e in executions:
+        root = list(range(len(e)))
+        for i, r in enumerate(e):
+            c = r.get("continues")
+            if isinstance(c, int) and 0 <= c < i and e[c]["stage"] == r["stage"]:
+                root[i] = root[c]
+        own: dict[int, list[Record]] = {}
+        for i, r in enumerate(e):
+            own.setdefault(root[i], []).append(r)
+        for chat in own.values():
+            chats.setdefault(chat[0]["stage"], []).append(chat)
     records = [r for e in executions for r in e]
-    passed = float(any(r["stage"] == "solver" and r["raw_reward"] == 1.0 for r in records))
-    for r in records:
-        members = [x["reward"] for x in records if x["stage"] == r["stage"]]
+    for stage_chats in chats.values():
+        members = [chat[-1]["reward"] for chat in stage_chats]
         stage_mean = sum(members) / len(members)
-        r.update(
-            group_reward_mean=mean,
-            group_reward_std=std,
-            group_pass_at_k=passed,
-            stage_group_size=len(members),
-            stage_group_reward_mean=stage_mean,
-            stage_group_reward_std=(sum((x - stage_mean) ** 2 for x in members) / len(members)) ** 0.5,
-        )
+        for r in (r for chat in stage_chats for r in chat):
+            r.update(
+                group_reward_mean=mean,
+                group_reward_std=std,
+                group_pass_at_k=passed,
+                stage_group_size=len(members),
+                stage_group_reward_mean=stage_mean,
+                stage_group_reward_std=(sum((x - stage_mean) ** 2 for x in members) / len(members)) ** 0.5,
+            )
     return records
 
 

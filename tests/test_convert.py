@@ -286,7 +286,8 @@ def test_advantages_are_per_problem_and_stage_recomputed_independently(folder, r
         mean = statistics.fmean(rewards)
         std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0  # TRL's std: Bessel-corrected, divisor n - 1
         for reward in rewards:
-            want = (reward - mean) / std if kind == "grpo" and std > 0 else reward - mean
+            # TRL's GRPO: divided by its std + 1e-4 (grpo_trainer.py)
+            want = (reward - mean) / (std + 1e-4) if kind == "grpo" and std > 0 else reward - mean
             got = next(rows)["advantage"]
             assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12)
             scaled += kind == "grpo" and std > 0 and not math.isclose(std, 1.0) and reward != mean
@@ -430,7 +431,7 @@ def test_slime_files_are_what_load_debug_rollout_data_reads(folder, records, tmp
         assert isinstance(sample["label"], str) and isinstance(sample["prompt"], str)
         rewards = [r["reward"] for r in groups[key]]
         mean, std = statistics.fmean(rewards), statistics.stdev(rewards)  # slime's torch.std: Bessel-corrected
-        want = (source["reward"] - mean) / std if std > 0 else source["reward"] - mean
+        want = (source["reward"] - mean) / (std + 1e-6) if std > 0 else source["reward"] - mean  # + slime's 1e-6
         assert math.isclose(sample["reward"], want, rel_tol=1e-12, abs_tol=1e-12)
         assert sample["metadata"]["raw_reward"] == source["reward"]
         assert sample["metadata"]["source_name"] == f"agentroll/{source['stage']}"
@@ -575,7 +576,8 @@ def test_slime_writes_a_conversation_as_one_multi_turn_sample(tmp_path):
     assert samples[1]["loss_mask"] == [1, 1, 0, 1, 1, 1] + [0] * 3 + [1] * 4 + [0] * 2 + [1] * 5
     assert samples[0]["tokens"] == a1[0]["prompt_token_ids"] + a1[0]["response_token_ids"]  # one call: as before
     # advantages over the whole stage group, the turns folded away included: a1's solver against a0's and its own
-    assert samples[0]["reward"] == -1.0 and samples[0]["metadata"]["raw_reward"] == 0.0
+    assert samples[0]["reward"] == pytest.approx(-0.5 / (0.5 + 1e-6), rel=1e-12)  # std 0.5, + slime's 1e-6
+    assert samples[0]["metadata"]["raw_reward"] == 0.0
     # every call its own sample instead
     calls = convert(folder, "slime", tmp_path / "calls", trajectories=False)
     rows = lines(tmp_path / "calls" / "slime.jsonl")

@@ -138,7 +138,7 @@ def test_majority_vote_and_best_of_n_are_shown_only_for_a_system_with_several_so
     stats = run_cli("stats", str(out)).stdout.decode()
     for text in (flat(run.stderr.decode()), stats):
         assert ("majority vote" in text) is votes and ("best of N" in text) is votes
-    assert "pass@2 (solvers)" in stats  # best of the K samples, under its own name
+    assert "pass@2 (executions)" in stats  # best of the K executions, under its own name
 
 
 def test_an_error_line_is_one_line_in_a_file_and_wrapped_between_words_on_a_terminal(monkeypatch):

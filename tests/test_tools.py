@@ -207,11 +207,11 @@ def expected_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
             majority += next(reward for a, reward in answers if a == winner) == 1.0
         best += any(r["raw_reward"] == 1.0 for r in solvers)
         system += samples[0]["final_reward"] == 1.0
-    outcomes: dict[str, list[bool]] = {}
-    for r in by_stage["solver"]:
-        outcomes.setdefault(r["problem_id"], []).append(r["raw_reward"] == 1.0)
+    outcomes: dict[str, list[bool]] = {}  # pass@k is over the executions' outcomes (agentroll.record.group)
+    for samples in executions.values():
+        outcomes.setdefault(samples[0]["problem_id"], []).append(samples[0]["final_reward"] == 1.0)
     n = max(len(o) for o in outcomes.values())
-    assert all(len(o) == n for o in outcomes.values())  # every problem has all its N * K solver samples
+    assert all(len(o) == n for o in outcomes.values())  # every problem has its K executions
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return {
         "problems": len({r["problem_id"] for r in records}),
@@ -554,10 +554,10 @@ def test_stats_equal_a_recomputation_from_the_records(folders):
     records = raw_records(out)
     assert data["by"] is None and data["split"] == {}
     assert_figures(data["all"], records)
-    # pass@n (all solver samples) is the mean of the records' own group_pass_at_k
+    # pass@K (all the executions) is the mean of the records' own group_pass_at_k
     firsts = {r["problem_id"]: r["group_pass_at_k"] for r in records}
     assert data["all"]["pass_at_k"][-1]["value"] == pytest.approx(sum(firsts.values()) / len(firsts))
-    assert data["all"]["pass_at_k"][-1]["k"] == 2 * 3  # N solvers x K executions
+    assert data["all"]["pass_at_k"][-1]["k"] == 3  # K executions
     # one run, nothing filtered: the run's own report says the same
     assert data["all"]["report"] == pytest.approx(manifest_of(out)["last_run"]["stats"]["report"])
     # a merged folder holds the same problems (another run): its stats are its records' figures
@@ -579,7 +579,7 @@ def test_stats_by_a_metadata_field(folders):
     assert list(stats(out, by="nowhere")["split"]) == ["(none)"]
 
     text = render(stats_table(data))
-    assert "difficulty=easy" in text and "difficulty=(none)" in text and "pass@6 (solvers)" in text
+    assert "difficulty=easy" in text and "difficulty=(none)" in text and "pass@3 (executions)" in text
     row = next(line for line in text.splitlines() if "system accuracy" in line)
     assert f"{data['split']['hard']['report']['system_accuracy']:.3f}" in row
 
@@ -615,8 +615,13 @@ def sample(pid: str, rid: str, raw: float, worker: int) -> Sample:
 
 
 def test_pass_at_k_averages_over_the_problems_that_have_k_samples():
-    a = Group(Problem("a", "q", "1", {}, 0), [[sample("a", "r1", r, w) for w, r in enumerate((1.0, 0, 0, 0))]])
-    b = Group(Problem("b", "q", "1", {}, 0), [[sample("b", "r2", 0.0, w) for w in range(2)]])
+    def solved(pid: str, k: int, outcome: float) -> list[Sample]:
+        one = sample(pid, f"{pid}{k}", outcome, 0)
+        one.final_reward = outcome
+        return [one]
+
+    a = Group(Problem("a", "q", "1", {}, 0), [solved("a", k, r) for k, r in enumerate((1.0, 0, 0, 0))])
+    b = Group(Problem("b", "q", "1", {}, 0), [solved("b", k, 0.0) for k in range(2)])
     passes = stats_of_groups([a, b])["all"]["pass_at_k"]
     # a: n=4, c=1: 1/4, 1 - C(3,2)/C(4,2) = 1/2, 1 - C(3,3)/C(4,3) = 3/4, 1; b: n=2, c=0: 0, 0
     assert [(e["k"], e["problems"]) for e in passes] == [(1, 2), (2, 2), (3, 1), (4, 1)]
@@ -883,9 +888,10 @@ def test_the_three_stage_checks_hold_only_for_three_stage(tmp_path):
     assert validate(ends_elsewhere).ok
     split = synthetic.edit(synthetic.debate(tmp_path / "split"), lambda rs: rs[1].update(final_reward=0.5))
     assert [(f.kind, f.line) for f in validate(split).faults] == [("execution", 2)]
-    # a system without a "solver" stage: group_pass_at_k is its own business
+    # a system without a "solver" stage: group_pass_at_k is over the executions' outcomes all the same
     free = synthetic.edit(synthetic.debate(tmp_path / "free"), lambda rs: [r.update(group_pass_at_k=None) for r in rs])
-    assert validate(free).ok
+    assert [f.kind for f in validate(free).faults] == ["group"] * 2
+    assert "group_pass_at_k None does not describe" in validate(free).faults[0].message
 
 
 def test_a_single_system_execution_is_one_record(tmp_path):
@@ -955,7 +961,7 @@ def test_stats_of_another_system_follow_its_stages(tmp_path):
     assert "(critique-revise system)" in text
     assert "critic samples (not trainable)" in text and "solver samples (not trainable)" not in text
     assert "reviser mean raw reward" in text and "rewriter" not in text and "selector" not in text
-    assert "pass@2 (solvers)" in text
+    assert "pass@2 (executions)" in text
 
 
 def test_stats_of_a_system_without_solvers_and_without_a_manifest(tmp_path):
@@ -963,10 +969,17 @@ def test_stats_of_a_system_without_solvers_and_without_a_manifest(tmp_path):
 
     folder = synthetic.debate(tmp_path / "debate")
     data = stats(folder)
-    assert list(data["all"]["stages"]) == ["proposer", "judge"] and data["all"]["pass_at_k"] == []
+    assert list(data["all"]["stages"]) == ["proposer", "judge"]
+    finals: dict[str, dict[str, bool]] = {}  # pass@k over the executions' outcomes, whatever the stages are named
+    for r in synthetic.records_of(folder):
+        finals.setdefault(r["problem_id"], {})[r["rollout_id"]] = r["final_reward"] == 1.0
+    k = len(next(iter(finals.values())))
+    last = sum(any(f.values()) for f in finals.values()) / len(finals)
+    assert [e["k"] for e in data["all"]["pass_at_k"]] == list(range(1, k + 1))
+    assert data["all"]["pass_at_k"][-1]["value"] == pytest.approx(last)
     assert data["all"]["stages"]["judge"]["trainable"] is False
     text = wide(stats_table(data))
-    assert "judge samples (not trainable)" in text and "pass@" not in text and "solver" not in text
+    assert "judge samples (not trainable)" in text and f"pass@{k} (executions)" in text and "solver" not in text
     # groups in hand, no manifest: the stages as first seen (not three-stage), or as the system says
     inferred = stats_of_groups(read_groups(folder))
     assert (inferred["system"]["name"], inferred["system"]["stages"]) == ("?", ["proposer", "judge"])

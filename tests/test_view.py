@@ -149,7 +149,7 @@ def test_rows_hold_the_systems_figures_and_labels_as_counted_from_the_records(th
         solvers = [r for r in mine if r["stage"] == "solver"]
         assert row["finals"] == finals and row["records"] == len(mine)
         assert row["truncated"] == sum(r["status"] == "truncated" for r in mine)
-        assert row["pass"] == [len(solvers), sum(r["raw_reward"] == 1.0 for r in solvers)]
+        assert row["pass"] == [len(finals), sum(f == 1.0 for f in finals)]  # the executions solved
         assert row["figures"]["system_accuracy"] == sum(f == 1.0 for f in finals) / len(finals)
         assert row["figures"]["solver_accuracy"] == pytest.approx(sum(r["raw_reward"] for r in solvers) / len(solvers))
         cases: Counter[str] = Counter()  # three-stage's own chart labels: a right candidate or not, a right pick or not
@@ -243,8 +243,8 @@ def test_teacher_logprobs_and_policies_are_carried_to_rows_and_tokens(tmp_path):
         mine = [r for r in records if r["sample_index"] == k]
         assert row["by_policy"][name]["mean"] == mine[0]["final_reward"]
         assert row["by_policy"][name]["figures"]["system_accuracy"] == float(mine[0]["final_reward"] == 1.0)
-        right = sum(r["raw_reward"] == 1.0 for r in mine if r["stage"] == "solver")
-        assert row["by_policy"][name]["pass"] == [2, right]
+        solved = len({r["rollout_id"] for r in mine if r["final_reward"] == 1.0})
+        assert row["by_policy"][name]["pass"] == [len({r["rollout_id"] for r in mine}), solved]
     gaps = [abs(a - b) for r in records for a, b in zip(r["response_logprobs"], r["teacher_logprobs"], strict=True)]
     assert row["teacher"]["max"] == pytest.approx(max(gaps)) and row["teacher"]["mean"] == pytest.approx(
         sum(gaps) / len(gaps)

@@ -425,15 +425,21 @@ def test_a_head_to_head_runs_policies_side_by_side_with_their_own_figures(tmp_pa
             page = await opened(browser, f"{url}#g=0")
             await page.until("document.querySelectorAll('.policy').length === 2")
             cells = "[...document.querySelectorAll('#list tbody tr')].map(r => [...r.children].map(c => c.textContent))"
-            return {
+            found = {
                 "heads": await page.evaluate("[...document.querySelectorAll('#list th')].map(t => t.textContent)"),
                 "cells": await page.evaluate(cells),
                 "policies": await page.evaluate("[...document.querySelectorAll('.policy')].map(p => p.dataset.policy)"),
                 "columns": await page.evaluate(
                     "[...document.querySelectorAll('.policy')].map(p => p.querySelectorAll('.execution').length)"
                 ),
-                "errors": page.errors,
             }
+            for spread in ("mixed", "uniform"):  # each policy's group, never the two models' pooled
+                await set_value(page, "#f-spread", spread)
+                found[spread] = await rows_shown(page)
+            await set_value(page, "#f-spread", "")
+            await set_value(page, "#f-rmin", "0.75")
+            found["rmin"] = await rows_shown(page)
+            return {**found, "errors": page.errors}
 
     with served(index) as server:
         assert index.wait_for(lambda i: i.done.is_set(), 60)
@@ -450,6 +456,14 @@ def test_a_head_to_head_runs_policies_side_by_side_with_their_own_figures(tmp_pa
             assert float(cells[column]) == pytest.approx(
                 sum(finals.values()) / len(finals), abs=5e-4
             )  # shown to 3 places
+    groups = {}  # (problem, policy) -> its executions' outcomes
+    for r in records:
+        groups.setdefault((r["problem_id"], r["policy"]), {})[r["rollout_id"]] = r["final_reward"]
+    ids = {row["id"] for row in index.rows}
+    mine = [[list(groups[i, p].values()) for p in ("new", "old")] for i in ids]
+    assert seen["mixed"] == sum(any(len(set(g)) > 1 for g in both) for both in mine)
+    assert seen["uniform"] == sum(any(len(set(g)) == 1 for g in both) for both in mine)
+    assert seen["rmin"] == sum(any(sum(g) / len(g) >= 0.75 for g in both) for both in mine)
 
 
 def test_the_copied_command_prints_the_record_from_a_folder_whose_path_has_quotes(tmp_path):

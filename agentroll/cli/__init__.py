@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 COMMANDS = {
     "generate": "generate",
-    **dict.fromkeys(("merge", "validate", "stats", "convert", "report", "inspect", "view", "follow"), "folders"),
+    **dict.fromkeys(("merge", "validate", "stats", "convert", "report", "inspect", "view"), "folders"),
+    "follow": "follow",
     "rescore": "rescore",  # its own: it takes generate's reward options, and with them the rewards' imports
     "distill": "distill",  # its own: it takes generate's teacher options
     **dict.fromkeys(("doctor", "demo", "serve-sim", "ray-partition"), "servers"),

@@ -1,14 +1,11 @@
-"""The folder tools: merge, validate, stats, inspect, convert, follow. Each error is one line and exit 6 on a broken
-folder (the folder package says what is wrong)."""
+"""The folder tools: merge, validate, stats, inspect, convert, report, view (follow: `cli.follow`). Each error
+is one line and exit 6 on a broken folder (the folder package says what is wrong)."""
 
 from __future__ import annotations
 
-import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import orjson
 import typer
@@ -30,7 +27,6 @@ def register(app: typer.Typer) -> None:
     for command in (merge, validate, stats, convert, report, view):
         app.command(cls=Command)(command)
     app.command("inspect", cls=Command)(inspect_command)
-    app.command(cls=Command)(follow)
 
 
 def merge(
@@ -254,6 +250,17 @@ def convert(
         for k in ("skipped_frozen", "dropped_overlong", "folded_turns", "placeholders", "left_over_problems")
         if summary.get(k)
     )
+    if summary.get("split_conversations"):  # once per conversion (docs/convert.md, Baselines)
+        err.print(
+            Text(
+                f"warning: {summary['split_conversations']} conversations are written as several {to} rows (an "
+                f"agent's branches, or calls without --trajectories); {to}'s trainer takes its GRPO baseline over "
+                "the rows of a group id, so each counts once per row there, not once per conversation. For one "
+                "advantage per conversation convert to a format agentroll computes it for (trl, openrlhf, slime, "
+                "prime-rl, verifiers)"
+            ),
+            soft_wrap=True,
+        )
     err.print(
         Text(
             f"{summary['records']} records -> {summary['rows']} {to} rows in "
@@ -328,83 +335,3 @@ def view(
 
 
 DEFAULT_PORT = 8377
-
-
-def follow(
-    folder: Annotated[Path, FOLDER],
-    consumer: Annotated[
-        str | None,
-        opt(
-            "--consumer",
-            help="A durable position (.agentroll/consumers/NAME): a rerun starts after the groups it took, and "
-            "generate --consumer NAME --max-ahead G waits for it.",
-            metavar="NAME",
-        ),
-    ] = None,
-    timeout: Annotated[
-        float | None,
-        opt("--timeout", help="Give up after this many seconds without the run completing (exit 8).", metavar="S"),
-    ] = None,
-) -> None:
-    """Print a live run's groups as JSONL on stdout as they commit, one line each, until the run completes."""
-    from ..errors import IncompleteRun, PipeClosed
-    from ..folder import read_groups
-
-    stdout = sys.stdout.buffer
-    drained = _pipe_drained(stdout) if consumer is not None else None
-
-    def stream() -> bool:
-        """True when the reader closed the pipe."""
-        try:
-            for group in read_groups(folder, follow=True, timeout_s=timeout, consumer=consumer):
-                records = b",".join(orjson.dumps(s) for samples in group.executions for s in samples)
-                # the write blocks while the reader is behind; the next group is asked for (and, with a consumer,
-                # this one counts as taken) once this one is written, and into a pipe once its reader has read it
-                stdout.write(b'{"problem_id":%s,"records":[%s]}\n' % (orjson.dumps(group.problem_id), records))
-                stdout.flush()
-                if drained is not None:
-                    drained()
-        except TimeoutError:
-            raise IncompleteRun(f"{folder}: the run did not complete within --timeout {timeout:g}s") from None
-        except BrokenPipeError:  # the reader (head, a loader) is gone: nothing more to say to it, nor to flush
-            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
-            return True
-        return False
-
-    if folder_tool(stream):
-        raise typer.Exit(PipeClosed.exit_code)  # as SIGPIPE would end it, and as generate -o - does
-
-
-def _pipe_drained(stream: Any) -> Callable[[], None] | None:
-    """For a pipe: a wait until its reader has read everything written (the bytes still in it, FIONREAD, are 0),
-    so a consumer's position never counts a group left unread in the pipe when its reader exits. None for a file
-    or a terminal (what is written there is taken)."""
-    import fcntl
-    import select
-    import stat
-    import struct
-    import termios
-
-    try:
-        fd = stream.fileno()
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return None
-    except (OSError, ValueError, AttributeError):
-        return None
-
-    gone = select.poll()
-    gone.register(fd, select.POLLERR | select.POLLHUP)
-
-    def wait() -> None:
-        while True:
-            try:
-                unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-            except OSError:
-                return
-            if unread <= 0:
-                return
-            if gone.poll(0):  # the reader closed its end with bytes unread: as a write would find it
-                raise BrokenPipeError
-            time.sleep(0.005)  # the reader's pace: nothing to wake us when it reads
-
-    return wait

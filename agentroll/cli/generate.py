@@ -107,6 +107,8 @@ OTHER = "More options"  # an option no panel lists yet
 METAVARS = {
     "output": "DIR",
     **{"judge_prompt": "FILE|NAME", "judge_api_key_file": "FILE", "judge_url": "URL", "reward_component": "SPEC"},
+    **{"judge_model": "NAME", "judge_parse": "score|json", "judge_pattern": "REGEX", "judge_scale": "LO:HI"},
+    **{"judge_mode": "sample|group", "judge_failures": "fail|keep"},
     "base_url": "URL",
     "policy": "NAME=URL,...",
     "teacher": "URL",
@@ -153,7 +155,7 @@ def _parameter(name: str, spec: Any, annotation: Any, default: Any) -> inspect.P
         *decls,
         help=help_text(meta.get("help")),
         envvar=meta.get("envvar"),
-        show_default=not isinstance(default, list | dict),
+        show_default=meta.get("shown", not isinstance(default, list | dict)),  # `shown`: a default said in words
         metavar=metavar(name, annotation, METAVARS),
         rich_help_panel=PANEL_OF.get(name, OTHER),
     )

@@ -13,7 +13,15 @@ from ..process import heap
 from .console import fit_to_terminal
 from .help import HELP_OPTIONS, Group
 
-MODULES = ("generate", "folders", "rescore", "distill", "servers", "audit")  # in the order `agentroll -h` lists them
+MODULES = (
+    "generate",
+    "folders",
+    "follow",
+    "rescore",
+    "distill",
+    "servers",
+    "audit",
+)  # in the order `agentroll -h` lists them
 RUNS = frozenset({"generate", "demo", "ray-partition", "serve-sim"})  # each settles the heap once it has started
 
 

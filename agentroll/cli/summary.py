@@ -61,6 +61,10 @@ def stage_table(result: RunResult) -> Table:
     for name in s.stages:
         table.add_column(Text(name), justify="right", overflow="fold")
     for label, cell in ROWS:
+        if label == "mean raw reward" and s.policies:
+            for name, own in s.policies.items():  # a head-to-head run: each policy's, never the two pooled
+                table.add_row(Text(f"{label} ({name})"), *(Text(cell(own.stage(stage))) for stage in s.stages))
+            continue
         table.add_row(Text(label), *(Text(cell(st)) for st in s.stages.values()))
     if s.teacher:
         teacher_rows(table, s)
@@ -94,7 +98,7 @@ def lines(result: RunResult) -> list[list[str]]:
             f"invalid rows {s.invalid_rows}",
             f"executions{generated} {s.executions}, records written {s.records_written}",
         ],
-        shares(s, f"accuracy{' over the groups generated' if generated else ''}"),
+        *([] if s.policies else [shares(s, f"accuracy{' over the groups generated' if generated else ''}")]),
         *([[figures(s, counts=True)]] if figures(s, counts=True) else []),
         [
             f"groups written {s.groups_written}, filtered {s.groups_filtered}, resampled {s.groups_resampled}, "

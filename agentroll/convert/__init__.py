@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..folder.manifest import Manifest
-from ..tools.system import system_of
+from ..tools.system import system_of, words
 from .common import (
     ADVANTAGES,
     LAYOUTS,
@@ -67,9 +67,10 @@ def convert(
     refusal found while reading (a prompt the conversational layout cannot recover) leaves no file, and no
     folder the conversion created.
 
-    `advantage` (the formats whose trainer takes one): `none`, `grpo` (reward minus its (problem, stage) group's
-    mean, over the group's std when that is not 0) or `mean` (minus the mean only); the default is the format's
-    (`none`, or `mean` for prime-rl and verifiers, whose trainers need one). `std` (with `grpo`): `sample`
+    `advantage` (the formats whose trainer takes one): `none`, `grpo` (a conversation's reward minus its (problem,
+    stage) group's mean over the K executions' conversations, over its std + the trainer's epsilon if not 0; every
+    record of the conversation carries it: `agentroll.record.group`) or `mean` (minus the mean only); the default is the
+    format's (`none`, or `mean` for prime-rl and verifiers, whose trainers need one). `std` (with `grpo`): `sample`
     (Bessel-corrected, `torch.std`: the default, as slime, TRL, OpenRLHF use it) or `population`. `stages`: the
     stages converted (all of the folder's system's by default). `max_pairs_per_group` (dpo, nemo-rl-dpo): most
     pairs per (problem, stage) group. `layout` (dpo, sft): `conversational` (default: chat messages, recovered
@@ -97,6 +98,7 @@ def convert(
     manifest = check_source(src_path, out_path)
     system = system_of(manifest)
     chosen_stages = check_stages(stages, system.stages)
+    vocabulary, _ = words(system, warn=False)
     problems_in = manifest.groups
     if groups_per_file is not None and groups_per_file > problems_in:
         raise UsageError(
@@ -131,6 +133,8 @@ def convert(
             std=chosen_std,
             routes=spec.routes,
             policy=policy,
+            whole_stage=vocabulary.whole_stage,
+            epsilon=spec.epsilon,
         )
 
     options = Options(
@@ -168,6 +172,8 @@ def convert(
         summary["loss"] = loss
     left_out = ("skipped_frozen", "dropped_overlong", "folded_turns")
     summary.update({key: counts[key] for key in left_out if key in counts})
+    if spec.rl and spec.advantage is None and counts.get("split_conversations"):
+        summary["split_conversations"] = counts["split_conversations"]  # its trainer's baseline counts each per row
     summary.update(extra)
     return summary
 

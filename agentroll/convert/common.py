@@ -1,6 +1,7 @@
-"""Shared by every converter: a folder read as (problem, stage) groups, GRPO baselines and atomic JSONL output (the
-chat messages behind a rendered prompt, for the conversational layouts, are `convert.messages`'). Stage names and
-their order are the folder's system's (`settings.system.stages`; a folder without one is three-stage)."""
+"""Shared by every converter: a folder read as (problem, stage) groups, GRPO baselines (over conversations, as
+`agentroll.record.group` defines them) and atomic JSONL output (the chat messages behind a rendered prompt, for the
+conversational layouts, are `convert.messages`'). Stage names and their order are the folder's system's
+(`settings.system.stages`; a folder without one is three-stage)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import orjson
 
 from ..errors import UsageError
 from ..folder.manifest import Manifest
+from ..record.group import conversation_reward, conversations, policy_groups, stage_groups
 from ..record.schema import STAGES
 from ..settings.shaping import dropped
 from .trajectory import Trajectory, executions, kept, single, trajectories
@@ -30,8 +32,9 @@ Record = dict[str, Any]
 
 @dataclass(slots=True)
 class StageGroup:
-    """The samples of one stage of one problem over its K executions: the GRPO group. The solver samples of K
-    executions are one group, the rewriter samples another; `advantages` is aligned with `records`, and so is
+    """The samples of one stage of one problem over its K executions: the GRPO group, whose advantages are over its
+    conversations (`conversation_advantages`). The solver samples of K executions are one group, the rewriter
+    samples another; `advantages` is aligned with `records` (each its conversation's), and so is
     `trajectories` when the converter asked for whole conversations (each record the last turn of its own)."""
 
     problem_id: str
@@ -97,15 +100,16 @@ def baseline(rewards: list[float], std: str = "population") -> tuple[float, floa
     return mean, math.sqrt(squares / n)
 
 
-def advantages(rewards: list[float], kind: str, std: str = "population") -> list[float] | None:
-    """`grpo`: (reward - mean) / std (`std`: `population` or `sample`, see `baseline`), or reward - mean when the
-    std is 0 (every sample scored alike, or a group of one: all 0); `mean`: reward - mean (no std division, as in
+def advantages(rewards: list[float], kind: str, std: str = "population", epsilon: float = 0.0) -> list[float] | None:
+    """`grpo`: (reward - mean) / (std + `epsilon`) (`std`: `population` or `sample`, see `baseline`; `epsilon`:
+    the trainer's own damping, so the advantage is the one its GRPO would compute), or reward - mean when the std
+    is 0 (every sample scored alike, or a group of one: all 0); `mean`: reward - mean (no std division, as in
     Dr. GRPO); `none`: None."""
     if kind == "none":
         return None
     mean, spread = baseline(rewards, std)
     if kind == "grpo" and spread > 0:
-        return [(r - mean) / spread for r in rewards]
+        return [(r - mean) / (spread + epsilon) for r in rewards]
     return [r - mean for r in rewards]
 
 
@@ -137,6 +141,8 @@ def read_problems(
     std: str = "population",
     routes: bool = False,
     policy: str | None = None,
+    whole_stage: bool = False,
+    epsilon: float = 0.0,
 ) -> Iterator[Problem]:
     """The folder's problems in manifest order (whole groups, by `agentroll.read_groups`), each split
     into stage groups (`stages` in order; None: every stage, as first seen). Baselines are computed over the
@@ -147,9 +153,11 @@ def read_problems(
     (`counts["skipped_frozen"]`); those the overlong filter dropped always are (`counts["dropped_overlong"]`).
     With `whole_conversations`, a group keeps only the records that end a conversation, each with its
     `Trajectory` (`convert.trajectory`); the turns folded into a later one are counted in
-    `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`. `routes`: records'
-    `routed_experts` as arrays (`read_groups(routes=True)`). In a head-to-head folder each policy's samples of a
-    stage are a group of their own (baselines too); `policy` keeps only that policy's records."""
+    `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`, `epsilon` its damping.
+    `routes`: records' `routed_experts` as arrays (`read_groups(routes=True)`). In a head-to-head folder each
+    policy's samples of a stage are a group of their own (baselines too); `policy` keeps only that policy's
+    records. The advantages are per conversation (`conversation_advantages`; `whole_stage`: the system's
+    vocabulary's)."""
     from ..folder import read_groups
 
     counts.setdefault("records", 0)
@@ -171,6 +179,7 @@ def read_problems(
                     raise UsageError(f"{src}: problem {group.problem_id}: {exc} (run agentroll validate)") from None
                 ends.update((id(t.record), t) for t in found)
         problem = Problem(index, group.problem_id)
+        given = conversation_advantages(records, advantage, std, whole_stage, epsilon)
         named = dict.fromkeys(r.get("policy") for r in records)
         for stage, own in (
             (stage, own)
@@ -180,7 +189,7 @@ def read_problems(
             members = [r for r in records if r["stage"] == stage and r.get("policy") == own]
             if not members:
                 continue
-            found_advantages = advantages([float(r["reward"]) for r in members], advantage, std)
+            found_advantages = None if given is None else [given[id(r)] for r in members]
             keep = [i for i, r in enumerate(members) if kept(r, include_frozen)]
             cut = sum(map(dropped, members))
             if cut:
@@ -202,7 +211,38 @@ def read_problems(
                     own,
                 )
             )
+        counts["split_conversations"] = counts.get("split_conversations", 0) + split(records, problem, whole_stage)
         yield problem
+
+
+def split(records: list[Record], problem: Problem, whole_stage: bool) -> int:
+    """The group's conversations (`agentroll.record.group`'s: an agent's execution, its branches included) written as
+    more than one row: a trainer that takes its baseline over the rows of a group id counts each once per row."""
+    written = {id(r) for g in problem.groups for r in g.records}
+    return sum(
+        sum(id(execution[i]) in written for i in positions) > 1
+        for execution in executions(records)
+        for positions in conversations(execution, whole_stage)
+    )
+
+
+def conversation_advantages(
+    records: list[Record], kind: str, std: str = "population", whole_stage: bool = False, epsilon: float = 0.0
+) -> dict[int, float] | None:
+    """Each record's advantage (by `id`), or None for `none`: per (policy, stage), over the group's
+    conversations (`agentroll.record.group`: each conversation's reward is its last record's), every record of one
+    conversation carrying its conversation's. A three-stage group's conversations are its calls (the
+    per-stage baselines); a tool-use or agent group's are its K executions' conversations, however many calls
+    each made, so an execution's weight in the baseline does not grow with its calls."""
+    if kind == "none":
+        return None
+    out: dict[int, float] = {}
+    for own in policy_groups(list(executions(records))).values():
+        for chats in stage_groups(own, whole_stage).values():
+            found = advantages([conversation_reward(c) for c in chats], kind, std, epsilon)
+            for chat, value in zip(chats, found or [], strict=True):
+                out.update((id(r), value) for r in chat)
+    return out
 
 
 def _with_routes(group: Any) -> list[Record]:

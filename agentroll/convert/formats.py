@@ -56,6 +56,7 @@ class Spec:
     advantage: str | None = "none"
     needs_advantage: bool = False
     refusal: str = ""
+    epsilon: float = 0.0  # what the trainer's GRPO adds to the std it divides by (`--advantage grpo`)
     requires: Callable[[], Any] | None = None
 
     def require(self) -> None:
@@ -205,7 +206,7 @@ SPECS: dict[str, Spec] = {
     for spec in [
         Spec("dpo", _dpo, [dpo.FILE], rl=False, chat=True, pairs=True, advantage=None, refusal=_REWARDS),
         Spec("sft", _sft, [sft.FILE], rl=False, chat=True, advantage=None, refusal=_REWARDS),
-        Spec("trl", _trl, [trl.FILE]),
+        Spec("trl", _trl, [trl.FILE], epsilon=1e-4),  # grpo_trainer.py, _generate_and_score_completions
         Spec(
             "slime",
             _slime,
@@ -215,6 +216,7 @@ SPECS: dict[str, Spec] = {
             steps=True,
             routes=True,
             requires=slime.require_torch,
+            epsilon=1e-6,  # slime/ray/rollout.py, _post_process_rewards
         ),
         Spec(
             "megatron",
@@ -235,7 +237,9 @@ SPECS: dict[str, Spec] = {
             advantage=None,
             refusal=_computes("verl", "over each uid, the (problem, stage) group"),
         ),
-        Spec("openrlhf", _openrlhf, [openrlhf.FILE], whole=True),
+        Spec(
+            "openrlhf", _openrlhf, [openrlhf.FILE], whole=True, epsilon=1e-9
+        ),  # experience_maker.py, compute_advantages_and_returns
         Spec(
             "prime-rl",
             _prime_rl,

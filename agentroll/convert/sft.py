@@ -1,7 +1,7 @@
 """`--to sft`: rejection-sampling fine-tuning data, the correct samples as chat messages plus token-exact
 `input_ids` / `labels`.
 
-A sample is kept when its own reward check passed (`raw_reward == 1`, the rule of `group_pass_at_k`; for the
+A sample is kept when its own reward check passed (`raw_reward == 1`, its own score, not its execution's; for the
 selector: it picked a correct rewrite) and it finished (`completed`): a truncated response would teach the model
 not to stop. The shaped `reward` does not decide, so a correct solver of an execution whose selector went wrong
 is kept. `labels` is -100 on the prompt (and on any response token outside the loss mask): TRL's `SFTTrainer`

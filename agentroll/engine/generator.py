@@ -312,7 +312,7 @@ class Generator:
             self.stats.groups_held += hold(executions)  # --judge-failures keep: no verdict holds a group back
             finals = [final_reward(e) for e in executions]
             if not o.filter_uniform_groups or len(set(finals)) > 1:
-                annotate(executions, finals)
+                annotate(executions, finals, self.stats.vocabulary)
                 self._count(problem, executions)
                 return Group(problem, executions, "complete", None, attempt + 1)
         self._count(problem, executions)

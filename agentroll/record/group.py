@@ -1,7 +1,11 @@
-"""The unit of work: a problem's K executions, produced, judged and written together or not at all."""
+"""The unit of work: a problem's K executions, produced, judged and written together or not at all; and the one
+definition of the group's figures (outcomes, pass@k, baselines over conversations) that every tool and
+converter reads."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -57,33 +61,99 @@ class Group:
         return sum(len(e) for e in self.executions)
 
 
-def annotate(executions: list[list[Sample]], finals: list[float]) -> None:
-    """Per-group figures on every record: mean and std of the executions' final rewards, solver pass@k, and the
-    (problem, stage) GRPO baselines. They describe exactly the executions written, since a group is only ever
-    written whole. In a head-to-head run (`policy` set) each policy's K executions are a group of their own here:
-    a baseline never mixes two models' samples."""
-    by_policy: dict[str | None, tuple[list[list[Sample]], list[float]]] = {}
-    for samples, final in zip(executions, finals, strict=True):
-        mine = by_policy.setdefault(samples[0].policy if samples else None, ([], []))
-        mine[0].append(samples)
-        mine[1].append(final)
-    for members, outcomes in by_policy.values():
-        _annotate(members, outcomes)
+# -- the group's figures: one definition, read by the records, `stats`, `validate`, `inspect`, the viewer and every
+# converter that writes a baseline or an advantage ---------------------------------------------------------------
+#
+# A group is a problem's K executions (each policy's K, in a head-to-head run: figures never mix two models). An
+# execution's outcome is its `final_reward`; the group's mean, std and pass@k are over its K outcomes. A baseline
+# (GRPO's group) is per (problem, policy, stage) and over *conversations*, never over calls: a conversation is a
+# stage's records of one execution chained by `continues` (a one-call stage: each call; tool use: the solver's
+# turns), or, for a system whose vocabulary says `whole_stage` (the agent), the stage's whole share of the
+# execution (its branches included). Its reward is its last record's shaped `reward`; each of its records carries
+# its advantage, so an execution that makes more calls weighs no more than another.
+
+Item = Any  # a `Sample`, or a record as a dict (what the converters read)
 
 
-def _annotate(executions: list[list[Sample]], finals: list[float]) -> None:
-    mean = sum(finals) / len(finals)
-    std = (sum((f - mean) ** 2 for f in finals) / len(finals)) ** 0.5
-    passed = float(any(s.raw_reward == 1.0 for e in executions for s in e if s.stage == "solver"))
-    by_stage: dict[str, list[Sample]] = {}
+def value(item: Item, name: str) -> Any:
+    """A field of a sample or of a record read as a dict."""
+    return item.get(name) if isinstance(item, dict) else getattr(item, name)
+
+
+def policy_groups(executions: Sequence[Sequence[Item]]) -> dict[str | None, list[Sequence[Item]]]:
+    """The executions per policy, in order (one key, None, outside a head-to-head run): each is a group."""
+    out: dict[str | None, list[Sequence[Item]]] = {}
     for samples in executions:
-        for sample in samples:
-            sample.group_reward_mean, sample.group_reward_std, sample.group_pass_at_k = mean, std, passed
-            by_stage.setdefault(sample.stage, []).append(sample)
-    for members in by_stage.values():  # GRPO baselines are per (problem, stage): solvers are not rewriters
-        rewards = [s.reward for s in members]
-        stage_mean = sum(rewards) / len(rewards)
-        stage_std = (sum((r - stage_mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-        for sample in members:
-            sample.stage_group_size = len(members)
-            sample.stage_group_reward_mean, sample.stage_group_reward_std = stage_mean, stage_std
+        out.setdefault(value(samples[0], "policy") if samples else None, []).append(samples)
+    return out
+
+
+def outcome(execution: Sequence[Item]) -> float:
+    """An execution's outcome: its `final_reward` (every record of it holds the same)."""
+    return float(value(execution[0], "final_reward"))
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population standard deviation (divisor n), as the records hold them."""
+    mean = math.fsum(values) / len(values)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+
+
+def pass_at_all(outcomes: Sequence[float], pass_fail: bool = True) -> float | None:
+    """1 if some execution's outcome is 1 (solved), else 0; None for a system whose outcome is not pass/fail."""
+    return float(any(o == 1.0 for o in outcomes)) if pass_fail else None
+
+
+def conversations(execution: Sequence[Item], whole_stage: bool = False) -> list[list[int]]:
+    """The positions of an execution's records, one list per conversation (see above), in write order. A
+    `continues` that names no earlier record of the same stage links nothing (`validate` reports it)."""
+    root: list[int] = []
+    first: dict[str, int] = {}
+    for i, item in enumerate(execution):
+        stage = value(item, "stage")
+        parent = value(item, "continues")
+        if whole_stage:
+            root.append(first.setdefault(stage, i))
+        elif type(parent) is int and 0 <= parent < i and value(execution[parent], "stage") == stage:
+            root.append(root[parent])
+        else:
+            root.append(i)
+    found: dict[int, list[int]] = {}
+    for i, r in enumerate(root):
+        found.setdefault(r, []).append(i)
+    return list(found.values())
+
+
+def stage_groups(executions: Sequence[Sequence[Item]], whole_stage: bool = False) -> dict[str, list[list[Item]]]:
+    """One group's (one policy's K executions') conversations per stage, in order: GRPO's groups."""
+    out: dict[str, list[list[Item]]] = {}
+    for samples in executions:
+        for positions in conversations(samples, whole_stage):
+            out.setdefault(value(samples[positions[0]], "stage"), []).append([samples[j] for j in positions])
+    return out
+
+
+def conversation_reward(members: Sequence[Item]) -> float:
+    """A conversation's reward: its last record's shaped `reward` (what it ended on)."""
+    return float(value(members[-1], "reward"))
+
+
+def annotate(executions: list[list[Sample]], finals: list[float], words: Any = None) -> None:
+    """The group's figures on every record (`group_*`, over the executions' outcomes, and `stage_group_*`, over
+    the stage's conversations), per policy. They describe exactly the executions written, since a group is only
+    ever written whole. `words`: the system's `Vocabulary` (its `whole_stage` and `pass_fail`)."""
+    whole_stage, pass_fail = getattr(words, "whole_stage", False), getattr(words, "pass_fail", True)
+    outcomes = {id(samples): final for samples, final in zip(executions, finals, strict=True)}
+    for members in policy_groups(executions).values():
+        mine = [outcomes[id(samples)] for samples in members]
+        mean, std = spread(mine)
+        passed = pass_at_all(mine, pass_fail)
+        for samples in members:
+            for sample in samples:
+                sample.group_reward_mean, sample.group_reward_std, sample.group_pass_at_k = mean, std, passed
+        for chats in stage_groups(members, whole_stage).values():
+            stage_mean, stage_std = spread([conversation_reward(c) for c in chats])
+            for chat in chats:
+                for sample in chat:
+                    sample.stage_group_size = len(chats)
+                    sample.stage_group_reward_mean, sample.stage_group_reward_std = stage_mean, stage_std

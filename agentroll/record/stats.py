@@ -327,8 +327,11 @@ class RunStats:
         return out
 
     def report(self) -> dict[str, float | None]:
-        """Does the system earn its cost? Its figures (`report_figures`), then the tokens of each stage."""
-        out: dict[str, float | None] = {f.key: self.figure(f) for f in self.report_figures()}
+        """Does the system earn its cost? Its figures (`report_figures`), then the tokens of each stage. A
+        head-to-head run's figures are each policy's (`policies`): here they are None, never the two models'
+        executions pooled (`agentroll.record.group`); the tokens, a cost, are the run's."""
+        pooled = bool(self.policies)
+        out: dict[str, float | None] = {f.key: None if pooled else self.figure(f) for f in self.report_figures()}
         out.update({f"{name}_tokens": float(s.prompt_tokens + s.response_tokens) for name, s in self.stages.items()})
         return out
 

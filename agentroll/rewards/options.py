@@ -73,7 +73,9 @@ class RewardOptions:
     judge_max_tokens: int = option(1024, "The judge's max_tokens per verdict.")
     judge_temperature: float = option(0.0, "The judge's sampling temperature.")
     judge_parse: str = option("score", "score: the reply's last 'Score: X' | json: its last {\"score\": X}.")
-    judge_pattern: str = option(DEFAULT_PATTERN, "A regex with one group: the judge's score (its last match).")
+    judge_pattern: str = option(
+        DEFAULT_PATTERN, "A regex with one group: the judge's score (its last match).", shown="Score: X"
+    )
     judge_scale: str = option("0:1", "LO:HI, the judge's score range, mapped onto 0..1 (a score outside: retried).")
     judge_mode: str = option("sample", "sample: one request per answer | group: a problem's K answers together.")
     judge_failures: str = option(

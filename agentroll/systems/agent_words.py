@@ -38,6 +38,7 @@ FIGURES = (
 
 
 class AgentWords(Vocabulary):
+    whole_stage = True  # an execution's calls, branches included, are one attempt: one advantage
     figures = FIGURES
     counters = ("agents_started", "agents_finished", "agents_failed", "agents_timed_out", "branches_by_reasoning")
 

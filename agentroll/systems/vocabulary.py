@@ -68,8 +68,14 @@ class Vocabulary:
     (`ctx.engine.stats.count`), so a run that never counted one still reports it as 0. `tally`: the counters one
     execution adds (what the figures divide).
     `check`: what is wrong with one execution, for `validate` (given only records of the right schema).
-    `heading` and `label`: `inspect`'s words for a stage's branch and for one sample."""
+    `heading` and `label`: `inspect`'s words for a stage's branch and for one sample.
+    `whole_stage`: a stage's records of one execution are one conversation for its baseline (the agent's
+    branches do not continue each other, yet are one attempt), not each chain of `continues` (`agentroll.record.group`).
+    `pass_fail`: the outcome (`final_reward`) is 1 when solved, so `group_pass_at_k` and `stats`' pass@k apply;
+    False: they are null."""
 
+    whole_stage: ClassVar[bool] = False
+    pass_fail: ClassVar[bool] = True
     figures: ClassVar[tuple[Figure, ...]] = ()
     charts: ClassVar[tuple[Chart, ...]] = ()
     counters: ClassVar[tuple[str, ...]] = ()  # what the system counts as it runs (`RunStats.count`): shown at 0 too

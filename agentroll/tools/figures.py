@@ -75,14 +75,15 @@ def length_bins(lengths: Iterable[int], top: int | None, count: int = 24) -> lis
     return [float(i * width) for i in range(longest // width + 2)]
 
 
-def chart(spec: Chart, run: RunStats) -> dict[str, Any]:
+def chart(spec: Chart, run: RunStats, policy: str | None = None) -> dict[str, Any]:
     """A system's chart (`Vocabulary.charts`) as data: its bars and counts over the run's counters, the
-    counters its caption names, and `missing` (what to say instead) while the counter it needs is 0."""
+    counters its caption names, and `missing` (what to say instead) while the counter it needs is 0. `policy`:
+    a head-to-head folder's, whose own executions `run` counts (one chart per policy: none pools them)."""
     named = {field for _, field, _, _ in Formatter().parse(spec.caption) if field}
     applies = spec.needs is None or bool(run.value(spec.needs))
     return {
-        "name": spec.name,
-        "title": spec.title,
+        "name": spec.name if policy is None else f"{spec.name}-{policy}",
+        "title": spec.title if policy is None else f"{spec.title} · policy {policy}",
         "caption": spec.caption,
         "values": {name: run.value(name) for name in sorted(named)},
         "bars": [{"key": f.key, "label": f.label, "value": run.figure(f)} for f in spec.bars],
@@ -95,7 +96,7 @@ def chart(spec: Chart, run: RunStats) -> dict[str, Any]:
 class Collector:
     """Watches groups go by (`watch`) and keeps what the page needs beyond `stats`."""
 
-    stages: dict[str, StageLengths] = field(default_factory=dict)
+    stages: dict[tuple[str, str | None], StageLengths] = field(default_factory=dict)  # per (stage, policy)
     group_calls: array = field(default_factory=lambda: array("d"))
     group_tokens: array = field(default_factory=lambda: array("d"))
     group_latency: array = field(default_factory=lambda: array("d"))
@@ -109,7 +110,8 @@ class Collector:
         calls = tokens = latency = 0.0
         for samples in group.executions:
             for s in samples:
-                stage = self.stages.get(s.stage) or self.stages.setdefault(s.stage, StageLengths())
+                key = (s.stage, s.policy)
+                stage = self.stages.get(key) or self.stages.setdefault(key, StageLengths())
                 stage.add(len(s.response_token_ids), s.status == "truncated", s.reward)
                 calls += 1
                 tokens += len(s.response_token_ids)
@@ -181,7 +183,8 @@ def max_tokens(manifest: dict[str, Any], stage: str) -> int | None:
 
 def figures(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, Any]:
     """Everything the page shows, as data (see the module's docstring): `stats` (what `agentroll stats` gives),
-    `lengths`, `shaped_reward`, `speed`, `shard_times`, `charts` (the system's), `last_run`, `derived_from`,
+    `lengths` (a head-to-head folder's per `stage-policy`), `shaped_reward` (a head-to-head folder's None: its
+    `shaped_reward_by_policy`), `speed`, `shard_times`, `charts` (the system's), `last_run`, `derived_from`,
     `manifest`."""
     from ..folder import load_manifest, read_groups
 
@@ -192,27 +195,34 @@ def figures(folder: str | os.PathLike[str], by: str | None = None) -> dict[str, 
     found = folder_sections(loaded, collector.watch(read_groups(path)), by)
     data = {"folder": str(folder), **folder_state(loaded), **found.to_dict()}
     stages = data["system"]["stages"]
+    # a head-to-head folder's lengths and shaped rewards are each policy's (`stage-policy`), never pooled
+    policies: list[str | None] = [*found.whole.policies] or [None]
     lengths = {
-        name: collector.stages[name].histogram(max_tokens(manifest, name))
-        for name in stages
-        if name in collector.stages
-    }
-    shaped = {
-        name: (
-            collector.stages[name].reward_sum / len(collector.stages[name].lengths)
-            if name in collector.stages and len(collector.stages[name].lengths)
-            else None
+        name if policy is None else f"{name}-{policy}": collector.stages[name, policy].histogram(
+            max_tokens(manifest, name)
         )
         for name in stages
+        for policy in policies
+        if (name, policy) in collector.stages
     }
+
+    def shaped(policy: str | None) -> dict[str, float | None]:
+        found = {name: collector.stages.get((name, policy)) for name in stages}
+        return {name: c.reward_sum / len(c.lengths) if c and len(c.lengths) else None for name, c in found.items()}
+
     last = _obj(manifest.get("last_run"))
     return {
         "stats": data,
         "lengths": lengths,
-        "shaped_reward": shaped,
+        "shaped_reward": shaped(None) if policies == [None] else dict.fromkeys(stages),
+        **({} if policies == [None] else {"shaped_reward_by_policy": {str(p): shaped(p) for p in policies}}),
         "speed": collector.speed(),
         "shard_times": shard_times(path, manifest),
-        "charts": [chart(spec, found.whole.run) for spec in found.words.charts],
+        "charts": [
+            chart(spec, section.run, policy)
+            for spec in found.words.charts
+            for policy, section in (found.whole.policies.items() or [(None, found.whole)])  # never pooled
+        ],
         "derived_from": _obj(manifest.get("settings")).get("derived_from"),
         "last_run": {
             "wall_s": last.get("wall_s"),

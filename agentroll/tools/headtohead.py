@@ -119,6 +119,11 @@ PAIR_COLUMNS = (
 )
 
 
+def at_k(figures: dict[str, Any], k: int) -> float | None:
+    """A section's pass@k (None: not reported for that k)."""
+    return next((e["value"] for e in figures["pass_at_k"] if e["k"] == k), None)
+
+
 def tables(data: dict[str, Any]) -> list[Table]:
     """`stats`' result's head-to-head part as tables: each policy's figures side by side, then each pair's
     wins, ties and losses with their intervals (for the folder, and each --by value). None: not such a folder."""
@@ -145,7 +150,7 @@ def tables(data: dict[str, Any]) -> list[Table]:
         )
     ks = sorted({e["k"] for f in policies.values() for e in f["pass_at_k"]})
     for k in [k for k in ks if k in (1, ks[-1])]:
-        row(f"pass@{k} (solvers)", lambda f, k=k: fmt(next((e["value"] for e in f["pass_at_k"] if e["k"] == k), None)))
+        row(f"pass@{k} (executions)", lambda f, k=k: fmt(at_k(f, k)))
     scored = list(dict.fromkeys(stage for f in policies.values() for stage in f.get("teacher") or {}))
     for stage in scored:  # a teacher's figures over each policy's own tokens (--teacher, distill)
         for label, key in TEACHER_ROWS:
@@ -196,7 +201,7 @@ def page_section(stats: dict[str, Any], figure: Any, table: Any) -> str:
         out.append(
             figure(
                 line_chart("policies-pass", "pass@k per policy", lines, x_label="k", y_label="pass@k", y_top=1.0),
-                "pass@k over each policy's solver samples, per problem, averaged.",
+                "pass@k over each policy's executions' outcomes, per problem, averaged.",
             )
         )
     out.append("</div>")

@@ -70,9 +70,15 @@ def pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
+def columns(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The sections drawn side by side: the folder's, or in a head-to-head folder each policy's (no figure pools
+    two models' samples)."""
+    whole = data["stats"]["all"]
+    return list((whole.get("policies") or {}).items()) or [("all", whole)]
+
+
 def _stages(data: dict[str, Any]) -> str:
     whole = data["stats"]["all"]
-    report = whole["report"]
     keys = figure_keys(data, shares=True)
     out = ["<h2>Reward and accuracy per stage</h2><div class='row'>"]
     out.append(
@@ -81,7 +87,7 @@ def _stages(data: dict[str, Any]) -> str:
                 "accuracy",
                 "accuracy",
                 [figure_name(data, k) for k in keys],
-                [Series("all", [report.get(k) for k in keys])],
+                [Series(name, [c["report"].get(k) for k in keys]) for name, c in columns(data)],
                 y_label="accuracy",
                 y_top=1.0,
             ),
@@ -99,7 +105,7 @@ def _stages(data: dict[str, Any]) -> str:
                     "counts",
                     "counts",
                     [figure_name(data, k) for k in counted],
-                    [Series("all", [report.get(k) for k in counted])],
+                    [Series(name, [c["report"].get(k) for k in counted]) for name, c in columns(data)],
                     y_label=units[counted[0]] if len({units[k] for k in counted}) == 1 else "count",
                 ),
                 "The system's figures that count something (" + ", ".join(sorted(set(units.values()))) + "), as "
@@ -107,30 +113,32 @@ def _stages(data: dict[str, Any]) -> str:
             )
         )
     stages = list(whole["stages"])
-    raw = [whole["stages"][s]["mean_raw_reward"] for s in stages]
-    shaped = [data["shaped_reward"].get(s) for s in stages]
+    # (label, its stage figures, its shaped rewards): the folder's, or each policy's in a head-to-head folder
+    owners = [("", whole, data["shaped_reward"])]
+    if whole.get("policies"):
+        owners = [(f"{p} ", c, data["shaped_reward_by_policy"][p]) for p, c in whole["policies"].items()]
+    series = []
+    for label, c, shaped in owners:
+        series.append(Series(f"{label}raw reward", [c["stages"].get(s, {}).get("mean_raw_reward") for s in stages]))
+        series.append(Series(f"{label}shaped reward", [shaped.get(s) for s in stages]))
     out.append(
         figure(
-            bar_chart(
-                "reward",
-                "mean reward per stage",
-                stages,
-                [Series("raw reward", raw), Series("shaped reward", shaped)],
-                y_label="mean reward",
-            ),
-            "Mean raw reward (before shaping) and mean shaped <code>reward</code> (what a trainer sees) per stage.",
+            bar_chart("reward", "mean reward per stage", stages, series, y_label="mean reward"),
+            "Mean raw reward (before shaping) and mean shaped <code>reward</code> (what a trainer sees) per stage"
+            + (", per policy." if whole.get("policies") else "."),
         )
     )
     out.append("</div>")
     rows = []
-    for s in stages:
-        st = whole["stages"][s]
+    for s, label, st, shaped in ((s, label, c["stages"].get(s), sh) for label, c, sh in owners for s in stages):
+        if st is None:
+            continue
         rows.append(
             [
-                s + ("" if st.get("trainable", True) else " (not trainable)"),
+                (f"{s} ({label.strip()})" if label else s) + ("" if st.get("trainable", True) else " (not trainable)"),
                 fmt(st["samples"]),
                 ratio(st["mean_raw_reward"]),
-                ratio(data["shaped_reward"].get(s)),
+                ratio(shaped.get(s)),
                 f"{fmt(st['truncated'])} ({pct(st['truncated'], st['samples'])})",
                 fmt(st["prompt_tokens"]),
                 fmt(st["response_tokens"]),
@@ -186,20 +194,19 @@ def _splits(data: dict[str, Any]) -> list[str]:
 
 def _pass_at_k(data: dict[str, Any]) -> str:
     out = ["<h2>pass@k</h2>"]
-    whole = data["stats"]["all"]
-    if not whole["pass_at_k"]:
-        return "".join(out) + "<p class='note'>No solver samples: pass@k is over the solver stage's samples.</p>"
-    series = [("all", [(float(e["k"]), e["value"]) for e in whole["pass_at_k"]])]
+    series = [(name, [(float(e["k"]), e["value"]) for e in c["pass_at_k"]]) for name, c in columns(data)]
+    if not any(points for _, points in series):
+        return "".join(out) + "<p class='note'>None: the system's outcome is not pass/fail.</p>"
     by = data["stats"]["by"]
     series += [
         (f"{by}={key}", [(float(e["k"]), e["value"]) for e in data["stats"]["split"][key]["pass_at_k"]])
         for key in _splits(data)[: len(charts.PALETTE) - 1]
     ]
-    svg = line_chart("pass-at-k", "pass@k", series, x_label="k (solver samples drawn)", y_label="pass@k", y_top=1.0)
+    svg = line_chart("pass-at-k", "pass@k", series, x_label="k (executions drawn)", y_label="pass@k", y_top=1.0)
     return "".join(out) + figure(
         svg,
-        "The unbiased estimator (Codex paper) per problem over its solver samples, "
-        "averaged over the problems with at least k of them.",
+        "The unbiased estimator (Codex paper) per problem over its executions' outcomes (final reward 1: "
+        "solved), averaged over the problems with at least k of them.",
     )
 
 

@@ -22,7 +22,7 @@ from rich.tree import Tree
 
 from ..errors import OutputError, UsageError
 from ..folder import routes
-from ..record.group import Group
+from ..record.group import Group, outcome, pass_at_all, policy_groups, spread
 from ..record.parsing import last_boxed
 from ..record.schema import Sample
 from ..systems.vocabulary import Label, Vocabulary
@@ -156,16 +156,16 @@ def rollout_tree(
     vocabulary, _ = words(info)
     executions = group.executions if executions is None else executions
     first = group.executions[0][0]
-    figures = (
-        f" · group reward mean {_num(first.group_reward_mean)} (std {_num(first.group_reward_std)})"
-        f" · solver pass@all {_num(first.group_pass_at_k)}"
-    )
-    heads = {e[0].policy: e[0] for e in group.executions if e and e[0].policy is not None}
-    if heads:  # a head-to-head group: the figures are each policy's own
-        figures = " · " + ", ".join(
-            f"{name}: reward mean {_num(h.group_reward_mean)}, pass@all {_num(h.group_pass_at_k)}"
-            for name, h in heads.items()
+    said = []
+    for name, members in policy_groups(group.executions).items():  # a head-to-head group: each policy's own
+        outcomes = [outcome(e) for e in members]
+        mean, std = spread(outcomes)
+        whose = "" if name is None else f"{name}: "
+        said.append(
+            f"{whose}group reward mean {_num(mean)} (std {_num(std)}) · "
+            f"pass@all {_num(pass_at_all(outcomes, vocabulary.pass_fail))}"
         )
+    figures = " · " + ", ".join(said)
     root = Tree(
         Text.assemble(
             (f"problem {first.problem_id}", "bold"),

@@ -8,15 +8,17 @@ written groups count (a run also counts the groups it filtered out), and calls t
 leave no record, so `failed_calls` and `skipped_calls` are not known here. Each stage also says whether it is
 `trainable` (False when its samples are marked `trainable: false`: a frozen model's).
 
-pass@k is the unbiased estimator of the Codex paper, per problem, over the problem's solver samples (N per
-execution, K executions: n = N * K when no call was skipped): pass@k = 1 - C(n - c, k) / C(n, k), c the
-solver samples with raw_reward 1. It is reported for k = 1 .. the largest n of any problem; the figure for k
-is the mean over the problems with at least k solver samples (`problems` says how many; all of them when
-every problem has its N * K samples); a system without a "solver" stage has none. pass@n is the mean of the
-records' `group_pass_at_k`.
+pass@k is the unbiased estimator of the Codex paper, per problem, over the problem's K executions' outcomes
+(`agentroll.record.group`: an execution is solved when its `final_reward` is 1, whatever its system and however many
+calls it made): pass@k = 1 - C(K - c, k) / C(K, k), c the executions solved. It is reported for k = 1 .. the
+largest K of any problem; the figure for k is the mean over the problems with at least k executions
+(`problems` says how many); pass@K is the mean of the records' `group_pass_at_k`. A system whose outcome is not
+pass/fail (`Vocabulary.pass_fail` False) has none.
 
 A head-to-head folder (`generate --policy`): each section also has each policy's figures (a section of its own
-over that policy's executions) and the problem-by-problem table (`agentroll.record.headtohead`).
+over that policy's executions) and the problem-by-problem table (`agentroll.record.headtohead`); its own figures that
+would pool two models' samples (the report, pass@k, mean rewards, truncation rate) are null there: only the
+counts are the folder's.
 """
 
 from __future__ import annotations
@@ -31,12 +33,11 @@ import orjson
 from rich.table import Table
 from rich.text import Text
 
-from ..record.group import Group
+from ..record.group import Group, outcome
 from ..record.headtohead import Comparison
 from ..record.schema import STAGES, Sample
 from ..record.stats import RunStats
 from ..systems.vocabulary import Vocabulary
-from ..systems.votes import answers
 from .system import LEGACY, SystemInfo, coerce, system_of, words
 
 NONE_KEY = "(none)"  # the --by value of a group whose metadata lacks the field (or holds null)
@@ -64,7 +65,7 @@ class Section:
     stages: tuple[str, ...]
     words: Vocabulary
     run: RunStats = field(default_factory=RunStats)
-    solver_counts: list[tuple[int, int]] = field(default_factory=list)  # per problem: (n, c)
+    outcome_counts: list[tuple[int, int]] = field(default_factory=list)  # per problem: (executions, solved)
     frozen: dict[str, int] = field(default_factory=dict)  # per stage: samples marked trainable: false
     records: int = 0
     # a head-to-head folder (`generate --policy`): each policy's own figures, and the problem-by-problem table
@@ -96,8 +97,8 @@ class Section:
                     self.frozen[s.stage] = self.frozen.get(s.stage, 0) + 1
             self.run.add_execution(samples)  # a stage the system does not declare (validate says so): after its own
             self.records += len(samples)
-        solvers = [s for samples in group.executions for s in answers(samples)]  # a conversation counts once
-        self.solver_counts.append((len(solvers), sum(s.raw_reward == 1.0 for s in solvers)))
+        outcomes = [outcome(samples) for samples in group.executions if samples]
+        self.outcome_counts.append((len(outcomes), sum(o == 1.0 for o in outcomes)))
 
     def to_dict(self) -> dict[str, Any]:
         run = self.run.to_dict()
@@ -105,23 +106,27 @@ class Section:
             name: {**{key: figures[key] for key in STAGE_FIGURES}, "trainable": not self.frozen.get(name)}
             for name, figures in run["stages"].items()
         }
-        top = max((n for n, _ in self.solver_counts), default=0)
+        pooled = bool(self.policies)  # a head-to-head folder's whole: two models' samples, no figure of its own
+        top = max((n for n, _ in self.outcome_counts), default=0) if self.words.pass_fail and not pooled else 0
         passes = []
         for k in range(1, top + 1):
-            values = [pass_at_k(n, c, k) for n, c in self.solver_counts if n >= k]
+            values = [pass_at_k(n, c, k) for n, c in self.outcome_counts if n >= k]
             passes.append({"k": k, "value": sum(values) / len(values), "problems": len(values)})
         prompt = sum(s["prompt_tokens"] for s in stages.values())
         response = sum(s["response_tokens"] for s in stages.values())
+        if pooled:
+            for figures in stages.values():
+                figures["mean_raw_reward"] = None
         return {
-            "problems": len(self.solver_counts),
+            "problems": len(self.outcome_counts),
             "executions": self.run.executions,
-            "mean_final_reward": self.run.mean_final_reward,
+            "mean_final_reward": None if pooled else self.run.mean_final_reward,
             "records": self.records,
             "stages": stages,
-            "report": run["report"],
+            "report": {k: v if k.endswith("_tokens") or not pooled else None for k, v in run["report"].items()},
             "counters": dict(self.run.counters),
             "pass_at_k": passes,
-            "truncation_rate": run["truncation_rate"],
+            "truncation_rate": None if pooled else run["truncation_rate"],
             "tokens": {"prompt": prompt, "response": response, "total": prompt + response},
             **(
                 {
@@ -319,7 +324,7 @@ def stats_table(data: dict[str, Any]) -> Table:
             partial = "" if entry["problems"] == c["problems"] else f" ({entry['problems']} problems)"
             return _fmt(entry["value"]) + partial
 
-        row(f"pass@{k} (solvers)", cell, end=k == top)
+        row(f"pass@{k} (executions)", cell, end=k == top)
     row("truncation rate", lambda c: _fmt(c["truncation_rate"]))
     scored = list(data["all"].get("teacher") or {})
     row("tokens (prompt/response)", lambda c: f"{c['tokens']['prompt']}/{c['tokens']['response']}", end=bool(scored))

@@ -242,7 +242,7 @@ async def _group(
             length.apply(samples)
 
     await gather_or_cancel(*(one(samples) for samples in group.executions))
-    annotate(group.executions, [e[0].final_reward for e in group.executions])
+    annotate(group.executions, [e[0].final_reward for e in group.executions], stats.vocabulary)
     return group
 
 

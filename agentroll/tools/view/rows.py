@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...folder.places import Place
-from ...record.group import Group
+from ...record.group import Group, outcome, spread
 from ...record.schema import Sample
 from ...record.stats import Figure, RunStats
 from ...systems.vocabulary import Finding, Vocabulary
-from ...systems.votes import answers
 from ..system import SystemInfo, system_of, words
 
 META_TEXT = 80  # characters of a metadata string kept in a row (the group view has it whole)
@@ -120,8 +119,7 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
         findings += [f.message for f in w.check(samples)]
     stages = {name: [s.samples, s.truncated, s.mean_raw_reward] for name, s in run.stages.items() if s.samples}
     finals = [e[0].final_reward for e in group.executions]
-    mean = sum(finals) / len(finals)
-    answered = [s for e in group.executions for s in answers(e)]  # the report's pass@k samples
+    mean, std = spread(finals)  # the group's (`agentroll.record.group`); a head-to-head row's are its policies
     lengths = [len(r.get("response_token_ids") or ()) for r in records]
     first = records[0]
     out: dict[str, Any] = {
@@ -132,7 +130,7 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
         "k": len(group.executions),
         "records": len(records),
         "mean": mean,
-        "std": (sum((f - mean) ** 2 for f in finals) / len(finals)) ** 0.5,
+        "std": std,
         "finals": finals,
         "figures": {f.key: run.figure(f) for f in w.figures(run)},
         "tags": tags,
@@ -143,7 +141,7 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
         "meta": {k: v for k, v in (first.get("metadata") or {}).items() if _scalar(v) is not None},
         "tokens": sum(lengths),
         "longest": max(lengths, default=0),
-        "pass": [len(answered), sum(s.raw_reward == 1.0 for s in answered)],
+        "pass": solved(group.executions),
         "finish": sorted({str(r.get("finish_reason")) for r in records}),
     }
     out["meta"] = {k: _scalar(v) for k, v in out["meta"].items()}
@@ -151,6 +149,8 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
     if any(p is not None for p in policies):
         out["policies"] = policies
         out["by_policy"] = {str(name): _policy(group, policies, name, w) for name in dict.fromkeys(policies)}
+        # each policy's own (its group's mean and std too), never the two models' pooled
+        out["figures"], out["pass"], out["mean"], out["std"] = {}, [0, 0], None, None
     gaps = [g for r in records for g in gap(r.get("response_logprobs"), r.get("teacher_logprobs")) or ()]
     if gaps:
         out["teacher"] = {"mean": sum(gaps) / len(gaps), "max": max(gaps)}
@@ -159,17 +159,24 @@ def row(number: int, place: Place, shard: int, records: list[dict[str, Any]], gr
 
 def _policy(group: Group, policies: list[str | None], name: str | None, w: Words) -> dict[str, Any]:
     """A head-to-head run's figures of one policy's executions in the group: the system's, its mean final
-    reward, its answers right."""
+    reward and their std (its group's, `agentroll.record.group`), its executions solved."""
     mine = [samples for samples, p in zip(group.executions, policies, strict=True) if p == name]
     run = w.run(s.stage for e in mine for s in e)
     for samples in mine:
         run.add_execution(samples)
-    answered = [s for e in mine for s in answers(e)]
+    mean, std = spread([outcome(e) for e in mine])
     return {
-        "mean": sum(e[0].final_reward for e in mine) / len(mine),
+        "mean": mean,
+        "std": std,
         "figures": {f.key: run.figure(f) for f in w.figures(run)},
-        "pass": [len(answered), sum(s.raw_reward == 1.0 for s in answered)],
+        "pass": solved(mine),
     }
+
+
+def solved(executions: list[list[Sample]]) -> list[int]:
+    """[executions, those solved]: the outcomes pass@k is over (`agentroll.record.group`)."""
+    outcomes = [outcome(e) for e in executions if e]
+    return [len(outcomes), sum(o == 1.0 for o in outcomes)]
 
 
 def broken(number: int, place: Place, shard: int, records: list[dict[str, Any]], why: str) -> dict[str, Any]:

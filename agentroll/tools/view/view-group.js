@@ -34,7 +34,7 @@
         el("span", {}, "label ", el("b", { class: "mono", text: short(json(g.label), 80) })),
         r.by_policy ? el("span", {}, "reward mean by policy ", Object.entries(r.by_policy).map(([p, x]) => el("b", { text: `${p} ${fmt(x.mean)} ` })))
           : el("span", {}, "group reward mean ", el("b", { text: fmt(g.group_reward_mean) }), ` (std ${fmt(g.group_reward_std)})`),
-        r.pass[0] ? el("span", {}, "answers right ", el("b", { text: `${r.pass[1]} of ${r.pass[0]}` })) : null,
+        r.pass[0] ? el("span", {}, "executions solved ", el("b", { text: `${r.pass[1]} of ${r.pass[0]}` })) : null,
         el("span", {}, `${g.executions.length} executions, ${g.executions.reduce((a, e) => a + e.records.length, 0)} records`)),
       el("div", { class: "figs" }, figures),
       Object.keys(r.tags).length ? el("div", {}, Object.entries(r.tags).map(([t, n]) => el("span", { class: "tag", text: `${t} ×${n}` }))) : null,
@@ -65,7 +65,7 @@
       return el("div", { class: "policy", data: { policy: p ?? "" } },
         el("h3", {}, `policy ${p ?? "(none)"}`, el("span", { class: "sub", text: ` · mean final reward ${fmt(mean)} over ${members.length}` })),
         own ? el("div", { class: "figs" }, state.status.system.figures.map((x) => el("span", {}, `${x.label} `, el("b", { text: fmt(own.figures[x.key]) }))),
-          own.pass[0] ? el("span", {}, "answers right ", el("b", { text: `${own.pass[1]} of ${own.pass[0]}` })) : null) : null,
+          own.pass[0] ? el("span", {}, "executions solved ", el("b", { text: `${own.pass[1]} of ${own.pass[0]}` })) : null) : null,
         el("div", { class: "executions" }, members.map(([e, k]) => column(e, k))));
     }));
   }

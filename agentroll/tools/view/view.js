@@ -158,10 +158,8 @@
   }
   function matches(r, f) {
     if (state.hits && !state.hits.has(r.n)) return false;
-    if (f.rmin !== "" && !(r.mean >= +f.rmin)) return false;
-    if (f.rmax !== "" && !(r.mean <= +f.rmax)) return false;
-    if (f.spread === "mixed" && !(r.std > 0)) return false;
-    if (f.spread === "uniform" && r.std !== 0) return false;
+    // the reward filters hold for one group: the row's, or in a head-to-head folder one policy's (never pooled)
+    if ((f.rmin !== "" || f.rmax !== "" || f.spread) && !groupsOf(r).some((g) => rewardMatches(g, f))) return false;
     if (f.stage) {
       const s = r.stages[f.stage];
       if (!s) return false;
@@ -177,7 +175,18 @@
     if (f.audit && !(r.audit && r.audit[1] > 0)) return false;
     return true;
   }
+  function groupsOf(r) {
+    return r.by_policy ? Object.values(r.by_policy) : [r];
+  }
+  function rewardMatches(g, f) {
+    if (f.rmin !== "" && !(g.mean >= +f.rmin)) return false;
+    if (f.rmax !== "" && !(g.mean <= +f.rmax)) return false;
+    if (f.spread === "mixed" && !(g.std > 0)) return false;
+    if (f.spread === "uniform" && g.std !== 0) return false;
+    return true;
+  }
   function sortKey(r, key) {
+    if ((key === "mean" || key === "std") && r.by_policy) return Math.max(...groupsOf(r).map((g) => g[key] ?? -Infinity));
     if (key.startsWith("fig:")) return r.figures[key.slice(4)] ?? -Infinity;
     if (key.startsWith("pol:")) return r.by_policy?.[key.slice(4)]?.mean ?? -Infinity;
     if (key === "teacher") return r.teacher ? r.teacher.mean : -Infinity;
@@ -319,7 +328,7 @@
       figures.map((x) => el("td", { class: "num", text: fmt(r.figures[x.key]) })),
       el("td", {}, finals(r)), el("td", { class: "num", text: fmt(r.mean) }),
       policies.map((p) => el("td", { class: "num", text: fmt(r.by_policy?.[p]?.mean) })),
-      el("td", { class: "num", text: r.pass[0] ? `${r.pass[1]}/${r.pass[0]}` : "-", title: "answers right / answers, over the group" }),
+      el("td", { class: "num", text: r.pass[0] ? `${r.pass[1]}/${r.pass[0]}` : "-", title: "executions solved (final reward 1) / executions, over the group" }),
       el("td", { class: "num" + (r.truncated ? " trunc" : ""), text: fmt(r.truncated) }),
       el("td", { class: "num" + (r.checks ? " fail" : ""), text: fmt(r.checks), title: r.check || "" }),
       el("td", {}, Object.entries(r.tags).map(([t, n]) => el("span", { class: "tag", text: n > 1 ? `${t} ×${n}` : t }))),
