@@ -575,3 +575,116 @@ def test_rescore_weighs_components_with_a_group_judge(sim, problems, tmp_path):
     settings = json.loads((tmp_path / "new" / "manifest.json").read_text())["settings"]
     assert settings["reward_components"] == [["correct", "math", 0.5], ["judged", "judge", 0.5]]
     assert settings["judge"]["mode"] == "group"
+
+
+def meetings(records):
+    """Each judged record's meeting as the judge saw it: (problem, stage, its number, how many were shown)."""
+    return sorted(
+        (r["problem_id"], r["stage"], r["sample_index"], r["worker"], r["judge"]["answer"], r["judge"]["of"])
+        for r in records
+        if r["stage"] in ("solver", "rewriter") and r["content"] is not None
+    )
+
+
+def test_a_three_stage_rescore_meets_a_group_judge_as_generate_did_answers_in_execution_order(sim, problems, tmp_path):
+    """A group judge sees a problem's solvers together, then its rewriters together, the answers numbered in the
+    order of the executions, whether generate or rescore asks (before, rescore showed solvers and rewriters in one
+    request, and the numbering followed the order the executions happened to finish in)."""
+    group = ("--judge-prompt", "group", "--judge-mode", "group")
+    with JudgeDouble() as judge:
+        made = generate(sim, problems, tmp_path / "out", judge.url, "--limit", "3", *group)
+        proc = run_cli(
+            "rescore", str(tmp_path / "out"), "-o", str(tmp_path / "new"), "--reward", "judge", "--judge-url",
+            judge.url, "--judge-model", "judge-1", *group,
+        )  # fmt: skip
+    assert made.returncode == 0 and proc.returncode == 0, (made.stderr.decode(), proc.stderr.decode())
+    generated, rescored = read_records(tmp_path / "out"), read_records(tmp_path / "new")
+    assert meetings(rescored) == meetings(generated)
+    for records in (generated, rescored):
+        for r in judged(records):
+            if r["content"] is None:
+                continue
+            same = [s for s in judged(records) if (s["problem_id"], s["stage"]) == (r["problem_id"], r["stage"])]
+            shown = sorted((s["sample_index"], s["worker"]) for s in same if s["content"] is not None)
+            assert r["judge"]["of"] == len(shown)  # one stage's answers of the problem's executions, no other's
+            before = [s for s in shown if s[0] < r["sample_index"]]
+            assert r["judge"]["answer"] > len(before)  # an earlier execution's answers come first
+
+
+def test_an_agents_answer_without_a_verdict_holds_its_group_and_its_components_are_on_its_records(
+    sim, problems, tmp_path
+):
+    """The agent system scores a copy of its last call: the judge's word and the reward's parts were left on the
+    copy, so a missing verdict held nothing back (a placeholder 0 trained as an outcome) and no agent record had
+    its components."""
+    from . import agents_support as support
+
+    async def plan(client, problem):  # one call, its answer the agent's
+        reply = await client.chat.completions.create(model="m", messages=problem["messages"])
+        return reply.choices[0].message.content
+
+    support.PLAN = plan
+    out = tmp_path / "out"
+    agent = ("--system", "agent", "--system-option", "agent=tests.agents_support:probe", "--limit", "6")
+    with JudgeDouble(no_score_every=3) as judge:
+        proc = generate(
+            sim, problems, out, judge.url, *agent, "--judge-retries", "0", "--judge-failures", "keep",
+            "--reward-component", "judged=judge*0.5", "--reward-component", "correct=math*0.5",
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = read_records(out)
+    unjudged = {r["rollout_id"] for r in records if r["judge"] and r["judge"].get("failed")}
+    assert unjudged  # a third of the verdicts missing
+    held = {r["problem_id"] for r in records if r["rollout_id"] in unjudged}
+    for r in records:
+        assert (r["trainable"] is False) == (r["problem_id"] in held)
+        assert set(r["reward_components"]) == {"judged", "correct"}
+        parts = r["reward_components"]
+        assert r["raw_reward"] == pytest.approx(0.5 * parts["judged"]["value"] + 0.5 * parts["correct"]["value"])
+    stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
+    assert stats["groups_held"] == len(held)
+    for to in ("verifiers", "dpo", "sft"):  # no format takes a held group: its outcomes are not known
+        done = run_cli("convert", str(out), "--to", to, "-o", str(tmp_path / to))
+        assert done.returncode == 0, done.stderr.decode()
+        assert "held by judge" in done.stderr.decode(), to
+        written = b"".join(p.read_bytes() for p in (tmp_path / to).rglob("*") if p.is_file())
+        for problem in held:
+            assert f'"{problem}"'.encode() not in written, (to, problem)
+
+
+def test_a_group_held_back_is_never_filtered_as_uniform_on_its_placeholder(sim, problems, tmp_path):
+    """--filter-uniform-groups judged a held group by its outcomes, a placeholder 0 among them: a group made
+    uniform (or not) by the missing verdict was filtered (or written) on a reward nobody gave."""
+    out = tmp_path / "out"
+    with JudgeDouble(no_score_every=2) as judge:
+        proc = generate(
+            sim, problems, out, judge.url, "--system", "single", "--samples-per-prompt", "3", "--judge-retries", "0",
+            "--judge-failures", "keep", "--filter-uniform-groups",
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    stats = json.loads((out / "manifest.json").read_text())["last_run"]["stats"]
+    records = read_records(out)
+    held = {r["problem_id"] for r in records if r["trainable"] is False}
+    assert stats["groups_held"] == len(held) > 0
+    written = {r["problem_id"] for r in records}
+    assert held <= written
+    for problem in written - held:  # the groups whose outcomes are all known: filtered as the flag says
+        assert len({r["final_reward"] for r in records if r["problem_id"] == problem}) > 1
+
+
+def test_outcomes_off_the_0_to_1_scale_have_no_pass_at_k(sim, problems, tmp_path):
+    """Components weighted to more than 1: a solved execution's outcome is 1.5, so counting outcomes of 1 gave
+    pass@k 0 on every record and in stats; it is none, said as such."""
+    out = tmp_path / "out"
+    proc = run_cli(
+        "generate", str(problems), "-o", str(out), "--base-url", sim.url, "--tokenizer", TOKENIZER, "--system",
+        "single", "--samples-per-prompt", "2", "--reward", "math", "--reward-component", "correct=math",
+        "--reward-component", "again=math*0.5",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = read_records(out)
+    assert any(r["final_reward"] == 1.5 for r in records)
+    assert all(r["group_pass_at_k"] is None for r in records)
+    report = json.loads(run_cli("stats", str(out), "--json").stdout)
+    assert report["all"]["pass_at_k"] == []
+    assert validate(out).ok

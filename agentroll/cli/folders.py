@@ -15,6 +15,8 @@ from ..errors import OutputError
 from .console import err, folder_tool, log, out
 from .help import Command, help_text
 
+# what a conversion's line says it left out or added
+LEFT_OUT = ("held_by_judge", "skipped_frozen", "dropped_overlong", "folded_turns", "placeholders", "left_over_problems")
 FOLDER = typer.Argument(help="An output folder, or a merged one.", metavar="DIR", show_default=False)
 
 
@@ -245,11 +247,7 @@ def convert(
             overwrite=overwrite,
         )
     )
-    extra = "".join(
-        f", {summary[k]} {k.replace('_', ' ')}"
-        for k in ("skipped_frozen", "dropped_overlong", "folded_turns", "placeholders", "left_over_problems")
-        if summary.get(k)
-    )
+    extra = "".join(f", {summary[k]} {k.replace('_', ' ')}" for k in LEFT_OUT if summary.get(k))
     if summary.get("split_conversations"):  # once per conversion (docs/convert.md, Baselines)
         err.print(
             Text(

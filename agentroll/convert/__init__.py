@@ -170,7 +170,7 @@ def convert(
         summary["std"] = chosen_std
     if loss is not None:
         summary["loss"] = loss
-    left_out = ("skipped_frozen", "dropped_overlong", "folded_turns")
+    left_out = ("held_by_judge", "skipped_frozen", "dropped_overlong", "folded_turns")
     summary.update({key: counts[key] for key in left_out if key in counts})
     if spec.rl and spec.advantage is None and counts.get("split_conversations"):
         summary["split_conversations"] = counts["split_conversations"]  # its trainer's baseline counts each per row

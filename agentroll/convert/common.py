@@ -149,11 +149,12 @@ def read_problems(
     whole stage group before anything is filtered out, so `--stages` or a converter's own filter never changes
     another sample's advantage. `counts["records"]` counts what was read.
 
-    Unless `include_frozen`, records marked `trainable: false` are left out after the baselines
-    (`counts["skipped_frozen"]`); those the overlong filter dropped always are (`counts["dropped_overlong"]`).
-    With `whole_conversations`, a group keeps only the records that end a conversation, each with its
-    `Trajectory` (`convert.trajectory`); the turns folded into a later one are counted in
-    `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`, `epsilon` its damping.
+    A group held back by a judge's failure (a record whose `judge.failed` is set) is left out whole, in every
+    format (`counts["held_by_judge"]`). Unless `include_frozen`, records marked `trainable: false` are left out
+    after the baselines (`counts["skipped_frozen"]`); those the overlong filter dropped always are
+    (`counts["dropped_overlong"]`). With `whole_conversations`, a group keeps only the records that end a
+    conversation, each with its `Trajectory` (`convert.trajectory`); the turns folded into a later one are
+    counted in `counts["folded_turns"]`. `std`: the standard deviation of `--advantage grpo`, `epsilon` its damping.
     `routes`: records' `routed_experts` as arrays (`read_groups(routes=True)`). In a head-to-head folder each
     policy's samples of a stage are a group of their own (baselines too); `policy` keeps only that policy's
     records. The advantages are per conversation (`conversation_advantages`; `whole_stage`: the system's
@@ -170,6 +171,11 @@ def read_problems(
         if policy is not None:
             records = [r for r in records if r.get("policy") == policy]
         counts["records"] += len(records)
+        if any(isinstance(r.get("judge"), dict) and r["judge"].get("failed") is not None for r in records):
+            # --judge-failures keep: a sample has no verdict, so the group's outcomes (its baseline, its pairs)
+            # are not known; no format takes it, frozen or not, until `rescore --failed-only` releases it
+            counts["held_by_judge"] = counts.get("held_by_judge", 0) + len(records)
+            continue
         ends: dict[int, Trajectory] = {}
         if whole_conversations:
             for execution in executions(records):

@@ -39,6 +39,7 @@ from agentroll.record.group import Group, annotate
 from agentroll.record.stats import RunStats
 from agentroll.render.templates import Templates
 from agentroll.rewards import RewardSet, hold, label_fault
+from agentroll.rewards.components import graded
 from agentroll.settings.policies import Policy
 from agentroll.systems import System, from_object, identity, load_system, spec_of, vocabulary_of
 from agentroll.teacher.settings import STAGE_KEYS as STAGE_TEACHER_KEYS
@@ -309,10 +310,11 @@ class Generator:
             if self._length.active:  # after the system's shaping, before the group's figures
                 for samples in executions:
                     self._length.apply(samples)
-            self.stats.groups_held += hold(executions)  # --judge-failures keep: no verdict holds a group back
+            held = hold(executions)  # --judge-failures keep: no verdict holds a group back (its outcomes unknown)
+            self.stats.groups_held += held
             finals = [final_reward(e) for e in executions]
-            if not o.filter_uniform_groups or len(set(finals)) > 1:
-                annotate(executions, finals, self.stats.vocabulary)
+            if held or not o.filter_uniform_groups or len(set(finals)) > 1:
+                annotate(executions, finals, self.stats.vocabulary, graded(o.reward_settings().components))
                 self._count(problem, executions)
                 return Group(problem, executions, "complete", None, attempt + 1)
         self._count(problem, executions)

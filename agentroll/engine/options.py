@@ -77,7 +77,8 @@ class GenerateOptions(RewardOptions, TeacherOptions):
         [],
         "KEY=VALUE for the system (repeatable; the value is JSON or a string). tool-use: tools, max_turns, "
         "tool_timeout, max_tool_output, parser, tool_threads (docs/tool-use.md); agent: command or agent, timeout, "
-        "max_agents, parser, thinking, on_error (docs/agents.md); three-stage, single, critique-revise: none.",
+        "max_agents, parser, thinking, sampling, on_error (docs/agents.md); three-stage, single, critique-revise: "
+        "none.",
     )
     stage: list[str] = option(
         [],

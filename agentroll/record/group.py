@@ -99,9 +99,16 @@ def spread(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
 
 
+def graded(outcomes: Sequence[float]) -> bool:
+    """Outcomes on the 0..1 scale where 1 is solved. Reward components weighted to more than 1 (or a penalty
+    below 0) leave it: 1 is then no pass, and a pass@k of them would be a wrong 0 rather than none."""
+    return all(0.0 <= o <= 1.0 for o in outcomes)
+
+
 def pass_at_all(outcomes: Sequence[float], pass_fail: bool = True) -> float | None:
-    """1 if some execution's outcome is 1 (solved), else 0; None for a system whose outcome is not pass/fail."""
-    return float(any(o == 1.0 for o in outcomes)) if pass_fail else None
+    """1 if some execution's outcome is 1 (solved), else 0; None for a system whose outcome is not pass/fail,
+    or outcomes off the 0..1 scale (`graded`)."""
+    return float(any(o == 1.0 for o in outcomes)) if pass_fail and graded(outcomes) else None
 
 
 def conversations(execution: Sequence[Item], whole_stage: bool = False) -> list[list[int]]:
@@ -138,11 +145,13 @@ def conversation_reward(members: Sequence[Item]) -> float:
     return float(value(members[-1], "reward"))
 
 
-def annotate(executions: list[list[Sample]], finals: list[float], words: Any = None) -> None:
+def annotate(executions: list[list[Sample]], finals: list[float], words: Any = None, scale: bool = True) -> None:
     """The group's figures on every record (`group_*`, over the executions' outcomes, and `stage_group_*`, over
     the stage's conversations), per policy. They describe exactly the executions written, since a group is only
-    ever written whole. `words`: the system's `Vocabulary` (its `whole_stage` and `pass_fail`)."""
-    whole_stage, pass_fail = getattr(words, "whole_stage", False), getattr(words, "pass_fail", True)
+    ever written whole. `words`: the system's `Vocabulary` (its `whole_stage` and `pass_fail`); `scale` False:
+    the run's outcomes are off the 0..1 scale (`rewards.components.graded`), so no pass@k."""
+    whole_stage = getattr(words, "whole_stage", False)
+    pass_fail = getattr(words, "pass_fail", True) and scale
     outcomes = {id(samples): final for samples, final in zip(executions, finals, strict=True)}
     for members in policy_groups(executions).values():
         mine = [outcomes[id(samples)] for samples in members]

@@ -183,12 +183,13 @@ class RewardSet:
         ]
         if not samples and not together:
             return
-        context = (journal, (p.id, p.content_hash), meet, together, stats)
+        execution = samples[0].sample_index if samples else 0  # a group judge numbers answers by execution
+        context = (journal, (p.id, p.content_hash), meet, together, stats, execution)
         parts: list[dict[str, dict[str, float]] | None] = [None] * len(samples)
         components = self.settings.components if spec is None else ()
         if components:  # each component scores every sample; a judge's meet is its own
             each = await asyncio.gather(
-                *(self._results(c.spec, requests, *context, n) for n, c in enumerate(components))
+                *(self._results(c.spec, requests, *context, component=n) for n, c in enumerate(components))
             )
             results = []
             for i in range(len(samples)):
@@ -223,6 +224,7 @@ class RewardSet:
         meet: tuple[Any, ...] | None,
         together: int,
         stats: RunStats,
+        execution: int = 0,
         component: int = 0,
     ) -> list[RewardResult]:
         reward = self.get(spec)
@@ -235,6 +237,7 @@ class RewardSet:
                 together,
                 requests,
                 lambda shown: reward.judged_group(shown, journal, group, stats),
+                execution,
             )
         return await reward.judged(requests, journal, group, stats) if requests else []
 

@@ -26,6 +26,14 @@ class Component:
     weight: float = 1.0
 
 
+def graded(components: tuple[Component, ...] | list[Component]) -> bool:
+    """Whether the run's outcomes stay on the 0..1 scale where 1 means solved (every part right): no components,
+    or weights none below 0 that add up to 1. Otherwise pass@k and a share solved mean nothing: none is given."""
+    return not components or (
+        all(c.weight >= 0 for c in components) and abs(sum(c.weight for c in components) - 1) < 1e-9
+    )
+
+
 def parse_component(text: str) -> Component:
     """`NAME=SPEC` or `NAME=SPEC*WEIGHT` (a weight may be negative: a penalty). `UsageError` saying what is wrong."""
     name, sep, rest = text.partition("=")

@@ -23,8 +23,8 @@ class _Meeting:
     def __init__(self, key: tuple[Any, ...], count: int, ask: Ask) -> None:
         self.key, self.count, self.ask = key, count, ask  # key: (problem id, content hash, attempt, n, ...)
         self.arrived, self.started = 0, False
-        self.requests: list[RewardRequest] = []
-        self.done: asyncio.Future[list[RewardResult]] = asyncio.get_running_loop().create_future()
+        self.shares: list[tuple[int, int, list[RewardRequest]]] = []  # (execution, arrival, its requests)
+        self.done: asyncio.Future[list[list[RewardResult]]] = asyncio.get_running_loop().create_future()
 
 
 class Meetings:
@@ -34,16 +34,23 @@ class Meetings:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def join(
-        self, group: tuple[str, str], meet: tuple[Any, ...], count: int, requests: list[RewardRequest], ask: Ask
+        self,
+        group: tuple[str, str],
+        meet: tuple[Any, ...],
+        count: int,
+        requests: list[RewardRequest],
+        ask: Ask,
+        execution: int = 0,
     ) -> list[RewardResult]:
         """This execution's share of its meeting's verdict. `meet`: (attempt, n, ...); `count`: the group's
-        executions; `ask`: the judge's group request, made once by whoever completes the meeting."""
+        executions; `ask`: the judge's group request, made once by whoever completes the meeting; `execution`:
+        this one's index in the group, the order the judge is shown the answers in (not the order they came)."""
         key = (*group, *meet)
         meeting = self._open.get(key)
         if meeting is None:
             meeting = self._open[key] = _Meeting(key, count, ask)
-        start = len(meeting.requests)
-        meeting.requests.extend(requests)
+        arrival = len(meeting.shares)
+        meeting.shares.append((execution, arrival, requests))
         meeting.arrived += 1
         if self._due(meeting):
             await self._fire(meeting)
@@ -52,7 +59,7 @@ class Meetings:
         finally:
             if not meeting.started and self._open.get(key) is meeting:
                 del self._open[key]  # cancelled before all came (its group failed): a rerun meets afresh
-        return results[start : start + len(requests)]
+        return results[arrival]
 
     def leave(self, group: tuple[str, str], attempt: int, made: int, count: int) -> None:
         """An execution of the group ended after `made` reward calls: the later meetings do not wait for it."""
@@ -80,7 +87,13 @@ class Meetings:
         meeting.started = True
         self._open.pop(meeting.key, None)
         try:
-            meeting.done.set_result(await meeting.ask(meeting.requests))
+            shares = sorted(meeting.shares, key=lambda share: share[:2])  # by execution: a rerun asks the same
+            verdicts = await meeting.ask([r for _, _, requests in shares for r in requests])
+            split: list[list[RewardResult]] = [[] for _ in shares]
+            at = 0
+            for _, arrival, requests in shares:
+                split[arrival], at = verdicts[at : at + len(requests)], at + len(requests)
+            meeting.done.set_result(split)
         except BaseException as exc:
             meeting.done.set_exception(exc)
             raise

@@ -25,7 +25,9 @@ class RewardOptions:
     """How answers are scored: the reward, its limits, the sandbox that runs model code, the code reward."""
 
     reward: str = option(
-        REWARDS.default, "math | exact | code | remote | agent (--system agent) | FILE.py:FUNCTION | MODULE:FUNCTION"
+        REWARDS.default,
+        "math | exact | code | remote | judge (--judge-url) | agent (--system agent) | FILE.py:FUNCTION | "
+        "MODULE:FUNCTION",
     )
     reward_component: list[str] = option(
         [],

@@ -244,6 +244,9 @@ class Agent(System):
             await reward([answer])
             value = answer.raw_reward
             info = f"the agent's answer scored {value:g}" + (f": {answer.reward_info}" if answer.reward_info else "")
+            last.judge = answer.judge  # what a judge said of the answer (a failure holds the group back)
+            for sample in samples:
+                sample.reward_components = answer.reward_components
         for sample in samples:
             sample.raw_reward = sample.reward = value
             sample.reward_info = info

@@ -62,8 +62,10 @@ class CritiqueRevise(System):
         reviser's (the solver's when no revision was made)."""
         samples = execution.samples
         by_stage = {s.stage: s for s in samples}
-        await execution.reward([s for s in samples if s.stage in ("solver", "reviser")])
+        await execution.reward([by_stage["solver"]])  # as `run` asks: the solver, then the reviser
         reviser, critic = by_stage.get("reviser"), by_stage.get("critic")
+        if reviser is not None:
+            await execution.reward([reviser])
         if reviser is not None and critic is not None:
             critic.raw_reward = reviser.raw_reward
             critic.reward_info = f"the revision it led to scored {reviser.raw_reward:g}"

@@ -194,8 +194,10 @@ class ThreeStage(System):
         """Solvers and rewriters scored by the new reward; the selector earns the raw reward of the rewrite its
         recorded judgment picked (by its place in the list it was shown, `listed_as`)."""
         samples = execution.samples
-        scored = [s for s in samples if s.stage in ("solver", "rewriter")]
-        await execution.reward(scored)
+        solvers = [s for s in samples if s.stage == "solver"]
+        await execution.reward(solvers)  # as `run` asks: the solvers, then the rewriters (a group judge's meetings)
+        if any(s.content is not None for s in solvers):
+            await execution.reward([s for s in samples if s.stage == "rewriter"])
         listed = {s.listed_as: s for s in samples if s.stage == "rewriter" and s.listed_as is not None}
         selector = next((s for s in samples if s.stage == "selector"), None)
         if selector is None:

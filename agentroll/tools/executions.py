@@ -179,9 +179,8 @@ def _check_figures(execs: list[list[Row]], add: Add, system: SystemInfo) -> None
         return  # a type fault is already reported; figures cannot be recomputed
     fs = typing.cast(list[float], finals)
     mean, std = spread(fs)
-    passed = pass_at_all(
-        fs, words(system, warn=False)[0].pass_fail
-    )  # the executions' outcomes (agentroll.record.group)
+    pass_fail = words(system, warn=False)[0].pass_fail and system.graded
+    passed = pass_at_all(fs, pass_fail)  # over the executions' outcomes (agentroll.record.group)
     # a folder written before pass@k was over the outcomes held it over the "solver" samples: still its own truth
     legacy = float(any(r.stage == "solver" and r.raw_reward == 1.0 for r in rows))
     for r in rows:

@@ -33,7 +33,7 @@ import orjson
 from rich.table import Table
 from rich.text import Text
 
-from ..record.group import Group, outcome
+from ..record.group import Group, graded, outcome
 from ..record.headtohead import Comparison
 from ..record.schema import STAGES, Sample
 from ..record.stats import RunStats
@@ -66,6 +66,7 @@ class Section:
     words: Vocabulary
     run: RunStats = field(default_factory=RunStats)
     outcome_counts: list[tuple[int, int]] = field(default_factory=list)  # per problem: (executions, solved)
+    graded: bool = True  # every outcome within 0..1, where 1 is solved (weighted components may pass 1)
     frozen: dict[str, int] = field(default_factory=dict)  # per stage: samples marked trainable: false
     records: int = 0
     # a head-to-head folder (`generate --policy`): each policy's own figures, and the problem-by-problem table
@@ -99,15 +100,21 @@ class Section:
             self.records += len(samples)
         outcomes = [outcome(samples) for samples in group.executions if samples]
         self.outcome_counts.append((len(outcomes), sum(o == 1.0 for o in outcomes)))
+        # outcomes off the 0..1 scale, or a run that wrote no pass@k for them (weighted components)
+        self.graded = (
+            self.graded and graded(outcomes) and all(s.group_pass_at_k is not None for e in group.executions for s in e)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         run = self.run.to_dict()
         stages = {
-            name: {**{key: figures[key] for key in STAGE_FIGURES}, "trainable": not self.frozen.get(name)}
+            # not trainable: every sample of the stage frozen (a frozen model's), not a group a judge held back
+            name: {**{k: figures[k] for k in STAGE_FIGURES}, "trainable": self.frozen.get(name, 0) < figures["samples"]}
             for name, figures in run["stages"].items()
         }
         pooled = bool(self.policies)  # a head-to-head folder's whole: two models' samples, no figure of its own
-        top = max((n for n, _ in self.outcome_counts), default=0) if self.words.pass_fail and not pooled else 0
+        passing = self.words.pass_fail and self.graded and not pooled
+        top = max((n for n, _ in self.outcome_counts), default=0) if passing else 0
         passes = []
         for k in range(1, top + 1):
             values = [pass_at_k(n, c, k) for n, c in self.outcome_counts if n >= k]

@@ -30,6 +30,7 @@ from agentroll.record.group import Group, annotate
 from agentroll.record.schema import Sample
 from agentroll.record.stats import RunStats
 from agentroll.rewards import JudgeFailed, RewardSet, RewardSettings, label_fault
+from agentroll.rewards.components import graded
 from agentroll.rewards.held import hold, needs_judging, release
 from agentroll.rewards.options import RewardOptions
 from agentroll.settings.shaping import LengthShaping
@@ -175,7 +176,8 @@ async def rescore(
                     continue
                 if hold(scored.executions):
                     stats.groups_held += 1
-            if uniform and len({s[0].final_reward for s in scored.executions}) <= 1:
+            held = needs_judging(scored.executions)  # its outcomes not all known: no filter judges it uniform yet
+            if uniform and not held and len({s[0].final_reward for s in scored.executions}) <= 1:
                 scored.status = "filtered"
                 stats.groups_filtered += 1
             else:
@@ -242,7 +244,8 @@ async def _group(
             length.apply(samples)
 
     await gather_or_cancel(*(one(samples) for samples in group.executions))
-    annotate(group.executions, [e[0].final_reward for e in group.executions], stats.vocabulary)
+    finals = [e[0].final_reward for e in group.executions]
+    annotate(group.executions, finals, stats.vocabulary, graded(rewards.settings.components))
     return group
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import UsageError
@@ -33,6 +33,7 @@ class SystemInfo:
     name: str
     stages: tuple[str, ...] | None
     declared: bool = True
+    graded: bool = True  # outcomes on the 0..1 scale (False: reward components weighted otherwise, no pass@k)
 
     @property
     def three_stage(self) -> bool:
@@ -88,7 +89,9 @@ def system_of(manifest: Manifest | Mapping[str, Any] | None) -> SystemInfo:
     settings = manifest.get("settings") if isinstance(manifest, Mapping) else None
     if not isinstance(settings, Mapping) or "system" not in settings:
         return LEGACY
-    return coerce(settings["system"])
+    weights = [c[2] for c in settings.get("reward_components") or () if isinstance(c, list) and len(c) == 3]
+    scale = not weights or (min(weights) >= 0 and abs(sum(weights) - 1) < 1e-9)  # as rewards.components.graded
+    return replace(coerce(settings["system"]), graded=scale)
 
 
 def coerce(system: Any) -> SystemInfo:
