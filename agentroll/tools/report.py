@@ -100,10 +100,7 @@ class Section:
             self.records += len(samples)
         outcomes = [outcome(samples) for samples in group.executions if samples]
         self.outcome_counts.append((len(outcomes), sum(o == 1.0 for o in outcomes)))
-        # outcomes off the 0..1 scale, or a run that wrote no pass@k for them (weighted components)
-        self.graded = (
-            self.graded and graded(outcomes) and all(s.group_pass_at_k is not None for e in group.executions for s in e)
-        )
+        self.graded = self.graded and graded(outcomes)  # outcomes off the 0..1 scale (weighted components)
 
     def to_dict(self) -> dict[str, Any]:
         run = self.run.to_dict()
